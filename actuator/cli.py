@@ -1,0 +1,144 @@
+"""The ``actuator`` command: run the service, look at runs and decisions, validate policies."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ._exceptions import ClientError, PolicyError
+
+app = typer.Typer(help="Actuator: closed-loop control of LLM post-training.", no_args_is_help=True,
+                  add_completion=False)
+policy_app = typer.Typer(help="Policy documents.", no_args_is_help=True)
+app.add_typer(policy_app, name="policy")
+console = Console()
+
+UrlOpt = Annotated[str, typer.Option("--url", envvar="ACTUATOR_URL", help="Controller service URL.")]
+TokenOpt = Annotated[Optional[str], typer.Option("--token", envvar="ACTUATOR_TOKEN", help="Bearer token.")]
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(envvar="ACTUATOR_HOST")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(envvar="ACTUATOR_PORT")] = 8000,
+    database_url: Annotated[Optional[str], typer.Option(help="SQLAlchemy URL (default: SQLite file).")] = None,
+    redis_url: Annotated[Optional[str], typer.Option(help="Redis URL (default: in-process).")] = None,
+    workers: Annotated[int, typer.Option(min=1, help="uvicorn worker processes.")] = 1,
+    log_level: str = "info",
+) -> None:
+    """Run the controller service (migrations are applied on start)."""
+    import uvicorn
+
+    if database_url:
+        os.environ["ACTUATOR_DATABASE_URL"] = database_url
+    if redis_url:
+        os.environ["ACTUATOR_REDIS_URL"] = redis_url
+    if workers > 1:
+        # Run migrations once here so workers do not race (they also hold an advisory lock).
+        from .config import Settings
+        from .migrate import upgrade
+
+        upgrade(Settings().database_url)
+        os.environ["ACTUATOR_MIGRATE_ON_START"] = "false"
+    uvicorn.run("actuator.api.app:create_app", factory=True, host=host, port=port, workers=workers,
+                log_level=log_level)
+
+
+def _client(url: str, token: str | None):  # type: ignore[no-untyped-def]
+    from .client import ActuatorClient
+
+    return ActuatorClient(url, token=token)
+
+
+@app.command()
+def runs(url: UrlOpt = DEFAULT_URL, token: TokenOpt = None,
+         state: Annotated[Optional[str], typer.Option(help="running|paused|halted|finished")] = None,
+         limit: int = 50) -> None:
+    """List runs."""
+    try:
+        with _client(url, token) as c:
+            items = c.list_runs(state=state, limit=limit)
+    except ClientError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from exc
+    table = Table("id", "name", "state", "policy", "step", "knobs")
+    for r in items:
+        knobs = ", ".join(f"{k}={v.value:.4g}" for k, v in r.knobs.items())
+        table.add_row(r.id, r.name, r.state, f"{r.policy_name}@{r.policy_version}",
+                      str(r.last_step if r.last_step is not None else "-"), knobs)
+    console.print(table)
+
+
+@app.command()
+def decisions(run: Annotated[str, typer.Argument(help="Run id.")], url: UrlOpt = DEFAULT_URL,
+              token: TokenOpt = None,
+              explain: Annotated[bool, typer.Option("--explain", help="Show inputs and P/I/D.")] = False,
+              limit: int = 1000) -> None:
+    """List a run's decisions (the audit trail)."""
+    try:
+        with _client(url, token) as c:
+            page = c.list_decisions(run, limit=limit)
+    except ClientError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from exc
+    if explain:
+        for d in page.items:
+            console.rule(f"decision {d.number} · step {d.step} · {d.knob}")
+            console.print(f"  {d.knob}: {d.old_value:.6g} → {d.new_value:.6g}   (policy v{d.policy_version}, "
+                          f"controller {d.controller or 'guardrail'})")
+            console.print(f"  why: {d.reason}")
+            inp = d.inputs
+            if "probe" in inp:
+                console.print(f"  input: {inp['probe']} raw {inp['raw']:.6g}, filtered {inp['filtered']:.6g}, "
+                              f"setpoint {inp['setpoint']:.6g}, dt {inp.get('dt')}")
+                console.print(f"  limits: bounds {inp.get('bounds')}, max step {inp.get('max_step')} "
+                              f"({inp.get('scale')}), applied: {', '.join(inp.get('limited_by') or []) or 'none'}")
+            comp = d.components
+            if comp:
+                console.print("  P {p:+.4g}  I {i:+.4g}  D {d:+.4g}  error {error:+.4g}".format(
+                    **{k: (v if v is not None else float('nan')) for k, v in comp.items()}))
+        console.print(f"{page.total} decisions")
+        return
+    table = Table("#", "step", "knob", "old", "new", "reason")
+    for d in page.items:
+        table.add_row(str(d.number), str(d.step), d.knob, f"{d.old_value:.4g}", f"{d.new_value:.4g}", d.reason)
+    console.print(table)
+    console.print(f"{page.total} decisions")
+
+
+@policy_app.command("validate")
+def policy_validate(path: Annotated[Path, typer.Argument(exists=True, dir_okay=False)]) -> None:
+    """Validate a policy file locally; print every error with its path."""
+    from .policy import load_policy
+
+    try:
+        doc = load_policy(path)
+    except PolicyError as exc:
+        for e in exc.errors or [{"loc": "(document)", "msg": str(exc)}]:
+            console.print(f"[red]{e['loc']}[/red]: {e['msg']}")
+        raise typer.Exit(1) from exc
+    console.print(f"[green]valid[/green]: {doc.name} ({len(doc.controllers)} controllers, "
+                  f"{len(doc.guardrails)} guardrails)")
+
+
+@policy_app.command("schema")
+def policy_schema() -> None:
+    """Print the policy JSON Schema."""
+    from .policy import PolicyDocument
+
+    console.print_json(json.dumps(PolicyDocument.model_json_schema()))
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""Settings of the controller service, from the environment (``ACTUATOR_`` prefix) or arguments."""
+
+from __future__ import annotations
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["Settings", "DEFAULT_DATABASE_URL"]
+
+DEFAULT_DATABASE_URL = "sqlite:///./actuator.db"
+
+
+class Settings(BaseSettings):
+    """Service settings. Embedded default: SQLite file + in-process live state.
+
+    Production: ``ACTUATOR_DATABASE_URL=postgresql+psycopg://...`` and
+    ``ACTUATOR_REDIS_URL=redis://...``.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="ACTUATOR_", extra="ignore")
+
+    database_url: str = Field(DEFAULT_DATABASE_URL, description="SQLAlchemy URL of the store.")
+    redis_url: str | None = Field(None, description="Redis URL for live state; None = in-process.")
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    admin_token: SecretStr | None = Field(
+        None, description="Bearer token for policy management and run registration; None = open."
+    )
+    migrate_on_start: bool = True
+    max_batch: int = Field(1000, ge=1, description="Most observations accepted in one request.")
+    max_body_bytes: int = Field(1_000_000, ge=1024, description="Largest request body accepted.")
+    log_level: str = "info"
+
+    @field_validator("database_url")
+    @classmethod
+    def _known_backend(cls, v: str) -> str:
+        if not (v.startswith("sqlite") or v.startswith("postgresql")):
+            raise ValueError("database_url must be a sqlite:// or postgresql:// URL")
+        if v.startswith("postgresql://"):
+            # psycopg 3 is the driver we ship; plain postgresql:// would pick psycopg2.
+            v = "postgresql+psycopg://" + v[len("postgresql://") :]
+        return v

@@ -1,0 +1,218 @@
+"""The engine: one observation in, decisions and actions out.
+
+Pure logic over plain dicts (the run's knobs, controller states and guardrail states as stored),
+so the service, the ``simulate`` endpoint and the benchmarks run exactly the same code. No I/O,
+no clock: the store loads the context, calls :meth:`Engine.observe` once per new observation in
+sequence order, and persists the mutated context with the decisions in one transaction.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from .controllers import PID, PIDConfig, PIDState, make_filter
+from .policy import ControllerSpec, GuardrailSpec, PolicyDocument, setpoint_at
+from .schemas import Action, ObservationCreate
+
+__all__ = ["RunContext", "DecisionDraft", "EngineResult", "Engine"]
+
+
+@dataclass
+class RunContext:
+    """The mutable part of a run the engine reads and writes (JSON-serialisable dicts)."""
+
+    knobs: dict[str, dict[str, Any]]
+    controllers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    guardrails: dict[str, dict[str, Any]] = field(default_factory=dict)
+    state: str = "running"
+    decision_count: int = 0
+
+
+@dataclass
+class DecisionDraft:
+    number: int
+    step: int
+    knob: str
+    old_value: float
+    new_value: float
+    reason: str
+    controller: str | None
+    components: dict[str, float | None]
+    inputs: dict[str, Any]
+
+
+@dataclass
+class EngineResult:
+    decisions: list[DecisionDraft] = field(default_factory=list)
+    actions: list[Action] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    controller_outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.4g}"
+
+
+class Engine:
+    """Evaluates one policy version against observations of one run."""
+
+    def __init__(self, policy: PolicyDocument, policy_version: int = 1) -> None:
+        self.policy = policy
+        self.policy_version = policy_version
+
+    # -- helpers -----------------------------------------------------------------------------
+    def pid_config(self, spec: ControllerSpec, knob: dict[str, Any], step: int) -> PIDConfig:
+        lo = knob["min"] if spec.min is None else max(knob["min"], spec.min)
+        hi = knob["max"] if spec.max is None else min(knob["max"], spec.max)
+        return PIDConfig(
+            setpoint=setpoint_at(spec.setpoint, step),
+            kp=spec.kp,
+            ki=spec.ki,
+            kd=spec.kd,
+            out_min=lo,
+            out_max=hi,
+            scale=spec.scale or knob.get("scale", "linear"),
+            direction=spec.direction,
+            max_step=spec.max_step if spec.max_step is not None else knob.get("max_step"),
+            deadband=spec.deadband,
+            cooldown=float(spec.cooldown),
+        )
+
+    @staticmethod
+    def _values(obs: ObservationCreate) -> dict[str, float]:
+        values = dict(obs.probes)
+        values.update({f"train.{k}": v for k, v in obs.metrics.items()})
+        return values
+
+    def _decide(
+        self, ctx: RunContext, result: EngineResult, *, step: int, knob: str, new: float,
+        reason: str, controller: str | None, components: dict[str, float | None], inputs: dict[str, Any],
+    ) -> None:
+        spec = ctx.knobs[knob]
+        old = float(spec["value"])
+        new = min(max(new, spec["min"]), spec["max"])
+        if spec.get("scale") == "integer":
+            new = float(round(new))
+        if new == old:
+            return
+        ctx.decision_count += 1
+        spec["value"] = new
+        result.decisions.append(
+            DecisionDraft(ctx.decision_count, step, knob, old, new, reason, controller, components, inputs)
+        )
+
+    # -- the loop ----------------------------------------------------------------------------
+    def observe(self, ctx: RunContext, obs: ObservationCreate) -> EngineResult:
+        """Feed one observation; mutates ``ctx``; returns the decisions and actions it caused."""
+        result = EngineResult()
+        values = self._values(obs)
+        self._guardrails(ctx, obs, values, result)
+        if ctx.state == "running":
+            self._controllers(ctx, obs, values, result)
+        return result
+
+    def _guardrails(self, ctx: RunContext, obs: ObservationCreate, values: dict[str, float], result: EngineResult) -> None:
+        for g in self.policy.guardrails:
+            value = values.get(g.probe)
+            if value is None:
+                continue
+            st = ctx.guardrails.setdefault(g.name, {"baseline": None, "breaches": 0, "active": False})
+            if st["baseline"] is None:
+                st["baseline"] = value
+            threshold = g.resolve_threshold(st["baseline"])
+            if threshold is None:
+                continue
+            st["probe"], st["threshold"], st["value"] = g.probe, threshold, value
+            breached = value < threshold if g.bound == "lower" else value > threshold
+            inside = (
+                value >= threshold + g.hysteresis if g.bound == "lower" else value <= threshold - g.hysteresis
+            )
+            if breached:
+                st["breaches"] += 1
+            elif inside:
+                st["breaches"] = 0
+                if st["active"]:
+                    st["active"] = False
+                    result.events.append({"kind": "guardrail_cleared", "step": obs.step, "guardrail": g.name,
+                                          "value": value, "threshold": threshold})
+            if breached and st["breaches"] >= g.consecutive and not st["active"]:
+                st["active"] = True
+                self._fire(ctx, g, obs.step, value, threshold, result)
+
+    def _fire(self, ctx: RunContext, g: GuardrailSpec, step: int, value: float, threshold: float, result: EngineResult) -> None:
+        side = "below" if g.bound == "lower" else "above"
+        reason = f"guardrail {g.name}: {g.probe} {_fmt(value)} {side} threshold {_fmt(threshold)} ({g.action})"
+        result.events.append({"kind": "guardrail_breach", "step": step, "guardrail": g.name, "action": g.action,
+                              "value": value, "threshold": threshold, "reason": reason})
+        if g.action in ("adjust", "rollback") and g.knob and g.knob in ctx.knobs:
+            old = float(ctx.knobs[g.knob]["value"])
+            self._decide(ctx, result, step=step + 1, knob=g.knob, new=old * g.factor, reason=reason,
+                         controller=None, components={},
+                         inputs={"guardrail": g.name, "value": value, "threshold": threshold, "factor": g.factor})
+            # The controllers on that knob restart bumplessly from the damped value.
+            for c in self.policy.controllers:
+                if c.knob == g.knob and c.name in ctx.controllers:
+                    ctx.controllers[c.name]["reset"] = True
+        if g.action == "halt":
+            ctx.state = "halted"
+        if g.action in ("halt", "rollback", "alert"):
+            result.actions.append(Action(type=g.action, reason=reason,
+                                         decision=ctx.decision_count if g.action == "rollback" else None))
+
+    def _controllers(self, ctx: RunContext, obs: ObservationCreate, values: dict[str, float], result: EngineResult) -> None:
+        # Highest priority first; a knob changed by one controller this observation is not
+        # changed again by a lower-priority one (which instead tracks the new value bumplessly).
+        ordered = sorted(self.policy.controllers, key=lambda c: -c.priority)
+        taken: set[str] = set()
+        for spec in ordered:
+            knob = ctx.knobs.get(spec.knob)
+            raw = values.get(spec.probe)
+            if knob is None or raw is None or not math.isfinite(raw):
+                continue
+            st = ctx.controllers.setdefault(spec.name, {"pid": None, "filter": None, "last_step": None})
+            last = st.get("last_step")
+            if last is not None and obs.step <= last:
+                continue  # stale or repeated step: never act twice on old data
+            dt = float(obs.step - last) if last is not None else 1.0
+            filt = make_filter(spec.filter.kind, alpha=spec.filter.alpha, window=spec.filter.window)
+            filtered, fstate = filt.update(raw, filt.state_from_dict(st["filter"]) if st["filter"] else None)
+            st["filter"] = fstate.to_dict()
+            st["last_step"] = obs.step
+            st["probe"], st["knob"], st["raw"], st["filtered"] = spec.probe, spec.knob, raw, filtered
+            cfg = self.pid_config(spec, knob, obs.step)
+            st["setpoint"] = cfg.setpoint
+            pid = PID(cfg)
+            # Act from the value really in effect (the agent reports it; a schedule may have moved
+            # it since our last decision), clamped into bounds so a warm-up lr of 0 is usable.
+            reported = obs.knobs.get(spec.knob)
+            current = float(reported if reported is not None else knob["value"])
+            current = min(max(current, cfg.out_min), cfg.out_max)
+            if cfg.scale == "integer":
+                current = float(round(current))
+            knob["value"] = current
+            pstate = PIDState.from_dict(st["pid"]) if st["pid"] else None
+            if st.pop("reset", False) or knob.get("override") is not None or spec.knob in taken:
+                # Manual override in force, or another controller moved the knob: track it.
+                st["pid"] = pid.bumpless(current, filtered, pstate).to_dict()
+                continue
+            out = pid.update(filtered, dt, current, pstate)
+            st["pid"] = out.state.to_dict()
+            st["components"] = {"p": out.p, "i": out.i, "d": out.d, "error": out.error}
+            result.controller_outputs[spec.name] = st["components"]
+            if not out.changed:
+                continue
+            taken.add(spec.knob)
+            above = "above" if filtered > cfg.setpoint else "below"
+            limits = f" (limited by {', '.join(out.limited_by)})" if out.limited_by else ""
+            reason = (f"{spec.probe} {_fmt(filtered)} {above} setpoint {_fmt(cfg.setpoint)}: "
+                      f"{spec.knob} {_fmt(current)} -> {_fmt(out.value)}{limits}")
+            self._decide(
+                ctx, result, step=obs.step + 1, knob=spec.knob, new=out.value, reason=reason,
+                controller=spec.name,
+                components={"p": out.p, "i": out.i, "d": out.d, "error": out.error},
+                inputs={"probe": spec.probe, "raw": raw, "filtered": filtered, "setpoint": cfg.setpoint,
+                        "dt": dt, "unclamped": out.unclamped, "limited_by": list(out.limited_by),
+                        "bounds": [cfg.out_min, cfg.out_max], "max_step": cfg.max_step, "scale": cfg.scale},
+            )

@@ -1,0 +1,106 @@
+"""SQLAlchemy 2.0 tables of the store. Every change here ships an Alembic revision in migrations/."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+__all__ = ["Base", "PolicyRow", "RunRow", "ObservationRow", "DecisionRow", "EventRow", "utcnow"]
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, datetime: DateTime(timezone=True)}
+
+
+class PolicyRow(Base):
+    __tablename__ = "policies"
+    __table_args__ = (UniqueConstraint("name", "version", name="uq_policies_name_version"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(64), index=True)
+    version: Mapped[int] = mapped_column(Integer)
+    document: Mapped[dict[str, Any]]
+    archived: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class RunRow(Base):
+    __tablename__ = "runs"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    name: Mapped[str] = mapped_column(String(128))
+    policy_id: Mapped[int] = mapped_column(ForeignKey("policies.id"))
+    policy_name: Mapped[str] = mapped_column(String(64))
+    policy_version: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16), default="running", index=True)
+    token_hash: Mapped[str] = mapped_column(String(64))
+    knobs: Mapped[dict[str, Any]]  # name -> KnobSpec dict; "value" is the controller's target
+    controllers: Mapped[dict[str, Any]]  # controller name -> {pid, filter, last_step, ...}
+    guardrails: Mapped[dict[str, Any]]  # guardrail name -> {baseline, breaches, active}
+    latest_probes: Mapped[dict[str, Any]]
+    latest_metrics: Mapped[dict[str, Any]]
+    knobs_in_effect: Mapped[dict[str, Any]]
+    run_metadata: Mapped[dict[str, Any]]
+    last_step: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    last_seq: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    decision_count: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ObservationRow(Base):
+    __tablename__ = "observations"
+    __table_args__ = (UniqueConstraint("run_id", "seq", name="uq_observations_run_seq"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    seq: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(Integer)
+    probes: Mapped[dict[str, Any]]
+    metrics: Mapped[dict[str, Any]]
+    knobs: Mapped[dict[str, Any]]
+    agent_time: Mapped[float | None] = mapped_column(Float, nullable=True)
+    received_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class DecisionRow(Base):
+    __tablename__ = "decisions"
+    __table_args__ = (
+        UniqueConstraint("run_id", "number", name="uq_decisions_run_number"),
+        Index("ix_decisions_run_id", "run_id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    number: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(Integer)
+    knob: Mapped[str] = mapped_column(String(64))
+    old_value: Mapped[float] = mapped_column(Float)
+    new_value: Mapped[float] = mapped_column(Float)
+    reason: Mapped[str] = mapped_column(Text)
+    controller: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    policy_version: Mapped[int] = mapped_column(Integer)
+    components: Mapped[dict[str, Any]]
+    inputs: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class EventRow(Base):
+    """Audit trail beside decisions: guardrail breaches, overrides, policy moves, state changes."""
+
+    __tablename__ = "events"
+    __table_args__ = (Index("ix_events_run_id", "run_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(32))
+    step: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    payload: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -1,0 +1,249 @@
+"""Policy documents: which probes run, which controllers turn which knobs, which guardrails protect.
+
+A policy is a versioned document (YAML or JSON) validated here. ``load_policy`` accepts a dict,
+a YAML/JSON string or a path and raises :class:`PolicyError` listing *every* error with its
+JSON path, so ``actuator policy validate`` and ``POST /v1/policies/validate`` can show them all.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ._exceptions import PolicyError
+from .schemas import FiniteFloat, Name, Scale
+
+__all__ = [
+    "KNOWN_PROBES",
+    "KNOWN_KNOBS",
+    "FilterSpec",
+    "ProbeSpec",
+    "ControllerSpec",
+    "GuardrailSpec",
+    "PolicyDocument",
+    "load_policy",
+    "policy_errors",
+    "setpoint_at",
+]
+
+# Observation keys the shipped probes produce. Policies may also name "train.<metric>" (a
+# training metric the agent reports, e.g. train.loss) or "custom.<anything>" for user probes.
+KNOWN_PROBES = frozenset(
+    {
+        "perplexity",
+        "kl_drift",
+        "embedding_drift",
+        "answer_agreement",
+        "hotpotqa.em",
+        "hotpotqa.f1",
+        "hotpotqa.gold_logprob",
+        "draft.acceptance",
+        "draft.tokens_per_call",
+        "compression.params",
+        "compression.flops",
+    }
+)
+KNOWN_KNOBS = frozenset({"learning_rate", "kl_beta", "distill_lambda", "rank", "gkd_beta"})
+_FREE_PREFIXES = ("train.", "custom.")
+
+
+def _check_probe(name: str) -> str:
+    if name in KNOWN_PROBES or name.startswith(_FREE_PREFIXES):
+        return name
+    raise ValueError(
+        f"unknown probe {name!r}; known: {sorted(KNOWN_PROBES)} or a 'train.<metric>' / 'custom.<name>' key"
+    )
+
+
+def _check_knob(name: str) -> str:
+    if name in KNOWN_KNOBS or name.startswith("custom."):
+        return name
+    raise ValueError(f"unknown knob {name!r}; known: {sorted(KNOWN_KNOBS)} or 'custom.<name>'")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class FilterSpec(_Model):
+    """Probes are noisy; a controller acts on the filtered value."""
+
+    kind: Literal["none", "ema", "median"] = "none"
+    alpha: float = Field(0.5, gt=0, le=1, description="EMA weight of the newest value.")
+    window: int = Field(3, ge=1, le=100, description="Median window (observations).")
+
+
+class ProbeSpec(_Model):
+    """A probe the agent should run; fetched by the agent at run start."""
+
+    name: Name
+    every: int | None = Field(50, ge=1, description="Run every N optimizer steps.")
+    on_evaluate: bool = False
+    max_examples: int | None = Field(None, ge=1)
+
+
+SetpointPoints = Annotated[list[tuple[Annotated[int, Field(ge=0)], FiniteFloat]], Field(min_length=1)]
+
+
+class ControllerSpec(_Model):
+    """probe (filtered) → PID → knob."""
+
+    name: Name
+    probe: str
+    knob: str
+    setpoint: FiniteFloat | SetpointPoints = Field(
+        description="Constant, or a piecewise-linear schedule [[step, value], ...]."
+    )
+    kp: FiniteFloat = Field(ge=0)
+    ki: FiniteFloat = Field(0.0, ge=0)
+    kd: FiniteFloat = Field(0.0, ge=0)
+    direction: Literal["direct", "reverse"] = Field(
+        "direct",
+        description="direct: raising the knob raises the probe (learning_rate → kl_drift); "
+        "reverse: raising the knob lowers it (kl_beta → kl_drift).",
+    )
+    filter: FilterSpec = Field(default_factory=FilterSpec)
+    min: FiniteFloat | None = Field(None, description="Tighter lower bound than the run's knob.")
+    max: FiniteFloat | None = Field(None, description="Tighter upper bound than the run's knob.")
+    scale: Scale | None = Field(None, description="Override of the knob's scale.")
+    max_step: FiniteFloat | None = Field(None, gt=0, description="Largest change per decision (scale units).")
+    deadband: FiniteFloat = Field(0.0, ge=0)
+    cooldown: int = Field(0, ge=0, description="Optimizer steps between two changes.")
+    priority: int = Field(0, description="When two controllers drive one knob, the higher priority acts.")
+
+    _probe = field_validator("probe")(classmethod(lambda cls, v: _check_probe(v)))
+    _knob = field_validator("knob")(classmethod(lambda cls, v: _check_knob(v)))
+
+    @field_validator("setpoint")
+    @classmethod
+    def _sorted(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            steps = [s for s, _ in v]
+            if steps != sorted(steps) or len(set(steps)) != len(steps):
+                raise ValueError("setpoint schedule steps must be strictly increasing")
+        return v
+
+    @model_validator(mode="after")
+    def _bounds(self) -> ControllerSpec:
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min ({self.min}) is greater than max ({self.max})")
+        return self
+
+
+class GuardrailSpec(_Model):
+    """A protected probe: when it crosses its threshold ``consecutive`` times, act."""
+
+    name: Name
+    probe: str
+    bound: Literal["lower", "upper"] = Field(
+        description="lower: the probe must stay >= threshold (e.g. gold_logprob); upper: <= threshold (drift)."
+    )
+    threshold: FiniteFloat | str = Field(
+        description="Absolute value, or relative to the run's first value: '-5%' / '+20%'."
+    )
+    action: Literal["alert", "adjust", "halt", "rollback"] = "alert"
+    knob: str | None = Field(None, description="Knob scaled by 'adjust' / damped after 'rollback'.")
+    factor: FiniteFloat = Field(0.5, gt=0, description="Multiplier applied to the knob by adjust/rollback.")
+    consecutive: int = Field(1, ge=1, le=1000)
+    hysteresis: FiniteFloat = Field(0.0, ge=0, description="Clear only once back inside by this margin.")
+
+    _probe = field_validator("probe")(classmethod(lambda cls, v: _check_probe(v)))
+
+    @field_validator("knob")
+    @classmethod
+    def _knob_ok(cls, v: str | None) -> str | None:
+        return None if v is None else _check_knob(v)
+
+    @field_validator("threshold")
+    @classmethod
+    def _threshold(cls, v: float | str) -> float | str:
+        if isinstance(v, str) and not re.fullmatch(r"[+-]\d+(\.\d+)?%", v.strip()):
+            raise ValueError("a relative threshold looks like '-5%' or '+20%'")
+        return v.strip() if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _needs_knob(self) -> GuardrailSpec:
+        if self.action == "adjust" and self.knob is None:
+            raise ValueError("action 'adjust' needs 'knob'")
+        return self
+
+    def resolve_threshold(self, baseline: float | None) -> float | None:
+        """Absolute threshold; None while a relative one has no baseline yet."""
+        if not isinstance(self.threshold, str):
+            return float(self.threshold)
+        if baseline is None:
+            return None
+        pct = float(self.threshold.rstrip("%")) / 100.0
+        return baseline + abs(baseline) * pct
+
+
+class PolicyDocument(_Model):
+    """A policy: probes to run, controllers, guardrails."""
+
+    name: Name
+    description: str = Field("", max_length=2000)
+    probes: list[ProbeSpec] = Field(default_factory=list, max_length=32)
+    controllers: list[ControllerSpec] = Field(default_factory=list, max_length=32)
+    guardrails: list[GuardrailSpec] = Field(default_factory=list, max_length=64)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> PolicyDocument:
+        for field in ("probes", "controllers", "guardrails"):
+            names = [item.name for item in getattr(self, field)]
+            dup = sorted({n for n in names if names.count(n) > 1})
+            if dup:
+                raise ValueError(f"{field}: names must be unique, repeated: {dup}")
+        return self
+
+
+def setpoint_at(setpoint: float | list[tuple[int, float]], step: int) -> float:
+    """Value of a constant or piecewise-linear setpoint at ``step`` (held flat outside the points)."""
+    if not isinstance(setpoint, list):
+        return float(setpoint)
+    pts = setpoint
+    if step <= pts[0][0]:
+        return float(pts[0][1])
+    for (s0, v0), (s1, v1) in zip(pts, pts[1:]):
+        if s0 <= step <= s1:
+            return float(v0 + (v1 - v0) * (step - s0) / (s1 - s0))
+    return float(pts[-1][1])
+
+
+def policy_errors(exc: ValidationError) -> list[dict[str, Any]]:
+    """Pydantic errors as ``{"loc": "controllers.0.kp", "msg": ..., "type": ...}``."""
+    out = []
+    for err in exc.errors(include_url=False):
+        loc = ".".join(str(p) for p in err["loc"])
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        out.append({"loc": loc or "(document)", "msg": msg, "type": err["type"]})
+    return out
+
+
+def load_policy(source: PolicyDocument | dict[str, Any] | str | Path) -> PolicyDocument:
+    """Parse and validate a policy from a dict, a YAML/JSON string or a file path."""
+    if isinstance(source, PolicyDocument):
+        return source
+    data: Any = source
+    if isinstance(source, Path) or (isinstance(source, str) and "\n" not in source and source.endswith((".yaml", ".yml", ".json"))):
+        path = Path(source)
+        if not path.exists():
+            raise PolicyError(f"policy file not found: {path}")
+        source = path.read_text()
+    if isinstance(source, str):
+        try:
+            data = json.loads(source) if source.lstrip().startswith("{") else yaml.safe_load(source)
+        except (yaml.YAMLError, json.JSONDecodeError) as exc:
+            raise PolicyError(f"policy is not valid YAML/JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise PolicyError("a policy document must be a mapping", [{"loc": "(document)", "msg": "not a mapping"}])
+    try:
+        return PolicyDocument.model_validate(data)
+    except ValidationError as exc:
+        errors = policy_errors(exc)
+        lines = "; ".join(f"{e['loc']}: {e['msg']}" for e in errors)
+        raise PolicyError(f"invalid policy: {lines}", errors) from exc

@@ -1,0 +1,186 @@
+"""Wire models (pydantic v2) shared by the service, the client and the agent.
+
+Naming follows ``XCreate`` (what a client sends) / ``XPublic`` (what the service returns).
+Every number that reaches the engine is finite: NaN and infinities are refused at the edge.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+
+__all__ = [
+    "Name",
+    "FiniteFloat",
+    "Scale",
+    "RunStateName",
+    "KnobSpec",
+    "RunCreate",
+    "RunCreated",
+    "RunPublic",
+    "RunState",
+    "ObservationCreate",
+    "ObservationBatch",
+    "Action",
+    "DecisionPublic",
+    "DecisionPage",
+    "IngestResult",
+]
+
+# Probe, knob, metric and run names: short identifiers, dots allowed for namespacing
+# ("hotpotqa.gold_logprob"). Bounded so they are safe as Prometheus label values.
+Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_.\-]{0,63}$")]
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+Scale = Literal["log", "linear", "integer"]
+RunStateName = Literal["running", "paused", "halted", "finished"]
+
+_MAX_VALUES = 256  # probes / metrics / knobs per observation
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class KnobSpec(_Model):
+    """A knob under control: current value, bounds, scale and the largest change per decision."""
+
+    name: Name
+    value: FiniteFloat
+    min: FiniteFloat
+    max: FiniteFloat
+    scale: Scale = "linear"
+    max_step: FiniteFloat | None = Field(
+        None,
+        gt=0,
+        description="Largest change per decision in the knob's scale (log units for 'log': "
+        "0.5 allows at most x1.65 per decision). None = unlimited.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> KnobSpec:
+        if self.min > self.max:
+            raise ValueError(f"knob {self.name!r}: min ({self.min}) is greater than max ({self.max})")
+        if self.scale == "log" and self.min <= 0:
+            raise ValueError(f"knob {self.name!r}: a log-scale knob needs min > 0, got {self.min}")
+        if not self.min <= self.value <= self.max:
+            raise ValueError(
+                f"knob {self.name!r}: value {self.value} is outside its bounds [{self.min}, {self.max}]"
+            )
+        if self.scale == "integer" and self.value != int(self.value):
+            raise ValueError(f"knob {self.name!r}: an integer knob needs an integer value")
+        return self
+
+
+class RunCreate(_Model):
+    """Register a run. ``policy`` is a stored policy's name (latest version, or ``name@version``),
+    or an inline policy document that is stored as a new policy version."""
+
+    name: Annotated[str, StringConstraints(min_length=1, max_length=128)] = "run"
+    policy: str | dict[str, Any]
+    knobs: list[KnobSpec] = Field(default_factory=list, max_length=32)
+    metadata: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
+
+    @field_validator("knobs")
+    @classmethod
+    def _unique(cls, knobs: list[KnobSpec]) -> list[KnobSpec]:
+        names = [k.name for k in knobs]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"knob names must be unique, repeated: {sorted(dup)}")
+        return knobs
+
+
+class RunPublic(_Model):
+    id: str
+    name: str
+    state: RunStateName
+    policy_name: str
+    policy_version: int
+    knobs: dict[str, KnobSpec]
+    last_step: int | None
+    last_seq: int | None
+    created_at: datetime
+    updated_at: datetime
+
+
+class RunCreated(RunPublic):
+    token: str = Field(description="Run-scoped agent token. Shown once; stored hashed.")
+    policy: dict[str, Any] = Field(description="The policy document the run runs under.")
+
+
+class RunState(RunPublic):
+    """A run with its live picture: latest probes, controller states, decision count."""
+
+    latest_probes: dict[str, float]
+    latest_metrics: dict[str, float]
+    knobs_in_effect: dict[str, float]
+    controllers: dict[str, dict[str, Any]]
+    guardrails: dict[str, dict[str, Any]]
+    decisions: int
+
+
+class ObservationCreate(_Model):
+    """What the agent sends: probe values, training metrics and the knob values in effect."""
+
+    seq: int = Field(ge=0, description="Per-run sequence number; (run, seq) is idempotent.")
+    step: int = Field(ge=0, description="Optimizer step the values were taken at.")
+    probes: dict[Name, FiniteFloat] = Field(default_factory=dict, max_length=_MAX_VALUES)
+    metrics: dict[Name, FiniteFloat] = Field(default_factory=dict, max_length=_MAX_VALUES)
+    knobs: dict[Name, FiniteFloat] = Field(default_factory=dict, max_length=_MAX_VALUES)
+    time: FiniteFloat | None = Field(None, description="Agent wall clock (unix seconds).")
+
+
+class ObservationBatch(_Model):
+    observations: list[ObservationCreate] = Field(min_length=1, max_length=1000)
+    last_decision: int = Field(
+        0, ge=0, description="Highest decision number the agent has applied; decisions after it are returned."
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ObservationBatch:
+        seqs = [o.seq for o in self.observations]
+        if len(set(seqs)) != len(seqs):
+            raise ValueError("observations: sequence numbers repeat within the batch")
+        return self
+
+
+class Action(_Model):
+    """A run-level order beside knob decisions: halt or roll back."""
+
+    type: Literal["halt", "rollback", "alert"]
+    reason: str
+    decision: int | None = None
+
+
+class DecisionPublic(_Model):
+    id: int
+    run_id: str
+    number: int = Field(description="Per-run decision number, 1, 2, ...")
+    step: int = Field(description="The step from which the new value applies.")
+    knob: str
+    old_value: float
+    new_value: float
+    reason: str
+    controller: str | None
+    policy_version: int
+    components: dict[str, float | None] = Field(description="P, I, D, error of the control law.")
+    inputs: dict[str, Any] = Field(description="Raw and filtered probe value, setpoint, limits applied.")
+    created_at: datetime
+
+
+class DecisionPage(_Model):
+    items: list[DecisionPublic]
+    total: int
+    offset: int
+    limit: int
+
+
+class IngestResult(_Model):
+    accepted: int = Field(description="Observations stored by this request.")
+    duplicates: int = Field(description="Observations already stored (same run and seq): ignored.")
+    decisions: list[DecisionPublic] = Field(description="Decisions after the agent's last_decision.")
+    actions: list[Action] = Field(default_factory=list)
+    state: RunStateName
+    knobs: dict[str, float] = Field(description="Knob values the controller wants in effect now.")

@@ -1,0 +1,321 @@
+"""ActuatorCallback: one callback that puts a Hugging Face ``Trainer`` (or a TRL trainer, which
+subclasses it) under closed-loop control.
+
+    trainer = Trainer(...)
+    ActuatorCallback(policy="sft-drift", probes=[KLDrift(prompts, tok)]).attach(trainer)
+    trainer.train()
+
+What happens, step by step (see DESIGN.md, "The loop"):
+1. ``on_train_begin``: the policy is validated locally, knob setters are bound (the learning
+   rate from the trainer's optimizer and scheduler, others given by the user), probes are set
+   up (the drift reference is snapshotted here), and a background sender is started. The run is
+   registered with the service from that thread: training never waits on the network.
+2. ``on_step_end`` (a step boundary): results that came back are applied — knob decisions are
+   clamped to the run's bounds and rate limit on this side too, then written through the
+   setters, and the value read back is what the next observation reports. Then due probes run,
+   and the observation is handed to the sender.
+3. Distributed runs: rank 0 talks to the service; decisions are broadcast so every rank applies
+   the same values at the same step.
+4. The service down: training continues with the last values; one warning per outage.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from typing import Any
+
+from actuator._exceptions import ConfigError, RequestRejected, ServiceUnavailable
+from actuator.client import ActuatorClient
+from actuator.policy import PolicyDocument, load_policy
+from actuator.schemas import DecisionPublic, KnobSpec, ObservationCreate, RunCreate
+
+from .knobs import KnobSetter, LearningRateKnob
+from .sender import BackgroundSender
+
+__all__ = ["ActuatorCallback", "default_knob_spec"]
+
+log = logging.getLogger("actuator.agents")
+
+try:
+    from transformers import TrainerCallback
+except ImportError as exc:  # pragma: no cover - depends on install
+    raise ImportError("ActuatorCallback needs transformers: `pip install 'actuator[train]'`") from exc
+
+
+def default_knob_spec(name: str, value: float) -> dict[str, Any]:
+    """Bounds a user gets when they name a knob without bounds: generous but finite."""
+    if name in ("learning_rate", "kl_beta", "gkd_beta") and value > 0:
+        return {"min": value / 100.0, "max": value * 10.0, "scale": "log", "max_step": 0.7}
+    if name == "distill_lambda":
+        return {"min": 0.0, "max": 1.0, "scale": "linear", "max_step": 0.2}
+    if name == "rank":
+        return {"min": 1.0, "max": max(1.0, value), "scale": "integer", "max_step": None}
+    return {"min": value, "max": value, "scale": "linear", "max_step": None}
+
+
+def _unwrap_scheduler(sched: Any) -> Any:
+    # accelerate's AcceleratedScheduler wraps the LambdaLR that owns base_lrs.
+    while sched is not None and not hasattr(sched, "base_lrs") and hasattr(sched, "scheduler"):
+        sched = sched.scheduler
+    return sched
+
+
+class ActuatorCallback(TrainerCallback):
+    """Stream probes to the controller service and apply its decisions at step boundaries.
+
+    Args:
+        policy: a stored policy's name (``"sft-drift"`` or ``"sft-drift@3"``), or a policy
+            document (dict, YAML/JSON path, :class:`PolicyDocument`) registered with the run.
+        url: controller service URL (default ``$ACTUATOR_URL`` or ``http://127.0.0.1:8000``).
+        token: admin token for registration when the service has one (``$ACTUATOR_TOKEN``).
+        probes: a list of probes or a ``ProbeSuite`` (``actuator.agents.probes``).
+        knobs: bounds per knob, ``{"learning_rate": {"min": 1e-6, "max": 1e-3, "max_step": 0.5}}``;
+            a knob named without bounds gets :func:`default_knob_spec`. Default: learning_rate.
+        setters: extra knob setters (``KnobSetter``) for knobs other than the learning rate.
+        run_name: a name for the run (default: the trainer's ``run_name`` / output dir).
+        budget_share: the largest share of wall time probes may take (default 10%).
+        timeout: HTTP timeout of one request, in seconds (the sender's, never training's).
+        flush_timeout: seconds to wait at train end for buffered observations.
+        report_every: also send training metrics every N steps without probes (0: only with probes).
+    """
+
+    def __init__(
+        self,
+        policy: str | dict[str, Any] | PolicyDocument | os.PathLike[str],
+        *,
+        url: str | None = None,
+        token: str | None = None,
+        probes: Any = None,
+        knobs: dict[str, dict[str, Any]] | None = None,
+        setters: list[KnobSetter] | None = None,
+        run_name: str | None = None,
+        budget_share: float = 0.10,
+        timeout: float = 2.0,
+        flush_timeout: float = 10.0,
+        report_every: int = 0,
+        metadata: dict[str, Any] | None = None,
+    ) -> None:
+        if isinstance(policy, str) and "\n" not in policy and not policy.endswith((".yaml", ".yml", ".json")):
+            self.policy: str | PolicyDocument = policy
+        else:
+            self.policy = load_policy(policy)  # PolicyError now, not mid-run
+        self.url = url or os.environ.get("ACTUATOR_URL", "http://127.0.0.1:8000")
+        self.token = token or os.environ.get("ACTUATOR_TOKEN")
+        self.knob_bounds = dict(knobs or {"learning_rate": {}})
+        self.extra_setters = {s.name: s for s in (setters or [])}
+        self.run_name = run_name
+        self.timeout, self.flush_timeout = timeout, flush_timeout
+        self.report_every = report_every
+        self.metadata = dict(metadata or {})
+        self.suite = self._make_suite(probes, budget_share)
+        self.trainer: Any = None
+        # run-time state
+        self.setters: dict[str, KnobSetter] = {}
+        self.specs: dict[str, KnobSpec] = {}
+        self.sender: BackgroundSender | None = None
+        self.client: ActuatorClient | None = None
+        self.run_id: str | None = None
+        self.run_token: str | None = None
+        self.seq = 0
+        self.last_decision = 0
+        self.applied: list[dict[str, Any]] = []  # decisions applied, for logs and reports
+        self.history: list[dict[str, Any]] = []  # what was observed, for the caller's own tables
+        self.state = "running"
+        self._metrics: dict[str, float] = {}
+        self._log_extra: dict[str, float] = {}
+        self._is_main = True
+
+    @staticmethod
+    def _make_suite(probes: Any, budget_share: float) -> Any:
+        if probes is None:
+            return None
+        from .probes import ProbeSuite
+
+        if isinstance(probes, ProbeSuite):
+            return probes
+        return ProbeSuite(list(probes), budget_share=budget_share)
+
+    # -- binding ---------------------------------------------------------------------------
+    def attach(self, trainer: Any) -> ActuatorCallback:
+        """Bind to ``trainer`` (callbacks are not given the trainer object) and register."""
+        self.trainer = trainer
+        trainer.add_callback(self)
+        return self
+
+    def _bind_setters(self, optimizer: Any, lr_scheduler: Any) -> None:
+        for name in self.knob_bounds:
+            if name in self.extra_setters:
+                self.setters[name] = self.extra_setters[name]
+            elif name == "learning_rate":
+                if optimizer is None:
+                    raise ConfigError("learning_rate: the trainer has no optimizer yet")
+                self.setters[name] = LearningRateKnob(optimizer, _unwrap_scheduler(lr_scheduler))
+            else:
+                raise ConfigError(f"knobs.{name}: no setter for this knob; pass setters=[...] "
+                                  f"(e.g. actuator.agents.knobs for kl_beta, compression.RankKnob for rank)")
+        for name, setter in self.extra_setters.items():
+            self.setters.setdefault(name, setter)
+        for name, setter in self.setters.items():
+            value = float(setter.nominal() if hasattr(setter, "nominal") else setter.read())
+            spec = {**default_knob_spec(name, value), **self.knob_bounds.get(name, {})}
+            spec["min"], spec["max"] = min(spec["min"], value), max(spec["max"], value)
+            try:
+                self.specs[name] = KnobSpec(name=name, value=value, **spec)
+            except ValueError as exc:
+                raise ConfigError(f"knobs.{name}: {exc}") from exc
+
+    # -- registration (runs in the sender thread) ----------------------------------------------
+    def _register(self) -> tuple[str, str]:
+        assert self.client is not None
+        policy = self.policy if isinstance(self.policy, str) else self.policy.model_dump(mode="json")
+        body = RunCreate(name=self.run_name or "run", policy=policy, knobs=list(self.specs.values()),
+                         metadata={k: v for k, v in self.metadata.items()
+                                   if isinstance(v, (str, int, float, bool)) or v is None})
+        created = self.client.register_run(body)
+        self.run_id, self.run_token = created.id, created.token
+        log.info("actuator: run %s registered (policy %s v%d)", created.id, created.policy_name,
+                 created.policy_version)
+        return created.id, created.token
+
+    # -- trainer events --------------------------------------------------------------------
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
+                       optimizer: Any = None, lr_scheduler: Any = None, **kwargs: Any) -> None:
+        trainer = self.trainer
+        optimizer = optimizer if optimizer is not None else getattr(trainer, "optimizer", None)
+        lr_scheduler = lr_scheduler if lr_scheduler is not None else getattr(trainer, "lr_scheduler", None)
+        self._is_main = bool(getattr(state, "is_world_process_zero", True))
+        self._bind_setters(optimizer, lr_scheduler)
+        if self.run_name is None:
+            self.run_name = (getattr(args, "run_name", None) or os.path.basename(str(args.output_dir)) or "run")[:128]
+        if self.suite is not None and model is not None:
+            self.suite.setup(model)
+        if self._is_main:
+            self.client = ActuatorClient(self.url, token=self.token, timeout=self.timeout)
+            self.sender = BackgroundSender(self.client, register=self._register)
+            if self.suite is not None and model is not None:
+                self._observe(state.global_step, model, force=True)  # the baseline at step 0
+
+    def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        self._apply_results(state, control)
+        step = state.global_step
+        ran = False
+        if self.suite is not None and model is not None and self._is_main:
+            ran = self._observe(step, model)
+        if not ran and self._is_main and self.report_every and step % self.report_every == 0:
+            self._submit(step, {})
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kwargs: Any) -> None:
+        for k, v in (logs or {}).items():
+            if isinstance(v, (int, float)) and math.isfinite(v) and k != "epoch":
+                self._metrics[k] = float(v)
+        if logs is not None and self._log_extra:
+            logs.update(self._log_extra)
+            self._log_extra.clear()
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, model: Any = None,
+                    metrics: dict[str, float] | None = None, **kwargs: Any) -> None:
+        for k, v in (metrics or {}).items():
+            if isinstance(v, (int, float)) and math.isfinite(v):
+                self._metrics[k] = float(v)
+        if self.suite is not None and model is not None and self._is_main:
+            self._observe(state.global_step, model, evaluate=True)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.sender is None:
+            return
+        delivered = self.sender.close(self.flush_timeout)
+        if not delivered:
+            log.warning("actuator: %d observations could not be delivered before train end",
+                        self.sender.backlog)
+        if self.run_id and self.client is not None and self.state == "running":
+            try:
+                self.client.finish(self.run_id, token=self.run_token)
+            except (ServiceUnavailable, RequestRejected) as exc:
+                log.warning("actuator: could not mark the run finished: %s", exc)
+        self.client.close() if self.client is not None else None
+
+    # -- the loop ----------------------------------------------------------------------------
+    def knob_values(self) -> dict[str, float]:
+        return {name: float(s.read()) for name, s in self.setters.items()}
+
+    def _observe(self, step: int, model: Any, *, evaluate: bool = False, force: bool = False) -> bool:
+        report = self.suite.run(model, step, evaluate=evaluate, force=force)
+        if report is None:
+            return False
+        probes = {k: v for k, v in report.values.items() if not k.startswith("probe_") and math.isfinite(v)}
+        costs = {k: v for k, v in report.values.items() if k.startswith("probe_") and math.isfinite(v)}
+        self._submit(step, probes, costs)
+        return True
+
+    def _submit(self, step: int, probes: dict[str, float], extra_metrics: dict[str, float] | None = None) -> None:
+        metrics = {**self._metrics, **(extra_metrics or {})}
+        knobs = self.knob_values()
+        obs = ObservationCreate(seq=self.seq, step=step, probes=probes, metrics=metrics, knobs=knobs, time=time.time())
+        self.seq += 1
+        self.history.append({"step": step, "probes": probes, "metrics": dict(metrics), "knobs": knobs})
+        if self.sender is not None:
+            self.sender.submit(obs)
+
+    def _apply_results(self, state: Any, control: Any) -> None:
+        decisions: list[dict[str, Any]] = []
+        halt = False
+        if self._is_main and self.sender is not None:
+            for result in self.sender.results():
+                for d in result.decisions:
+                    if d.number > self.last_decision:
+                        decisions.append(d.model_dump(mode="json"))
+                        self.last_decision = d.number
+                if result.state == "halted":
+                    halt = True
+            self.sender.last_decision = self.last_decision
+        decisions, halt = self._broadcast(decisions, halt)
+        for d in decisions:
+            self._apply(d, state.global_step)
+        if halt and self.state != "halted":
+            self.state = "halted"
+            log.warning("actuator: the controller halted this run at step %d; saving and stopping",
+                        state.global_step)
+            control.should_save = True
+            control.should_training_stop = True
+
+    def _broadcast(self, decisions: list[dict[str, Any]], halt: bool) -> tuple[list[dict[str, Any]], bool]:
+        """Every rank applies rank 0's decisions at the same step boundary."""
+        try:
+            import torch.distributed as dist
+        except ImportError:  # pragma: no cover
+            return decisions, halt
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return decisions, halt
+        payload = [{"decisions": decisions, "halt": halt}]
+        dist.broadcast_object_list(payload, src=0)
+        return payload[0]["decisions"], payload[0]["halt"]
+
+    def _apply(self, decision: dict[str, Any], step: int) -> None:
+        d = DecisionPublic.model_validate(decision)
+        setter, spec = self.setters.get(d.knob), self.specs.get(d.knob)
+        if setter is None or spec is None:
+            log.warning("actuator: decision %d names knob %r, which this run has no setter for", d.number, d.knob)
+            return
+        value = self._guard(spec, float(setter.read()), d.new_value)
+        applied = float(setter.apply(value))
+        entry = {"number": d.number, "step": step, "knob": d.knob, "ordered": d.new_value,
+                 "applied": applied, "reason": d.reason}
+        self.applied.append(entry)
+        self._log_extra[f"actuator/{d.knob}"] = applied
+        log.info("actuator: step %d: %s -> %.6g (decision %d: %s)", step, d.knob, applied, d.number, d.reason)
+
+    @staticmethod
+    def _guard(spec: KnobSpec, current: float, ordered: float) -> float:
+        """Defence in depth: never apply a value outside the run's bounds or rate limit."""
+        value = min(max(ordered, spec.min), spec.max)
+        if spec.max_step is not None and current > 0 and spec.scale == "log":
+            lo, hi = current * math.exp(-spec.max_step), current * math.exp(spec.max_step)
+            value = min(max(value, lo), hi)
+        elif spec.max_step is not None and spec.scale != "log":
+            value = min(max(value, current - spec.max_step), current + spec.max_step)
+        if spec.scale == "integer":
+            value = float(round(value))
+        return value

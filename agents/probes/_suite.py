@@ -1,0 +1,264 @@
+"""ProbeSuite: runs the probes that are due, inside the safety wrapper, within a wall-time budget."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ._base import Probe
+from ._common import logger, probe_mode
+from ._reference import ReferenceModel
+
+__all__ = ["ProbeReport", "ProbeSuite"]
+
+
+@dataclass
+class ProbeReport:
+    """What one ``ProbeSuite.run`` measured.
+
+    ``values`` holds every probe value plus the cost metrics ``probe_seconds.<name>`` (wall
+    seconds of each probe that ran) and ``probe_share`` (probe seconds / wall seconds since
+    setup, after this run), so the cost travels in the observation like any other value.
+    ``seconds`` repeats the per-probe seconds keyed by probe name. ``skipped`` names the probes
+    that were due but skipped for budget; ``notes`` says why, and which probes were subsampled
+    (``examples`` gives the number of examples each probe used). ``failed`` names probes that
+    raised (``on_error="warn"``).
+    """
+
+    values: dict[str, float]
+    seconds: dict[str, float]
+    skipped: list[str]
+    notes: list[str]
+    step: int | None = None
+    examples: dict[str, int] = field(default_factory=dict)
+    failed: list[str] = field(default_factory=list)
+
+
+class ProbeSuite:
+    """Run due probes and keep their wall-time share under ``budget_share``.
+
+    The share is probe seconds over wall seconds since ``setup`` (the suite keeps the clock).
+    Spending ``x`` more seconds with ``P`` probe seconds and ``W`` wall seconds so far keeps
+    ``(P + x) / (W + x) <= budget`` iff ``x <= (budget * W - P) / (1 - budget)``.
+
+    The budget is shared out between scheduled probes in proportion to their demand (seconds
+    per step a full measurement would need: cost per example x examples / ``every``), and
+    each probe is held to its own part as well as to the whole. When the budget is short every
+    probe is scaled down by the same factor, and a cheap probe running every step cannot eat
+    the budget an expensive, rarer probe needs. Costs per example are learnt from past runs (a
+    running average). Before each probe: if the full measurement fits, it runs; if a subset of
+    at least ``probe.min_examples`` fits, it runs on that subset (evenly spaced,
+    ``max_examples``); otherwise it is skipped, and the report's notes say so. A skipped probe
+    keeps its unspent part, so it runs later rather than never.
+
+    The first measurement of each probe is not budgeted: it is the baseline a controller
+    compares against and it calibrates the cost estimate. The share can therefore exceed the
+    budget right after setup; probes are then skipped until it is back under. Runs at
+    ``evaluate`` are held to the whole budget only; ``force=True`` runs every probe in full
+    regardless of budget (a final or on-demand measurement). Setup time (reference copy,
+    embedder load, reference answers) is not counted: it is paid once, before the clock starts.
+    """
+
+    def __init__(
+        self,
+        probes: Sequence[Probe],
+        *,
+        budget_share: float = 0.10,
+        on_error: Literal["warn", "raise"] = "warn",
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if not 0.0 < budget_share <= 1.0:
+            raise ValueError(f"budget_share must be in (0, 1], got {budget_share}")
+        if on_error not in ("warn", "raise"):
+            raise ValueError(f"on_error must be 'warn' or 'raise', got {on_error!r}")
+        names = [p.name for p in probes]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"probe names must be unique, repeated: {duplicates}")
+        self.probes = list(probes)
+        self.budget_share = float(budget_share)
+        self.on_error = on_error
+        self._clock = clock
+        self._t0: float | None = None
+        self._probe_seconds = 0.0
+        self._cost_per_example: dict[str, float] = {}
+        self._spent: dict[str, float] = {p.name: 0.0 for p in self.probes}
+        self._skips: dict[str, int] = {p.name: 0 for p in self.probes}
+        self.setup_seconds = 0.0
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def setup(self, model: Any) -> None:
+        """Set every probe up (reference snapshots, embedder) and start the wall clock."""
+        start = self._clock()
+        snapshots: dict[int, Any] = {}  # drift probes share one frozen copy of the weights
+        for probe in self.probes:
+            holder = getattr(probe, "reference_holder", None)
+            if isinstance(holder, ReferenceModel):
+                holder.share(snapshots)
+            probe.setup(model)
+        self.setup_seconds = self._clock() - start
+        self._t0 = self._clock()
+
+    @property
+    def probe_seconds(self) -> float:
+        return self._probe_seconds
+
+    @property
+    def probe_share(self) -> float:
+        """Probe wall seconds / wall seconds since setup (0 before anything ran)."""
+        if self._t0 is None:
+            return 0.0
+        wall = self._clock() - self._t0
+        return self._probe_seconds / wall if wall > 0 else 0.0
+
+    def state_dict(self) -> dict[str, Any]:
+        """Budget state for checkpoints, so a resumed run keeps its share and cost estimates."""
+        wall = self._clock() - self._t0 if self._t0 is not None else 0.0
+        return {
+            "wall_seconds": wall,
+            "probe_seconds": self._probe_seconds,
+            "cost_per_example": dict(self._cost_per_example),
+            "spent": dict(self._spent),
+            "skips": dict(self._skips),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._t0 = self._clock() - float(state.get("wall_seconds", 0.0))
+        self._probe_seconds = float(state.get("probe_seconds", 0.0))
+        self._cost_per_example.update(state.get("cost_per_example", {}))
+        for name, seconds in state.get("spent", {}).items():
+            if name in self._spent:
+                self._spent[name] = float(seconds)
+        for name, count in state.get("skips", {}).items():
+            if name in self._skips:
+                self._skips[name] = int(count)
+
+    # -- running ---------------------------------------------------------------------------
+    def due(self, step: int, *, evaluate: bool = False) -> list[Probe]:
+        return [p for p in self.probes if p.due(step) or (evaluate and p.on_evaluate)]
+
+    def run(
+        self, model: Any, step: int, *, evaluate: bool = False, force: bool = False
+    ) -> ProbeReport | None:
+        """Run the probes due at ``step`` (all of them if ``force``); ``None`` if none is due."""
+        due = list(self.probes) if force else self.due(step, evaluate=evaluate)
+        if not due:
+            return None
+        if self._t0 is None:
+            logger.warning("ProbeSuite.run() before setup(): setting probes up now")
+            self.setup(model)
+        report = ProbeReport(values={}, seconds={}, skipped=[], notes=[], step=step)
+        due.sort(key=lambda p: (-self._skips[p.name], p.cost_rank, self._estimate(p) or 0.0))
+        run_start = self._clock()
+        spent = 0.0
+        with probe_mode(model):
+            for probe in due:
+                limit = None
+                if not force:
+                    action, limit, note = self._plan(probe, scheduled=probe.due(step))
+                    if note:
+                        report.notes.append(note)
+                    if action == "skip":
+                        report.skipped.append(probe.name)
+                        self._skips[probe.name] += 1
+                        continue
+                spent += self._run_one(probe, model, step, limit, report)
+        # The wrapper's own cost (mode bookkeeping, RNG capture) is probe time too.
+        self._probe_seconds += max(self._clock() - run_start - spent, 0.0)
+        report.values["probe_share"] = self.probe_share
+        if report.skipped:
+            logger.debug("probes skipped at step %s: %s", step, "; ".join(report.notes))
+        return report
+
+    def _run_one(
+        self, probe: Probe, model: Any, step: int, limit: int | None, report: ProbeReport
+    ) -> float:
+        start = self._clock()
+        values: dict[str, float] | None = None
+        try:
+            values = probe.measure(model, step=step, max_examples=limit)
+        except Exception as exc:
+            if self.on_error == "raise":
+                raise
+            logger.exception("probe %s failed at step %s", probe.name, step)
+            report.failed.append(probe.name)
+            report.notes.append(f"{probe.name} failed: {exc!r}")
+        seconds = self._clock() - start
+        self._probe_seconds += seconds
+        self._spent[probe.name] += seconds
+        report.seconds[probe.name] = seconds
+        report.values[f"probe_seconds.{probe.name}"] = seconds
+        if values is not None:
+            report.values.update(values)
+            used = self._used_examples(probe, limit)
+            report.examples[probe.name] = used
+            per_example = seconds / used
+            previous = self._cost_per_example.get(probe.name)
+            # A running average: one slow outlier (a GC pause, a busy core) should not starve a probe.
+            self._cost_per_example[probe.name] = (
+                per_example if previous is None else 0.5 * previous + 0.5 * per_example
+            )
+            self._skips[probe.name] = 0
+        return seconds
+
+    @staticmethod
+    def _used_examples(probe: Probe, limit: int | None) -> int:
+        n = probe.num_examples
+        if n is None:
+            return 1
+        return max(min(n, limit) if limit is not None else n, 1)
+
+    def _estimate(self, probe: Probe) -> float | None:
+        cost = self._cost_per_example.get(probe.name)
+        if cost is None:
+            return None
+        return cost * self._used_examples(probe, None)
+
+    def _weight(self, probe: Probe) -> float | None:
+        """This probe's part of the budget: its demand over all scheduled probes' demand."""
+        demand: dict[str, float] = {}
+        for p in self.probes:
+            cost = self._cost_per_example.get(p.name)
+            if cost is not None and p.every is not None:
+                demand[p.name] = cost * self._used_examples(p, None) / p.every
+        total = sum(demand.values())
+        if probe.name not in demand or total <= 0:
+            return None
+        return demand[probe.name] / total
+
+    def _allowed(self, probe: Probe, *, scheduled: bool) -> float:
+        """Seconds this probe may spend now without breaking its part or the whole budget."""
+        assert self._t0 is not None
+        wall = self._clock() - self._t0
+        budget = self.budget_share
+        allowed = (budget * wall - self._probe_seconds) / (1.0 - budget)
+        weight = self._weight(probe) if scheduled else None
+        if weight is not None:
+            part = budget * weight
+            allowed = min(allowed, (part * wall - self._spent[probe.name]) / (1.0 - part))
+        return allowed
+
+    def _plan(self, probe: Probe, *, scheduled: bool) -> tuple[str, int | None, str | None]:
+        """("run", None | max_examples, note) or ("skip", None, reason)."""
+        cost = self._cost_per_example.get(probe.name)
+        if cost is None or self.budget_share >= 1.0:
+            return "run", None, None
+        allowed = self._allowed(probe, scheduled=scheduled)
+        n = probe.num_examples
+        full = cost * (n if n is not None else 1)
+        if full <= allowed:
+            return "run", None, None
+        share = f"{100 * self.probe_share:.1f}% of wall time so far, budget {100 * self.budget_share:.0f}%"
+        if n is not None and n > 1 and allowed > 0:
+            k = min(int(math.floor(allowed / cost)), n - 1)
+            if k >= max(probe.min_examples, 1):
+                return "run", k, f"{probe.name} subsampled to {k} of {n} examples for budget ({share})"
+        return (
+            "skip",
+            None,
+            f"{probe.name} skipped for budget: needs ~{full:.2f}s, "
+            f"{max(allowed, 0.0):.2f}s available ({share})",
+        )

@@ -1,0 +1,200 @@
+"""The background sender: training hands observations over and never waits on the network.
+
+One daemon thread owns the HTTP client. ``submit`` is a non-blocking queue put; the thread
+batches what is queued, registers the run first if that has not happened yet, posts, and puts
+each :class:`IngestResult` in an inbox the callback drains at the next step boundary.
+
+Outage: observations stay buffered (bounded: the oldest are dropped past ``max_buffer``, and
+counted), retries back off exponentially up to ``max_backoff``, and one warning is logged per
+outage. Sequence numbers are assigned by the caller, so redelivery after an outage is
+idempotent on the service side.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from actuator._exceptions import RequestRejected, ServiceUnavailable
+from actuator.client import ActuatorClient
+from actuator.schemas import IngestResult, ObservationBatch, ObservationCreate
+
+__all__ = ["BackgroundSender", "SenderStats"]
+
+log = logging.getLogger("actuator.agents")
+
+
+@dataclass
+class SenderStats:
+    submitted: int = 0
+    sent: int = 0
+    dropped: int = 0
+    failures: int = 0
+    outages: int = 0
+    last_error: str | None = None
+    connected: bool = False
+    disabled_reason: str | None = None
+    latencies: deque[float] = field(default_factory=lambda: deque(maxlen=256))
+
+
+class BackgroundSender:
+    """Deliver observations for one run from a background thread.
+
+    ``register`` is a callable run once in the thread before the first post (it returns
+    ``(run_id, token)``); pass ``run_id``/``token`` instead when the run is registered already.
+    """
+
+    def __init__(
+        self,
+        client: ActuatorClient,
+        *,
+        run_id: str | None = None,
+        token: str | None = None,
+        register: Callable[[], tuple[str, str]] | None = None,
+        batch_size: int = 64,
+        max_buffer: int = 10_000,
+        initial_backoff: float = 0.5,
+        max_backoff: float = 30.0,
+    ) -> None:
+        if run_id is None and register is None:
+            raise ValueError("BackgroundSender needs run_id/token or a register callable")
+        self.client = client
+        self.run_id, self.token = run_id, token
+        self._register = register
+        self.batch_size = batch_size
+        self.max_buffer = max_buffer
+        self.initial_backoff, self.max_backoff = initial_backoff, max_backoff
+        self.last_decision = 0  # highest decision number applied; written by the callback
+        self.stats = SenderStats()
+        self._queue: queue.SimpleQueue[ObservationCreate] = queue.SimpleQueue()
+        self._pending: deque[ObservationCreate] = deque()
+        self._inbox: queue.SimpleQueue[IngestResult] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._loop, name="actuator-sender", daemon=True)
+        self._thread.start()
+
+    # -- training side (never blocks) ----------------------------------------------------------
+    def submit(self, obs: ObservationCreate) -> None:
+        with self._lock:  # so the thread never marks itself idle between the clear and the put
+            self.stats.submitted += 1
+            self._idle.clear()
+            self._queue.put(obs)
+        self._wake.set()
+
+    def results(self) -> list[IngestResult]:
+        out = []
+        while True:
+            try:
+                out.append(self._inbox.get_nowait())
+            except queue.Empty:
+                return out
+
+    @property
+    def backlog(self) -> int:
+        return self._queue.qsize() + len(self._pending)
+
+    def flush(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for everything submitted to be delivered (or given up)."""
+        self._wake.set()
+        return self._idle.wait(timeout)
+
+    def close(self, timeout: float = 5.0) -> bool:
+        delivered = self.flush(timeout)
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=1.0)
+        return delivered
+
+    # -- the thread -------------------------------------------------------------------------
+    def _drain_queue(self) -> None:
+        while True:
+            try:
+                self._pending.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        overflow = len(self._pending) - self.max_buffer
+        if overflow > 0:
+            for _ in range(overflow):
+                self._pending.popleft()
+            self.stats.dropped += overflow
+
+    def _loop(self) -> None:
+        backoff = self.initial_backoff
+        while not self._stop.is_set():
+            with self._lock:
+                self._drain_queue()
+                if self.stats.disabled_reason is not None:
+                    self._pending.clear()
+                if not self._pending:
+                    self._idle.set()
+            if not self._pending:
+                self._wake.wait(0.5)
+                self._wake.clear()
+                continue
+            try:
+                self._send_once()
+                backoff = self.initial_backoff
+            except ServiceUnavailable as exc:
+                self._outage(exc)
+                # Jittered exponential backoff; a flush/close wakes us early but does not skip it.
+                self._stop.wait(backoff * (0.5 + random.random()))
+                backoff = min(backoff * 2, self.max_backoff)
+            except RequestRejected as exc:
+                self._rejected(exc)
+            except Exception as exc:  # noqa: BLE001 - the sender thread must never die
+                self.stats.failures += 1
+                self.stats.last_error = f"{type(exc).__name__}: {exc}"
+                log.exception("actuator sender: unexpected error; dropping the batch")
+                for _ in range(min(self.batch_size, len(self._pending))):
+                    self._pending.popleft()
+
+    def _send_once(self) -> None:
+        if self.run_id is None:
+            assert self._register is not None
+            self.run_id, self.token = self._register()
+        batch = [self._pending[i] for i in range(min(self.batch_size, len(self._pending)))]
+        start = time.perf_counter()
+        result = self.client.post_observations(
+            self.run_id, ObservationBatch(observations=batch, last_decision=self.last_decision), token=self.token)
+        self.stats.latencies.append(time.perf_counter() - start)
+        for _ in batch:
+            self._pending.popleft()
+        self.stats.sent += len(batch)
+        if not self.stats.connected:
+            if self.stats.outages:
+                log.warning("actuator: controller reachable again; %d buffered observations delivered",
+                            len(batch))
+            self.stats.connected = True
+        self._inbox.put(result)
+
+    def _outage(self, exc: Exception) -> None:
+        self.stats.failures += 1
+        self.stats.last_error = str(exc)
+        if self.stats.connected or self.stats.outages == 0:
+            self.stats.outages += 1
+            log.warning("actuator: controller unreachable (%s); training continues with the last knob "
+                        "values, observations are buffered and retried", exc)
+        self.stats.connected = False
+
+    def _rejected(self, exc: RequestRejected) -> None:
+        self.stats.failures += 1
+        self.stats.last_error = str(exc)
+        if exc.status_code in (401, 403, 404):
+            # The run is gone or the token is wrong: nothing we send will ever be accepted.
+            self.stats.disabled_reason = str(exc)
+            log.error("actuator: the service refuses this run (%s); control is off for the rest of "
+                      "training", exc)
+        else:
+            log.error("actuator: the service rejected a batch (%s); it is dropped", exc)
+            for _ in range(min(self.batch_size, len(self._pending))):
+                self._pending.popleft()

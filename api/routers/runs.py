@@ -1,0 +1,186 @@
+"""Runs: register, list, state, observations (the agent's hot path), decisions, halt/finish."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Query, status
+
+from actuator._exceptions import PolicyError
+from actuator.models import PolicyRow
+from actuator.policy import PolicyDocument, load_policy
+from actuator.schemas import DecisionPage, IngestResult, ObservationBatch, RunCreate, RunCreated, RunPublic, RunState
+
+from ..deps import AdminDep, RunAuthDep, RunId, RunOrAdminDep, Services, ServicesDep
+from ..views import decision_public, run_public, run_state
+
+router = APIRouter(prefix="/v1/runs", tags=["runs"])
+
+
+def _unprocessable(message: str, errors: list[dict[str, Any]] | None = None) -> HTTPException:
+    return HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY,
+                         {"message": message, "errors": errors or [{"loc": "body", "msg": message}]})
+
+
+def _resolve_policy(services: Services, body: RunCreate) -> tuple[PolicyRow | None, PolicyDocument]:
+    """A stored policy by name (``name`` or ``name@version``) or an inline document.
+    Returns (row or None if the inline document must be stored, document)."""
+    if isinstance(body.policy, str):
+        name, _, ver = body.policy.partition("@")
+        version = int(ver) if ver.isdigit() else None
+        if ver and version is None:
+            raise _unprocessable(f"policy: bad version in {body.policy!r}; use name@3")
+        row = services.store.get_policy(name, version)
+        if row is None or row.archived:
+            raise _unprocessable(f"policy: no policy named {body.policy!r}",
+                                 [{"loc": "body.policy", "msg": f"policy {body.policy!r} not found"}])
+        return row, PolicyDocument.model_validate(row.document)
+    try:
+        doc = load_policy(body.policy)
+    except PolicyError as exc:
+        errors = [{**e, "loc": f"body.policy.{e['loc']}"} for e in exc.errors]
+        raise _unprocessable(f"policy: {exc}", errors) from exc
+    latest = services.store.get_policy(doc.name)
+    if latest is not None and not latest.archived and latest.document == doc.model_dump(mode="json"):
+        return latest, doc
+    return None, doc
+
+
+def _check_knobs(doc: PolicyDocument, body: RunCreate) -> None:
+    knobs = {k.name for k in body.knobs}
+    errors = []
+    for i, c in enumerate(doc.controllers):
+        if c.knob not in knobs:
+            errors.append({"loc": f"body.policy.controllers.{i}.knob",
+                           "msg": f"controller {c.name!r} drives knob {c.knob!r}, which the run does not "
+                                  f"declare (knobs: {sorted(knobs)})"})
+    for i, g in enumerate(doc.guardrails):
+        if g.knob is not None and g.knob not in knobs:
+            errors.append({"loc": f"body.policy.guardrails.{i}.knob",
+                           "msg": f"guardrail {g.name!r} names knob {g.knob!r}, which the run does not declare"})
+    if errors:
+        raise _unprocessable("; ".join(f"{e['loc']}: {e['msg']}" for e in errors), errors)
+
+
+@router.post("", status_code=201, response_model=RunCreated, summary="Register a run")
+def register_run(body: RunCreate, _: AdminDep, services: ServicesDep) -> RunCreated:
+    row, doc = _resolve_policy(services, body)
+    _check_knobs(doc, body)  # before storing anything
+    if row is None:
+        row = services.store.create_policy(doc)
+    run, token = services.store.create_run(body, row)
+    services.metrics.set_state(run.id, run.state)
+    for k in body.knobs:
+        services.metrics.knob_target.labels(run.id, k.name).set(k.value)
+    return RunCreated(**run_public(run).model_dump(), token=token, policy=row.document)
+
+
+@router.get("", response_model=list[RunPublic], summary="List runs")
+def list_runs(
+    services: ServicesDep,
+    state: Annotated[str | None, Query(pattern="^(running|paused|halted|finished)$")] = None,
+    name: Annotated[str | None, Query(max_length=128)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> list[RunPublic]:
+    return [run_public(r) for r in services.store.list_runs(state=state, name=name, limit=limit, offset=offset)]
+
+
+@router.get("/{run_id}", response_model=RunState, summary="A run's state: knobs, probes, controllers")
+def get_run(run_id: RunId, services: ServicesDep) -> RunState:
+    run = services.store.get_run(run_id)
+    if run is None:
+        raise HTTPException(404, f"run {run_id!r} not found")
+    return run_state(run)
+
+
+@router.post("/{run_id}/observations", response_model=IngestResult,
+             summary="Post a batch of observations; returns the decisions to apply")
+def post_observations(batch: ObservationBatch, run: RunAuthDep, services: ServicesDep) -> IngestResult:
+    if len(batch.observations) > services.settings.max_batch:
+        raise _unprocessable(f"observations: at most {services.settings.max_batch} per request")
+    engine = services.engine_for(run.policy_id)
+    out = services.store.ingest(run.id, batch, engine)
+    if out is None:  # deleted between auth and ingest
+        raise HTTPException(404, f"run {run.id!r} not found")
+    _export(services, out)
+    return IngestResult(
+        accepted=out.accepted, duplicates=out.duplicates,
+        decisions=[decision_public(d) for d in out.decisions], actions=out.actions,
+        state=out.run.state,  # type: ignore[arg-type]
+        knobs={k: float(v["value"]) for k, v in out.run.knobs.items()},
+    )
+
+
+def _export(services: Services, out: Any) -> None:
+    """Metrics and live events for one ingest (after commit: never block the transaction)."""
+    m, run = services.metrics, out.run
+    m.observations.inc(out.accepted)
+    m.duplicates.inc(out.duplicates)
+    if out.accepted:
+        services.live.touch(run.id, run.last_step or 0)
+        m.last_observation.labels(run.id).set_to_current_time()
+        m.training_step.labels(run.id).set(run.last_step or 0)
+    for probe, v in run.latest_probes.items():
+        m.probe_value.labels(run.id, probe).set(v)
+    for knob, v in run.knobs_in_effect.items():
+        m.knob_value.labels(run.id, knob).set(v)
+    for knob, spec in run.knobs.items():
+        m.knob_target.labels(run.id, knob).set(spec["value"])
+    for name, st in run.controllers.items():
+        if "filtered" in st:
+            m.probe_filtered.labels(run.id, st["probe"]).set(st["filtered"])
+            m.setpoint.labels(run.id, st["probe"]).set(st["setpoint"])
+        for comp in ("p", "i", "d"):
+            if st.get("components", {}).get(comp) is not None:
+                m.pid_component.labels(run.id, name, comp).set(st["components"][comp])
+    for st in run.guardrails.values():
+        if st.get("threshold") is not None:
+            m.threshold.labels(run.id, st["probe"]).set(st["threshold"])
+    for d in out.created:
+        m.decisions.labels(run.id, d.knob, "controller" if d.controller else "guardrail").inc()
+    for ev in out.events:
+        if ev["kind"] == "guardrail_breach":
+            m.breaches.labels(run.id, ev["action"]).inc()
+        services.live.publish(run.id, ev)
+    m.set_state(run.id, run.state)
+    for obs in out.new_observations:
+        services.live.publish(run.id, {"kind": "observation", "seq": obs.seq, "step": obs.step,
+                                       "probes": obs.probes, "knobs": obs.knobs})
+
+
+@router.get("/{run_id}/decisions", response_model=DecisionPage, summary="Decisions of a run, paged")
+def list_decisions(
+    run_id: RunId,
+    services: ServicesDep,
+    offset: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    after: Annotated[int | None, Query(ge=0, description="Only decisions with number > after")] = None,
+) -> DecisionPage:
+    if services.store.get_run(run_id) is None:
+        raise HTTPException(404, f"run {run_id!r} not found")
+    rows, total = services.store.list_decisions(run_id, offset=offset, limit=limit, after=after)
+    return DecisionPage(items=[decision_public(d) for d in rows], total=total, offset=offset, limit=limit)
+
+
+def _transition(services: Services, run_id: str, to: str, allowed: tuple[str, ...], reason: str) -> RunPublic:
+    run = services.store.get_run(run_id)
+    if run is None:
+        raise HTTPException(404, f"run {run_id!r} not found")
+    if run.state not in allowed:
+        raise HTTPException(409, f"run is {run.state}; cannot move to {to}")
+    row = services.store.set_state(run_id, to, reason)
+    assert row is not None
+    services.metrics.set_state(run_id, to)
+    services.live.publish(run_id, {"kind": "state", "to": to, "reason": reason})
+    return run_public(row)
+
+
+@router.post("/{run_id}/halt", response_model=RunPublic, summary="Halt a run (the agent stops training cleanly)")
+def halt_run(run: RunOrAdminDep, services: ServicesDep) -> RunPublic:
+    return _transition(services, run.id, "halted", ("running", "paused"), "halted by request")
+
+
+@router.post("/{run_id}/finish", response_model=RunPublic, summary="Mark a run finished (the agent does at train end)")
+def finish_run(run: RunOrAdminDep, services: ServicesDep) -> RunPublic:
+    return _transition(services, run.id, "finished", ("running", "paused", "halted"), "training ended")

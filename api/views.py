@@ -1,0 +1,47 @@
+"""Row → wire-model conversions shared by the routers."""
+
+from __future__ import annotations
+
+from actuator.models import DecisionRow, PolicyRow, RunRow
+from actuator.schemas import DecisionPublic, KnobSpec, RunPublic, RunState
+
+__all__ = ["run_public", "run_state", "decision_public", "policy_public"]
+
+
+def _knobs(run: RunRow) -> dict[str, KnobSpec]:
+    return {k: KnobSpec.model_validate({f: v[f] for f in ("name", "value", "min", "max", "scale", "max_step")})
+            for k, v in run.knobs.items()}
+
+
+def run_public(run: RunRow) -> RunPublic:
+    return RunPublic(
+        id=run.id, name=run.name, state=run.state, policy_name=run.policy_name,  # type: ignore[arg-type]
+        policy_version=run.policy_version, knobs=_knobs(run), last_step=run.last_step,
+        last_seq=run.last_seq, created_at=run.created_at, updated_at=run.updated_at,
+    )
+
+
+def run_state(run: RunRow) -> RunState:
+    base = run_public(run).model_dump()
+    return RunState(
+        **base,
+        latest_probes=run.latest_probes,
+        latest_metrics=run.latest_metrics,
+        knobs_in_effect=run.knobs_in_effect,
+        controllers=run.controllers,
+        guardrails=run.guardrails,
+        decisions=run.decision_count,
+    )
+
+
+def decision_public(d: DecisionRow) -> DecisionPublic:
+    return DecisionPublic(
+        id=d.id, run_id=d.run_id, number=d.number, step=d.step, knob=d.knob, old_value=d.old_value,
+        new_value=d.new_value, reason=d.reason, controller=d.controller, policy_version=d.policy_version,
+        components=d.components, inputs=d.inputs, created_at=d.created_at,
+    )
+
+
+def policy_public(p: PolicyRow) -> dict:
+    return {"id": p.id, "name": p.name, "version": p.version, "archived": p.archived,
+            "created_at": p.created_at, "document": p.document}

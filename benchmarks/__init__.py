@@ -1,0 +1,1 @@
+"""Benchmarks: control quality, service load, agent overhead (results in BENCHMARKS.md)."""

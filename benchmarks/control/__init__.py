@@ -1,0 +1,1 @@
+"""Control-quality benchmarks: seeded simulated plants, PID vs baselines (see plants.py)."""

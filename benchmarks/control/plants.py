@@ -1,0 +1,582 @@
+"""Seeded simulated plants: a fast regression of control quality (seconds, not minutes).
+
+A *plant* is a toy model of how a training run answers a knob. One plant step is one decision
+interval (one probe); the knob value passed to :meth:`Plant.step` is in effect for that interval,
+and the returned :class:`Observation` is what the probe reports at its end. Everything random
+comes from the ``random.Random(seed)`` handed to :meth:`Plant.reset`, so a run is reproducible
+bit for bit.
+
+Plants
+------
+:class:`FirstOrderLagPlant`
+    ``y' = (K * f(u) - y) / tau`` with ``f`` = identity or ``ln(u / u_ref)``, Gaussian measurement
+    noise and dead time (the probe reports the plant ``delay`` intervals late). The textbook test
+    plant for a loop.
+:class:`DriftingGainPlant`
+    The same, with a gain that drifts slowly (deterministic trend plus a seeded random walk in
+    log gain): the run's sensitivity to the knob changes as training proceeds.
+:class:`KLBetaPlant`
+    KL to the reference vs KL beta (reverse acting), for PID vs Ziegler's adaptive KL controller.
+:class:`LRDriftPlant`
+    Drift from the base model vs learning rate (direct acting), for PID vs ReduceLROnPlateau and
+    an open-loop fixed learning rate.
+
+The two domain plants are documented on their classes: what they model, and why the shape is
+physically sensible. Their constants are round numbers chosen *before* tuning the PID, and the
+baselines run at their published settings (see :func:`kl_scenario` and :func:`lr_scenario`).
+
+Arms
+----
+An *arm* is one way of turning the knob: :class:`PIDArm`, :class:`AdaptiveKLArm`,
+:class:`PlateauArm`, :class:`FixedArm`. :func:`run_arm` runs one arm on one plant and returns a
+:class:`Trace`; :func:`settling_steps`, :func:`overshoot_pct`, :func:`steady_state_error` and
+:func:`steps_over` score it. ``python -m benchmarks.control.plants`` prints the comparison table.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from actuator.controllers import (
+    PID,
+    AdaptiveKLController,
+    AdaptiveKLState,
+    FixedSchedule,
+    PIDConfig,
+    PIDState,
+    PlateauState,
+    ReduceLROnPlateau,
+    make_filter,
+)
+
+__all__ = [
+    "Observation",
+    "Plant",
+    "FirstOrderLagPlant",
+    "DriftingGainPlant",
+    "KLBetaPlant",
+    "LRDriftPlant",
+    "Arm",
+    "PIDArm",
+    "AdaptiveKLArm",
+    "PlateauArm",
+    "FixedArm",
+    "Trace",
+    "run_arm",
+    "settling_steps",
+    "overshoot_pct",
+    "steady_state_error",
+    "steps_over",
+    "Scenario",
+    "kl_scenario",
+    "lr_scenario",
+    "summarize",
+    "compare",
+]
+
+
+# -- plants ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What one probe interval produced.
+
+    ``measurement`` is the probe reading (noisy, possibly late): the only thing a controller
+    sees. ``true`` is the noise-free current plant output: what the run actually experiences,
+    and what the metrics score. ``extras`` are other signals an arm may watch (validation loss).
+    """
+
+    measurement: float
+    true: float
+    extras: dict[str, float] = field(default_factory=dict)
+
+
+class Plant(Protocol):
+    name: str
+    knob_name: str
+    initial_knob: float
+    setpoint: float
+
+    def reset(self, rng: random.Random) -> None: ...
+
+    def step(self, knob: float) -> Observation: ...
+
+
+class _DelayLine:
+    """Dead time: the probe reports the plant as it was ``delay`` intervals ago."""
+
+    def __init__(self, delay: int, initial: float) -> None:
+        self._buf: deque[float] = deque([initial] * delay, maxlen=delay + 1)
+
+    def push(self, value: float) -> float:
+        self._buf.append(value)
+        return self._buf[0] if len(self._buf) == self._buf.maxlen else value
+
+
+@dataclass
+class FirstOrderLagPlant:
+    """``y[k+1] = y[k] + (K * f(u) - y[k]) * (1 - exp(-1/tau))``; probe = ``y[k-delay] + N(0, noise_sd)``.
+
+    ``input="log"`` uses ``f(u) = ln(u / u_ref)`` (a multiplicative knob such as the learning
+    rate); ``"linear"`` uses ``f(u) = u``.
+    """
+
+    gain: float = 1.0
+    tau: float = 3.0
+    delay: int = 0
+    noise_sd: float = 0.0
+    input: str = "linear"
+    u_ref: float = 1.0
+    y0: float = 0.0
+    initial_knob: float = 0.0
+    setpoint: float = 1.0
+    name: str = "first_order_lag"
+    knob_name: str = "u"
+
+    def reset(self, rng: random.Random) -> None:
+        self._rng = rng
+        self._y = self.y0
+        self._k = 0
+        self._delay = _DelayLine(self.delay, self.y0)
+
+    def gain_at(self, k: int) -> float:
+        return self.gain
+
+    def _f(self, u: float) -> float:
+        return math.log(u / self.u_ref) if self.input == "log" else u
+
+    def step(self, knob: float) -> Observation:
+        a = 1.0 - math.exp(-1.0 / self.tau)
+        self._y += (self.gain_at(self._k) * self._f(knob) - self._y) * a
+        self._k += 1
+        seen = self._delay.push(self._y)
+        noise = self._rng.gauss(0.0, self.noise_sd) if self.noise_sd > 0 else 0.0
+        return Observation(measurement=seen + noise, true=self._y)
+
+
+@dataclass
+class DriftingGainPlant(FirstOrderLagPlant):
+    """First-order lag whose gain drifts: ``K[k] = K0 * exp(trend * k + W[k])``, ``W`` a random walk.
+
+    Models a run whose sensitivity to the knob changes as it trains (a policy that finds more
+    reward to exploit, a loss landscape that flattens); a fixed knob then drifts off target, a
+    loop with integral action does not.
+    """
+
+    trend: float = 0.003
+    walk_sd: float = 0.01
+    name: str = "drifting_gain"
+
+    def reset(self, rng: random.Random) -> None:
+        super().reset(rng)
+        self._log_walk = 0.0
+        self._gains: list[float] = []
+
+    def gain_at(self, k: int) -> float:
+        while len(self._gains) <= k:
+            self._log_walk += self._rng.gauss(0.0, self.walk_sd)
+            self._gains.append(self.gain * math.exp(self.trend * len(self._gains) + self._log_walk))
+        return self._gains[k]
+
+
+@dataclass
+class KLBetaPlant:
+    """KL(policy || reference) under a KL penalty of weight beta, one PPO batch per interval.
+
+    * **Where KL goes.** The KL-regularised optimum ``pi* ~ pi_ref * exp(r / beta)`` with a reward
+      that is roughly Gaussian under ``pi_ref`` (variance ``s2``) has ``KL(pi* || pi_ref) =
+      s2 / (2 beta**2)``: small beta -> large KL, and KL falls with the square of beta. Written
+      as ``kl_eq = kl_ref * (beta_ref / beta) ** 2``.
+    * **How fast.** The policy does not jump to the optimum: KL relaxes towards ``kl_eq`` with a
+      time constant of ``tau`` batches, starting from 0 (the policy starts as the reference).
+    * **Slowly growing pressure.** ``s2`` grows by ``pressure_growth`` per batch: as training goes
+      on, the policy finds more reward to exploit, so the same beta allows more KL.
+    * **Probe.** The KL reported with a batch is estimated on rollouts of the policy *before*
+      that batch's update (dead time of one interval), from ``batch_size`` samples (sampling
+      error ``sqrt(2 KL / batch_size)``, the variance of the log-ratio of a Gaussian tilt), plus
+      ``rel_noise`` relative batch-to-batch prompt variation.
+    """
+
+    kl_ref: float = 12.0
+    beta_ref: float = 0.1
+    tau: float = 8.0
+    pressure_growth: float = 0.002
+    batch_size: int = 512
+    rel_noise: float = 0.05
+    delay: int = 1
+    initial_knob: float = 0.1
+    setpoint: float = 6.0
+    name: str = "kl_beta"
+    knob_name: str = "kl_beta"
+
+    def reset(self, rng: random.Random) -> None:
+        self._rng = rng
+        self._kl = 0.0
+        self._k = 0
+        self._delay = _DelayLine(self.delay, 0.0)
+
+    def kl_eq(self, beta: float, k: int) -> float:
+        return self.kl_ref * (1.0 + self.pressure_growth * k) * (self.beta_ref / beta) ** 2
+
+    def step(self, knob: float) -> Observation:
+        self._kl += (self.kl_eq(knob, self._k) - self._kl) * (1.0 - math.exp(-1.0 / self.tau))
+        self._k += 1
+        seen = self._delay.push(self._kl)
+        sd = math.sqrt(2.0 * seen / self.batch_size + (self.rel_noise * seen) ** 2)
+        # An estimate of a KL from samples can come out slightly negative; keep it like that.
+        return Observation(measurement=seen + self._rng.gauss(0.0, sd), true=self._kl)
+
+
+@dataclass
+class LRDriftPlant:
+    """Drift from the base model vs learning rate during supervised fine-tuning.
+
+    Per interval, with ``u = lr / lr_ref``:
+
+    * **Learning progress** ``P += u`` (progress is the integral of the learning rate) and the
+      fraction of the task still to learn is ``s = exp(-P / p0)``.
+    * **Validation loss** ``L = loss_final + (loss_0 - loss_final) * s + noise_floor * u``: it falls
+      with progress and plateaus at a floor that is higher for larger steps (SGD noise).
+    * **Drift** (e.g. KL to the base model on general text) has two parts:
+        - ``task_drift * (1 - s)``: the change needed to learn the task. It accumulates with
+          learning progress and no learning rate can avoid it, only delay it;
+        - collateral drift, which relaxes (time constant ``tau``: replay data and weight decay pull
+          back) towards ``collateral * u * (s + s_floor)``: update size times the gradient
+          signal that is left. Larger steps damage more per unit of progress, and the damage
+          fades once the task is learned.
+      The probe reports drift one interval late with ``rel_noise`` relative noise.
+
+    A fixed, aggressive learning rate learns fast but spends a long stretch above a drift
+    budget; the controller's job is to go as fast as the budget allows.
+    """
+
+    lr_ref: float = 1e-4
+    p0: float = 60.0
+    loss_0: float = 2.5
+    loss_final: float = 1.2
+    noise_floor: float = 0.05
+    loss_noise_sd: float = 0.01
+    task_drift: float = 0.5
+    collateral: float = 1.0
+    s_floor: float = 0.05
+    tau: float = 10.0
+    rel_noise: float = 0.05
+    delay: int = 1
+    initial_knob: float = 2e-4
+    budget: float = 1.0
+    setpoint: float = 0.9
+    name: str = "lr_drift"
+    knob_name: str = "learning_rate"
+
+    def reset(self, rng: random.Random) -> None:
+        self._rng = rng
+        self._progress = 0.0
+        self._collateral = 0.0
+        self._delay = _DelayLine(self.delay, 0.0)
+
+    def step(self, knob: float) -> Observation:
+        u = knob / self.lr_ref
+        self._progress += u
+        s = math.exp(-self._progress / self.p0)
+        target = self.collateral * u * (s + self.s_floor)
+        self._collateral += (target - self._collateral) * (1.0 - math.exp(-1.0 / self.tau))
+        drift = self.task_drift * (1.0 - s) + self._collateral
+        seen = self._delay.push(drift)
+        loss = self.loss_final + (self.loss_0 - self.loss_final) * s + self.noise_floor * u
+        return Observation(
+            measurement=seen * (1.0 + self._rng.gauss(0.0, self.rel_noise)),
+            true=drift,
+            extras={
+                "val_loss": loss + self._rng.gauss(0.0, self.loss_noise_sd),
+                "true_val_loss": loss,
+            },
+        )
+
+
+# -- arms --------------------------------------------------------------------------------------
+
+
+class Arm(Protocol):
+    name: str
+
+    def reset(self) -> None: ...
+
+    def decide(self, k: int, obs: Observation, knob: float) -> float: ...
+
+
+@dataclass
+class PIDArm:
+    """The production path: filter the probe, then one :meth:`PID.update` per interval."""
+
+    name: str
+    config: PIDConfig
+    filter_kind: str = "none"
+    filter_params: dict[str, Any] = field(default_factory=dict)
+    dt: float = 1.0
+
+    def reset(self) -> None:
+        self._pid = PID(self.config)
+        self._filter = make_filter(self.filter_kind, **self.filter_params)  # type: ignore[arg-type]
+        self._fstate: Any = None
+        self._state: PIDState | None = None
+
+    def decide(self, k: int, obs: Observation, knob: float) -> float:
+        y, self._fstate = self._filter.update(obs.measurement, self._fstate)
+        out = self._pid.update(y, self.dt, knob, self._state)
+        self._state = out.state
+        return out.value
+
+
+@dataclass
+class AdaptiveKLArm:
+    """Ziegler et al.'s controller, updated once per batch with ``n_steps`` = samples per batch."""
+
+    name: str
+    controller: AdaptiveKLController
+    n_steps: int
+
+    def reset(self) -> None:
+        self._state: AdaptiveKLState | None = None
+
+    def decide(self, k: int, obs: Observation, knob: float) -> float:
+        beta, self._state = self.controller.update(obs.measurement, self.n_steps, self._state)
+        return beta
+
+
+@dataclass
+class PlateauArm:
+    """ReduceLROnPlateau on ``signal``: ``"measurement"`` (the probe) or an ``extras`` key."""
+
+    name: str
+    controller: ReduceLROnPlateau
+    signal: str = "measurement"
+
+    def reset(self) -> None:
+        self._state: PlateauState | None = None
+
+    def decide(self, k: int, obs: Observation, knob: float) -> float:
+        metric = obs.measurement if self.signal == "measurement" else obs.extras[self.signal]
+        lr, self._state = self.controller.update(metric, knob, self._state)
+        return lr
+
+
+@dataclass
+class FixedArm:
+    """Open loop: the knob follows a schedule over intervals, whatever the probe says."""
+
+    name: str
+    schedule: FixedSchedule
+
+    def reset(self) -> None:
+        pass
+
+    def decide(self, k: int, obs: Observation, knob: float) -> float:
+        return self.schedule.value_at(k + 1)
+
+
+# -- runs and metrics --------------------------------------------------------------------------
+
+
+@dataclass
+class Trace:
+    """One arm on one plant. Index ``k`` = interval ``k``: the knob in effect, what came out."""
+
+    plant: str
+    arm: str
+    seed: int
+    knob: list[float] = field(default_factory=list)
+    measured: list[float] = field(default_factory=list)
+    true: list[float] = field(default_factory=list)
+    setpoint: list[float] = field(default_factory=list)
+    extras: dict[str, list[float]] = field(default_factory=dict)
+
+
+def run_arm(plant: Plant, arm: Arm, steps: int, seed: int) -> Trace:
+    """Run ``arm`` on a freshly reset ``plant`` for ``steps`` intervals."""
+    plant.reset(random.Random(seed))
+    arm.reset()
+    trace = Trace(plant=plant.name, arm=arm.name, seed=seed)
+    knob = plant.initial_knob
+    for k in range(steps):
+        obs = plant.step(knob)
+        trace.knob.append(knob)
+        trace.measured.append(obs.measurement)
+        trace.true.append(obs.true)
+        trace.setpoint.append(plant.setpoint)
+        for key, v in obs.extras.items():
+            trace.extras.setdefault(key, []).append(v)
+        knob = arm.decide(k, obs, knob)
+    return trace
+
+
+def settling_steps(trace: Trace, band: float = 0.10) -> int | None:
+    """First interval from which the true output stays within ``+-band * |setpoint|`` to the end.
+
+    Judged on the noise-free output: the run experiences the plant, not the probe's estimate of
+    it. ``None`` if the trace ends outside the band.
+    """
+    settled: int | None = None
+    for k, (y, sp) in enumerate(zip(trace.true, trace.setpoint)):
+        inside = abs(y - sp) <= band * abs(sp)
+        if not inside:
+            settled = None
+        elif settled is None:
+            settled = k
+    return settled
+
+
+def overshoot_pct(trace: Trace) -> float:
+    """Largest excursion past the setpoint, in % of the initial distance to it.
+
+    Measured on the side away from where the output started (above the setpoint for a plant that
+    starts below it). For plants that start at 0 this is ``(peak - sp) / sp * 100``.
+    """
+    y0, sp0 = trace.true[0], trace.setpoint[0]
+    side = 1.0 if sp0 >= y0 else -1.0
+    scale = abs(sp0 - y0) or abs(sp0) or 1.0
+    worst = max(side * (y - sp) for y, sp in zip(trace.true, trace.setpoint))
+    return max(0.0, worst) / scale * 100.0
+
+
+def steady_state_error(trace: Trace, tail: float = 0.25) -> float:
+    """Mean of ``setpoint - true`` over the last ``tail`` fraction of the run (signed)."""
+    n = max(1, int(len(trace.true) * tail))
+    errs = [sp - y for y, sp in zip(trace.true[-n:], trace.setpoint[-n:])]
+    return sum(errs) / len(errs)
+
+
+def steps_over(trace: Trace, threshold: float) -> int:
+    """Intervals whose true output exceeded ``threshold`` (e.g. a drift budget)."""
+    return sum(1 for y in trace.true if y > threshold)
+
+
+# -- scenarios ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Scenario:
+    """A plant, the arms compared on it, and how long to run them."""
+
+    plant_factory: Callable[[], Plant]
+    arms: list[Arm]
+    steps: int
+
+
+def kl_scenario() -> Scenario:
+    """PID vs Ziegler et al. on :class:`KLBetaPlant`: target KL 6 nats, beta starts at 0.1.
+
+    The adaptive controller runs at the paper's settings (target 6, horizon 10000, one update
+    per PPO batch of 512 samples, so ``n_steps = 512``), starting at the same beta.
+
+    PID gains, from a grid search on seeds 100..104 (the regression test uses seeds 0..4),
+    scored on the nominal plant *and* on perturbed ones (tau 4 and 16, two batches of dead time,
+    double the probe noise) so the pick is not a knife edge of this one plant. The plant is
+    log-log, so the loop gain at target is the same all run long: ``dKL/dln(beta) = -2 * KL =
+    -12`` at 6 nats.
+
+    * ``kp = 0.09``: loop gain ~1. Because the start is bumpless, it also raises ln(beta) by 0.09
+      per nat of KL gained on the way up, which is what stops the rise near the target (at
+      beta 0.1 the plant heads for 12 nats).
+    * ``ki = 0.005``: small on purpose. Early on KL is far *below* target and a strong integral
+      lowers beta exactly when KL is about to overshoot; it only has to follow the slow growth
+      of reward pressure (steady-state lag ~0.1 nat).
+    * ``kd = 0.1``: derivative on the (filtered) measurement brakes the rise; it is what keeps
+      the overshoot down on the faster and more delayed variants.
+    * ``max_step = 0.25`` (a factor 1.28 per batch) bounds the damage of one bad probe; EMA filter
+      ``alpha = 0.3`` against the sampling noise of a 512-sample KL estimate.
+
+    Known limit: the bumpless start calibrates the proportional anticipation to the first
+    error. If the initial beta is much further off (``kl_ref = 24``: 4x the target KL at the
+    start) the PID overshoots ~70% too -- against ~420% for the adaptive controller.
+    """
+    pid = PIDArm(
+        "pid",
+        PIDConfig(
+            setpoint=6.0, kp=0.09, ki=0.005, kd=0.1, out_min=0.01, out_max=2.0,
+            scale="log", direction="reverse", max_step=0.25,
+        ),
+        filter_kind="ema", filter_params={"alpha": 0.3},
+    )
+    ziegler = AdaptiveKLArm("adaptive_kl", AdaptiveKLController(0.1, target=6.0, horizon=10000), n_steps=512)
+    fixed = FixedArm("fixed_beta", FixedSchedule.constant(0.1))
+    return Scenario(plant_factory=KLBetaPlant, arms=[pid, ziegler, fixed], steps=300)
+
+
+def lr_scenario() -> Scenario:
+    """PID vs ReduceLROnPlateau vs fixed LR on :class:`LRDriftPlant` (budget 1.0, start 2e-4).
+
+    * ``fixed_lr``: the user's learning rate, open loop.
+    * ``plateau_val_loss``: torch's ReduceLROnPlateau as it is used in practice, on the
+      validation loss (factor 0.5, patience 5 intervals, otherwise torch defaults).
+    * ``plateau_drift``: the same scheduler watching the drift probe instead (mode ``min``:
+      cut the LR whenever drift stops falling) -- the closest it can come to budget control.
+    * ``pid``: setpoint 0.9 (10% margin under the budget), log scale, bounds 1e-6 .. 2e-4: the
+      policy may slow the run down to respect the budget but never push it past the learning
+      rate the user chose. Gains from a grid search on seeds 100..104 (the regression uses
+      0..4): zero over-budget steps for kp 1..3 with ki 0.05..0.1, and for kp 2..3 up to ki 0.3;
+      kp 0.5 is too timid (15..25 steps over). The pick sits inside that region: ``kp = 2.0``
+      (near the setpoint ``d drift / d ln(lr)`` is the collateral drift, ~0.6: loop gain ~1.2),
+      ``ki = 0.1`` per interval, ``kd = 0`` (probe noise), ``max_step = 0.3`` (a factor 1.35 per
+      interval), EMA filter ``alpha = 0.5``.
+    """
+    pid = PIDArm(
+        "pid",
+        PIDConfig(
+            setpoint=0.9, kp=2.0, ki=0.1, kd=0.0, out_min=1e-6, out_max=2e-4,
+            scale="log", direction="direct", max_step=0.3,
+        ),
+        filter_kind="ema", filter_params={"alpha": 0.5},
+    )
+    fixed = FixedArm("fixed_lr", FixedSchedule.constant(2e-4))
+    plateau_loss = PlateauArm("plateau_val_loss", ReduceLROnPlateau(factor=0.5, patience=5), signal="val_loss")
+    plateau_drift = PlateauArm("plateau_drift", ReduceLROnPlateau(factor=0.5, patience=5), signal="measurement")
+    return Scenario(plant_factory=LRDriftPlant, arms=[pid, fixed, plateau_loss, plateau_drift], steps=300)
+
+
+def summarize(trace: Trace, budget: float | None = None) -> dict[str, Any]:
+    """The standard figures of one trace."""
+    out: dict[str, Any] = {
+        "settling": settling_steps(trace),
+        "overshoot_pct": overshoot_pct(trace),
+        "ss_error": steady_state_error(trace),
+    }
+    if budget is not None:
+        out["over_budget"] = steps_over(trace, budget)
+    if "true_val_loss" in trace.extras:
+        out["final_val_loss"] = trace.extras["true_val_loss"][-1]
+    return out
+
+
+def compare(scenario: Scenario, seeds: Sequence[int], budget: float | None = None) -> dict[str, list[dict[str, Any]]]:
+    """Figures per arm, one entry per seed."""
+    results: dict[str, list[dict[str, Any]]] = {}
+    for arm in scenario.arms:
+        for seed in seeds:
+            trace = run_arm(scenario.plant_factory(), arm, scenario.steps, seed)
+            results.setdefault(arm.name, []).append(summarize(trace, budget))
+    return results
+
+
+def _main() -> None:
+    seeds = range(5)
+    for title, scenario, budget in (
+        ("KL vs beta (target 6)", kl_scenario(), None),
+        ("drift vs learning rate (budget 1.0)", lr_scenario(), 1.0),
+    ):
+        print(f"== {title}, seeds {list(seeds)}")
+        for arm, rows in compare(scenario, seeds, budget).items():
+            cells = []
+            for key in rows[0]:
+                vals = [r[key] for r in rows]
+                cells.append(f"{key}=" + ",".join("-" if v is None else f"{v:.3g}" for v in vals))
+            print(f"  {arm:18s} " + "  ".join(cells))
+
+
+if __name__ == "__main__":
+    _main()

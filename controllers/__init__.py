@@ -1,0 +1,54 @@
+"""Control laws for Actuator: PID and the baselines it is compared against.
+
+Standard library only -- no I/O, no clock, no logging, no numpy/torch -- so the same code runs
+in the service, in the ``simulate`` endpoint, in benchmarks and in tests, and every decision can
+be replayed from stored state. ``dt`` is always an argument and state is always returned.
+"""
+
+from ._checks import ParameterError
+from .baselines import AdaptiveKLController, AdaptiveKLState, FixedSchedule, PlateauState, ReduceLROnPlateau
+from .filters import (
+    EMA,
+    EMAState,
+    Filter,
+    FilterKind,
+    Median,
+    MedianState,
+    Passthrough,
+    PassthroughState,
+    make_filter,
+)
+from .pid import PID, Direction, LimitReason, PIDConfig, PIDOutput, PIDState, Scale
+from .setpoint import Setpoint, setpoint_at, validate_setpoint
+
+__all__ = [
+    "ParameterError",
+    # pid
+    "PID",
+    "PIDConfig",
+    "PIDState",
+    "PIDOutput",
+    "Scale",
+    "Direction",
+    "LimitReason",
+    # filters
+    "Filter",
+    "FilterKind",
+    "EMA",
+    "EMAState",
+    "Median",
+    "MedianState",
+    "Passthrough",
+    "PassthroughState",
+    "make_filter",
+    # setpoint
+    "Setpoint",
+    "setpoint_at",
+    "validate_setpoint",
+    # baselines
+    "AdaptiveKLController",
+    "AdaptiveKLState",
+    "ReduceLROnPlateau",
+    "PlateauState",
+    "FixedSchedule",
+]

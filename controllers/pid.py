@@ -1,0 +1,393 @@
+"""PID control law for one knob, in the knob's own scale.
+
+Why the pieces are the way they are:
+
+* **Scale.** Learning rate and KL beta act multiplicatively (halving LR matters the same at 1e-4
+  as at 1e-5), so for ``scale="log"`` every PID quantity -- the integral, the components, the
+  rate limit -- lives in ``ln(knob)``. ``"integer"`` (a compression rank) runs linearly and
+  rounds the final value only, so the integral keeps the fractional part and small errors still
+  add up to a rank change eventually.
+* **Sign.** Gains are magnitudes; ``direction`` carries the sign. ``"direct"`` means raising the
+  knob raises the measurement (LR -> drift), so a measurement above setpoint lowers the knob;
+  ``"reverse"`` means raising the knob lowers the measurement (beta -> KL).
+* **Position form with the integral as bias.** ``output = P + I + D`` in scale units and the
+  integral term carries the knob's operating point. That keeps the state to a handful of numbers
+  and makes bumpless transfer a one-line re-seed of the integral.
+* **Derivative on measurement.** ``D = -sign * kd * d(measurement)/dt``, never on the error, so a
+  setpoint change (schedules are common) causes no derivative kick.
+* **Anti-windup by conditional integration (clamping form).** An integration step is cut
+  where the output would cross the limit that holds it back (bounds or rate limit), and a limit
+  never pushes the integral backwards. The integral therefore never accumulates error the knob
+  cannot act on, and when the setpoint becomes reachable again the output leaves saturation as
+  soon as the error turns, instead of first unwinding a large integral. Deadband and cooldown
+  holds do not integrate either: the knob is not following the law during a hold.
+* **First update = bumpless start.** A state without ``last_output`` (fresh, or from
+  :meth:`PID.bumpless`) seeds the integral so that the output equals the knob value in effect;
+  that update changes nothing and the law applies from the next one. Proportional action is
+  therefore relative to the first error seen, which is what makes attaching a controller to a
+  running job safe.
+* **Order of limits.** bounds -> rate -> bounds again -> integer rounding. Bounds win over the rate
+  limit: a knob found outside its bounds (an operator typed a bad value) is brought back at once,
+  because bounds are the user's hard statement of what is safe.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from ._checks import ParameterError, float_from_json, json_float, require_finite, require_non_negative, require_positive
+
+__all__ = ["Scale", "Direction", "LimitReason", "PIDConfig", "PIDState", "PIDOutput", "PID"]
+
+Scale = Literal["log", "linear", "integer"]
+Direction = Literal["direct", "reverse"]
+LimitReason = Literal["bounds", "rate", "deadband", "cooldown", "integer"]
+
+_SCALES = ("log", "linear", "integer")
+_DIRECTIONS = ("direct", "reverse")
+_LIMIT_ORDER: tuple[str, ...] = ("bounds", "rate", "deadband", "cooldown", "integer")
+# Float noise in dt accumulation (0.1 + 0.2 != 0.3) must not delay a change by one whole decision.
+_COOLDOWN_TOLERANCE = 1e-9
+# setpoint 1.0, measurement 1.1, deadband 0.1 is "on the edge" to a user, but 1.0 - 1.1 is
+# -0.10000000000000009 to a float: the edge must count as inside.
+_DEADBAND_TOLERANCE = 1e-12
+# A recomputed value this close to the current one is the current one: avoids "changed" decisions
+# that only move the last bit of a float after a log/exp round trip.
+_SAME_VALUE_RTOL = 1e-12
+
+
+@dataclass(frozen=True)
+class PIDConfig:
+    """Everything that defines one controller's law. Immutable: a schedule builds a new one.
+
+    Bounds are in knob units (e.g. learning rate 1e-6 .. 1e-3); ``max_step``, ``integral_limit``
+    and the gains work in scale units (log units for ``scale="log"``: ``max_step=0.5`` allows at
+    most a factor e**0.5 ~ 1.65 per decision). ``deadband`` is in measurement units (0 disables
+    it), ``cooldown`` in the same units as the ``dt`` passed to :meth:`PID.update`.
+    ``integral_limit`` bounds ``|integral term|`` around zero; since the integral carries the
+    operating point, it must leave room for it (for ``scale="log"``, |ln(knob)| ~ 9 for LR 1e-4).
+    """
+
+    setpoint: float
+    kp: float
+    ki: float = 0.0
+    kd: float = 0.0
+    out_min: float = -math.inf
+    out_max: float = math.inf
+    scale: Scale = "linear"
+    direction: Direction = "direct"
+    max_step: float | None = None
+    deadband: float = 0.0
+    cooldown: float = 0.0
+    integral_limit: float | None = None
+
+    def validate(self) -> None:
+        """Raise :class:`ParameterError` (a ``ValueError``) naming the first invalid field."""
+        require_finite("setpoint", self.setpoint)
+        for name in ("kp", "ki", "kd"):
+            # Negative gains would silently invert the loop: the sign belongs to ``direction``.
+            require_non_negative(name, getattr(self, name))
+        for name in ("out_min", "out_max"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
+                raise ParameterError(name, f"must be a number, got {v!r}")
+        if self.out_min == math.inf:
+            raise ParameterError("out_min", "must not be +inf")
+        if self.out_max == -math.inf:
+            raise ParameterError("out_max", "must not be -inf")
+        if self.out_min > self.out_max:
+            raise ParameterError("out_min", f"out_min ({self.out_min}) is greater than out_max ({self.out_max})")
+        if self.scale not in _SCALES:
+            raise ParameterError("scale", f"must be one of {_SCALES}, got {self.scale!r}")
+        if self.direction not in _DIRECTIONS:
+            raise ParameterError("direction", f"must be one of {_DIRECTIONS}, got {self.direction!r}")
+        if self.scale == "log" and not self.out_min > 0:
+            raise ParameterError("out_min", f"a log-scale knob needs out_min > 0, got {self.out_min}")
+        if self.scale == "integer" and math.ceil(self.out_min) > math.floor(self.out_max):
+            raise ParameterError("out_min", f"no integer lies in [{self.out_min}, {self.out_max}]")
+        if self.max_step is not None:
+            require_positive("max_step", self.max_step)
+        require_non_negative("deadband", self.deadband)
+        require_non_negative("cooldown", self.cooldown)
+        if self.integral_limit is not None:
+            require_non_negative("integral_limit", self.integral_limit)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe: infinite bounds travel as ``None``."""
+        d = asdict(self)
+        d["out_min"], d["out_max"] = json_float(self.out_min), json_float(self.out_max)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PIDConfig:
+        d = dict(d)
+        d["out_min"] = float_from_json(d.get("out_min"), -math.inf)
+        d["out_max"] = float_from_json(d.get("out_max"), math.inf)
+        return cls(**d)
+
+
+@dataclass
+class PIDState:
+    """What a PID remembers between decisions; stored by the service as JSON.
+
+    ``integral`` is the integral *term* in scale units (already multiplied by ``ki``). It carries
+    the knob's operating point, so ``output = P + I + D``. ``last_output is None`` marks a state
+    that has not produced an output yet (fresh, or just handed back by :meth:`PID.bumpless`): the
+    next update then re-seeds the integral so that it outputs the knob value in effect.
+    """
+
+    integral: float = 0.0
+    last_measurement: float | None = None
+    last_output: float | None = None
+    since_change: float = math.inf
+    updates: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Strict-JSON dict; ``since_change`` = infinity ("never changed") is written as ``None``."""
+        return {
+            "integral": self.integral,
+            "last_measurement": self.last_measurement,
+            "last_output": self.last_output,
+            "since_change": json_float(self.since_change),
+            "updates": self.updates,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PIDState:
+        return cls(
+            integral=float(d.get("integral", 0.0)),
+            last_measurement=None if d.get("last_measurement") is None else float(d["last_measurement"]),
+            last_output=None if d.get("last_output") is None else float(d["last_output"]),
+            since_change=float_from_json(d.get("since_change"), math.inf),
+            updates=int(d.get("updates", 0)),
+        )
+
+
+@dataclass(frozen=True)
+class PIDOutput:
+    """One decision with everything needed to explain it in the audit trail.
+
+    ``error`` is the raw ``setpoint - measurement`` (never sign-flipped for ``reverse``); the
+    direction shows up in ``p``, ``i`` and ``d``, which are the signed contributions in scale units
+    so that ``p + i + d`` is the unclamped output in scale units. ``i`` is the integral term after
+    this update's integration (equal to ``state.integral``).
+    """
+
+    value: float
+    changed: bool
+    error: float
+    p: float
+    i: float
+    d: float
+    unclamped: float
+    limited_by: tuple[str, ...]
+    state: PIDState = field(repr=False)
+
+
+class PID:
+    """A pure PID law: ``update`` takes the state and returns the next one, no hidden memory."""
+
+    def __init__(self, config: PIDConfig) -> None:
+        config.validate()
+        self.config = config
+        self._sign = 1.0 if config.direction == "direct" else -1.0
+        self._lo = self._to_scale(config.out_min) if config.out_min > -math.inf else -math.inf
+        self._hi = self._to_scale(config.out_max)
+
+    # -- scale ---------------------------------------------------------------------------------
+
+    def _to_scale(self, x: float) -> float:
+        if self.config.scale == "log":
+            return math.log(x) if x < math.inf else math.inf
+        return x
+
+    def _from_scale(self, s: float) -> float:
+        if self.config.scale == "log":
+            try:
+                return math.exp(s)
+            except OverflowError:
+                return math.inf
+        return s
+
+    # -- law -----------------------------------------------------------------------------------
+
+    def update(self, measurement: float, dt: float, current: float, state: PIDState | None = None) -> PIDOutput:
+        """One decision: new knob value from the (filtered) measurement.
+
+        ``current`` is the knob value in effect now (knob units); it anchors the rate limit and
+        holds, and seeds the integral on a first update (bumpless start: that update outputs
+        ``current`` and only later updates follow the law). ``dt`` is the time since the previous
+        update in the caller's unit (optimizer steps in the service); gains are per that unit.
+        """
+        cfg = self.config
+        y = require_finite("measurement", measurement)
+        dt = require_positive("dt", dt)
+        cur = require_finite("current", current)
+        if cfg.scale == "log" and cur <= 0:
+            raise ParameterError("current", f"a log-scale knob must be > 0, got {cur}")
+        st = state if state is not None else PIDState()
+        cur_s = self._to_scale(cur)
+
+        error = cfg.setpoint - y
+        p = self._sign * cfg.kp * error
+        d = 0.0 if st.last_measurement is None else -self._sign * cfg.kd * (y - st.last_measurement) / dt
+        since = st.since_change + dt
+        first = st.last_output is None
+        hold: str | None = None
+        if cfg.deadband > 0 and abs(error) <= cfg.deadband + _DEADBAND_TOLERANCE * max(abs(cfg.setpoint), abs(y), 1.0):
+            hold = "deadband"
+        elif since + _COOLDOWN_TOLERANCE * max(1.0, cfg.cooldown) < cfg.cooldown:
+            hold = "cooldown"
+
+        limits: set[str] = set()
+        if first:
+            # Bumpless start: whatever the error, the first output is the knob value in effect.
+            integral = self._clamp_integral(cur_s - p - d)
+            raw = p + integral + d
+        else:
+            integral = st.integral
+            raw = p + integral + d
+            if hold is None:
+                integral, raw = self._integrate(integral, p, d, error, dt, cur_s, limits)
+
+        u = p + integral + d
+        if first:
+            # Equal to cur_s up to float noise, unless integral_limit cut the seed short.
+            value_s = self._limited(u, cur_s, limits)
+        elif hold is not None:
+            limits.add(hold)
+            value_s = self._bounded(cur_s, limits)
+        else:
+            value_s = self._limited(u, cur_s, limits)
+        value = self._to_knob(value_s, cur_s, cur)
+        if cfg.scale == "integer":
+            value = self._round(value, cur, limits)
+        if math.isclose(value, cur, rel_tol=_SAME_VALUE_RTOL, abs_tol=0.0):
+            value = cur
+        changed = value != cur
+
+        new_state = PIDState(
+            integral=integral,
+            last_measurement=y,
+            last_output=value,
+            since_change=0.0 if changed else since,
+            updates=st.updates + 1,
+        )
+        return PIDOutput(
+            value=value,
+            changed=changed,
+            error=error,
+            p=p,
+            i=integral,
+            d=d,
+            unclamped=self._from_scale(raw),
+            limited_by=tuple(r for r in _LIMIT_ORDER if r in limits),
+            state=new_state,
+        )
+
+    def bumpless(self, current: float, measurement: float, state: PIDState | None = None) -> PIDState:
+        """State for handing control back after a manual override at knob value ``current``.
+
+        The integral absorbs the gap so that the next update with the same measurement outputs
+        ``current`` exactly; ``last_measurement = measurement`` so there is no derivative kick.
+        ``last_output`` is cleared, which makes the next update re-seed the integral from the knob
+        value actually in effect then -- robust to the override being changed once more before
+        the next observation. The cooldown clock and update count carry over.
+        """
+        y = require_finite("measurement", measurement)
+        cur = require_finite("current", current)
+        if self.config.scale == "log" and cur <= 0:
+            raise ParameterError("current", f"a log-scale knob must be > 0, got {cur}")
+        st = state if state is not None else PIDState()
+        p = self._sign * self.config.kp * (self.config.setpoint - y)
+        return PIDState(
+            integral=self._clamp_integral(self._to_scale(cur) - p),
+            last_measurement=y,
+            last_output=None,
+            since_change=st.since_change,
+            updates=st.updates,
+        )
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _clamp_integral(self, integral: float) -> float:
+        lim = self.config.integral_limit
+        if lim is None:
+            return integral
+        return min(max(integral, -lim), lim)
+
+    def _integrate(
+        self, integral: float, p: float, d: float, error: float, dt: float, cur_s: float, limits: set[str]
+    ) -> tuple[float, float]:
+        """Conditional integration, clamping form. Returns the new integral and the raw output.
+
+        Integrate at most up to the point where the output reaches the limit (bounds or rate)
+        that holds it back, and never move the integral backwards because of a limit. So a
+        saturated loop stops accumulating error it cannot act on, a pure-I loop still slews at
+        the rate limit, and a noise spike in P at saturation does not drag the integral down.
+        The limit that cut the integration is reported in ``limits`` even though the output
+        then lands exactly on it: the audit trail must show the knob was held back.
+        """
+        step = self._sign * self.config.ki * error * dt
+        candidate = self._clamp_integral(integral + step)
+        raw = p + candidate + d
+        if step == 0.0:
+            return candidate, raw
+        held_by: set[str] = set()
+        applied = self._limited(raw, cur_s, held_by)
+        if (raw - applied) * step <= 0:
+            return candidate, raw  # the limit is not in the way of this step
+        limits.update(held_by)
+        at_limit = applied - p - d
+        if step > 0:
+            return max(integral, min(candidate, at_limit)), raw
+        return min(integral, max(candidate, at_limit)), raw
+
+    def _to_knob(self, value_s: float, cur_s: float, cur: float) -> float:
+        """Back to knob units, exactly: exp(log(x)) can miss x by one ulp, and a bound missed
+        by one ulp is a bound violated."""
+        if value_s == cur_s:
+            return cur
+        if value_s == self._lo:
+            return self.config.out_min
+        if value_s == self._hi:
+            return self.config.out_max
+        return min(max(self._from_scale(value_s), self.config.out_min), self.config.out_max)
+
+    def _bounded(self, s: float, limits: set[str]) -> float:
+        if s > self._hi:
+            limits.add("bounds")
+            return self._hi
+        if s < self._lo:
+            limits.add("bounds")
+            return self._lo
+        return s
+
+    def _limited(self, u: float, cur_s: float, limits: set[str]) -> float:
+        s = self._bounded(u, limits)
+        ms = self.config.max_step
+        if ms is not None:
+            if s > cur_s + ms:
+                s = cur_s + ms
+                limits.add("rate")
+            elif s < cur_s - ms:
+                s = cur_s - ms
+                limits.add("rate")
+            # Only binds when the knob was already outside its bounds: bounds win.
+            s = self._bounded(s, limits)
+        return s
+
+    def _round(self, value: float, cur: float, limits: set[str]) -> float:
+        """Nearest integer (halves round up), then kept inside the integer bounds and the rate
+        window, so rounding can never undo a limit that was applied before it."""
+        cfg = self.config
+        r = float(math.floor(value + 0.5))
+        if cfg.max_step is not None:
+            r = min(r, float(math.floor(cur + cfg.max_step + 1e-9)))
+            r = max(r, float(math.ceil(cur - cfg.max_step - 1e-9)))
+        r = min(max(r, float(math.ceil(cfg.out_min))), float(math.floor(cfg.out_max)))
+        if r != value:
+            limits.add("integer")
+        return r

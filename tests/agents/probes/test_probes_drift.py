@@ -1,0 +1,137 @@
+"""Drift probes: the reference (snapshot, given, PEFT base without a copy) and answer drift."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+import torch
+
+from actuator.agents.probes import (
+    EmbeddingDrift,
+    KLDrift,
+    ProbeDataError,
+    ProbeSetupError,
+    ProbeSuite,
+)
+from actuator.agents.probes import _common
+
+PROMPTS = ["hello there", "what is two plus two", "name a colour", "count: 1 2 3"]
+
+
+class HashEmbedder:
+    """Deterministic bag-of-characters embedding: equal strings, equal vectors."""
+
+    def encode(self, texts):
+        out = np.zeros((len(texts), 64))
+        for i, text in enumerate(texts):
+            for ch in text or " ":
+                out[i, int(hashlib.md5(ch.encode()).hexdigest(), 16) % 64] += 1.0
+        return out
+
+
+def _perturb(model, scale=0.5):
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lm_head" in name or "embed" in name:
+                parameter.add_(scale * torch.randn_like(parameter))
+
+
+def test_kl_snapshot_is_taken_at_setup(tiny_model, char_tokenizer):
+    probe = KLDrift(PROMPTS, char_tokenizer)
+    with pytest.raises(ProbeSetupError, match="setup"):
+        probe.measure(tiny_model)
+    probe.setup(tiny_model)
+    snapshot = probe.reference_holder.snapshot
+    assert snapshot is not tiny_model and not any(p.requires_grad for p in snapshot.parameters())
+    assert probe.measure(tiny_model)["kl_drift"] == pytest.approx(0.0, abs=1e-7)
+    torch.manual_seed(0)
+    _perturb(tiny_model)
+    assert probe.measure(tiny_model)["kl_drift"] > 1e-3
+    assert snapshot not in [m for m in tiny_model.modules()]
+
+
+@pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning")
+def test_kl_of_peft_model_uses_the_base_without_a_copy(char_tokenizer):
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+
+    from actuator.agents.models import tiny_llama
+
+    base = tiny_llama()
+    reference = copy.deepcopy(base)
+    model = get_peft_model(
+        base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    )
+    probe = KLDrift(PROMPTS, char_tokenizer)
+    probe.setup(model)
+    assert probe.reference_holder.snapshot is None  # no second copy in memory
+    model.train()
+    value = probe.measure(model)["kl_drift"]
+    assert model.training
+    assert value > 1e-4
+    # The base with adapters disabled is exactly the original model.
+    expected = KLDrift(PROMPTS, char_tokenizer, reference=reference).measure(model)["kl_drift"]
+    assert value == pytest.approx(expected, rel=1e-5)
+
+
+def test_suite_shares_one_snapshot_between_drift_probes(tiny_model, char_tokenizer):
+    kl = KLDrift(PROMPTS, char_tokenizer)
+    emb = EmbeddingDrift(PROMPTS, char_tokenizer, embedder=HashEmbedder(), max_new_tokens=4)
+    ProbeSuite([kl, emb]).setup(tiny_model)
+    assert kl.reference_holder.snapshot is emb.reference_holder.snapshot is not None
+
+
+def test_embedding_drift_zero_for_unchanged_model_and_reference_answers_cached(tiny_model, char_tokenizer, monkeypatch):
+    probe = EmbeddingDrift(PROMPTS, char_tokenizer, embedder=HashEmbedder(), max_new_tokens=6)
+    probe.setup(tiny_model)
+    calls = []
+    real = _common.greedy_generate
+
+    def counting(model, *args, **kwargs):
+        calls.append(model)
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr("actuator.agents.probes._drift.greedy_generate", counting)
+    values = probe.measure(tiny_model)
+    assert values == {"embedding_drift": 0.0, "answer_agreement": 1.0}
+    assert calls == [tiny_model]  # the reference's answers came from the cache
+    with torch.no_grad():
+        tiny_model.lm_head.weight.mul_(-1.0)  # greedy answers change
+    values = probe.measure(tiny_model)
+    assert 0.0 < values["embedding_drift"] <= 2.0 and values["answer_agreement"] < 1.0
+
+
+def test_embedding_drift_with_chat_template_and_subsample(tiny_model, chat_tokenizer):
+    probe = EmbeddingDrift(PROMPTS, chat_tokenizer, reference=tiny_model, embedder=HashEmbedder(), max_new_tokens=3)
+    assert chat_tokenizer.decode(probe._ids[0]).endswith("<assistant>")
+    values = probe.measure(tiny_model, max_examples=2)
+    assert values["answer_agreement"] == 1.0 and len(probe.last_answers) == 2
+
+
+def test_empty_prompts_are_rejected(char_tokenizer):
+    with pytest.raises(ProbeDataError, match="empty"):
+        KLDrift([], char_tokenizer)
+    with pytest.raises(ProbeDataError, match=r"prompts\[1\]"):
+        EmbeddingDrift(["ok", ""], char_tokenizer, embedder=HashEmbedder())
+    with pytest.raises(TypeError):
+        KLDrift("a single string", char_tokenizer)
+
+
+def test_batched_greedy_generation_matches_one_at_a_time(tiny_model, char_tokenizer):
+    prompts = [char_tokenizer(p).input_ids for p in PROMPTS]
+    batched = _common.greedy_generate(tiny_model, char_tokenizer, prompts, max_new_tokens=8, batch_size=4)
+    single = [_common.greedy_generate(tiny_model, char_tokenizer, [p], max_new_tokens=8, batch_size=1)[0] for p in prompts]
+    assert batched == single
+
+
+def test_default_embedder_is_minilm_from_the_package():
+    from actuator.agents.probes import load_minilm
+
+    model = load_minilm()
+    vectors = model.encode(["a cat sat on the mat", "a kitten sat on the rug", "quarterly tax filing deadline"])
+    vectors = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    assert vectors.shape == (3, 384)
+    assert vectors[0] @ vectors[1] > vectors[0] @ vectors[2] + 0.2

@@ -1,0 +1,194 @@
+"""ProbeSuite and the safety wrapper: schedules, budget, reports, restored state."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from actuator.agents.probes import Probe, ProbeReport, ProbeSuite, probe_mode
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+class CostlyProbe(Probe):
+    """Advances a fake clock by ``seconds_per_example`` for each example it measures."""
+
+    def __init__(self, name, clock, *, examples=8, seconds_per_example=1.0, every=1, on_evaluate=False):
+        self.name = name
+        self._init_schedule(every, on_evaluate)
+        self.clock, self.examples, self.cost = clock, examples, seconds_per_example
+        self.calls: list[int | None] = []
+
+    @property
+    def num_examples(self):
+        return self.examples
+
+    def _measure(self, model, *, max_examples):
+        used = len(self._selection(self.examples, max_examples))
+        self.calls.append(max_examples)
+        self.clock.now += used * self.cost
+        return {f"{self.name}.value": float(used)}
+
+
+class RNGProbe(Probe):
+    name = "rng"
+    every = 1
+
+    def _measure(self, model, *, max_examples):
+        random.random(), np.random.rand(), torch.rand(3)  # all three generators move
+        assert not model.training and not torch.is_grad_enabled()
+        return {"rng": 1.0}
+
+
+class FailingProbe(Probe):
+    name = "broken"
+    every = 1
+
+    def _measure(self, model, *, max_examples):
+        raise RuntimeError("boom")
+
+
+def _model():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5), torch.nn.Linear(2, 2))
+    model.train()
+    model[1].eval()  # a submodule deliberately kept in eval mode must stay so
+    return model
+
+
+def test_probe_mode_restores_modes_rng_and_grad():
+    model = _model()
+    random.seed(1), np.random.seed(1), torch.manual_seed(1)
+    expected = (random.random(), np.random.rand(), torch.rand(1))
+    random.seed(1), np.random.seed(1), torch.manual_seed(1)
+    with probe_mode(model):
+        assert not any(m.training for m in model.modules()) and not torch.is_grad_enabled()
+        random.random(), np.random.rand(), torch.rand(5)
+    assert torch.is_grad_enabled()
+    assert [m.training for m in model.modules()] == [True, True, False, True]
+    assert (random.random(), np.random.rand(), float(torch.rand(1))) == (expected[0], expected[1], float(expected[2]))
+
+
+def test_probe_mode_restores_after_an_error():
+    model = _model()
+    state = torch.get_rng_state()
+    with pytest.raises(RuntimeError):
+        with probe_mode(model):
+            torch.rand(10)
+            raise RuntimeError
+    assert model.training and torch.equal(torch.get_rng_state(), state)
+
+
+def test_measure_is_safe_on_its_own():
+    model = _model()
+    torch.manual_seed(3)
+    state = torch.get_rng_state()
+    assert RNGProbe().measure(model) == {"rng": 1.0}
+    assert torch.equal(torch.get_rng_state(), state) and model[0].training and not model[1].training
+
+
+def test_schedule_due_and_evaluate():
+    clock = FakeClock()
+    every5 = CostlyProbe("a", clock, every=5)
+    on_eval = CostlyProbe("b", clock, every=None, on_evaluate=True)
+    suite = ProbeSuite([every5, on_eval], budget_share=1.0, clock=clock)
+    suite.setup(_model())
+    assert [s for s in range(1, 16) if every5.due(s)] == [5, 10, 15] and every5.due(0)
+    assert suite.run(_model(), 3) is None
+    assert set(suite.run(_model(), 5).seconds) == {"a"}
+    assert set(suite.run(_model(), 7, evaluate=True).seconds) == {"b"}
+    assert set(suite.run(_model(), 7, force=True).seconds) == {"a", "b"}
+
+
+def test_report_carries_values_and_cost_metrics():
+    clock = FakeClock()
+    suite = ProbeSuite([CostlyProbe("a", clock, examples=4, seconds_per_example=0.5)], clock=clock)
+    suite.setup(_model())
+    clock.now = 100.0
+    report = suite.run(_model(), 1)
+    assert isinstance(report, ProbeReport) and report.step == 1
+    assert report.values["a.value"] == 4.0
+    assert report.seconds == {"a": 2.0} and report.values["probe_seconds.a"] == 2.0
+    assert report.values["probe_share"] == pytest.approx(2.0 / 102.0)
+    assert report.examples == {"a": 4} and report.skipped == [] and report.notes == []
+    assert suite.probe_share == pytest.approx(2.0 / 102.0)
+
+
+def test_budget_holds_the_share_by_subsampling_and_skipping():
+    clock = FakeClock()
+    cheap = CostlyProbe("cheap", clock, examples=8, seconds_per_example=0.05, every=1)
+    costly = CostlyProbe("costly", clock, examples=16, seconds_per_example=0.5, every=5)
+    suite = ProbeSuite([cheap, costly], budget_share=0.10, clock=clock)
+    suite.setup(_model())
+    skipped, subsampled, shares = [], [], []
+    for step in range(1, 401):
+        clock.now += 1.0  # one training step
+        report = suite.run(_model(), step)
+        if report is None:
+            continue
+        skipped += report.skipped
+        subsampled += [n for n in report.notes if "subsampled" in n]
+        shares.append(report.values["probe_share"])
+    # Unbudgeted the probes would take 0.4 s/step + 8 s every 5 steps: 2 s per 1 s of training.
+    assert suite.probe_share <= 0.10 + 1e-9
+    assert max(shares[len(shares) // 2 :]) <= 0.10 + 0.02  # stays near the budget, not just at the end
+    assert "costly" in skipped and subsampled
+    assert any(0 < n < 16 for n in costly.calls if n is not None)
+    assert len(costly.calls) >= 10  # the expensive probe is not starved by the cheap one
+    assert all(note.startswith(("cheap", "costly")) for note in subsampled)
+
+
+def test_first_measurement_is_the_unbudgeted_baseline():
+    clock = FakeClock()
+    probe = CostlyProbe("a", clock, examples=10, seconds_per_example=1.0)
+    suite = ProbeSuite([probe], budget_share=0.01, clock=clock)
+    suite.setup(_model())
+    report = suite.run(_model(), 0)
+    assert report.examples == {"a": 10} and suite.probe_share == 1.0
+    report = suite.run(_model(), 1)
+    assert report.skipped == ["a"] and "skipped for budget" in report.notes[0]
+    assert "probe_seconds.a" not in report.values
+    assert suite.run(_model(), 2, force=True).examples == {"a": 10}  # force ignores the budget
+
+
+def test_failing_probe_is_reported_and_the_others_run():
+    clock = FakeClock()
+    suite = ProbeSuite([FailingProbe(), CostlyProbe("a", clock)], clock=clock)
+    suite.setup(_model())
+    model = _model()
+    report = suite.run(model, 1)
+    assert report.failed == ["broken"] and "boom" in " ".join(report.notes)
+    assert report.values["a.value"] == 8.0 and model[0].training
+    with pytest.raises(RuntimeError, match="boom"):
+        ProbeSuite([FailingProbe()], on_error="raise").run(model, 1)
+
+
+def test_suite_rejects_bad_configuration():
+    clock = FakeClock()
+    with pytest.raises(ValueError, match="unique"):
+        ProbeSuite([CostlyProbe("a", clock), CostlyProbe("a", clock)])
+    with pytest.raises(ValueError, match="budget_share"):
+        ProbeSuite([], budget_share=0.0)
+    with pytest.raises(ValueError, match="every"):
+        CostlyProbe("a", clock, every=0)
+
+
+def test_state_dict_round_trip():
+    clock = FakeClock()
+    suite = ProbeSuite([CostlyProbe("a", clock)], clock=clock)
+    suite.setup(_model())
+    clock.now = 50.0
+    suite.run(_model(), 1)
+    state = suite.state_dict()
+    resumed = ProbeSuite([CostlyProbe("a", clock)], clock=clock)
+    resumed.load_state_dict(state)
+    assert resumed.probe_share == pytest.approx(suite.probe_share)
+    assert resumed.state_dict() == state

@@ -1,0 +1,127 @@
+"""ActuatorCallback on a real Trainer.train() with a real controller service."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import httpx
+import pytest
+import torch
+from transformers import Trainer, TrainerCallback, TrainingArguments
+
+from actuator.agents.callback import ActuatorCallback
+from actuator.agents.models import tiny_llama
+from actuator.agents.probes import KLDrift
+
+from conftest import HELD_OUT, NARROW_TASK, lm_dataset
+
+POLICY = {
+    "name": "test-drift-lr",
+    "controllers": [{"name": "drift", "probe": "kl_drift", "knob": "learning_rate", "setpoint": 0.0,
+                     "kp": 5.0, "ki": 1.0}],
+}
+
+
+class SlowSteps(TrainerCallback):
+    """Tiny steps take milliseconds; a short pause lets the service's answers land mid-run."""
+
+    def __init__(self, seconds: float = 0.05) -> None:
+        self.seconds = seconds
+
+    def on_step_end(self, args, state, control, **kw):
+        time.sleep(self.seconds)
+
+
+def make_trainer(tmp_path, tokenizer, *, steps: int, scheduler: str = "linear", lr: float = 5e-3):
+    model = tiny_llama(seed=0)
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"), max_steps=steps, per_device_train_batch_size=4, learning_rate=lr,
+        lr_scheduler_type=scheduler, warmup_steps=2, logging_steps=1, save_strategy="no", report_to=[],
+        use_cpu=True, seed=0, dataloader_num_workers=0, disable_tqdm=True,
+    )
+    return Trainer(model=model, args=args, train_dataset=lm_dataset(tokenizer, NARROW_TASK))
+
+
+def record_lr_used(trainer) -> list[float]:
+    """The learning rate each optimizer.step() really ran with, read from the optimizer itself."""
+    used: list[float] = []
+    trainer.create_optimizer()
+    trainer.optimizer.register_step_pre_hook(lambda opt, args, kwargs: used.append(opt.param_groups[0]["lr"]))
+    return used
+
+
+@pytest.mark.parametrize("scheduler", ["linear", "cosine", "constant_with_warmup"])
+def test_learning_rate_decisions_are_what_the_optimizer_uses(tmp_path, char_tokenizer, sqlite_service, scheduler):
+    trainer = make_trainer(tmp_path, char_tokenizer, steps=24, scheduler=scheduler)
+    used = record_lr_used(trainer)
+    cb = ActuatorCallback(
+        POLICY, url=sqlite_service.url,
+        knobs={"learning_rate": {"min": 1e-5, "max": 1e-2, "max_step": 0.5}},
+        probes=[KLDrift(HELD_OUT, char_tokenizer, every=3, max_length=32)], budget_share=1.0,
+    ).attach(trainer)
+    trainer.add_callback(SlowSteps())
+    trainer.train()
+
+    assert cb.run_id is not None
+    decisions = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}/decisions").json()["items"]
+    assert len(decisions) >= 2, "drift above a zero setpoint must lower the learning rate"
+    assert len(cb.applied) >= 2
+    by_number = {d["number"]: d for d in decisions}
+    for entry in cb.applied:
+        ordered = by_number[entry["number"]]["new_value"]
+        assert entry["applied"] == pytest.approx(ordered, rel=1e-12)
+        # The step that follows the boundary where it was applied ran with exactly that value
+        # (optimizer step k+1 is used[k]: used[] is 0-based, global_step counts from 1).
+        assert used[entry["step"]] == pytest.approx(ordered, rel=1e-9), (entry, used)
+    # Every applied value was lower than the last: drift is above setpoint 0.
+    news = [e["applied"] for e in cb.applied]
+    assert all(b < a for a, b in zip(news, news[1:]))
+    # The scheduler's shape survives: between decisions the lr still follows lambda(step)
+    lam = trainer.lr_scheduler.lr_lambdas[0]
+    last = cb.applied[-1]
+    k = last["step"]
+    if k + 2 <= len(used) and lam(k) > 0:
+        assert used[k + 1] == pytest.approx(last["applied"] * lam(k + 1) / lam(k), rel=1e-9)
+    # The observations report the knob value in effect.
+    state = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}").json()
+    assert state["state"] == "finished"
+    assert state["knobs_in_effect"]["learning_rate"] == pytest.approx(cb.history[-1]["knobs"]["learning_rate"])
+
+
+class KillAt(TrainerCallback):
+    def __init__(self, service, step: int) -> None:
+        self.service, self.step = service, step
+        self.killed_at: float | None = None
+
+    def on_step_end(self, args, state, control, **kw):
+        if state.global_step == self.step:
+            self.service.kill()
+            self.killed_at = time.monotonic()
+
+
+def test_controller_killed_mid_run_training_finishes(tmp_path, char_tokenizer, sqlite_service, caplog):
+    trainer = make_trainer(tmp_path, char_tokenizer, steps=30, scheduler="constant")
+    used = record_lr_used(trainer)
+    cb = ActuatorCallback(
+        POLICY, url=sqlite_service.url, flush_timeout=1.0, timeout=0.5,
+        knobs={"learning_rate": {"min": 1e-5, "max": 1e-2, "max_step": 0.5}},
+        probes=[KLDrift(HELD_OUT, char_tokenizer, every=2, max_length=32)], budget_share=1.0,
+    ).attach(trainer)
+    killer = KillAt(sqlite_service, step=12)
+    trainer.add_callback(killer)
+    trainer.add_callback(SlowSteps(0.02))
+    with caplog.at_level(logging.WARNING, logger="actuator.agents"):
+        start = time.monotonic()
+        out = trainer.train()
+        elapsed = time.monotonic() - start
+    assert trainer.state.global_step == 30 and out.global_step == 30
+    assert killer.killed_at is not None
+    # after the kill the lr stays at the last applied value: training continues with the last values
+    # (answers already in flight at the kill may still land at the next boundary or two)
+    assert all(lr == pytest.approx(used[15]) for lr in used[15:])
+    warnings = [r for r in caplog.records if "controller unreachable" in r.getMessage()]
+    assert len(warnings) == 1, [r.getMessage() for r in caplog.records]
+    # the sender never blocked training: 18 steps after the kill cost well under one HTTP timeout each
+    assert cb.sender is not None and cb.sender.backlog > 0
+    assert elapsed < 30

@@ -1,0 +1,203 @@
+"""Distillation loss and the distill_lambda / gkd_beta knobs, on tiny random models."""
+
+from __future__ import annotations
+
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import Trainer, TrainerCallback, TrainingArguments
+
+from actuator.agents.distill import DistillationTrainer, DistillLambdaKnob, GKDBetaKnob
+from actuator.agents.knobs import KnobNotSupported, KnobSetter
+from actuator.agents.models import tiny_llama
+
+T = 2.0
+
+
+def _args(tmp_path, **kw) -> TrainingArguments:
+    base = dict(
+        output_dir=str(tmp_path), max_steps=4, per_device_train_batch_size=2, learning_rate=1e-3,
+        logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True,
+    )
+    base.update(kw)
+    return TrainingArguments(**base)
+
+
+def _examples(n: int = 8, length: int = 10, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        ids = torch.randint(3, 128, (length,), generator=g)
+        labels = ids.clone()
+        labels[:3] = -100  # prompt
+        if i % 2:
+            labels[-2:] = -100  # padding
+        out.append({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels})
+    return out
+
+
+def _batch(examples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    return {k: torch.stack([e[k] for e in examples]) for k in examples[0]}
+
+
+def _trainer(tmp_path, lam: float = 0.5, cls: type = DistillationTrainer, **kw) -> DistillationTrainer:
+    return cls(
+        model=tiny_llama(seed=0), teacher_model=tiny_llama(seed=1), args=_args(tmp_path, **kw),
+        train_dataset=_examples(), distill_lambda=lam, temperature=T,
+    )
+
+
+def _hand_loss(student, teacher, batch, lam: float) -> tuple[float, float, float]:  # noqa: ANN001
+    """Loop over valid (b, i) pairs: logits at i predict labels[i + 1]."""
+    with torch.no_grad():
+        s = student(input_ids=batch["input_ids"]).logits
+        t = teacher(input_ids=batch["input_ids"]).logits
+    kls, ces = [], []
+    labels = batch["labels"]
+    for b in range(labels.shape[0]):
+        for i in range(labels.shape[1] - 1):
+            y = labels[b, i + 1].item()
+            if y == -100:
+                continue
+            p_t = torch.softmax(t[b, i] / T, -1)
+            kls.append((p_t * (torch.log_softmax(t[b, i] / T, -1) - torch.log_softmax(s[b, i] / T, -1))).sum())
+            ces.append(-torch.log_softmax(s[b, i], -1)[y])
+    kl, ce = torch.stack(kls).mean().item(), torch.stack(ces).mean().item()
+    return lam * T * T * kl + (1 - lam) * ce, kl, ce
+
+
+def test_loss_equals_hand_computed(tmp_path) -> None:
+    trainer = _trainer(tmp_path, lam=0.3)
+    batch = _batch(_examples(4))
+    expected, kl, ce = _hand_loss(trainer.model, trainer.teacher_model, batch, 0.3)
+    loss = trainer.compute_loss(trainer.model, dict(batch))
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+    n_valid = int((batch["labels"][:, 1:] != -100).sum())
+    loss_n = trainer.compute_loss(trainer.model, dict(batch), num_items_in_batch=torch.tensor(n_valid))
+    assert loss_n.item() == pytest.approx(expected, rel=1e-5)
+
+
+def test_lambda_one_is_pure_kl_and_zero_is_pure_ce(tmp_path) -> None:
+    trainer = _trainer(tmp_path, lam=1.0)
+    batch = _batch(_examples(4))
+    _, kl, ce = _hand_loss(trainer.model, trainer.teacher_model, batch, 1.0)
+    assert trainer.compute_loss(trainer.model, dict(batch)).item() == pytest.approx(T * T * kl, rel=1e-5)
+    trainer.distill_lambda = 0.0
+    loss = trainer.compute_loss(trainer.model, dict(batch))
+    assert loss.item() == pytest.approx(ce, rel=1e-5)
+    # independent check of the causal shift and masking: HF's own causal-LM loss
+    with torch.no_grad():
+        hf = trainer.model(input_ids=batch["input_ids"], labels=batch["labels"]).loss
+    assert loss.item() == pytest.approx(hf.item(), rel=1e-5)
+    # λ = 0: the teacher does not reach the gradient
+    loss.backward()
+    assert all(p.grad is None for p in trainer.teacher_model.parameters())
+
+
+def test_knob_change_mid_run_is_used_by_next_step(tmp_path) -> None:
+    used: list[tuple[int, float]] = []
+
+    class Recording(DistillationTrainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):  # noqa: ANN001
+            used.append((self.state.global_step, self.distill_lambda))
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+    trainer = _trainer(tmp_path, lam=0.5, cls=Recording)
+    knob = DistillLambdaKnob(trainer)
+    applied = {}
+
+    class Change(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):  # noqa: ANN001
+            if state.global_step == 2:
+                applied["value"] = knob.apply(0.9)
+
+    trainer.add_callback(Change())
+    trainer.train()
+    assert applied["value"] == 0.9 and knob.read() == 0.9
+    assert used == [(0, 0.5), (1, 0.5), (2, 0.9), (3, 0.9)]
+    logs = [h for h in trainer.state.log_history if "distill_lambda" in h]
+    assert [h["distill_lambda"] for h in logs] == [0.5, 0.5, 0.9, 0.9]
+    for h in logs:  # the loss the trainer backpropagated was built from the logged components
+        lam = h["distill_lambda"]
+        assert h["loss"] == pytest.approx(lam * T * T * h["distill_kl"] + (1 - lam) * h["distill_ce"], rel=1e-4)
+
+
+def test_distill_lambda_knob_bounds_and_refusals(tmp_path) -> None:
+    trainer = _trainer(tmp_path)
+    knob = DistillLambdaKnob(trainer)
+    assert isinstance(knob, KnobSetter) and knob.name == "distill_lambda" and knob.read() == 0.5
+    for bad in (-0.1, 1.5, float("nan")):
+        with pytest.raises(ValueError):
+            knob.apply(bad)
+    assert trainer.distill_lambda == 0.5
+    assert knob.apply(0) == 0.0
+    plain = Trainer(model=tiny_llama(), args=_args(tmp_path))
+    with pytest.raises(KnobNotSupported):
+        DistillLambdaKnob(plain)
+    with pytest.raises(KnobNotSupported):
+        GKDBetaKnob(trainer)
+    with pytest.raises(ValueError):
+        _trainer(tmp_path, lam=1.2)
+
+
+def test_gkd_knobs_set_what_trl_reads_each_step(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    pytest.importorskip("trl")
+    from datasets import Dataset
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    from trl.experimental.gkd import GKDConfig, GKDTrainer
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i + 3 for i in range(125)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+
+    def collate(examples):  # noqa: ANN001
+        ids = torch.tensor([e["input_ids"] for e in examples])
+        labels = ids.clone()
+        labels[:, :4] = -100
+        return {
+            "input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels,
+            "prompts": ids[:, :4], "prompt_attention_mask": torch.ones_like(ids[:, :4]),
+        }
+
+    betas: list[tuple[int, float]] = []
+    on_policy: list[int] = []
+
+    class Recording(GKDTrainer):
+        def generalized_jsd_loss(self, *args, **kw):  # noqa: ANN002, ANN003
+            betas.append((self.state.global_step, kw["beta"]))
+            return GKDTrainer.generalized_jsd_loss(*args, **kw)
+
+        def generate_on_policy_outputs(self, model, inputs, generation_config):  # noqa: ANN001
+            on_policy.append(self.state.global_step)
+            return GKDTrainer.generate_on_policy_outputs(model, inputs, generation_config)
+
+    g = torch.Generator().manual_seed(0)
+    data = Dataset.from_list([{"input_ids": torch.randint(3, 128, (10,), generator=g).tolist()} for _ in range(8)])
+    args = GKDConfig(
+        output_dir=str(tmp_path), max_steps=3, per_device_train_batch_size=2, lmbda=0.0, beta=0.5,
+        max_new_tokens=3, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True,
+    )
+    trainer = Recording(
+        model=tiny_llama(seed=0), teacher_model=tiny_llama(seed=1), args=args, train_dataset=data,
+        processing_class=tokenizer, data_collator=collate,
+    )
+    lam_knob, beta_knob = DistillLambdaKnob(trainer), GKDBetaKnob(trainer)
+    assert lam_knob.attr == "lmbda" and lam_knob.read() == 0.0 and beta_knob.read() == 0.5
+
+    class Change(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):  # noqa: ANN001
+            if state.global_step == 1:
+                lam_knob.apply(1.0)  # every later step trains on student generations
+                beta_knob.apply(0.1)
+
+    trainer.add_callback(Change())
+    trainer.train()
+    assert betas == [(0, 0.5), (1, 0.1), (2, 0.1)]
+    assert on_policy == [1, 2]
+    assert args.lmbda == 0.0 and args.beta == 0.5  # args are not what the loss reads
+    with pytest.raises(ValueError):
+        beta_knob.apply(2.0)

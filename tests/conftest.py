@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # tests/servers.py
+
+from servers import Postgres, Redis, Service, make_service, start_postgres, start_redis  # noqa: E402
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Postgres]:
+    pg = start_postgres()
+    yield pg
+    pg.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[Redis]:
+    r = start_redis()
+    yield r
+    r.stop()
+
+
+_db_counter = iter(range(10_000))
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, empty database of each kind."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'actuator.db'}"
+    pg: Postgres = request.getfixturevalue("postgres")
+    return pg.create_database(f"t{os.getpid()}_{next(_db_counter)}")
+
+
+@pytest.fixture
+def service(database_url: str, tmp_path: Path) -> Iterator[Service]:
+    """The real service under uvicorn on loopback, on SQLite and on Postgres."""
+    svc = make_service(database_url, log_dir=str(tmp_path)).start()
+    yield svc
+    svc.stop()
+
+
+@pytest.fixture
+def sqlite_service(tmp_path: Path) -> Iterator[Service]:
+    svc = make_service(f"sqlite:///{tmp_path / 'actuator.db'}", log_dir=str(tmp_path)).start()
+    yield svc
+    svc.stop()

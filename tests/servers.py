@@ -1,0 +1,162 @@
+"""Real servers for tests: Postgres, Redis, and the Actuator service under uvicorn, as processes
+on loopback. A missing binary is a test failure with the install command, never a skip."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+PG_BIN_DIRS = sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _need(binary: str, package: str) -> str:
+    path = shutil.which(binary) or next((str(d / binary) for d in PG_BIN_DIRS if (d / binary).exists()), None)
+    if path is None:
+        raise RuntimeError(f"{binary} not found: install it with `apt-get install -y {package}` "
+                           f"(.ci/run does this)")
+    return path
+
+
+def _wait(check, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except Exception as exc:  # noqa: BLE001
+            last = exc
+        time.sleep(0.1)
+    raise RuntimeError(f"{what} did not start within {timeout}s ({last})")
+
+
+@dataclass
+class Postgres:
+    url: str
+    port: int
+    datadir: str
+    _as_user: list[str] = field(default_factory=list)
+
+    def pg_ctl(self, *args: str) -> None:
+        subprocess.run([*self._as_user, _need("pg_ctl", "postgresql"), "-D", self.datadir, *args],
+                       check=True, capture_output=True, timeout=60)
+
+    def stop(self) -> None:
+        self.pg_ctl("stop", "-m", "fast", "-w")
+
+    def start(self) -> None:
+        self.pg_ctl("start", "-w", "-l", os.path.join(self.datadir, "log"), "-o",
+                    f"-p {self.port} -k {self.datadir} -c listen_addresses=127.0.0.1 -c fsync=off "
+                    f"-c max_connections=200")
+
+    def create_database(self, name: str) -> str:
+        import psycopg
+
+        with psycopg.connect(f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres",
+                             autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{name}"
+
+
+def start_postgres() -> Postgres:
+    initdb = _need("initdb", "postgresql")
+    datadir = tempfile.mkdtemp(prefix="actuator-pg-")
+    as_user: list[str] = []
+    if os.geteuid() == 0:  # postgres refuses to run as root
+        pw = pwd.getpwnam("postgres")
+        os.chown(datadir, pw.pw_uid, pw.pw_gid)
+        as_user = ["runuser", "-u", "postgres", "--"]
+    subprocess.run([*as_user, initdb, "-D", datadir, "-A", "trust", "-U", "postgres", "--no-sync"],
+                   check=True, capture_output=True, timeout=120)
+    port = free_port()
+    pg = Postgres(f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres", port, datadir, as_user)
+    pg.start()
+    return pg
+
+
+@dataclass
+class Redis:
+    url: str
+    port: int
+    proc: subprocess.Popen
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+def start_redis() -> Redis:
+    binary = _need("redis-server", "redis-server")
+    port = free_port()
+    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    import redis
+
+    _wait(lambda: redis.Redis(port=port).ping(), 20, "redis-server")
+    return Redis(f"redis://127.0.0.1:{port}/0", port, proc)
+
+
+@dataclass
+class Service:
+    """The Actuator service under a real uvicorn, in its own process."""
+
+    url: str
+    port: int
+    env: dict[str, str]
+    proc: subprocess.Popen | None = None
+    log_path: str = ""
+
+    def start(self, timeout: float = 60.0) -> Service:
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "--factory", "actuator.api.app:create_app",
+             "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"],
+            env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        _wait(lambda: httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200, timeout, "actuator service")
+        return self
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def logs(self) -> str:
+        return Path(self.log_path).read_text(errors="replace") if self.log_path else ""
+
+
+def make_service(database_url: str, *, redis_url: str | None = None, admin_token: str | None = None,
+                 port: int | None = None, log_dir: str | None = None) -> Service:
+    port = port or free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACTUATOR_")}
+    env["ACTUATOR_DATABASE_URL"] = database_url
+    if redis_url:
+        env["ACTUATOR_REDIS_URL"] = redis_url
+    if admin_token:
+        env["ACTUATOR_ADMIN_TOKEN"] = admin_token
+    log_path = os.path.join(log_dir or tempfile.mkdtemp(prefix="actuator-svc-"), f"service-{port}.log")
+    return Service(f"http://127.0.0.1:{port}", port, env, log_path=log_path)
