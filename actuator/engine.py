@@ -63,11 +63,12 @@ class Engine:
         self.policy_version = policy_version
 
     # -- helpers -----------------------------------------------------------------------------
-    def pid_config(self, spec: ControllerSpec, knob: dict[str, Any], step: int) -> PIDConfig:
+    def pid_config(self, spec: ControllerSpec, knob: dict[str, Any], step: int,
+                   setpoint_override: Any = None) -> PIDConfig:
         lo = knob["min"] if spec.min is None else max(knob["min"], spec.min)
         hi = knob["max"] if spec.max is None else min(knob["max"], spec.max)
         return PIDConfig(
-            setpoint=setpoint_at(spec.setpoint, step),
+            setpoint=setpoint_at(spec.setpoint if setpoint_override is None else setpoint_override, step),
             kp=spec.kp,
             ki=spec.ki,
             kd=spec.kd,
@@ -181,7 +182,7 @@ class Engine:
             st["filter"] = fstate.to_dict()
             st["last_step"] = obs.step
             st["probe"], st["knob"], st["raw"], st["filtered"] = spec.probe, spec.knob, raw, filtered
-            cfg = self.pid_config(spec, knob, obs.step)
+            cfg = self.pid_config(spec, knob, obs.step, st.get("setpoint_override"))
             st["setpoint"] = cfg.setpoint
             pid = PID(cfg)
             # Act from the value really in effect (the agent reports it; a schedule may have moved
@@ -193,10 +194,15 @@ class Engine:
                 current = float(round(current))
             knob["value"] = current
             pstate = PIDState.from_dict(st["pid"]) if st["pid"] else None
-            if st.pop("reset", False) or knob.get("override") is not None or spec.knob in taken:
+            if knob.get("override") is not None or spec.knob in taken:
                 # Manual override in force, or another controller moved the knob: track it.
                 st["pid"] = pid.bumpless(current, filtered, pstate).to_dict()
+                st.pop("reset", None)
                 continue
+            if st.pop("reset", False):
+                # Control handed back (release, resume, policy move, guardrail damping): restart
+                # bumplessly from the value in effect; this update outputs it unchanged.
+                pstate = pid.bumpless(current, filtered, pstate)
             out = pid.update(filtered, dt, current, pstate)
             st["pid"] = out.state.to_dict()
             st["components"] = {"p": out.p, "i": out.i, "d": out.d, "error": out.error}

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from ._exceptions import PolicyError
 from .schemas import FiniteFloat, Name, Scale
@@ -128,11 +128,14 @@ class ControllerSpec(_Model):
                 raise ValueError("setpoint schedule steps must be strictly increasing")
         return v
 
-    @model_validator(mode="after")
-    def _bounds(self) -> ControllerSpec:
-        if self.min is not None and self.max is not None and self.min > self.max:
-            raise ValueError(f"min ({self.min}) is greater than max ({self.max})")
-        return self
+    @field_validator("max")
+    @classmethod
+    def _bounds(cls, v: float | None, info: ValidationInfo) -> float | None:
+        # A field validator (not a model one) so this error is reported beside any others.
+        lo = info.data.get("min")
+        if v is not None and lo is not None and lo > v:
+            raise ValueError(f"min ({lo}) is greater than max ({v})")
+        return v
 
 
 class GuardrailSpec(_Model):

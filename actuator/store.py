@@ -146,7 +146,8 @@ class Store:
             s.add(row)
             s.flush()  # no ORM relationship orders the two inserts; the event's FK needs the run
             s.add(EventRow(run_id=row.id, kind="run_registered", step=None,
-                           payload={"policy": policy.name, "version": policy.version}))
+                           payload={"policy": policy.name, "version": policy.version,
+                                    "knobs": {k.name: k.model_dump(mode="json") for k in body.knobs}}))
         return row, token
 
     def get_run(self, run_id: str) -> RunRow | None:
@@ -190,6 +191,69 @@ class Store:
                            payload={"from": old, "to": state, "reason": reason}))
             return run
 
+    def _context(self, run: RunRow) -> RunContext:
+        return RunContext(
+            knobs={k: dict(v) for k, v in run.knobs.items()},
+            controllers={k: dict(v) for k, v in run.controllers.items()},
+            guardrails={k: dict(v) for k, v in run.guardrails.items()},
+            state=run.state,
+            decision_count=run.decision_count,
+        )
+
+    def _persist(self, s: Session, run: RunRow, ctx: RunContext, drafts: list[Any], events: list[dict[str, Any]],
+                 policy_version: int) -> list[DecisionRow]:
+        rows = []
+        for d in drafts:
+            row = DecisionRow(run_id=run.id, number=d.number, step=d.step, knob=d.knob, old_value=d.old_value,
+                              new_value=d.new_value, reason=d.reason, controller=d.controller,
+                              policy_version=policy_version, components=d.components, inputs=d.inputs,
+                              created_at=utcnow())
+            s.add(row)
+            rows.append(row)
+        for ev in events:
+            s.add(EventRow(run_id=run.id, kind=ev["kind"], step=ev.get("step"), payload=ev))
+        if ctx.state != run.state:
+            s.add(EventRow(run_id=run.id, kind="state", step=run.last_step,
+                           payload={"from": run.state, "to": ctx.state}))
+        run.knobs, run.controllers, run.guardrails = ctx.knobs, ctx.controllers, ctx.guardrails
+        run.state, run.decision_count = ctx.state, ctx.decision_count
+        run.updated_at = utcnow()
+        return rows
+
+    def mutate(self, run_id: str, op: Any) -> tuple[RunRow, list[DecisionRow], list[dict[str, Any]]] | None:
+        """Apply an operator action ``op(ctx, run) -> (decision drafts, events)`` under the run's
+        lock, persisting the context, decisions and audit events in one transaction. ``op`` may
+        raise ``ValueError`` to refuse (nothing is stored then)."""
+        with self._locked_run(run_id) as (s, run):
+            if run is None:
+                return None
+            ctx = self._context(run)
+            drafts, events = op(ctx, run)
+            rows = self._persist(s, run, ctx, drafts, events, run.policy_version)
+            s.flush()
+            return run, rows, events
+
+    def move_policy(self, run_id: str, policy: PolicyRow, reason: str) -> RunRow | None:
+        """Move a live run to another policy version (an explicit, audited action). Controllers
+        that keep their name restart bumplessly from the knob values in effect."""
+        with self._locked_run(run_id) as (s, run):
+            if run is None:
+                return None
+            old = f"{run.policy_name}@{run.policy_version}"
+            run.policy_id, run.policy_name, run.policy_version = policy.id, policy.name, policy.version
+            run.controllers = {k: {**v, "reset": True} for k, v in run.controllers.items()}
+            run.updated_at = utcnow()
+            s.add(EventRow(run_id=run_id, kind="policy_moved", step=run.last_step,
+                           payload={"from": old, "to": f"{policy.name}@{policy.version}", "reason": reason}))
+            return run
+
+    def archive_policy(self, name: str) -> int:
+        with self.session() as s:
+            rows = list(s.scalars(select(PolicyRow).where(PolicyRow.name == name)))
+            for r in rows:
+                r.archived = True
+            return len(rows)
+
     # -- observations: the hot path ----------------------------------------------------------
     def ingest(self, run_id: str, batch: ObservationBatch, engine: Engine) -> IngestOutcome | None:
         with self._locked_run(run_id) as (s, run):
@@ -199,14 +263,8 @@ class Store:
             seen = set(s.scalars(select(ObservationRow.seq).where(
                 ObservationRow.run_id == run_id, ObservationRow.seq.in_(seqs))))
             new = sorted((o for o in batch.observations if o.seq not in seen), key=lambda o: o.seq)
-            ctx = RunContext(
-                knobs={k: dict(v) for k, v in run.knobs.items()},
-                controllers={k: dict(v) for k, v in run.controllers.items()},
-                guardrails={k: dict(v) for k, v in run.guardrails.items()},
-                state=run.state,
-                decision_count=run.decision_count,
-            )
-            decisions: list[DecisionRow] = []
+            ctx = self._context(run)
+            drafts: list[Any] = []
             actions: list[Action] = []
             events: list[dict[str, Any]] = []
             outputs: dict[str, dict[str, Any]] = {}
@@ -226,26 +284,10 @@ class Store:
                 result = engine.observe(ctx, obs)
                 outputs.update(result.controller_outputs)
                 actions.extend(result.actions)
-                for ev in result.events:
-                    events.append(ev)
-                    s.add(EventRow(run_id=run_id, kind=ev["kind"], step=ev.get("step"), payload=ev))
-                for d in result.decisions:
-                    row = DecisionRow(run_id=run_id, number=d.number, step=d.step, knob=d.knob,
-                                      old_value=d.old_value, new_value=d.new_value, reason=d.reason,
-                                      controller=d.controller, policy_version=engine.policy_version,
-                                      components=d.components, inputs=d.inputs, created_at=utcnow())
-                    s.add(row)
-                    decisions.append(row)
-            run.knobs = ctx.knobs
-            run.controllers = ctx.controllers
-            run.guardrails = ctx.guardrails
+                events.extend(result.events)
+                drafts.extend(result.decisions)
             run.latest_probes, run.latest_metrics, run.knobs_in_effect = probes, metrics, in_effect
-            if ctx.state != run.state:
-                s.add(EventRow(run_id=run_id, kind="state", step=run.last_step,
-                               payload={"from": run.state, "to": ctx.state, "reason": "guardrail"}))
-                run.state = ctx.state
-            run.decision_count = ctx.decision_count
-            run.updated_at = utcnow()
+            decisions = self._persist(s, run, ctx, drafts, events, engine.policy_version)
             s.flush()
             pending = list(s.scalars(select(DecisionRow).where(
                 DecisionRow.run_id == run_id, DecisionRow.number > batch.last_decision

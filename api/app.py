@@ -22,7 +22,7 @@ from actuator.migrate import upgrade
 from actuator.store import Store
 
 from .deps import Services
-from .routers import health, policies, runs
+from .routers import control, health, policies, runs
 
 __all__ = ["create_app"]
 
@@ -142,5 +142,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(policies.router)
     app.include_router(runs.router)
+    app.include_router(control.router)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     return app

@@ -142,8 +142,11 @@ def run_arm(name: str, *, controlled: bool, args: argparse.Namespace, url: str |
                               knobs={"learning_rate": {"min": args.lr / 100, "max": args.lr, "max_step": 1.0}})
         cb.attach(trainer)
     else:
+        from actuator.agents.probes import ProbeSuite
+
         cb = None
-        probe.setup(model)
+        open_loop_suite = ProbeSuite([probe], budget_share=1.0)
+        open_loop_suite.setup(model)  # the reference: the starting weights
 
     class Live(TrainerCallback):
         def __init__(self) -> None:
@@ -159,9 +162,9 @@ def run_arm(name: str, *, controlled: bool, args: argparse.Namespace, url: str |
             if cb is not None:
                 if cb.history and cb.history[-1]["step"] == state.global_step:
                     drift = cb.history[-1]["probes"].get("kl_drift")
-            elif state.global_step % args.probe_every == 0:
-                from actuator.agents.probes import ProbeSuite
-                drift = ProbeSuite([probe], budget_share=1.0).run(model, state.global_step, force=True).values["kl_drift"]
+            else:
+                report = open_loop_suite.run(model, state.global_step)
+                drift = report.values["kl_drift"] if report is not None else None
             if drift is not None:
                 rows.append({"step": state.global_step, "loss": self.loss, "drift": drift, "lr": lr})
             progress.update(task, advance=1, loss=self.loss, lr=lr,

@@ -8,6 +8,8 @@ synthetic multi-hop set shipped in ``data/`` (see ``_synthetic``). Nothing is do
 
 from __future__ import annotations
 
+import copy
+import inspect
 import json
 import math
 import os
@@ -24,16 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from ._base import Probe
-from ._common import (
-    chunks,
-    context_length,
-    encode,
-    forward_logits,
-    greedy_generate,
-    logger,
-    model_device,
-    pad_batch,
-)
+from ._common import context_length, encode, eos_token_ids, logger, model_device
 from ._errors import HotpotQAFormatError, ProbeDataError, ProbeDataNotFoundError, ProbeError
 
 __all__ = [
@@ -46,6 +39,7 @@ __all__ = [
     "f1_score",
     "build_prompt",
     "extract_answer",
+    "generate_and_score",
     "HotpotQAPrompt",
     "BUILTIN_HOTPOTQA",
     "HOTPOTQA_TYPES",
@@ -316,9 +310,12 @@ class HotpotQA(Probe):
     most ``max_new_tokens`` tokens), averaged over examples. ``gold_logprob``: the gold answer
     force-decoded after the prompt, mean log-probability per answer token, averaged over
     examples; at small scale EM is near zero and noisy, and this continuous score is what a
-    controller acts on. Cost: one forward over prompt + answer, plus greedy generation of
-    ``max_new_tokens`` tokens, per example; prompts are a few hundred tokens (the builtin set)
-    up to ``max_length``. At most ``max_examples`` records are used (evenly spaced).
+    controller acts on. Cost per example: one prefill of the prompt (shared by the forced
+    decoding and the greedy answer through the KV cache) plus up to ``max_new_tokens``
+    one-token steps; prompts of the builtin set are ~600 tokens with all ten paragraphs
+    (``max_length`` cuts distractors first, trading difficulty for speed). Examples run one at
+    a time: no padding, and on CPU batching long prompts gains little. At most
+    ``max_examples`` records are used (evenly spaced).
     """
 
     name = "hotpotqa"
@@ -336,20 +333,18 @@ class HotpotQA(Probe):
         max_new_tokens: int = 16,
         use_chat_template: bool = True,
         max_length: int | None = None,
-        batch_size: int = 4,
     ) -> None:
         if tokenizer is None:
             raise TypeError("HotpotQA needs the model's tokenizer: HotpotQA(path, tokenizer)")
         self._init_schedule(every, on_evaluate)
-        if max_examples < 1 or max_new_tokens < 1 or batch_size < 1:
-            raise ValueError("max_examples, max_new_tokens and batch_size must be >= 1")
+        if max_examples < 1 or max_new_tokens < 1:
+            raise ValueError("max_examples and max_new_tokens must be >= 1")
         self.tokenizer = tokenizer
         self.records = load_hotpotqa(path_or_records)
         self.max_examples = max_examples
         self.max_new_tokens = max_new_tokens
         self.use_chat_template = use_chat_template
         self.max_length = max_length
-        self.batch_size = batch_size
         self._prompts: dict[tuple[int, int], tuple[HotpotQAPrompt, list[int]]] = {}
         self.last_predictions: list[tuple[str, str]] = []  # (prediction, gold) of the last measure
 
@@ -376,44 +371,85 @@ class HotpotQA(Probe):
         limit = self.max_examples if max_examples is None else min(max_examples, self.max_examples)
         indices = self._selection(len(self.records), limit)
         context = self.max_length or min(context_length(model, self.tokenizer), DEFAULT_MAX_PROMPT)
-        built = [self._prompt(i, context) for i in indices]
-        generations = greedy_generate(
-            model,
-            self.tokenizer,
-            [prompt.ids for prompt, _ in built],
-            max_new_tokens=self.max_new_tokens,
-            batch_size=self.batch_size,
-        )
-        predictions = [extract_answer(g) for g in generations]
+        eos = eos_token_ids(model, self.tokenizer)
+        predictions, logprobs = [], []
+        for i in indices:
+            prompt, gold = self._prompt(i, context)
+            generated, logprob = generate_and_score(
+                model, prompt.ids, gold, max_new_tokens=self.max_new_tokens, eos=eos
+            )
+            predictions.append(extract_answer(self.tokenizer.decode(generated, skip_special_tokens=True)))
+            if not math.isnan(logprob):
+                logprobs.append(logprob)
+        if not logprobs:
+            raise ProbeDataError("no gold answer has a token: gold_logprob is undefined")
         golds = [self.records[i]["answer"] for i in indices]
         self.last_predictions = list(zip(predictions, golds))
         em = sum(exact_match_score(p, g) for p, g in self.last_predictions) / len(indices)
         f1 = sum(f1_score(p, g)[0] for p, g in self.last_predictions) / len(indices)
-        logprobs = self._gold_logprobs(model, built)
         return {
             "hotpotqa.em": em,
             "hotpotqa.f1": f1,
             "hotpotqa.gold_logprob": sum(logprobs) / len(logprobs),
         }
 
-    def _gold_logprobs(self, model: Any, built: list[tuple[HotpotQAPrompt, list[int]]]) -> list[float]:
-        """Mean log-probability per gold-answer token, one value per example."""
-        device = model_device(model)
-        out: list[float] = []
-        for batch in chunks(built, self.batch_size):
-            seqs = [prompt.ids + gold for prompt, gold in batch]
-            ids, mask = pad_batch(seqs, 0, side="right", device=device)
-            logits = forward_logits(model, ids, mask)
-            for row, (prompt, gold) in enumerate(batch):
-                if not gold:
-                    out.append(math.nan)
-                    continue
-                start = len(prompt.ids)
-                # Position p - 1 predicts token p.
-                logp = F.log_softmax(logits[row, start - 1 : start - 1 + len(gold)], dim=-1)
-                target = torch.tensor(gold, device=device)
-                out.append(float(logp.gather(-1, target[:, None]).mean()))
-        finite = [v for v in out if not math.isnan(v)]
-        if not finite:
-            raise ProbeDataError("no gold answer has a token: gold_logprob is undefined")
-        return finite
+
+def _accepts(model: Any, argument: str) -> bool:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    try:
+        return argument in inspect.signature(base.forward).parameters
+    except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
+        return False
+
+
+def _last_logits(output: Any) -> torch.Tensor:
+    logits = getattr(output, "logits", None)
+    return (logits if logits is not None else output[0]).float()
+
+
+def generate_and_score(
+    model: Any, prompt: list[int], gold: list[int], *, max_new_tokens: int, eos: Sequence[int]
+) -> tuple[list[int], float]:
+    """Greedy answer ids and the mean log-probability per gold-answer token, sharing one prefill.
+
+    The prompt is encoded once (one example at a time, so no padding). Its KV cache serves both
+    the forced decoding of the gold answer (on a copy) and greedy decoding; with
+    ``logits_to_keep`` the vocabulary projection is not computed over the whole prompt. Models
+    that return no cache are recomputed from scratch at each step instead (same values).
+    """
+    device = model_device(model)
+    tensor = lambda ids: torch.tensor([list(ids)], dtype=torch.long, device=device)  # noqa: E731
+    keep = {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}
+    out = model(input_ids=tensor(prompt), use_cache=True, **keep)
+    cache = getattr(out, "past_key_values", None)
+    next_logits = _last_logits(out)[0, -1]
+
+    logprob = math.nan
+    if gold:
+        if len(gold) == 1:
+            gold_logits = next_logits[None]
+        elif cache is not None:
+            scored = model(input_ids=tensor(gold[:-1]), past_key_values=copy.deepcopy(cache), use_cache=True)
+            gold_logits = torch.cat([next_logits[None], _last_logits(scored)[0]])
+        else:
+            full = model(input_ids=tensor(prompt + gold[:-1]), use_cache=False)
+            gold_logits = _last_logits(full)[0, len(prompt) - 1 :]
+        logp = F.log_softmax(gold_logits, dim=-1)
+        target = torch.tensor(gold, device=logp.device)
+        logprob = float(logp.gather(-1, target[:, None]).mean())
+
+    generated: list[int] = []
+    for step in range(max_new_tokens):
+        token = int(next_logits.argmax())
+        if token in eos:
+            break
+        generated.append(token)
+        if step == max_new_tokens - 1:
+            break
+        if cache is not None:
+            out = model(input_ids=tensor([token]), past_key_values=cache, use_cache=True)
+            cache = getattr(out, "past_key_values", cache)
+        else:
+            out = model(input_ids=tensor(prompt + generated), use_cache=False)
+        next_logits = _last_logits(out)[0, -1]
+    return generated, logprob

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ..deps import ServicesDep
 
@@ -15,13 +14,14 @@ router = APIRouter(tags=["health"])
 def healthz(services: ServicesDep) -> JSONResponse:
     checks: dict[str, str] = {}
     ok = True
-    for name, probe in (("store", services.store.ping), ("live", services.live.ping)):
+    # (check name, backend label of actuator_backend_errors_total, probe)
+    for name, backend, probe in (("store", "store", services.store.ping), ("live", "redis", services.live.ping)):
         try:
             probe()
             checks[name] = "ok"
         except Exception as exc:  # noqa: BLE001 - health reports any backend failure
             checks[name] = f"error: {type(exc).__name__}"
-            services.metrics.backend_errors.labels(name).inc()
+            services.metrics.backend_errors.labels(backend).inc()
             ok = False
     return JSONResponse({"status": "ok" if ok else "degraded", "checks": checks},
                         status_code=200 if ok else 503, headers={} if ok else {"Retry-After": "2"})
@@ -29,4 +29,6 @@ def healthz(services: ServicesDep) -> JSONResponse:
 
 @router.get("/metrics", summary="Prometheus metrics", include_in_schema=False)
 def metrics(services: ServicesDep) -> Response:
-    return Response(generate_latest(services.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    """Every worker's metrics when the service runs with several (``PROMETHEUS_MULTIPROC_DIR``)."""
+    body, content_type = services.metrics.render()
+    return Response(body, media_type=content_type)

@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Body, HTTPException, Path, status
+from pydantic import BaseModel, ConfigDict, Field
 
 from actuator._exceptions import PolicyError
 from actuator.policy import PolicyDocument, load_policy
+from actuator.simulate import simulate
 
 from ..deps import AdminDep, ServicesDep
 from ..views import policy_public
@@ -44,6 +46,57 @@ def validate_policy(doc: dict[str, Any] = Body(..., examples=[_EXAMPLE])) -> dic
     except PolicyError as exc:
         return {"valid": False, "errors": exc.errors or [{"loc": "(document)", "msg": str(exc)}]}
     return {"valid": True, "errors": []}
+
+
+class SimulateBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    policy: str | dict[str, Any] = Field(description="A stored policy (name or name@version) or a document.")
+    run_id: str = Field(max_length=64, description="The run whose recorded observations are replayed.")
+
+
+@router.post("/simulate", summary="Replay a run's observations through a policy: the decisions it would take")
+def simulate_policy(body: SimulateBody, services: ServicesDep) -> dict[str, Any]:
+    if isinstance(body.policy, str):
+        name, _, ver = body.policy.partition("@")
+        row = services.store.get_policy(name, int(ver) if ver.isdigit() else None)
+        if row is None:
+            raise HTTPException(422, {"message": f"policy: {body.policy!r} not found",
+                                      "errors": [{"loc": "body.policy", "msg": "not found"}]})
+        doc = PolicyDocument.model_validate(row.document)
+    else:
+        doc = _parse(body.policy)
+    run = services.store.get_run(body.run_id)
+    if run is None:
+        raise HTTPException(404, f"run {body.run_id!r} not found")
+    registered = next((e for e in services.store.list_events(run.id) if e.kind == "run_registered"), None)
+    knobs = (registered.payload.get("knobs") if registered else None) or run.knobs
+    missing = sorted({c.knob for c in doc.controllers} - set(knobs))
+    if missing:
+        raise HTTPException(422, {"message": f"policy: drives knobs the run does not have: {missing}",
+                                  "errors": [{"loc": "body.policy", "msg": f"unknown knobs {missing}"}]})
+    observations = services.store.list_observations(run.id, limit=1_000_000)
+    return simulate(doc, knobs, observations)
+
+
+@router.put("/{name}", status_code=201, summary="Update a policy: stores a new version")
+def update_policy(_: AdminDep, services: ServicesDep, name: str = Path(pattern=r"^[A-Za-z_][A-Za-z0-9_.\-]{0,63}$"),
+                  doc: dict[str, Any] = Body(..., examples=[_EXAMPLE])) -> dict[str, Any]:
+    parsed = _parse(doc)
+    if parsed.name != name:
+        raise HTTPException(422, {"message": f"name: the document is named {parsed.name!r}, not {name!r}",
+                                  "errors": [{"loc": "body.name", "msg": "does not match the path"}]})
+    if services.store.get_policy(name) is None:
+        raise HTTPException(404, f"policy {name!r} not found; create it with POST /v1/policies")
+    return policy_public(services.store.create_policy(parsed))
+
+
+@router.delete("/{name}", summary="Archive a policy (every version); runs under it keep running")
+def archive_policy(_: AdminDep, services: ServicesDep,
+                   name: str = Path(pattern=r"^[A-Za-z_][A-Za-z0-9_.\-]{0,63}$")) -> dict[str, Any]:
+    n = services.store.archive_policy(name)
+    if n == 0:
+        raise HTTPException(404, f"policy {name!r} not found")
+    return {"name": name, "archived_versions": n}
 
 
 @router.get("", summary="List policies (every version)")

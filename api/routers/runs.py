@@ -113,40 +113,19 @@ def post_observations(batch: ObservationBatch, run: RunAuthDep, services: Servic
 
 
 def _export(services: Services, out: Any) -> None:
-    """Metrics and live events for one ingest (after commit: never block the transaction)."""
-    m, run = services.metrics, out.run
-    m.observations.inc(out.accepted)
-    m.duplicates.inc(out.duplicates)
+    """Metrics and live events for one ingest (after commit: never inside the transaction)."""
+    services.metrics.observe_ingest(out)
+    run = out.run
     if out.accepted:
         services.live.touch(run.id, run.last_step or 0)
-        m.last_observation.labels(run.id).set_to_current_time()
-        m.training_step.labels(run.id).set(run.last_step or 0)
-    for probe, v in run.latest_probes.items():
-        m.probe_value.labels(run.id, probe).set(v)
-    for knob, v in run.knobs_in_effect.items():
-        m.knob_value.labels(run.id, knob).set(v)
-    for knob, spec in run.knobs.items():
-        m.knob_target.labels(run.id, knob).set(spec["value"])
-    for name, st in run.controllers.items():
-        if "filtered" in st:
-            m.probe_filtered.labels(run.id, st["probe"]).set(st["filtered"])
-            m.setpoint.labels(run.id, st["probe"]).set(st["setpoint"])
-        for comp in ("p", "i", "d"):
-            if st.get("components", {}).get(comp) is not None:
-                m.pid_component.labels(run.id, name, comp).set(st["components"][comp])
-    for st in run.guardrails.values():
-        if st.get("threshold") is not None:
-            m.threshold.labels(run.id, st["probe"]).set(st["threshold"])
-    for d in out.created:
-        m.decisions.labels(run.id, d.knob, "controller" if d.controller else "guardrail").inc()
     for ev in out.events:
-        if ev["kind"] == "guardrail_breach":
-            m.breaches.labels(run.id, ev["action"]).inc()
         services.live.publish(run.id, ev)
-    m.set_state(run.id, run.state)
     for obs in out.new_observations:
         services.live.publish(run.id, {"kind": "observation", "seq": obs.seq, "step": obs.step,
                                        "probes": obs.probes, "knobs": obs.knobs})
+    for d in out.created:
+        services.live.publish(run.id, {"kind": "decision", "number": d.number, "step": d.step, "knob": d.knob,
+                                       "old_value": d.old_value, "new_value": d.new_value, "reason": d.reason})
 
 
 @router.get("/{run_id}/decisions", response_model=DecisionPage, summary="Decisions of a run, paged")

@@ -259,14 +259,35 @@ def test_em_and_f1_of_perfect_and_partial_answers(monkeypatch, fixed_lm, char_to
     golds = [r["answer"] for r in records]
 
     def answers(replies):
-        return lambda model, tokenizer, prompts, **kwargs: list(replies)
+        replies = iter(replies)
+        return lambda model, prompt, gold, **kwargs: (
+            char_tokenizer(next(replies), add_special_tokens=False).input_ids,
+            -1.0,
+        )
 
-    monkeypatch.setattr(_hotpotqa, "greedy_generate", answers([f"The {g}." for g in golds]))
+    monkeypatch.setattr(_hotpotqa, "generate_and_score", answers([f"The {g}." for g in golds]))
     values = probe.measure(fixed_lm(torch.zeros(128)))
-    assert values["hotpotqa.em"] == 1.0 and values["hotpotqa.f1"] == 1.0
-    monkeypatch.setattr(_hotpotqa, "greedy_generate", answers([golds[0], "wrong", "noanswer"]))
+    assert values == {"hotpotqa.em": 1.0, "hotpotqa.f1": 1.0, "hotpotqa.gold_logprob": -1.0}
+    monkeypatch.setattr(_hotpotqa, "generate_and_score", answers([golds[0], "wrong", "noanswer"]))
     values = probe.measure(fixed_lm(torch.zeros(128)))
     assert values["hotpotqa.em"] == pytest.approx(1 / 3) and values["hotpotqa.f1"] == pytest.approx(1 / 3)
+
+
+def test_shared_prefill_matches_generate_and_a_full_forward(tiny_model, char_tokenizer, table_lm):
+    import torch
+
+    from actuator.agents.probes import _common
+
+    prompt = char_tokenizer("Question: where? Answer:").input_ids
+    gold = char_tokenizer(" Tor Osk", add_special_tokens=False).input_ids
+    for model in (tiny_model, table_lm(torch.randn(128, 128, generator=torch.Generator().manual_seed(0)))):
+        with torch.no_grad():
+            generated, logprob = _hotpotqa.generate_and_score(model, prompt, gold, max_new_tokens=6, eos=[2])
+            expected = _common.greedy_generate(model, char_tokenizer, [prompt], max_new_tokens=6, batch_size=1)
+            logits = model(input_ids=torch.tensor([prompt + gold])).logits[0, len(prompt) - 1 : -1]
+        assert char_tokenizer.decode(generated, skip_special_tokens=True).strip() == expected[0]
+        by_hand = torch.log_softmax(logits.double(), -1)[torch.arange(len(gold)), torch.tensor(gold)].mean()
+        assert logprob == pytest.approx(float(by_hand), rel=1e-5)
 
 
 def test_probe_caps_examples(char_tokenizer):

@@ -1,0 +1,101 @@
+"""Run reports: the series of probes, setpoints, thresholds and knob values over steps, with
+decisions marked — as JSON, a PNG (matplotlib) and a self-contained HTML page."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from typing import Any
+
+__all__ = ["build_report", "render_png", "render_html"]
+
+
+def build_report(run: Any, observations: list[Any], decisions: list[Any], events: list[Any],
+                 policy: Any) -> dict[str, Any]:
+    probes: dict[str, list[list[float]]] = {}
+    knobs: dict[str, list[list[float]]] = {}
+    metrics: dict[str, list[list[float]]] = {}
+    for o in sorted(observations, key=lambda o: (o.step, o.seq)):
+        for k, v in o.probes.items():
+            probes.setdefault(k, []).append([o.step, v])
+        for k, v in o.knobs.items():
+            knobs.setdefault(k, []).append([o.step, v])
+        for k, v in o.metrics.items():
+            metrics.setdefault(k, []).append([o.step, v])
+    setpoints = {c.probe: c.setpoint for c in policy.controllers}
+    for name, st in run.controllers.items():
+        if st.get("setpoint_override") is not None and st.get("probe"):
+            setpoints[st["probe"]] = st["setpoint_override"]
+    thresholds = {st["probe"]: st["threshold"] for st in run.guardrails.values() if st.get("threshold") is not None}
+    return {
+        "run": {"id": run.id, "name": run.name, "state": run.state, "policy": f"{run.policy_name}@{run.policy_version}",
+                "last_step": run.last_step},
+        "probes": probes,
+        "knobs": knobs,
+        "metrics": metrics,
+        "setpoints": setpoints,
+        "thresholds": thresholds,
+        "decisions": [{"number": d.number, "step": d.step, "knob": d.knob, "old": d.old_value, "new": d.new_value,
+                       "reason": d.reason} for d in decisions],
+        "events": [{"kind": e.kind, "step": e.step, "payload": e.payload} for e in events],
+    }
+
+
+def render_png(report: dict[str, Any]) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .policy import setpoint_at
+
+    panels = list(report["probes"]) + [f"knob:{k}" for k in report["knobs"]]
+    n = max(1, len(panels))
+    fig, axes = plt.subplots(n, 1, figsize=(9, 2.4 * n), sharex=True, squeeze=False)
+    for ax, panel in zip(axes[:, 0], panels):
+        if panel.startswith("knob:"):
+            name = panel[5:]
+            pts = report["knobs"][name]
+            ax.step([p[0] for p in pts], [p[1] for p in pts], where="post", color="tab:green", label=name)
+            for d in report["decisions"]:
+                if d["knob"] == name:
+                    ax.axvline(d["step"], color="tab:red", alpha=0.25, lw=1)
+            if name in ("learning_rate", "kl_beta") and all(p[1] > 0 for p in pts):
+                ax.set_yscale("log")
+        else:
+            pts = report["probes"][panel]
+            steps = [p[0] for p in pts]
+            ax.plot(steps, [p[1] for p in pts], marker=".", color="tab:blue", label=panel)
+            if panel in report["setpoints"] and steps:
+                sp = report["setpoints"][panel]
+                ax.plot(steps, [setpoint_at(sp, s) for s in steps], ls="--", color="black", label="setpoint")
+            if panel in report["thresholds"]:
+                ax.axhline(report["thresholds"][panel], ls=":", color="tab:red", label="guardrail")
+        ax.set_ylabel(panel.removeprefix("knob:"), fontsize=8)
+        ax.legend(fontsize=7, loc="best")
+        ax.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel("step")
+    r = report["run"]
+    fig.suptitle(f"{r['name']} ({r['id'][:8]}) — {r['policy']} — {len(report['decisions'])} decisions", fontsize=10)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def render_html(report: dict[str, Any]) -> str:
+    png = base64.b64encode(render_png(report)).decode()
+    rows = "".join(
+        f"<tr><td>{d['number']}</td><td>{d['step']}</td><td>{html.escape(d['knob'])}</td>"
+        f"<td>{d['old']:.4g} → {d['new']:.4g}</td><td>{html.escape(d['reason'])}</td></tr>"
+        for d in report["decisions"])
+    r = report["run"]
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>Actuator run {html.escape(r['name'])}</title>"
+            "<style>body{font-family:sans-serif;margin:2em}td,th{padding:2px 8px;border-bottom:1px solid #ddd;"
+            "font-size:13px;text-align:left}</style></head><body>"
+            f"<h1>{html.escape(r['name'])}</h1><p>run {r['id']} · {html.escape(r['policy'])} · state {r['state']} · "
+            f"last step {r['last_step']}</p><img alt='probes and knobs' src='data:image/png;base64,{png}'>"
+            f"<h2>Decisions</h2><table><tr><th>#</th><th>step</th><th>knob</th><th>change</th><th>why</th></tr>{rows}"
+            "</table></body></html>")

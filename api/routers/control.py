@@ -1,0 +1,169 @@
+"""Operator control of a live run: pause/resume, manual override, setpoint, policy moves, audit."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Path, Query, Request, Response, status
+from fastapi.responses import HTMLResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from pydantic import BaseModel, ConfigDict, Field
+
+from actuator import operations as ops
+from actuator.policy import PolicyDocument
+from actuator.schemas import FiniteFloat, Name, RunState
+
+from ..deps import AdminDep, RunId, Services, ServicesDep
+from ..views import decision_public, run_state
+
+router = APIRouter(prefix="/v1/runs", tags=["control"])
+
+
+class OverrideBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    value: FiniteFloat
+    note: str = Field("", max_length=500)
+
+
+class SetpointBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    setpoint: FiniteFloat | list[tuple[Annotated[int, Field(ge=0)], FiniteFloat]]
+
+
+class MoveBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    policy: str = Field(description="name@version (or name: its latest version)")
+    reason: str = Field("", max_length=500)
+
+
+def _policy(services: Services, run: Any) -> PolicyDocument:
+    return services.engine_for(run.policy_id).policy
+
+
+def _act(services: Services, run_id: str, op: Any) -> dict[str, Any]:
+    try:
+        out = services.store.mutate(run_id, op)
+    except ValueError as exc:
+        field, _, msg = str(exc).partition(": ")
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY,
+                            {"message": str(exc), "errors": [{"loc": f"body.{field}", "msg": msg or str(exc)}]}) from exc
+    if out is None:
+        raise HTTPException(404, f"run {run_id!r} not found")
+    run, rows, events = out
+    services.metrics.set_state(run.id, run.state)
+    for ev in events:
+        services.live.publish(run.id, ev)
+    return {"run": run_state(run), "decisions": [decision_public(d) for d in rows], "events": events}
+
+
+def _run(services: Services, run_id: str) -> Any:
+    run = services.store.get_run(run_id)
+    if run is None:
+        raise HTTPException(404, f"run {run_id!r} not found")
+    return run
+
+
+@router.post("/{run_id}/pause", summary="Pause control (the run trains on; knobs hold)")
+def pause(run_id: RunId, _: AdminDep, services: ServicesDep) -> dict[str, Any]:
+    _run(services, run_id)
+    return _act(services, run_id, ops.pause)
+
+
+@router.post("/{run_id}/resume", summary="Resume control (bumpless from the values in effect)")
+def resume(run_id: RunId, _: AdminDep, services: ServicesDep) -> dict[str, Any]:
+    _run(services, run_id)
+    return _act(services, run_id, ops.resume)
+
+
+@router.post("/{run_id}/knobs/{knob}/override", summary="Pin a knob to a value (controllers track it)")
+def override(run_id: RunId, knob: Annotated[str, Path(max_length=64)], body: OverrideBody, _: AdminDep,
+             services: ServicesDep) -> dict[str, Any]:
+    _run(services, run_id)
+    return _act(services, run_id, lambda ctx, run: ops.override_knob(ctx, run, knob, body.value, body.note))
+
+
+@router.delete("/{run_id}/knobs/{knob}/override", summary="Hand a knob back to control (bumpless)")
+def release(run_id: RunId, knob: Annotated[str, Path(max_length=64)], _: AdminDep,
+            services: ServicesDep) -> dict[str, Any]:
+    run = _run(services, run_id)
+    policy = _policy(services, run)
+    return _act(services, run_id, lambda ctx, r: ops.release_knob(ctx, r, knob, policy))
+
+
+@router.put("/{run_id}/controllers/{controller}/setpoint", summary="Change a controller's setpoint for this run")
+def setpoint(run_id: RunId, controller: Annotated[str, Path(max_length=64)], body: SetpointBody, _: AdminDep,
+             services: ServicesDep) -> dict[str, Any]:
+    run = _run(services, run_id)
+    policy = _policy(services, run)
+    sp = body.setpoint if not isinstance(body.setpoint, list) else [list(p) for p in body.setpoint]
+    return _act(services, run_id, lambda ctx, r: ops.set_setpoint(ctx, r, controller, sp, policy))
+
+
+@router.post("/{run_id}/policy", response_model=RunState, summary="Move a live run to another policy version (audited)")
+def move_policy(run_id: RunId, body: MoveBody, _: AdminDep, services: ServicesDep) -> RunState:
+    run = _run(services, run_id)
+    name, _, ver = body.policy.partition("@")
+    row = services.store.get_policy(name, int(ver) if ver.isdigit() else None)
+    if row is None or (ver and not ver.isdigit()):
+        raise HTTPException(422, {"message": f"policy: {body.policy!r} not found",
+                                  "errors": [{"loc": "body.policy", "msg": "not found"}]})
+    doc = PolicyDocument.model_validate(row.document)
+    missing = sorted({c.knob for c in doc.controllers} - set(run.knobs))
+    if missing:
+        raise HTTPException(422, {"message": f"policy: drives knobs the run does not declare: {missing}",
+                                  "errors": [{"loc": "body.policy", "msg": f"unknown knobs {missing}"}]})
+    moved = services.store.move_policy(run_id, row, body.reason)
+    assert moved is not None
+    services.live.publish(run_id, {"kind": "policy_moved", "to": f"{row.name}@{row.version}"})
+    return run_state(moved)
+
+
+@router.get("/{run_id}/events", summary="The run's audit events (breaches, overrides, moves, state)")
+def events(run_id: RunId, services: ServicesDep) -> list[dict[str, Any]]:
+    _run(services, run_id)
+    return [{"id": e.id, "kind": e.kind, "step": e.step, "payload": e.payload, "created_at": e.created_at}
+            for e in services.store.list_events(run_id)]
+
+
+@router.get("/{run_id}/report", summary="Run report: JSON, or a plot (format=png) or page (format=html)",
+            responses={200: {"content": {"application/json": {}, "image/png": {}, "text/html": {}}}})
+def report(run_id: RunId, services: ServicesDep,
+           format: Annotated[str, Query(pattern="^(json|png|html)$")] = "json") -> Any:
+    from actuator.report import build_report, render_html, render_png
+
+    run = _run(services, run_id)
+    decisions, _ = services.store.list_decisions(run_id, limit=100_000)
+    data = build_report(run, services.store.list_observations(run_id, limit=1_000_000), decisions,
+                        services.store.list_events(run_id), _policy(services, run))
+    if format == "png":
+        return Response(render_png(data), media_type="image/png")
+    if format == "html":
+        return HTMLResponse(render_html(data))
+    return data
+
+
+@router.get("/{run_id}/stream", summary="Server-Sent Events: the run's observations, decisions and breaches live",
+            response_class=StreamingResponse)
+async def stream(run_id: RunId, request: Request, services: ServicesDep,
+                 max_seconds: Annotated[float, Query(gt=0, le=86400)] = 3600.0) -> StreamingResponse:
+    if await run_in_threadpool(services.store.get_run, run_id) is None:
+        raise HTTPException(404, f"run {run_id!r} not found")
+    last = request.headers.get("last-event-id", "0")
+    after = int(last) if last.isdigit() else 0
+
+    async def events() -> AsyncIterator[str]:
+        nonlocal after
+        deadline = time.monotonic() + max_seconds
+        yield "retry: 2000\n\n"
+        while time.monotonic() < deadline and not await request.is_disconnected():
+            for eid, ev in await run_in_threadpool(services.live.recent, run_id, after):
+                after = eid
+                yield f"id: {eid}\nevent: {ev.get('kind', 'message')}\ndata: {json.dumps(ev, default=str)}\n\n"
+            await asyncio.sleep(0.2)
+
+    return StreamingResponse(events(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
