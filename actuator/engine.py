@@ -64,11 +64,11 @@ class Engine:
 
     # -- helpers -----------------------------------------------------------------------------
     def pid_config(self, spec: ControllerSpec, knob: dict[str, Any], step: int,
-                   setpoint_override: Any = None) -> PIDConfig:
+                   setpoint_override: Any = None, baseline: float | None = None) -> PIDConfig:
         lo = knob["min"] if spec.min is None else max(knob["min"], spec.min)
         hi = knob["max"] if spec.max is None else min(knob["max"], spec.max)
         return PIDConfig(
-            setpoint=setpoint_at(spec.setpoint if setpoint_override is None else setpoint_override, step),
+            setpoint=setpoint_at(spec.setpoint if setpoint_override is None else setpoint_override, step, baseline),
             kp=spec.kp,
             ki=spec.ki,
             kd=spec.kd,
@@ -182,7 +182,9 @@ class Engine:
             st["filter"] = fstate.to_dict()
             st["last_step"] = obs.step
             st["probe"], st["knob"], st["raw"], st["filtered"] = spec.probe, spec.knob, raw, filtered
-            cfg = self.pid_config(spec, knob, obs.step, st.get("setpoint_override"))
+            if st.get("baseline") is None:
+                st["baseline"] = filtered  # the reference for relative setpoints ('+10%')
+            cfg = self.pid_config(spec, knob, obs.step, st.get("setpoint_override"), st["baseline"])
             st["setpoint"] = cfg.setpoint
             pid = PID(cfg)
             # Act from the value really in effect (the agent reports it; a schedule may have moved

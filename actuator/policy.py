@@ -7,6 +7,7 @@ JSON path, so ``actuator policy validate`` and ``POST /v1/policies/validate`` ca
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -29,6 +30,10 @@ __all__ = [
     "load_policy",
     "policy_errors",
     "setpoint_at",
+    "relative",
+    "list_presets",
+    "load_preset",
+    "protect_policy",
 ]
 
 # Observation keys the shipped probes produce. Policies may also name "train.<metric>" (a
@@ -96,8 +101,9 @@ class ControllerSpec(_Model):
     name: Name
     probe: str
     knob: str
-    setpoint: FiniteFloat | SetpointPoints = Field(
-        description="Constant, or a piecewise-linear schedule [[step, value], ...]."
+    setpoint: FiniteFloat | SetpointPoints | str = Field(
+        description="Constant, a piecewise-linear schedule [[step, value], ...], or relative to the "
+        "probe's first value: '+10%' (e.g. a perplexity budget)."
     )
     kp: FiniteFloat = Field(ge=0)
     ki: FiniteFloat = Field(0.0, ge=0)
@@ -122,6 +128,10 @@ class ControllerSpec(_Model):
     @field_validator("setpoint")
     @classmethod
     def _sorted(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            if not re.fullmatch(r"[+-]\d+(\.\d+)?%", v.strip()):
+                raise ValueError("a relative setpoint looks like '+10%' or '-5%'")
+            return v.strip()
         if isinstance(v, list):
             steps = [s for s, _ in v]
             if steps != sorted(steps) or len(set(steps)) != len(steps):
@@ -181,8 +191,7 @@ class GuardrailSpec(_Model):
             return float(self.threshold)
         if baseline is None:
             return None
-        pct = float(self.threshold.rstrip("%")) / 100.0
-        return baseline + abs(baseline) * pct
+        return relative(self.threshold, baseline)
 
 
 class PolicyDocument(_Model):
@@ -204,8 +213,17 @@ class PolicyDocument(_Model):
         return self
 
 
-def setpoint_at(setpoint: float | list[tuple[int, float]], step: int) -> float:
-    """Value of a constant or piecewise-linear setpoint at ``step`` (held flat outside the points)."""
+def relative(spec: str, baseline: float) -> float:
+    """'+10%' of ``baseline``: baseline + |baseline| * 0.10."""
+    return baseline + abs(baseline) * float(spec.strip().rstrip("%")) / 100.0
+
+
+def setpoint_at(setpoint: float | list[tuple[int, float]] | str, step: int, baseline: float | None = None) -> float:
+    """Value of a constant, piecewise-linear (held flat outside the points) or relative setpoint."""
+    if isinstance(setpoint, str):
+        if baseline is None:
+            raise ValueError("a relative setpoint needs the probe's baseline")
+        return relative(setpoint, baseline)
     if not isinstance(setpoint, list):
         return float(setpoint)
     pts = setpoint
@@ -250,3 +268,63 @@ def load_policy(source: PolicyDocument | dict[str, Any] | str | Path) -> PolicyD
         errors = policy_errors(exc)
         lines = "; ".join(f"{e['loc']}: {e['msg']}" for e in errors)
         raise PolicyError(f"invalid policy: {lines}", errors) from exc
+
+
+_PRESETS = Path(__file__).parent / "presets"
+
+
+def list_presets() -> list[str]:
+    """Names of the shipped policy presets."""
+    return sorted(p.stem for p in _PRESETS.glob("*.yaml"))
+
+
+def load_preset(name: str) -> PolicyDocument:
+    """A shipped preset by name: sft-capability, dpo-kl, draft-distill, compress-ppl."""
+    path = _PRESETS / f"{name}.yaml"
+    if not path.exists():
+        raise PolicyError(f"no preset {name!r}; presets: {list_presets()}")
+    return load_policy(path)
+
+
+# Probes where higher is better get a lower bound; drift-like probes an upper bound.
+_HIGHER_IS_BETTER = ("hotpotqa.", "draft.", "answer_agreement")
+_DRIFT = ("kl_drift", "embedding_drift")
+
+
+def protect_policy(
+    protect: dict[str, float | str],
+    *,
+    on_drift: str = "adjust",
+    on_breach: str = "rollback",
+    knob: str = "learning_rate",
+    factor: float = 0.5,
+    consecutive: int = 2,
+    every: int = 50,
+) -> PolicyDocument:
+    """The one-line form: ``{"hotpotqa.gold_logprob": "-5%", "kl_drift": 0.1}`` → a policy with
+    one guardrail per entry. Drift probes (``kl_drift``, ``embedding_drift``) get an upper bound
+    and the ``on_drift`` action; other probes get ``on_breach``. Probes where higher is better
+    (HotpotQA, draft acceptance, agreement) are protected from below, the rest from above.
+    ``adjust`` and ``rollback`` scale ``knob`` by ``factor``."""
+    if not protect:
+        raise PolicyError("protect: name at least one probe", [{"loc": "protect", "msg": "empty"}])
+    guardrails = []
+    probes: dict[str, dict[str, Any]] = {}
+    for probe, threshold in protect.items():
+        is_drift = probe in _DRIFT
+        lower = probe.startswith(_HIGHER_IS_BETTER)
+        action = on_drift if is_drift else on_breach
+        guardrails.append({
+            "name": f"protect-{probe}".replace(".", "-")[:64],
+            "probe": probe, "bound": "lower" if lower else "upper", "threshold": threshold,
+            "action": action, "knob": knob if action in ("adjust", "rollback") else None,
+            "factor": factor, "consecutive": consecutive,
+        })
+        pname = probe.split(".")[0] if probe.startswith(("hotpotqa.", "draft.")) else probe
+        if pname == "answer_agreement":
+            pname = "embedding_drift"
+        probes[pname] = {"name": pname, "every": every}
+    digest = hashlib.sha1(json.dumps([protect, on_drift, on_breach, knob, factor], sort_keys=True,
+                                     default=str).encode()).hexdigest()[:8]
+    return load_policy({"name": f"protect-{digest}", "description": f"protect {sorted(protect)}",
+                        "probes": list(probes.values()), "guardrails": guardrails})

@@ -23,7 +23,16 @@ def build_report(run: Any, observations: list[Any], decisions: list[Any], events
             knobs.setdefault(k, []).append([o.step, v])
         for k, v in o.metrics.items():
             metrics.setdefault(k, []).append([o.step, v])
-    setpoints = {c.probe: c.setpoint for c in policy.controllers}
+    from .policy import relative
+
+    setpoints: dict[str, Any] = {}
+    for c in policy.controllers:
+        sp: Any = c.setpoint
+        if isinstance(sp, str):
+            baseline = run.controllers.get(c.name, {}).get("baseline")
+            sp = relative(sp, baseline) if baseline is not None else None
+        if sp is not None:
+            setpoints[c.probe] = sp
     for name, st in run.controllers.items():
         if st.get("setpoint_override") is not None and st.get("probe"):
             setpoints[st["probe"]] = st["setpoint_override"]

@@ -184,3 +184,6 @@ class IngestResult(_Model):
     actions: list[Action] = Field(default_factory=list)
     state: RunStateName
     knobs: dict[str, float] = Field(description="Knob values the controller wants in effect now.")
+    breached: list[str] = Field(default_factory=list,
+                                description="Guardrails in breach after this batch (empty: every guardrail holds).")
+    last_step: int | None = Field(None, description="Latest step the service has observed for this run.")

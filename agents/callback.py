@@ -29,7 +29,7 @@ from typing import Any
 
 from actuator._exceptions import ConfigError, RequestRejected, ServiceUnavailable
 from actuator.client import ActuatorClient
-from actuator.policy import PolicyDocument, load_policy
+from actuator.policy import PolicyDocument, load_policy, load_preset, protect_policy
 from actuator.schemas import DecisionPublic, KnobSpec, ObservationCreate, RunCreate
 
 from .knobs import KnobSetter, LearningRateKnob
@@ -41,6 +41,7 @@ log = logging.getLogger("actuator.agents")
 
 try:
     from transformers import TrainerCallback
+    from transformers.trainer_callback import ExportableState
 except ImportError as exc:  # pragma: no cover - depends on install
     raise ImportError("ActuatorCallback needs transformers: `pip install 'actuator[train]'`") from exc
 
@@ -63,12 +64,18 @@ def _unwrap_scheduler(sched: Any) -> Any:
     return sched
 
 
-class ActuatorCallback(TrainerCallback):
+class ActuatorCallback(TrainerCallback, ExportableState):
     """Stream probes to the controller service and apply its decisions at step boundaries.
 
     Args:
-        policy: a stored policy's name (``"sft-drift"`` or ``"sft-drift@3"``), or a policy
-            document (dict, YAML/JSON path, :class:`PolicyDocument`) registered with the run.
+        policy: a stored policy's name (``"sft-drift"`` or ``"sft-drift@3"``), a shipped preset
+            (``"preset:sft-capability"``), or a policy document (dict, YAML/JSON path,
+            :class:`PolicyDocument`) registered with the run.
+        protect: the one-line form instead of ``policy``:
+            ``protect={"hotpotqa.gold_logprob": "-5%", "kl_drift": 0.1}`` builds one guardrail
+            per probe; drift probes take ``on_drift`` (default ``adjust``), the others
+            ``on_breach`` (default ``rollback``: restore the last checkpoint at which every
+            guardrail held and continue with a damped learning rate).
         url: controller service URL (default ``$ACTUATOR_URL`` or ``http://127.0.0.1:8000``).
         token: admin token for registration when the service has one (``$ACTUATOR_TOKEN``).
         probes: a list of probes or a ``ProbeSuite`` (``actuator.agents.probes``).
@@ -84,8 +91,11 @@ class ActuatorCallback(TrainerCallback):
 
     def __init__(
         self,
-        policy: str | dict[str, Any] | PolicyDocument | os.PathLike[str],
+        policy: str | dict[str, Any] | PolicyDocument | os.PathLike[str] | None = None,
         *,
+        protect: dict[str, float | str] | None = None,
+        on_drift: str = "adjust",
+        on_breach: str = "rollback",
         url: str | None = None,
         token: str | None = None,
         probes: Any = None,
@@ -98,8 +108,14 @@ class ActuatorCallback(TrainerCallback):
         report_every: int = 0,
         metadata: dict[str, Any] | None = None,
     ) -> None:
-        if isinstance(policy, str) and "\n" not in policy and not policy.endswith((".yaml", ".yml", ".json")):
-            self.policy: str | PolicyDocument = policy
+        if (policy is None) == (protect is None):
+            raise ConfigError("policy: give a policy (name, preset:NAME, document) or protect={...}, not both")
+        if protect is not None:
+            self.policy: str | PolicyDocument = protect_policy(protect, on_drift=on_drift, on_breach=on_breach)
+        elif isinstance(policy, str) and policy.startswith("preset:"):
+            self.policy = load_preset(policy.removeprefix("preset:"))
+        elif isinstance(policy, str) and "\n" not in policy and not policy.endswith((".yaml", ".yml", ".json")):
+            self.policy = policy  # a stored policy on the service
         else:
             self.policy = load_policy(policy)  # PolicyError now, not mid-run
         self.url = url or os.environ.get("ACTUATOR_URL", "http://127.0.0.1:8000")
@@ -123,7 +139,12 @@ class ActuatorCallback(TrainerCallback):
         self.last_decision = 0
         self.applied: list[dict[str, Any]] = []  # decisions applied, for logs and reports
         self.history: list[dict[str, Any]] = []  # what was observed, for the caller's own tables
-        self.state = "running"
+        self.run_state = "running"
+        self.policy_doc: PolicyDocument | None = self.policy if isinstance(self.policy, PolicyDocument) else None
+        self._schedule_pending = self.policy_doc is not None
+        self.checkpoints: list[tuple[int, str]] = []  # (step, dir) saved during this run
+        self.last_ok_step: int | None = None  # latest observed step at which every guardrail held
+        self.rollbacks: list[dict[str, Any]] = []
         self._metrics: dict[str, float] = {}
         self._log_extra: dict[str, float] = {}
         self._is_main = True
@@ -174,8 +195,12 @@ class ActuatorCallback(TrainerCallback):
         body = RunCreate(name=self.run_name or "run", policy=policy, knobs=list(self.specs.values()),
                          metadata={k: v for k, v in self.metadata.items()
                                    if isinstance(v, (str, int, float, bool)) or v is None})
+        if self.run_id is not None and self.run_token is not None:
+            return self.run_id, self.run_token  # resumed from a checkpoint: the same run continues
         created = self.client.register_run(body)
         self.run_id, self.run_token = created.id, created.token
+        self.policy_doc = PolicyDocument.model_validate(created.policy)
+        self._schedule_pending = True
         log.info("actuator: run %s registered (policy %s v%d)", created.id, created.policy_name,
                  created.policy_version)
         return created.id, created.token
@@ -188,6 +213,7 @@ class ActuatorCallback(TrainerCallback):
         lr_scheduler = lr_scheduler if lr_scheduler is not None else getattr(trainer, "lr_scheduler", None)
         self._is_main = bool(getattr(state, "is_world_process_zero", True))
         self._bind_setters(optimizer, lr_scheduler)
+        self._restore(args, state)
         if self.run_name is None:
             self.run_name = (getattr(args, "run_name", None) or os.path.basename(str(args.output_dir)) or "run")[:128]
         if self.suite is not None and model is not None:
@@ -199,7 +225,9 @@ class ActuatorCallback(TrainerCallback):
                 self._observe(state.global_step, model, force=True)  # the baseline at step 0
 
     def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
-        self._apply_results(state, control)
+        self._apply_results(args, state, control)
+        if self._schedule_pending:
+            self._apply_probe_schedule()
         step = state.global_step
         ran = False
         if self.suite is not None and model is not None and self._is_main:
@@ -223,6 +251,48 @@ class ActuatorCallback(TrainerCallback):
         if self.suite is not None and model is not None and self._is_main:
             self._observe(state.global_step, model, evaluate=True)
 
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        self.checkpoints.append((state.global_step, path))
+        if self._is_main and self.run_token and os.path.isdir(path):
+            # The run token lets a resumed run continue the same run; it is a secret, so it is
+            # kept out of trainer_state.json, in its own owner-only file.
+            fd = os.open(os.path.join(path, "actuator-token"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(self.run_token)
+
+    # -- checkpointed state (transformers' ExportableState) ----------------------------------
+    def state(self) -> dict[str, Any]:
+        """Saved by Trainer into the checkpoint's trainer_state.json; restored by us on resume
+        (leave ``restore_callback_states_from_checkpoint`` off: this callback holds probes and
+        setters that cannot be rebuilt from JSON)."""
+        return {"args": {}, "attributes": {
+            "run_id": self.run_id, "seq": self.seq, "last_decision": self.last_decision,
+            "knobs": self.knob_values() if self.setters else {}, "last_ok_step": self.last_ok_step,
+        }}
+
+    def _restore(self, args: Any, state: Any) -> None:
+        saved = (getattr(state, "stateful_callbacks", None) or {}).get(type(self).__name__)
+        if isinstance(saved, list):
+            saved = saved[0] if saved else None
+        if not saved or not state.global_step:
+            return
+        attrs = saved.get("attributes", {})
+        self.seq = int(attrs.get("seq", 0))
+        self.last_decision = int(attrs.get("last_decision", 0))
+        self.last_ok_step = attrs.get("last_ok_step")
+        for name, value in (attrs.get("knobs") or {}).items():
+            setter = self.setters.get(name)
+            if setter is not None and name != "learning_rate":
+                # The lr lives in the optimizer/scheduler state the Trainer restores itself.
+                setter.apply(float(value))
+        token_file = os.path.join(args.output_dir, f"checkpoint-{state.global_step}", "actuator-token")
+        if attrs.get("run_id") and os.path.exists(token_file):
+            with open(token_file) as fh:
+                self.run_id, self.run_token = attrs["run_id"], fh.read().strip()
+        log.info("actuator: resumed at step %d (seq %d, last decision %d, knobs %s)", state.global_step,
+                 self.seq, self.last_decision, attrs.get("knobs"))
+
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.sender is None:
             return
@@ -230,7 +300,7 @@ class ActuatorCallback(TrainerCallback):
         if not delivered:
             log.warning("actuator: %d observations could not be delivered before train end",
                         self.sender.backlog)
-        if self.run_id and self.client is not None and self.state == "running":
+        if self.run_id and self.client is not None and self.run_state == "running":
             try:
                 self.client.finish(self.run_id, token=self.run_token)
             except (ServiceUnavailable, RequestRejected) as exc:
@@ -259,39 +329,80 @@ class ActuatorCallback(TrainerCallback):
         if self.sender is not None:
             self.sender.submit(obs)
 
-    def _apply_results(self, state: Any, control: Any) -> None:
+    def _apply_results(self, args: Any, state: Any, control: Any) -> None:
         decisions: list[dict[str, Any]] = []
-        halt = False
+        halt = rollback = False
         if self._is_main and self.sender is not None:
             for result in self.sender.results():
                 for d in result.decisions:
                     if d.number > self.last_decision:
                         decisions.append(d.model_dump(mode="json"))
                         self.last_decision = d.number
-                if result.state == "halted":
-                    halt = True
+                halt = halt or result.state == "halted"
+                rollback = rollback or any(a.type == "rollback" for a in result.actions)
+                if not result.breached and result.last_step is not None:
+                    self.last_ok_step = max(self.last_ok_step or 0, result.last_step)
+                for a in result.actions:
+                    if a.type == "alert":
+                        log.warning("actuator: guardrail alert: %s", a.reason)
             self.sender.last_decision = self.last_decision
-        decisions, halt = self._broadcast(decisions, halt)
+        decisions, halt, rollback = self._broadcast(decisions, halt, rollback)
+        if rollback and not halt:
+            halt = not self._rollback(args, state)
         for d in decisions:
             self._apply(d, state.global_step)
-        if halt and self.state != "halted":
-            self.state = "halted"
+        if halt and self.run_state != "halted":
+            self.run_state = "halted"
             log.warning("actuator: the controller halted this run at step %d; saving and stopping",
                         state.global_step)
             control.should_save = True
             control.should_training_stop = True
 
-    def _broadcast(self, decisions: list[dict[str, Any]], halt: bool) -> tuple[list[dict[str, Any]], bool]:
+    def _rollback(self, args: Any, state: Any) -> bool:
+        """Restore the last checkpoint at which every guardrail held; False if there is none."""
+        healthy = [(s, p) for s, p in self.checkpoints if self.last_ok_step is not None and s <= self.last_ok_step
+                   and os.path.isdir(p)]
+        if self.trainer is None or not healthy:
+            log.error("actuator: rollback ordered at step %d but %s; halting instead", state.global_step,
+                      "the callback is not attached to a trainer (use .attach(trainer))" if self.trainer is None
+                      else "no checkpoint was saved while every guardrail held")
+            return False
+        step, path = healthy[-1]
+        self.trainer._load_from_checkpoint(path)  # weights, in place
+        self.trainer._load_optimizer_and_scheduler(path)  # moments and schedule of that step
+        self.rollbacks.append({"at_step": state.global_step, "to_step": step, "checkpoint": path})
+        self._log_extra["actuator/rollback_to_step"] = float(step)
+        log.warning("actuator: guardrail breach: rolled back to %s (step %d) at step %d; training continues",
+                    path, step, state.global_step)
+        return True
+
+    def _broadcast(self, decisions: list[dict[str, Any]], halt: bool,
+                   rollback: bool) -> tuple[list[dict[str, Any]], bool, bool]:
         """Every rank applies rank 0's decisions at the same step boundary."""
         try:
             import torch.distributed as dist
         except ImportError:  # pragma: no cover
-            return decisions, halt
+            return decisions, halt, rollback
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-            return decisions, halt
-        payload = [{"decisions": decisions, "halt": halt}]
+            return decisions, halt, rollback
+        payload = [{"decisions": decisions, "halt": halt, "rollback": rollback}]
         dist.broadcast_object_list(payload, src=0)
-        return payload[0]["decisions"], payload[0]["halt"]
+        return payload[0]["decisions"], payload[0]["halt"], payload[0]["rollback"]
+
+    def _apply_probe_schedule(self) -> None:
+        """The policy names probes and how often they run: the service's word wins over the
+        constructor's, so changing a policy needs no change to the training script."""
+        self._schedule_pending = False
+        if self.policy_doc is None or not self.policy_doc.probes:
+            return
+        available = {p.name: p for p in (self.suite.probes if self.suite is not None else [])}
+        for spec in self.policy_doc.probes:
+            probe = available.get(spec.name)
+            if probe is None:
+                log.warning("actuator: the policy asks for probe %r, which this run was not given "
+                            "(pass it in probes=[...]); it will not be measured", spec.name)
+                continue
+            probe.every, probe.on_evaluate = spec.every, spec.on_evaluate
 
     def _apply(self, decision: dict[str, Any], step: int) -> None:
         d = DecisionPublic.model_validate(decision)

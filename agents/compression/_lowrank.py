@@ -247,8 +247,9 @@ def input_grams(model: nn.Module, names: Sequence[str], calibration: Iterable[An
 
     def make_hook(name: str):  # noqa: ANN202
         def hook(module: nn.Module, args: tuple) -> None:
-            x = args[0].detach().reshape(-1, args[0].shape[-1]).to(torch.float64)
-            g = x.T @ x
+            # Per-batch product in float32 (fast on CPU), running sum in float64.
+            x = args[0].detach().reshape(-1, args[0].shape[-1]).float()
+            g = (x.T @ x).to(torch.float64)
             grams[name] = g if name not in grams else grams[name] + g
 
         return hook

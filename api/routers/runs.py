@@ -109,6 +109,8 @@ def post_observations(batch: ObservationBatch, run: RunAuthDep, services: Servic
         decisions=[decision_public(d) for d in out.decisions], actions=out.actions,
         state=out.run.state,  # type: ignore[arg-type]
         knobs={k: float(v["value"]) for k, v in out.run.knobs.items()},
+        breached=sorted(name for name, st in out.run.guardrails.items() if st.get("active")),
+        last_step=out.run.last_step,
     )
 
 
