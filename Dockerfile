@@ -12,7 +12,7 @@ WORKDIR /app
 # Dependencies first (pinned by the constraints the test suite was verified with), so a code
 # change does not reinstall them.
 COPY requirements/constraints.txt requirements/constraints.txt
-COPY pyproject.toml README.md alembic.ini ./
+COPY pyproject.toml README.md ./
 COPY actuator actuator
 COPY controllers controllers
 COPY agents agents

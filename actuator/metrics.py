@@ -12,7 +12,7 @@ actuator_probe_filtered_value                   gauge      run, controller, prob
 actuator_setpoint                               gauge      run, controller, probe
 actuator_guardrail_threshold                    gauge      run, guardrail, probe
 actuator_controller_component                   gauge      run, controller, component (p|i|d)
-actuator_decisions_total                        counter    run, knob, reason (controller|guardrail)
+actuator_decisions_total                        counter    run, knob, reason (controller|guardrail|operator)
 actuator_guardrail_breaches_total               counter    run, action (alert|adjust|halt|rollback)
 actuator_run_state                              gauge      run, state (running|paused|halted|finished)
 actuator_last_observation_timestamp_seconds     gauge      run
@@ -57,7 +57,7 @@ __all__ = ["Metrics", "RUN_STATES", "DECISION_REASONS", "GUARDRAIL_ACTIONS", "BA
 
 _NS = "actuator"
 RUN_STATES = ("running", "paused", "halted", "finished")
-DECISION_REASONS = ("controller", "guardrail")
+DECISION_REASONS = ("controller", "guardrail", "operator")
 GUARDRAIL_ACTIONS = ("alert", "adjust", "halt", "rollback")
 BACKENDS = ("store", "redis")
 # Per-run gauges: one writer at a time per run, so across workers the latest write is the truth.
@@ -158,6 +158,19 @@ class Metrics:
         for ev in out.events:
             if ev["kind"] == "guardrail_breach":
                 self.breaches.labels(run.id, ev["action"]).inc()
+        self.set_state(run.id, run.state)
+
+    def observe_control(self, run: Any, decisions: Any = ()) -> None:
+        """Export an operator action (pause/resume, manual override, setpoint, policy change): the
+        run's state, knob targets and setpoints, and the decisions it made (reason ``operator``)."""
+        self._init_run(run.id, run.knobs)
+        for knob, spec in run.knobs.items():
+            self.knob_target.labels(run.id, knob).set(spec["value"])
+        for name, st in run.controllers.items():
+            if st.get("setpoint") is not None and st.get("probe"):
+                self.setpoint.labels(run.id, name, st["probe"]).set(st["setpoint"])
+        for d in decisions:
+            self.decisions.labels(run.id, d.knob, "operator").inc()
         self.set_state(run.id, run.state)
 
     def set_state(self, run: str, state: str) -> None:

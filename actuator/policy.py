@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -54,6 +55,24 @@ KNOWN_PROBES = frozenset(
     }
 )
 KNOWN_KNOBS = frozenset({"learning_rate", "kl_beta", "distill_lambda", "rank", "gkd_beta"})
+# The values a probe can take: a setpoint or threshold outside them can never be met.
+PROBE_RANGES: dict[str, tuple[float, float]] = {
+    "perplexity": (1.0, math.inf),
+    "kl_drift": (0.0, math.inf),
+    "embedding_drift": (0.0, 2.0),
+    "answer_agreement": (0.0, 1.0),
+    "hotpotqa.em": (0.0, 1.0),
+    "hotpotqa.f1": (0.0, 1.0),
+    "hotpotqa.gold_logprob": (-math.inf, 0.0),
+    "draft.acceptance": (0.0, 1.0),
+    "draft.tokens_per_call": (1.0, math.inf),
+}
+
+
+def _check_in_range(probe: str | None, value: float, what: str) -> None:
+    lo, hi = PROBE_RANGES.get(probe or "", (-math.inf, math.inf))
+    if not lo <= value <= hi:
+        raise ValueError(f"{what} {value} is outside the range of {probe} [{lo}, {hi}]")
 _FREE_PREFIXES = ("train.", "custom.")
 
 
@@ -138,6 +157,14 @@ class ControllerSpec(_Model):
                 raise ValueError("setpoint schedule steps must be strictly increasing")
         return v
 
+    @model_validator(mode="after")
+    def _reachable(self) -> ControllerSpec:
+        points = [self.setpoint] if isinstance(self.setpoint, (int, float)) else (
+            [p[1] for p in self.setpoint] if isinstance(self.setpoint, list) else [])
+        for value in points:
+            _check_in_range(self.probe, value, "setpoint")
+        return self
+
     @field_validator("max")
     @classmethod
     def _bounds(cls, v: float | None, info: ValidationInfo) -> float | None:
@@ -183,6 +210,8 @@ class GuardrailSpec(_Model):
     def _needs_knob(self) -> GuardrailSpec:
         if self.action == "adjust" and self.knob is None:
             raise ValueError("action 'adjust' needs 'knob'")
+        if not isinstance(self.threshold, str):
+            _check_in_range(self.probe, float(self.threshold), "threshold")
         return self
 
     def resolve_threshold(self, baseline: float | None) -> float | None:

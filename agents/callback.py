@@ -163,7 +163,11 @@ class ActuatorCallback(TrainerCallback, ExportableState):
     def attach(self, trainer: Any) -> ActuatorCallback:
         """Bind to ``trainer`` (callbacks are not given the trainer object) and register."""
         self.trainer = trainer
-        trainer.add_callback(self)
+        # Right after DefaultFlowCallback, so our on_log runs before TensorBoard/W&B/printer
+        # callbacks and the knob values we add to the logs reach them.
+        callbacks = trainer.callback_handler.callbacks
+        if self not in callbacks:
+            callbacks.insert(min(1, len(callbacks)), self)
         return self
 
     def _bind_setters(self, optimizer: Any, lr_scheduler: Any) -> None:
@@ -239,9 +243,18 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         for k, v in (logs or {}).items():
             if isinstance(v, (int, float)) and math.isfinite(v) and k != "epoch":
                 self._metrics[k] = float(v)
-        if logs is not None and self._log_extra:
-            logs.update(self._log_extra)
-            self._log_extra.clear()
+        if logs is None or not self.setters:
+            return
+        # Knob values in effect (and decisions applied since the last log) go into the trainer's
+        # log, so TensorBoard / W&B show them beside the loss.
+        extra = {f"actuator/{name}": value for name, value in self.knob_values().items()}
+        extra["actuator/decisions"] = float(len(self.applied))
+        extra.update(self._log_extra)
+        self._log_extra.clear()
+        logs.update(extra)
+        history = getattr(state, "log_history", None)
+        if history and history[-1].get("step") == state.global_step:
+            history[-1].update(extra)
 
     def on_evaluate(self, args: Any, state: Any, control: Any, model: Any = None,
                     metrics: dict[str, float] | None = None, **kwargs: Any) -> None:
@@ -415,7 +428,7 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         entry = {"number": d.number, "step": step, "knob": d.knob, "ordered": d.new_value,
                  "applied": applied, "reason": d.reason}
         self.applied.append(entry)
-        self._log_extra[f"actuator/{d.knob}"] = applied
+        self._log_extra[f"actuator/{d.knob}_ordered"] = d.new_value
         log.info("actuator: step %d: %s -> %.6g (decision %d: %s)", step, d.knob, applied, d.number, d.reason)
 
     @staticmethod

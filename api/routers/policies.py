@@ -8,7 +8,7 @@ from fastapi import APIRouter, Body, HTTPException, Path, status
 from pydantic import BaseModel, ConfigDict, Field
 
 from actuator._exceptions import PolicyError
-from actuator.policy import PolicyDocument, load_policy
+from actuator.policy import PolicyDocument, list_presets, load_policy, load_preset
 from actuator.simulate import simulate
 
 from ..deps import AdminDep, ServicesDep
@@ -37,6 +37,16 @@ def _parse(doc: dict[str, Any]) -> PolicyDocument:
 def create_policy(_: AdminDep, services: ServicesDep,
                   doc: dict[str, Any] = Body(..., examples=[_EXAMPLE])) -> dict[str, Any]:
     return policy_public(services.store.create_policy(_parse(doc)))
+
+
+@router.get("/schema", summary="The policy document's JSON Schema")
+def policy_schema() -> dict[str, Any]:
+    return PolicyDocument.model_json_schema()
+
+
+@router.get("/presets", summary="The shipped presets (documents ready to create or use inline)")
+def presets() -> dict[str, Any]:
+    return {name: load_preset(name).model_dump(mode="json") for name in list_presets()}
 
 
 @router.post("/validate", summary="Dry-run validation: every error with its JSON path")

@@ -8,47 +8,18 @@ import time
 import httpx
 import pytest
 import torch
-from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers import TrainerCallback
 
 from actuator.agents.callback import ActuatorCallback
-from actuator.agents.models import tiny_llama
 from actuator.agents.probes import KLDrift
 
-from conftest import HELD_OUT, NARROW_TASK, lm_dataset
+from agent_helpers import HELD_OUT, SlowSteps, make_trainer, record_lr_used
 
 POLICY = {
     "name": "test-drift-lr",
     "controllers": [{"name": "drift", "probe": "kl_drift", "knob": "learning_rate", "setpoint": 0.0,
                      "kp": 5.0, "ki": 1.0}],
 }
-
-
-class SlowSteps(TrainerCallback):
-    """Tiny steps take milliseconds; a short pause lets the service's answers land mid-run."""
-
-    def __init__(self, seconds: float = 0.05) -> None:
-        self.seconds = seconds
-
-    def on_step_end(self, args, state, control, **kw):
-        time.sleep(self.seconds)
-
-
-def make_trainer(tmp_path, tokenizer, *, steps: int, scheduler: str = "linear", lr: float = 5e-3):
-    model = tiny_llama(seed=0)
-    args = TrainingArguments(
-        output_dir=str(tmp_path / "out"), max_steps=steps, per_device_train_batch_size=4, learning_rate=lr,
-        lr_scheduler_type=scheduler, warmup_steps=2, logging_steps=1, save_strategy="no", report_to=[],
-        use_cpu=True, seed=0, dataloader_num_workers=0, disable_tqdm=True,
-    )
-    return Trainer(model=model, args=args, train_dataset=lm_dataset(tokenizer, NARROW_TASK))
-
-
-def record_lr_used(trainer) -> list[float]:
-    """The learning rate each optimizer.step() really ran with, read from the optimizer itself."""
-    used: list[float] = []
-    trainer.create_optimizer()
-    trainer.optimizer.register_step_pre_hook(lambda opt, args, kwargs: used.append(opt.param_groups[0]["lr"]))
-    return used
 
 
 @pytest.mark.parametrize("scheduler", ["linear", "cosine", "constant_with_warmup"])
@@ -83,6 +54,13 @@ def test_learning_rate_decisions_are_what_the_optimizer_uses(tmp_path, char_toke
     k = last["step"]
     if k + 2 <= len(used) and lam(k) > 0:
         assert used[k + 1] == pytest.approx(last["applied"] * lam(k + 1) / lam(k), rel=1e-9)
+    # The trainer's log (what TensorBoard / W&B receive) carries the value in effect at each step.
+    logged = [(h["step"], h["actuator/learning_rate"]) for h in trainer.state.log_history if "actuator/learning_rate" in h]
+    assert len(logged) >= 20
+    for step, lr in logged:
+        if step < len(used):
+            assert lr == pytest.approx(used[step], rel=1e-9)
+    assert any("actuator/learning_rate_ordered" in h for h in trainer.state.log_history)
     # The observations report the knob value in effect.
     state = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}").json()
     assert state["state"] == "finished"

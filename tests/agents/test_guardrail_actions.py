@@ -14,7 +14,7 @@ from transformers import TrainerCallback
 from actuator.agents.callback import ActuatorCallback
 from actuator.agents.probes import Probe
 
-from test_callback_trainer import SlowSteps, make_trainer, record_lr_used
+from agent_helpers import SlowSteps, make_trainer, record_lr_used
 
 
 class Canary(Probe):

@@ -25,6 +25,14 @@ from dash import (
     variables,
 )
 
+def _validator():  # type: ignore[no-untyped-def]
+    try:
+        import jsonschema_rs
+    except ImportError:  # pragma: no cover
+        pytest.fail("jsonschema-rs is missing: pip install jsonschema-rs (the [test] extra brings it with schemathesis)")
+    return jsonschema_rs.validator_for(json.loads(SCHEMA.read_text()))
+
+
 PROVISIONING = REPO / "dashboards" / "grafana" / "provisioning"
 EXPECTED = {"actuator-runs": "Actuator — runs", "actuator-service": "Actuator — service"}
 
@@ -35,15 +43,13 @@ def test_the_two_dashboards_exist() -> None:
 
 @pytest.mark.parametrize("path", DASHBOARD_FILES, ids=[p.stem for p in DASHBOARD_FILES])
 def test_dashboard_matches_schema(path) -> None:  # type: ignore[no-untyped-def]
-    jsonschema_rs = pytest.importorskip("jsonschema_rs", reason="pip install jsonschema-rs")
-    validator = jsonschema_rs.validator_for(json.loads(SCHEMA.read_text()))
+    validator = _validator()
     errors = [f"{'/'.join(map(str, e.instance_path))}: {e.message[:300]}" for e in validator.iter_errors(load(path))]
     assert not errors, "\n".join(errors)
 
 
 def test_schema_rejects_a_broken_dashboard() -> None:
-    jsonschema_rs = pytest.importorskip("jsonschema_rs", reason="pip install jsonschema-rs")
-    validator = jsonschema_rs.validator_for(json.loads(SCHEMA.read_text()))
+    validator = _validator()
     d = load(DASHBOARD_FILES[0])
     target = d["panels"][0]["targets"][0]
     target["exp"] = target.pop("expr")  # a typo Grafana would silently ignore

@@ -117,3 +117,17 @@ def test_multiprocess_mode_merges_worker_files(tmp_path: Path) -> None:
     assert [(s.labels, s.value) for s in knob] == [({"run": "r1", "knob": "learning_rate"}, 0.0005)]
     state = {s.labels["state"]: s.value for s in families["actuator_run_state"].samples}
     assert state == {"running": 0.0, "paused": 0.0, "halted": 1.0, "finished": 0.0}
+
+
+def test_observe_control_counts_operator_decisions() -> None:
+    reg = CollectorRegistry()
+    m = Metrics(reg)
+    out = _outcome()
+    out.run.knobs = {"learning_rate": {"value": 5e-4, "override": 5e-4}}
+    out.run.state = "paused"
+    m.observe_control(out.run, [SimpleNamespace(knob="learning_rate", controller=None)])
+    v = reg.get_sample_value
+    assert v("actuator_decisions_total", {"run": "r1", "knob": "learning_rate", "reason": "operator"}) == 1
+    assert v("actuator_decisions_total", {"run": "r1", "knob": "learning_rate", "reason": "controller"}) == 0
+    assert v("actuator_knob_target", {"run": "r1", "knob": "learning_rate"}) == 5e-4
+    assert v("actuator_run_state", {"run": "r1", "state": "paused"}) == 1

@@ -38,13 +38,10 @@ def _char_tokenizer():
 
 
 @pytest.fixture(autouse=True)
-def _one_torch_thread(request):
-    """Tiny models on one thread: on 2 shared cores, intra-op threads of microscopic matmuls
-    fight other processes and a 0.05 s training run takes 10 s. The slow real-model test keeps
-    torch's default."""
-    if request.node.get_closest_marker("slow"):
-        yield
-        return
+def _one_torch_thread():
+    """Run on one torch thread. The 2 cores are shared with other processes: two intra-op
+    threads then wait on each other, and a 0.05 s tiny training run takes 10 s (SmolLM2
+    forwards run 2-4x slower on two threads than on one)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

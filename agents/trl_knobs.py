@@ -1,0 +1,180 @@
+"""``kl_beta``: the KL coefficient of TRL's preference and RL trainers, changed mid-run.
+
+    trainer = DPOTrainer(model=model, args=DPOConfig(beta=0.1, ...), ...)
+    ActuatorCallback("preset:dpo-kl", setters=[KLBetaKnob(trainer)], knobs={"kl_beta": {}},
+                     probes=[KLDrift(prompts, tok)]).attach(trainer)
+
+Facts this module relies on (checked against the installed trl 1.16.0, ``trl/trainer/``):
+
+* ``DPOTrainer.__init__`` copies ``self.beta = args.beta`` (dpo_trainer.py:801) and
+  ``_compute_loss`` reads ``self.beta`` at every loss computation (the sigmoid loss
+  ``-logsigmoid(self.beta * delta_score)``, dpo_trainer.py:1388, and every other loss type but
+  ``sft``; the logged ``rewards/*`` are ``self.beta * logratios``, dpo_trainer.py:1582).
+* ``GRPOTrainer`` copies ``self.beta = args.beta`` (grpo_trainer.py:983). With ``beta == 0``
+  and no PEFT model it loads **no reference model** (``self.ref_model = None``,
+  grpo_trainer.py:984-986), and generation computes reference log-probs only when
+  ``self.beta != 0`` (grpo_trainer.py:2710); the loss adds ``self.beta * per_token_kl``
+  (grpo_trainer.py:3098-3150). With PEFT and ``beta == 0`` the ``"ref"`` adapter copy of a
+  pre-existing adapter is not made either (grpo_trainer.py:478), so the reference would silently
+  become the bare base model.
+* ``RLOOTrainer`` copies ``self.beta = args.beta`` (rloo_trainer.py:669), the same
+  reference-model rule (rloo_trainer.py:670-689), and applies ``beta`` when it *generates*: the
+  KL penalty is folded into the rewards (``rewards - self.beta * kl``, rloo_trainer.py:1664-1673).
+  A new beta therefore takes effect from the next generation batch (every optimizer step with
+  the defaults ``steps_per_generation = gradient_accumulation_steps``, ``num_iterations = 1``).
+* Liger: trl 1.16 builds no Liger loss object. ``use_liger_kernel`` only patches the model's
+  layers and refuses ``fused_linear_cross_entropy`` (dpo_trainer.py:939-952,
+  grpo_trainer.py:1051-1064, rloo_trainer.py:699-712). Older TRL releases built fused Liger
+  losses (``use_liger_loss``) that capture beta at init; a generic check refuses any such object.
+* There is no PPO trainer in trl 1.16 (neither ``trl/trainer/`` nor ``trl/experimental/``), so
+  there is no PPO KL coefficient to steer; other trainers with a ``beta`` attribute mean other
+  things (GKD/distillation: a JSD interpolation, see ``actuator.agents.distill.GKDBetaKnob``;
+  ORPO: the odds-ratio weight; OnlineDPO: a read-only property) and are refused.
+
+So the knob writes the trainer attribute (never ``args``, which the trainers read only at init)
+and refuses, with what/why/what-to-do, every case where the write would be silently ignored.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .knobs import KnobNotSupported
+
+__all__ = ["KLBetaKnob", "VERIFIED_TRAINERS"]
+
+# The trainers whose loss reads `trainer.beta` as a KL coefficient at every step (trl 1.16).
+VERIFIED_TRAINERS = ("DPOTrainer", "GRPOTrainer", "RLOOTrainer")
+
+# Trainers whose `beta` means something else, and what to use instead.
+_OTHER_MEANING = {
+    "GKDTrainer": "its beta is the generalized-JSD interpolation, not a KL penalty: use "
+                  "actuator.agents.distill.GKDBetaKnob (knob 'gkd_beta')",
+    "GOLDTrainer": "its beta is the generalized-JSD interpolation: use actuator.agents.distill.GKDBetaKnob",
+    "IWOPDTrainer": "its beta is the generalized-JSD interpolation: use actuator.agents.distill.GKDBetaKnob",
+    "DistillationTrainer": "its beta is the generalized-JSD interpolation: use actuator.agents.distill.GKDBetaKnob",
+    "ORPOTrainer": "its beta is the odds-ratio loss weight (lambda in the ORPO paper), not a KL coefficient",
+    "OnlineDPOTrainer": "its beta is a read-only property computed from args.beta (a per-epoch list) at "
+                        "every step, so setting the attribute fails",
+}
+
+
+def _verified_kind(trainer: Any) -> str | None:
+    """The verified TRL trainer class ``trainer`` is (or subclasses), else None."""
+    try:
+        from trl import DPOTrainer, GRPOTrainer, RLOOTrainer
+    except ImportError:  # no TRL: the trainer cannot be one of them
+        return None
+    for cls in (DPOTrainer, GRPOTrainer, RLOOTrainer):
+        if isinstance(trainer, cls):
+            return cls.__name__
+    return None
+
+
+def _is_peft(model: Any) -> bool:
+    try:
+        from peft import PeftModel
+    except ImportError:
+        return False
+    return isinstance(model, PeftModel) or isinstance(getattr(model, "module", None), PeftModel)
+
+
+def _liger_losses(trainer: Any) -> list[str]:
+    """Attributes holding a Liger fused loss (which captures beta in its constructor)."""
+    found = []
+    for attr, value in vars(trainer).items():
+        module = type(value).__module__ or ""
+        if module.startswith("liger_kernel") and "loss" in type(value).__name__.lower():
+            found.append(f"trainer.{attr} ({type(value).__name__})")
+    args = getattr(trainer, "args", None)
+    if getattr(args, "use_liger_loss", False):
+        found.append("args.use_liger_loss=True")
+    return found
+
+
+class KLBetaKnob:
+    """``kl_beta`` (log scale): ``trainer.beta`` of a TRL ``DPOTrainer``, ``GRPOTrainer`` or
+    ``RLOOTrainer``, the attribute their loss (RLOO: their reward shaping) reads every step.
+
+    ``read()`` returns ``trainer.beta``; ``apply(v)`` sets it (``v`` finite and > 0, else
+    ``ValueError``) and returns ``read()``. DPO and GRPO use the new value from the next loss
+    computation; RLOO from the next generation batch.
+
+    Raises :class:`~actuator.agents.knobs.KnobNotSupported` at construction when a change would
+    be silently ignored or break the run:
+
+    * the trainer has no ``beta`` attribute, or is not one of the verified TRL trainers (this
+      includes any PPO trainer: trl 1.16 ships none);
+    * GRPO / RLOO started with ``beta == 0``: no reference model was loaded (non-PEFT), or the
+      PEFT reference adapter was not set up, and generations carry no reference log-probs;
+    * a Liger fused loss object that fixed beta at init (none exists in trl 1.16; the check is
+      defensive, for custom subclasses and older TRL);
+    * DPO whose loss types do not use beta (``loss_type=["sft"]``) or ``beta <= 0``.
+    """
+
+    name = "kl_beta"
+
+    def __init__(self, trainer: Any) -> None:
+        cls = type(trainer).__name__
+        if not hasattr(trainer, "beta"):
+            raise KnobNotSupported(
+                f"kl_beta: {cls} has no `beta` attribute, so there is no KL coefficient to steer. "
+                f"kl_beta works with TRL's {', '.join(VERIFIED_TRAINERS)} (set beta in their config); "
+                "for SFT steer `learning_rate`, for distillation use actuator.agents.distill knobs."
+            )
+        kind = _verified_kind(trainer)
+        if kind is None:
+            why = _OTHER_MEANING.get(cls)
+            if why is None and "PPO" in cls.upper():
+                why = ("trl 1.16 ships no PPO trainer (none in trl.trainer or trl.experimental), so its KL "
+                       "coefficient has not been verified")
+            raise KnobNotSupported(
+                f"kl_beta: {cls}.beta is not verified to be a KL coefficient its loss reads at every step"
+                f"{' (' + why + ')' if why else ''}. Verified trainers: {', '.join(VERIFIED_TRAINERS)}. "
+                "For another trainer, write a KnobSetter (actuator.agents.knobs) that sets the attribute its "
+                "loss reads, after checking that in its source."
+            )
+        liger = _liger_losses(trainer)
+        if liger:
+            raise KnobNotSupported(
+                f"kl_beta: {cls} computes its loss with a Liger fused loss ({', '.join(liger)}), which copies "
+                "beta when it is built and never reads trainer.beta again, so a change would be ignored. "
+                "Disable the fused Liger loss (use_liger_loss=False) to steer beta mid-run."
+            )
+        beta = float(trainer.beta)
+        if kind in ("GRPOTrainer", "RLOOTrainer") and beta == 0.0:
+            if getattr(trainer, "ref_model", None) is None and not _is_peft(getattr(trainer, "model", None)):
+                reason = ("so TRL loaded no reference model (trainer.ref_model is None) and never computes "
+                          "reference log-probs: a beta > 0 set later would have nothing to measure KL against")
+            else:
+                reason = ("so TRL skipped the reference setup (the 'ref' adapter copy of a pre-trained adapter) "
+                          "and generations carry no reference log-probs")
+            raise KnobNotSupported(
+                f"kl_beta: {kind} was started with beta=0.0, {reason}. Start it with a small positive beta "
+                f"(e.g. {kind.replace('Trainer', 'Config')}(beta=1e-3)) and let the controller move it from there "
+                "(kl_beta is a log-scale knob: it cannot leave 0 anyway)."
+            )
+        if kind == "DPOTrainer":
+            loss_types = set(getattr(trainer, "loss_types", None) or [])
+            if loss_types and loss_types <= {"sft"}:
+                raise KnobNotSupported(
+                    "kl_beta: this DPOTrainer's loss_type is only 'sft', which does not use beta; "
+                    "add a preference loss (e.g. loss_type=['sigmoid', 'sft']) or steer learning_rate instead."
+                )
+            if not beta > 0:
+                raise KnobNotSupported(
+                    f"kl_beta: DPOTrainer beta is {beta}; DPO needs beta > 0. Set DPOConfig(beta=0.1) or similar."
+                )
+        self.trainer = trainer
+        self.kind = kind
+
+    def read(self) -> float:
+        return float(self.trainer.beta)
+
+    def apply(self, value: float) -> float:
+        value = float(value)
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"kl_beta must be finite and > 0 (a log-scale knob), got {value}")
+        self.trainer.beta = value
+        return self.read()

@@ -1,0 +1,105 @@
+"""Policy documents: every validation error names its field; presets and the one-line form."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from actuator import PolicyError
+from actuator.policy import list_presets, load_policy, load_preset, protect_policy, setpoint_at
+
+CTRL = {"name": "c", "probe": "kl_drift", "knob": "learning_rate", "setpoint": 0.1, "kp": 1.0}
+
+
+def errors_of(doc) -> dict[str, str]:
+    with pytest.raises(PolicyError) as exc:
+        load_policy(doc)
+    return {e["loc"]: e["msg"] for e in exc.value.errors}
+
+
+@pytest.mark.parametrize("patch,loc,needle", [
+    ({"min": 1e-3, "max": 1e-5}, "controllers.0.max", "greater than max"),
+    ({"probe": "vibes"}, "controllers.0.probe", "unknown probe"),
+    ({"knob": "warp_speed"}, "controllers.0.knob", "unknown knob"),
+    ({"kp": -1.0}, "controllers.0.kp", "greater than or equal to 0"),
+    ({"ki": -0.1}, "controllers.0.ki", "greater than or equal to 0"),
+    ({"setpoint": -0.5}, "controllers.0", "outside the range of kl_drift"),
+    ({"probe": "hotpotqa.em", "setpoint": 1.5}, "controllers.0", "outside the range of hotpotqa.em"),
+    ({"setpoint": [[10, 0.1], [5, 0.2]]}, "controllers.0.setpoint", "strictly increasing"),
+    ({"setpoint": "10 percent"}, "controllers.0.setpoint", "relative setpoint"),
+    ({"kp": float("nan")}, "controllers.0.kp", "finite"),
+    ({"filter": {"kind": "ema", "alpha": 0}}, "controllers.0.filter.alpha", "greater than 0"),
+    ({"cooldown": -1}, "controllers.0.cooldown", "greater than or equal to 0"),
+    ({"bogus": 1}, "controllers.0.bogus", "Extra inputs"),
+])
+def test_controller_errors_name_the_field(patch, loc, needle):
+    errs = errors_of({"name": "p", "controllers": [{**CTRL, **patch}]})
+    assert loc in errs, errs
+    assert needle in errs[loc], errs
+
+
+def test_every_error_is_reported_at_once():
+    errs = errors_of({"name": "p", "controllers": [{**CTRL, "kp": -1, "min": 1.0, "max": 0.1, "knob": "x"}],
+                      "guardrails": [{"name": "g", "probe": "kl_drift", "bound": "sideways", "threshold": 1}]})
+    assert {"controllers.0.kp", "controllers.0.max", "controllers.0.knob", "guardrails.0.bound"} <= set(errs)
+
+
+@pytest.mark.parametrize("guard,loc,needle", [
+    ({"action": "adjust"}, "guardrails.0", "needs 'knob'"),
+    ({"threshold": "5%"}, "guardrails.0.threshold", "'-5%'"),
+    ({"threshold": -1.0}, "guardrails.0", "outside the range"),
+    ({"consecutive": 0}, "guardrails.0.consecutive", "greater than or equal to 1"),
+    ({"action": "explode"}, "guardrails.0.action", "alert"),
+])
+def test_guardrail_errors_name_the_field(guard, loc, needle):
+    base = {"name": "g", "probe": "kl_drift", "bound": "upper", "threshold": 0.5}
+    errs = errors_of({"name": "p", "guardrails": [{**base, **guard}]})
+    assert loc in errs and needle in errs[loc], errs
+
+
+def test_duplicate_names_and_bad_documents():
+    errs = errors_of({"name": "p", "controllers": [CTRL, CTRL]})
+    assert any("repeated" in m for m in errs.values())
+    with pytest.raises(PolicyError, match="mapping"):
+        load_policy("- just\n- a list\n")
+    with pytest.raises(PolicyError, match="not valid YAML"):
+        load_policy("name: [unclosed\n")
+    with pytest.raises(PolicyError, match="not found"):
+        load_policy("/no/such/policy.yaml")
+
+
+def test_yaml_json_and_file_forms_agree(tmp_path):
+    doc = {"name": "p", "controllers": [CTRL]}
+    path = tmp_path / "p.yaml"
+    path.write_text("name: p\ncontrollers:\n  - {name: c, probe: kl_drift, knob: learning_rate, setpoint: 0.1, kp: 1.0}\n")
+    assert load_policy(doc) == load_policy(json.dumps(doc)) == load_policy(path) == load_policy(str(path))
+
+
+def test_setpoint_schedules():
+    assert setpoint_at(0.3, 100) == 0.3
+    pts = [(0, 0.0), (100, 1.0)]
+    assert setpoint_at(pts, -5) == 0.0 and setpoint_at(pts, 50) == pytest.approx(0.5) and setpoint_at(pts, 500) == 1.0
+    assert setpoint_at("+10%", 0, baseline=20.0) == pytest.approx(22.0)
+    assert setpoint_at("-5%", 0, baseline=-2.0) == pytest.approx(-2.1)
+
+
+def test_presets_load_and_cover_the_four_tasks():
+    assert set(list_presets()) == {"sft-capability", "dpo-kl", "draft-distill", "compress-ppl"}
+    knobs = {load_preset(n).controllers[0].knob for n in list_presets()}
+    assert knobs == {"learning_rate", "kl_beta", "distill_lambda", "rank"}
+    assert load_preset("dpo-kl").controllers[0].direction == "reverse"
+    with pytest.raises(PolicyError, match="no preset"):
+        load_preset("nope")
+
+
+def test_protect_one_liner():
+    doc = protect_policy({"hotpotqa.gold_logprob": "-5%", "kl_drift": 0.1}, on_drift="adjust", on_breach="rollback")
+    g = {x.probe: x for x in doc.guardrails}
+    assert g["hotpotqa.gold_logprob"].bound == "lower" and g["hotpotqa.gold_logprob"].action == "rollback"
+    assert g["hotpotqa.gold_logprob"].resolve_threshold(-2.0) == pytest.approx(-2.1)
+    assert g["kl_drift"].bound == "upper" and g["kl_drift"].action == "adjust" and g["kl_drift"].knob == "learning_rate"
+    assert {p.name for p in doc.probes} == {"hotpotqa", "kl_drift"}
+    assert protect_policy({"kl_drift": 0.1}).name == protect_policy({"kl_drift": 0.1}).name  # stable name
+    with pytest.raises(PolicyError):
+        protect_policy({})
