@@ -31,10 +31,11 @@ $(STAMP): $(PY) pyproject.toml $(CONSTRAINTS)
 # Real servers for the tests: Debian's postgresql, redis-server and prometheus packages.
 system-deps:
 	@if ! command -v redis-server >/dev/null || ! command -v prometheus >/dev/null || \
-	    ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
-	  echo "installing postgresql redis-server prometheus (Debian packages)"; \
+	    ! command -v docker-compose >/dev/null || ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
+	  echo "installing postgresql redis-server prometheus docker-compose (Debian packages)"; \
 	  $(SUDO) apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq postgresql redis-server prometheus >/dev/null; \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq postgresql redis-server prometheus \
+	    docker-compose >/dev/null; \
 	fi
 	@# Debian starts the packaged services; the tests run their own on free ports.
 	@-$(SUDO) service postgresql stop >/dev/null 2>&1 || true

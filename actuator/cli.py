@@ -41,6 +41,11 @@ def serve(
     if redis_url:
         os.environ["ACTUATOR_REDIS_URL"] = redis_url
     if workers > 1:
+        # Several processes: prometheus_client's multiprocess mode merges their metrics files.
+        if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            import tempfile
+
+            os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="actuator-metrics-")
         # Run migrations once here so workers do not race (they also hold an advisory lock).
         from .config import Settings
         from .migrate import upgrade

@@ -42,8 +42,12 @@ and registers runs; each run gets its own agent token, shown once at registratio
 class BodyLimit:
     """Refuse bodies over the limit with 413 before they are read into memory."""
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app, self.limit = app, limit
+    def __init__(self, app: ASGIApp, limit: int, metrics: Metrics | None = None) -> None:
+        self.app, self.limit, self.metrics = app, limit, metrics
+
+    def _count(self) -> None:
+        if self.metrics is not None:
+            self.metrics.rejected.labels("413").inc()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -52,24 +56,24 @@ class BodyLimit:
         headers = dict(scope.get("headers") or [])
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.limit:
+            self._count()
             await JSONResponse({"detail": f"request body over {self.limit} bytes"}, 413)(scope, receive, send)
             return
         received = 0
-        too_big = False
 
         async def limited() -> Message:
-            nonlocal received, too_big
+            nonlocal received
             msg = await receive()
             if msg["type"] == "http.request":
                 received += len(msg.get("body", b""))
                 if received > self.limit:
-                    too_big = True
                     raise _TooLarge()
             return msg
 
         try:
             await self.app(scope, limited, send)
         except _TooLarge:
+            self._count()
             await JSONResponse({"detail": f"request body over {self.limit} bytes"}, 413)(scope, receive, send)
 
 
@@ -103,14 +107,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.middleware("http")
     async def timing(request: Request, call_next: Any) -> Any:
         start = time.perf_counter()
-        response = await call_next(request)
-        route = request.scope.get("route")
-        path = getattr(route, "path", "unmatched")
-        app.state.metrics.requests.labels(path, request.method, str(response.status_code)).observe(
-            time.perf_counter() - start)
-        if 400 <= response.status_code < 500:
-            app.state.metrics.rejected.labels(str(response.status_code)).inc()
-        return response
+        status = 500  # if the app raises, the request still counts, as a 500
+        try:
+            response = await call_next(request)
+            status = response.status_code
+            return response
+        finally:
+            route = request.scope.get("route")
+            path = getattr(route, "path", "unmatched")
+            app.state.metrics.requests.labels(path, request.method, str(status)).observe(time.perf_counter() - start)
+            if 400 <= status < 500:
+                app.state.metrics.rejected.labels(str(status)).inc()
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -143,5 +150,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(policies.router)
     app.include_router(runs.router)
     app.include_router(control.router)
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes, metrics=app.state.metrics)
     return app

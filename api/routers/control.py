@@ -54,7 +54,7 @@ def _act(services: Services, run_id: str, op: Any) -> dict[str, Any]:
     if out is None:
         raise HTTPException(404, f"run {run_id!r} not found")
     run, rows, events = out
-    services.metrics.set_state(run.id, run.state)
+    services.metrics.observe_control(run, rows)
     for ev in events:
         services.live.publish(run.id, ev)
     return {"run": run_state(run), "decisions": [decision_public(d) for d in rows], "events": events}

@@ -1,0 +1,257 @@
+"""KLBetaKnob on real TRL trainers (trl 1.16): the beta the DPO loss really used, recovered from the
+loss value itself, changes at the step boundary where the knob (or the controller) moved it; GRPO
+/ RLOO started with beta == 0 are refused; unknown trainers are refused with a clear message."""
+
+from __future__ import annotations
+
+import math
+
+import httpx
+import pytest
+from transformers import Trainer, TrainerCallback, TrainingArguments
+
+from actuator.agents.callback import ActuatorCallback
+from actuator.agents.knobs import KnobNotSupported, KnobSetter
+from actuator.agents.models import tiny_llama
+from actuator.agents.probes import KLDrift
+from actuator.agents.trl_knobs import KLBetaKnob
+
+from agent_helpers import HELD_OUT, SlowSteps
+
+trl = pytest.importorskip("trl")  # a dependency of the [train] extra; installed in the test env
+datasets = pytest.importorskip("datasets")
+datasets.disable_progress_bars()
+
+
+# -- DPO ---------------------------------------------------------------------------------------
+def preference_dataset(n: int = 36):
+    """Correct vs wrong arithmetic: prompt "a+b=", chosen the sum, rejected the sum + 1."""
+    pairs = [(f"{a}+{b}=", str(a + b), str(a + b + 1)) for a in range(6) for b in range(6)][:n]
+    return datasets.Dataset.from_dict({"prompt": [p for p, _, _ in pairs], "chosen": [c for _, c, _ in pairs],
+                                       "rejected": [r for _, _, r in pairs]})
+
+
+def make_dpo(tmp_path, tokenizer, *, steps: int, beta: float = 0.1, n: int = 36, lr: float = 5e-3):
+    from trl import DPOConfig, DPOTrainer
+
+    args = DPOConfig(
+        output_dir=str(tmp_path / "dpo"), max_steps=steps, per_device_train_batch_size=1, learning_rate=lr,
+        lr_scheduler_type="constant", beta=beta, max_length=32, use_cpu=True, report_to=[], logging_steps=1,
+        save_strategy="no", disable_tqdm=True, seed=0, dataloader_num_workers=0,
+        # The reference log-probs are computed once, from a *different* random model, and travel with
+        # each batch: the loss's chosen/rejected log-ratios are then O(1) from the first step, which
+        # makes the beta they were multiplied by recoverable to high precision.
+        precompute_ref_log_probs=True,
+    )
+    return DPOTrainer(model=tiny_llama(seed=0), ref_model=tiny_llama(seed=1), args=args,
+                      train_dataset=preference_dataset(n), processing_class=tokenizer)
+
+
+class BetaUsedByLoss:
+    """The beta each DPO loss computation really used, recovered from what the loss produced.
+
+    The sigmoid DPO loss of one pair is ``-logsigmoid(beta * delta)`` with
+    ``delta = (logp_chosen - ref_chosen) - (logp_rejected - ref_rejected)``. The policy log-probs
+    come from the loss's own logged metrics (``logps/*``), the reference ones from the batch; so
+    ``beta = logit(exp(-loss)) / delta``, independent of what ``trainer.beta`` says now. The
+    logged reward margin (``beta * delta``) must agree.
+    """
+
+    def __init__(self, trainer) -> None:
+        self.trainer = trainer
+        self.calls: list[dict[str, float]] = []
+        inner = trainer.compute_loss
+
+        def compute_loss(model, inputs, return_outputs=False, num_items_in_batch=None):
+            out = inner(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+            loss = float((out[0] if return_outputs else out).detach())
+            m = trainer._metrics["train"]
+            delta = ((m["logps/chosen"][-1] - float(inputs["ref_chosen_logps"][0]))
+                     - (m["logps/rejected"][-1] - float(inputs["ref_rejected_logps"][0])))
+            p = math.exp(-loss)  # sigmoid(beta * delta)
+            self.calls.append({"step": trainer.state.global_step, "delta": delta,
+                               "beta_loss": math.log(p / (1 - p)) / delta,
+                               "beta_margin": m["rewards/margins"][-1] / delta})
+            return out
+
+        trainer.compute_loss = compute_loss  # the instance attribute shadows the bound method
+
+    def used(self) -> list[float]:
+        """used[k]: the beta optimizer step k+1 was computed with (global_step k at the call)."""
+        assert [c["step"] for c in self.calls] == list(range(len(self.calls))), "one loss per step"
+        for c in self.calls:
+            assert abs(c["delta"]) > 1e-2, c  # well conditioned
+            assert c["beta_loss"] == pytest.approx(c["beta_margin"], rel=1e-3), c
+        return [c["beta_loss"] for c in self.calls]
+
+
+class SetAt(TrainerCallback):
+    def __init__(self, at: dict[int, callable]) -> None:
+        self.at, self.results = at, {}
+
+    def on_step_end(self, args, state, control, **kw):
+        if state.global_step in self.at:
+            self.results[state.global_step] = self.at[state.global_step]()
+
+
+def test_dpo_knob_changes_the_beta_the_loss_uses_at_the_next_step(tmp_path, char_tokenizer):
+    trainer = make_dpo(tmp_path, char_tokenizer, steps=8, beta=0.1)
+    knob = KLBetaKnob(trainer)
+    assert isinstance(knob, KnobSetter) and knob.name == "kl_beta" and knob.read() == 0.1
+    probe = BetaUsedByLoss(trainer)
+
+    def set_args_beta():  # the trap: args.beta is read at init only
+        trainer.args.beta = 7.0
+
+    setter = SetAt({3: lambda: knob.apply(0.5), 5: set_args_beta})
+    trainer.add_callback(setter)
+    trainer.train()
+
+    assert setter.results[3] == 0.5
+    used = probe.used()
+    assert len(used) == 8
+    assert used[:3] == pytest.approx([0.1] * 3, rel=1e-3)  # steps 1-3
+    assert used[3:] == pytest.approx([0.5] * 5, rel=1e-3)  # from step 4 on, the new beta ...
+    assert knob.read() == 0.5  # ... and writing args.beta at step 5 changed nothing
+
+
+POLICY = {
+    "name": "test-dpo-kl",
+    "controllers": [{"name": "kl-beta", "probe": "kl_drift", "knob": "kl_beta", "setpoint": 0.0,
+                     "kp": 200.0, "ki": 20.0, "direction": "reverse"}],
+}
+
+
+def test_controller_raises_dpo_beta_when_drift_is_above_setpoint(tmp_path, char_tokenizer, sqlite_service):
+    trainer = make_dpo(tmp_path, char_tokenizer, steps=16, beta=0.1, lr=1e-2)
+    probe = BetaUsedByLoss(trainer)
+    cb = ActuatorCallback(
+        POLICY, url=sqlite_service.url, setters=[KLBetaKnob(trainer)],
+        knobs={"kl_beta": {"min": 0.01, "max": 2.0, "max_step": 0.5}},
+        probes=[KLDrift(HELD_OUT, char_tokenizer, every=2, max_length=32)], budget_share=1.0,
+    ).attach(trainer)
+    trainer.add_callback(SlowSteps())
+    trainer.train()
+
+    decisions = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}/decisions").json()["items"]
+    assert decisions and all(d["knob"] == "kl_beta" for d in decisions)
+    assert len(cb.applied) >= 2, cb.applied
+    used = probe.used()
+    by_number = {d["number"]: d for d in decisions}
+    for entry in cb.applied:
+        assert entry["applied"] == pytest.approx(by_number[entry["number"]]["new_value"], rel=1e-12)
+        if entry["step"] < len(used):
+            # the loss of the step after the boundary where it was applied used exactly that beta
+            assert used[entry["step"]] == pytest.approx(entry["applied"], rel=1e-3), (entry, used)
+    news = [e["applied"] for e in cb.applied]
+    assert news[0] > 0.1 and all(b > a for a, b in zip(news, news[1:])), "reverse acting: drift > 0 raises beta"
+    assert used[0] == pytest.approx(0.1, rel=1e-3)
+    run = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}").json()
+    assert run["knobs_in_effect"]["kl_beta"] == pytest.approx(cb.history[-1]["knobs"]["kl_beta"])
+    logged = [h["actuator/kl_beta"] for h in trainer.state.log_history if "actuator/kl_beta" in h]
+    assert logged and logged[-1] == pytest.approx(news[-1])
+
+
+def test_dpo_refusals(tmp_path, char_tokenizer):
+    trainer = make_dpo(tmp_path, char_tokenizer, steps=1, n=4)
+
+    class FusedLinearDPOLoss:  # stands in for an object of liger_kernel.chunked_loss
+        beta = 0.1
+
+    FusedLinearDPOLoss.__module__ = "liger_kernel.chunked_loss.dpo_loss"
+    trainer.liger_dpo_loss = FusedLinearDPOLoss()
+    with pytest.raises(KnobNotSupported, match=r"Liger fused loss .*liger_dpo_loss.*beta"):
+        KLBetaKnob(trainer)
+    del trainer.liger_dpo_loss
+    trainer.loss_types = ["sft"]
+    with pytest.raises(KnobNotSupported, match="does not use beta"):
+        KLBetaKnob(trainer)
+    trainer.loss_types = ["sigmoid"]
+    knob = KLBetaKnob(trainer)
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="kl_beta"):
+            knob.apply(bad)
+    assert knob.read() == 0.1
+
+
+# -- GRPO / RLOO -------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory, char_tokenizer):
+    """GRPO/RLOO build their reference model from the policy's path (no ref_model argument)."""
+    path = tmp_path_factory.mktemp("tiny-llama")
+    tiny_llama(seed=0).save_pretrained(path)
+    char_tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def _reward(completions, **kwargs):
+    return [float(len(c)) for c in completions]
+
+
+def make_rl(kind: str, tmp_path, tokenizer, *, beta: float, model, peft: bool = False):
+    from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
+
+    config, trainer_cls = {"grpo": (GRPOConfig, GRPOTrainer), "rloo": (RLOOConfig, RLOOTrainer)}[kind]
+    args = config(output_dir=str(tmp_path / kind), max_steps=1, per_device_train_batch_size=2, num_generations=2,
+                  max_completion_length=4, beta=beta, use_cpu=True, report_to=[], save_strategy="no",
+                  disable_tqdm=True)
+    peft_config = None
+    if peft:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"])
+    prompts = datasets.Dataset.from_dict({"prompt": ["1+1=", "2+2=", "3+3=", "4+4="]})
+    return trainer_cls(model=model, reward_funcs=_reward, args=args, train_dataset=prompts,
+                       processing_class=tokenizer, peft_config=peft_config)
+
+
+@pytest.mark.parametrize("kind", ["grpo", "rloo"])
+def test_rl_trainer_started_with_beta_zero_is_refused(kind, tmp_path, char_tokenizer):
+    trainer = make_rl(kind, tmp_path, char_tokenizer, beta=0.0, model=tiny_llama(seed=0))
+    assert trainer.ref_model is None  # TRL loaded no reference model
+    with pytest.raises(KnobNotSupported, match=r"beta=0\.0.*no reference model.*ref_model is None.*beta=1e-3"):
+        KLBetaKnob(trainer)
+
+
+def test_grpo_peft_started_with_beta_zero_is_refused(tmp_path, char_tokenizer):
+    trainer = make_rl("grpo", tmp_path, char_tokenizer, beta=0.0, model=tiny_llama(seed=0), peft=True)
+    with pytest.raises(KnobNotSupported, match=r"beta=0\.0.*'ref' adapter"):
+        KLBetaKnob(trainer)
+
+
+@pytest.mark.parametrize("kind", ["grpo", "rloo"])
+def test_rl_trainer_with_positive_beta_is_steerable(kind, tmp_path, char_tokenizer, tiny_model_dir):
+    trainer = make_rl(kind, tmp_path, char_tokenizer, beta=0.04, model=tiny_model_dir)
+    assert trainer.ref_model is not None
+    knob = KLBetaKnob(trainer)
+    assert knob.read() == pytest.approx(0.04)
+    assert knob.apply(0.08) == pytest.approx(0.08)
+    assert trainer.beta == 0.08 and trainer.args.beta == 0.04  # the attribute the loss reads, not args
+
+
+def test_grpo_peft_with_positive_beta_is_steerable(tmp_path, char_tokenizer):
+    trainer = make_rl("grpo", tmp_path, char_tokenizer, beta=0.04, model=tiny_llama(seed=0), peft=True)
+    assert trainer.ref_model is None  # the reference is the model with its adapter disabled
+    assert KLBetaKnob(trainer).apply(0.02) == pytest.approx(0.02)
+
+
+# -- other trainers ----------------------------------------------------------------------------
+def test_trainers_without_a_verified_kl_beta_are_refused(tmp_path):
+    args = TrainingArguments(output_dir=str(tmp_path / "t"), use_cpu=True, report_to=[])
+    plain = Trainer(model=tiny_llama(seed=0), args=args)
+    with pytest.raises(KnobNotSupported, match=r"Trainer has no `beta` attribute.*DPOTrainer"):
+        KLBetaKnob(plain)
+
+    class PPOTrainer(Trainer):
+        def __init__(self, **kw):
+            super().__init__(**kw)
+            self.beta = 0.05
+
+    with pytest.raises(KnobNotSupported, match=r"PPOTrainer\.beta is not verified.*no PPO trainer.*KnobSetter"):
+        KLBetaKnob(PPOTrainer(model=tiny_llama(seed=0), args=args))
+
+    class GKDTrainer(PPOTrainer):
+        pass
+
+    with pytest.raises(KnobNotSupported, match="GKDBetaKnob"):
+        KLBetaKnob(GKDTrainer(model=tiny_llama(seed=0), args=args))
