@@ -161,7 +161,15 @@ class BackgroundSender:
     def _send_once(self) -> None:
         if self.run_id is None:
             assert self._register is not None
-            self.run_id, self.token = self._register()
+            try:
+                self.run_id, self.token = self._register()
+            except RequestRejected as exc:
+                # A bad policy or knob spec: no retry can fix it. Training goes on, uncontrolled.
+                self.stats.disabled_reason = f"registration refused: {exc}"
+                log.error("actuator: the service refused to register this run (%s); training continues "
+                          "WITHOUT control", exc)
+                self._pending.clear()
+                return
         batch = [self._pending[i] for i in range(min(self.batch_size, len(self._pending)))]
         start = time.perf_counter()
         result = self.client.post_observations(

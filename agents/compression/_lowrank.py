@@ -122,7 +122,9 @@ class LowRankLinear(nn.Module):
         Wang et al. 2024): with ``G + δI = L·Lᵀ`` (Cholesky, δ = 1e-3 × mean diagonal), the SVD
         ``W·L = U·diag(s)·Ṽh`` gives ``vh = Ṽh·L⁻¹``; truncation to k then minimises the output
         error ``‖(W − W_k)·X‖_F`` on the calibration inputs instead of the weight error. Full
-        rank is still ``W`` (exactly in real arithmetic; ``vh`` rows are no longer orthonormal).
+        rank is still ``W`` (exactly in real arithmetic). The rows of ``vh`` are then rescaled to
+        unit norm with the norms moved into ``s``, so the three factors have SVD-like scales for
+        the optimizer; ``s`` is then not sorted, but index order is still the truncation order.
         """
         full = min(linear.in_features, linear.out_features)
         r_max = full if max_rank is None else _resolve_rank(max_rank, full, "max_rank")
@@ -146,6 +148,12 @@ class LowRankLinear(nn.Module):
             chol = torch.linalg.cholesky(gram + damp * torch.eye(gram.shape[0], dtype=gram.dtype, device=gram.device))
             u, s, vh_w = torch.linalg.svd(w64 @ chol, full_matrices=False)
             vh = torch.linalg.solve_triangular(chol, vh_w, upper=False, left=False)  # vh · L = vh_w
+            # Rows of vh come out scaled by L⁻¹ (tiny or huge, with activation outliers); Adam
+            # moves every entry by ~lr whatever its scale, so rebalance: unit rows, norms into s.
+            # The product is unchanged and the component order (the truncation order) is kept.
+            norms = vh.norm(dim=1).clamp_min(1e-30)
+            vh = vh / norms[:, None]
+            s = s * norms
         with torch.no_grad():
             layer.u.copy_(u[:, :r_max])
             layer.s.copy_(s[:r_max])

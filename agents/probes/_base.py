@@ -43,7 +43,7 @@ class Probe(ABC):
 
     def due(self, step: int) -> bool:
         """True on steps that are multiples of ``every`` (step 0 included: the baseline)."""
-        return self.every is not None and step % self.every == 0
+        return bool(self.every) and step % self.every == 0  # None or 0: never by step
 
     @property
     def num_examples(self) -> int | None:

@@ -95,7 +95,8 @@ class KLDrift(Probe):
         for batch in chunks(selected, self.batch_size):
             ids, mask = pad_batch(batch, 0, side="right", device=device)
             with self.reference_holder.view(model) as reference:
-                ref_logits = forward_logits(reference, ids, mask)
+                ref_device = model_device(reference)  # a given reference may live elsewhere
+                ref_logits = forward_logits(reference, ids.to(ref_device), mask.to(ref_device)).to(device)
             cur_logits = forward_logits(model, ids, mask)
             kl = token_kl(ref_logits, cur_logits)
             keep = mask.bool()

@@ -222,7 +222,7 @@ class ProbeSuite:
         demand: dict[str, float] = {}
         for p in self.probes:
             cost = self._cost_per_example.get(p.name)
-            if cost is not None and p.every is not None:
+            if cost is not None and p.every:
                 demand[p.name] = cost * self._used_examples(p, None) / p.every
         total = sum(demand.values())
         if probe.name not in demand or total <= 0:

@@ -103,3 +103,33 @@ def test_controller_killed_mid_run_training_finishes(tmp_path, char_tokenizer, s
     # the sender never blocked training: 18 steps after the kill cost well under one HTTP timeout each
     assert cb.sender is not None and cb.sender.backlog > 0
     assert elapsed < 30
+
+
+def test_probe_schedule_comes_from_the_policy(tmp_path, char_tokenizer, sqlite_service):
+    """Changing how often probes run is a policy change, not a code change."""
+    import httpx as _httpx
+
+    stored = {**POLICY, "name": "schedule-policy", "probes": [{"name": "kl_drift", "every": 2}]}
+    assert _httpx.post(f"{sqlite_service.url}/v1/policies", json=stored).status_code == 201
+    trainer = make_trainer(tmp_path, char_tokenizer, steps=20, scheduler="constant")
+    probe = KLDrift(HELD_OUT, char_tokenizer, every=1000, max_length=32)  # the script says: rarely
+    cb = ActuatorCallback("schedule-policy", url=sqlite_service.url, probes=[probe], budget_share=1.0,
+                          knobs={"learning_rate": {"min": 1e-5, "max": 1e-2}}).attach(trainer)
+    trainer.add_callback(SlowSteps(0.03))
+    trainer.train()
+    assert probe.every == 2
+    steps = [h["step"] for h in cb.history if "kl_drift" in h["probes"]]
+    assert len(steps) >= 8 and all(s % 2 == 0 for s in steps)
+
+
+def test_unknown_stored_policy_does_not_break_training(tmp_path, char_tokenizer, sqlite_service, caplog):
+    trainer = make_trainer(tmp_path, char_tokenizer, steps=6, scheduler="constant")
+    cb = ActuatorCallback("no-such-policy", url=sqlite_service.url,
+                          probes=[KLDrift(HELD_OUT, char_tokenizer, every=2, max_length=32)]).attach(trainer)
+    with caplog.at_level(logging.ERROR, logger="actuator.agents"):
+        trainer.train()
+    assert trainer.state.global_step == 6
+    assert cb.run_id is None
+    assert "registration refused" in (cb.sender.stats.disabled_reason or "")
+    errors = [r.getMessage() for r in caplog.records if "no-such-policy" in r.getMessage()]
+    assert len(errors) == 1, errors  # said once, not once per batch

@@ -114,7 +114,11 @@ def test_activation_aware_truncation_beats_plain_svd_on_calibration_outputs() ->
         delta = 1e-3 * gram.diagonal().mean()
         w_err = lin.weight.double() - aware.dense_weight(r).double()
         whitened = err_aware.double() ** 2 + delta * w_err.pow(2).sum()
-        assert whitened.item() == pytest.approx(aware.s[r:].detach().double().pow(2).sum().item(), rel=1e-3)
+        u, sv, vh_w = torch.linalg.svd(lin.weight.double() @ torch.linalg.cholesky(gram + delta * torch.eye(24, dtype=torch.float64)))
+        assert whitened.item() == pytest.approx(sv[r:].pow(2).sum().item(), rel=1e-3)
+    # factors are balanced for the optimizer: u orthonormal, vh rows unit norm
+    assert torch.allclose(aware.vh.detach().norm(dim=1), torch.ones(24), atol=1e-5)
+    assert torch.allclose(aware.u.detach().T @ aware.u.detach(), torch.eye(24), atol=1e-5)
 
 
 def test_factorize_with_calibration_keeps_full_rank_logits() -> None:
