@@ -15,6 +15,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# Tiny models gain nothing from intra-op threads, and on 2 shared cores two torch threads
+# contending with the service processes slow a tiny Trainer step down by orders of magnitude.
+try:
+    import torch
+
+    torch.set_num_threads(1)
+except ImportError:  # pragma: no cover - the training extra is always installed for tests
+    pass
+
 
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[Postgres]:

@@ -5,25 +5,26 @@ that can be subsampled (``num_examples``) and ``measure(model, *, step, max_exam
 dict[str, float]`` whose keys are fully qualified observation names. A ``ProbeSuite`` runs the
 probes that are due, inside a safety wrapper, within a wall-time budget.
 
-Probes (cost per example on SmolLM2-135M, 2 CPU cores, measured by the slow test; cheapest first):
+Probes, cheapest first. Cost per example measured on SmolLM2-135M-Instruct, float32, one torch
+thread on 2 shared CPU cores (the slow test); a full run is that times ``num_examples``:
 
-=================  =========================================  ====================================
-probe (``name``)   keys                                       cost
-=================  =========================================  ====================================
-Perplexity         ``perplexity``                             1 forward pass (~0.02 s / short text)
-(``perplexity``)   exp(mean token NLL), token-weighted,
-                   padding excluded, sliding window
-KLDrift            ``kl_drift``: mean token KL(ref ‖ current)  2 forward passes (~0.05 s / prompt)
-(``kl_drift``)     over the prompts' non-padding positions
-DraftAcceptance    ``draft.acceptance`` α = E Σ_v min(p, q),  2 forward passes (teacher + draft)
-(``draft``)        ``draft.tokens_per_call`` (1−α^(γ+1))/(1−α)
-HotpotQA           ``hotpotqa.em``, ``hotpotqa.f1`` (official  greedy generation (max_new_tokens)
-(``hotpotqa``)     normalisation), ``hotpotqa.gold_logprob``  + 1 forward over prompt + answer;
-                   (mean log-prob per gold-answer token)      prompts ~350 tokens (builtin set)
-EmbeddingDrift     ``embedding_drift`` (1 − cosine of MiniLM   greedy generation on the current
-(``embedding_      embeddings of current vs reference greedy  model + MiniLM; reference answers
-drift``)           answers), ``answer_agreement`` (exact)     are cached at setup
-=================  =========================================  ====================================
+=====================  ==============================================  ===========================
+probe (``name``)       keys                                            cost per example
+=====================  ==============================================  ===========================
+Perplexity             ``perplexity``: exp(mean token NLL),            1 forward pass;
+(``perplexity``)       token-weighted, padding excluded, sliding       0.19 s / 40-token text
+                       window past ``max_length``
+KLDrift                ``kl_drift``: mean token KL(ref ‖ current)      2 forward passes;
+(``kl_drift``)         over the prompts' non-padding positions         0.28 s / prompt
+DraftAcceptance        ``draft.acceptance`` α = E Σ_v min(p, q),       2 forward passes (teacher,
+(``draft``)            ``draft.tokens_per_call`` (1−α^(γ+1))/(1−α)     draft); 0.5 s / text
+EmbeddingDrift         ``embedding_drift``: 1 − cosine of MiniLM       greedy generation + MiniLM;
+(``embedding_drift``)  embeddings of current vs reference greedy       0.7 s / prompt at 24 new
+                       answers; ``answer_agreement``: exact matches    tokens (reference cached)
+HotpotQA               ``hotpotqa.em``, ``hotpotqa.f1`` (official      1 prefill of ~600 tokens +
+(``hotpotqa``)         normalisation), ``hotpotqa.gold_logprob``       16 decode steps; 4.2 s /
+                       (mean log-prob per gold-answer token)           record (builtin set)
+=====================  ==============================================  ===========================
 
 The reference of the drift probes is a frozen copy of the weights at ``setup`` (shared by the
 drift probes of one suite), a ``reference=`` model, or, for a PEFT model, the same model inside
@@ -39,6 +40,10 @@ Budget: ``ProbeSuite(budget_share=0.10)`` keeps probe seconds / wall seconds sin
 the share by subsampling (an evenly spaced, fixed subset) or skipping probes; see
 ``ProbeSuite``. A ``ProbeReport`` carries the values plus the cost metrics
 ``probe_seconds.<name>`` and ``probe_share``, the skipped probes and notes saying why.
+
+Writing a probe: subclass ``Probe``, set ``name`` and the schedule, implement
+``_measure(model, *, max_examples)`` (the public ``measure`` wraps it in ``probe_mode``), and
+give ``num_examples`` if it can be subsampled.
 
 Errors: ``ProbeError`` and subclasses (``ProbeDataError`` for empty or malformed data,
 ``ProbeDataNotFoundError`` for a missing file, ``HotpotQAFormatError`` naming the record and

@@ -275,6 +275,11 @@ def build_prompt(
             cut = tokenizer.decode(context_ids[:room], skip_special_tokens=True)
             text, ids, templated = _render(tokenizer, record["question"], cut, use_chat_template)
             room -= max(len(ids) - max_prompt_tokens, 1)
+        if len(ids) > max_prompt_tokens:
+            raise ProbeError(
+                f"HotpotQA record {record['_id']!r}: cannot fit the prompt in {max_prompt_tokens} tokens; "
+                "raise max_length"
+            )
     return HotpotQAPrompt(text, ids, templated, len(paragraphs), total, truncated)
 
 

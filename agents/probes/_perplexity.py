@@ -97,6 +97,12 @@ class Perplexity(Probe):
     Token-weighted over all documents (a long document counts for its tokens), padding never
     scored, documents longer than the window scored with a sliding window. One example is one
     document (the unit ``max_examples`` subsamples).
+
+    ``max_length`` is the window: by default the model's context, capped at
+    ``DEFAULT_MAX_WINDOW`` (2048) tokens, since an 8k window with a 49k vocabulary materialises
+    gigabytes of logits on CPU. ``stride`` (default half the window) is how far each next window
+    advances; only its new tokens are scored, the rest is context. A text file is split into
+    documents at blank lines (``file_split="line"``: one document per line).
     """
 
     name = "perplexity"

@@ -151,7 +151,7 @@ class ProbeSuite:
             logger.warning("ProbeSuite.run() before setup(): setting probes up now")
             self.setup(model)
         report = ProbeReport(values={}, seconds={}, skipped=[], notes=[], step=step)
-        due.sort(key=lambda p: (-self._skips[p.name], p.cost_rank, self._estimate(p) or 0.0))
+        due.sort(key=lambda p: (-self._skips.get(p.name, 0), p.cost_rank, self._estimate(p) or 0.0))
         run_start = self._clock()
         spent = 0.0
         with probe_mode(model):
@@ -163,7 +163,7 @@ class ProbeSuite:
                         report.notes.append(note)
                     if action == "skip":
                         report.skipped.append(probe.name)
-                        self._skips[probe.name] += 1
+                        self._skips[probe.name] = self._skips.get(probe.name, 0) + 1
                         continue
                 spent += self._run_one(probe, model, step, limit, report)
         # The wrapper's own cost (mode bookkeeping, RNG capture) is probe time too.
@@ -188,7 +188,7 @@ class ProbeSuite:
             report.notes.append(f"{probe.name} failed: {exc!r}")
         seconds = self._clock() - start
         self._probe_seconds += seconds
-        self._spent[probe.name] += seconds
+        self._spent[probe.name] = self._spent.get(probe.name, 0.0) + seconds
         report.seconds[probe.name] = seconds
         report.values[f"probe_seconds.{probe.name}"] = seconds
         if values is not None:
@@ -238,7 +238,7 @@ class ProbeSuite:
         weight = self._weight(probe) if scheduled else None
         if weight is not None:
             part = budget * weight
-            allowed = min(allowed, (part * wall - self._spent[probe.name]) / (1.0 - part))
+            allowed = min(allowed, (part * wall - self._spent.get(probe.name, 0.0)) / (1.0 - part))
         return allowed
 
     def _plan(self, probe: Probe, *, scheduled: bool) -> tuple[str, int | None, str | None]:

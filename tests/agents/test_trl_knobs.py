@@ -139,10 +139,12 @@ POLICY = {
 def test_controller_raises_dpo_beta_when_drift_is_above_setpoint(tmp_path, char_tokenizer, sqlite_service):
     trainer = make_dpo(tmp_path, char_tokenizer, steps=16, beta=0.1, lr=1e-2)
     probe = BetaUsedByLoss(trainer)
+    # The drift reference is given explicitly (the same seed: the starting weights), not snapshotted
+    # at train begin: see test_kl_drift_snapshot_of_a_trl_patched_model_sees_training.
+    drift = KLDrift(HELD_OUT, char_tokenizer, every=2, max_length=32, reference=tiny_llama(seed=0).eval())
     cb = TRLMetricNames(
         POLICY, url=sqlite_service.url, setters=[KLBetaKnob(trainer)],
-        knobs={"kl_beta": {"min": 0.01, "max": 2.0, "max_step": 0.5}},
-        probes=[KLDrift(HELD_OUT, char_tokenizer, every=2, max_length=32)], budget_share=1.0,
+        knobs={"kl_beta": {"min": 0.01, "max": 2.0, "max_step": 0.5}}, probes=[drift], budget_share=1.0,
     ).attach(trainer)
     trainer.add_callback(SlowSteps())
     trainer.train()
@@ -180,6 +182,25 @@ def test_trl_metric_names_do_not_break_training(tmp_path, char_tokenizer, sqlite
     assert cb.sender is not None and cb.sender.stats.sent >= 2
     sent = cb.history[-1]["metrics"]
     assert "loss" in sent and not any("/" in k for k in sent), sent
+
+
+def test_kl_drift_snapshot_of_a_trl_patched_model_sees_training(char_tokenizer):
+    """DPO/GRPO/RLOO (trl 1.16) patch ``model.forward`` with ``add_fused_lm_head``: an instance
+    attribute whose closure holds ``original_forward``, the bound forward of the *original* model.
+    The drift probe's reference is ``copy.deepcopy(model)`` at train begin, so the copy's forward
+    runs the live model and KL drift reads 0.0 forever. FAILS until
+    agents/probes/_reference.py:snapshot drops the instance-level forward (see the report)."""
+    import torch
+    from trl.trainer.utils import add_fused_lm_head
+
+    model = tiny_llama(seed=0)
+    add_fused_lm_head(model)  # what DPOTrainer.__init__ does to the policy
+    probe = KLDrift(HELD_OUT, char_tokenizer, every=1, max_length=32)
+    probe.setup(model)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))  # "training"
+    assert probe.measure(model, step=1)["kl_drift"] > 1e-3
 
 
 def test_dpo_refusals(tmp_path, char_tokenizer):

@@ -1,0 +1,146 @@
+"""Shared helpers of the hardening tests: registering runs, snapshots of everything stored,
+servers restarted on the same port, and a service started with verbose logs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from actuator.models import DecisionRow, EventRow, ObservationRow, PolicyRow, RunRow
+from actuator.store import Store
+from servers import Redis, Service, _need, _wait, make_service
+
+POLICY = {
+    "name": "hardening",
+    "controllers": [{"name": "drift", "probe": "kl_drift", "knob": "learning_rate", "setpoint": 0.1,
+                     "kp": 1.0, "ki": 0.2}],
+    "guardrails": [{"name": "cap", "probe": "kl_drift", "bound": "upper", "threshold": 0.8, "action": "alert",
+                    "consecutive": 2}],
+}
+KNOBS = [{"name": "learning_rate", "value": 1e-3, "min": 1e-6, "max": 1e-2, "scale": "log", "max_step": 0.5}]
+TABLES = (PolicyRow, RunRow, ObservationRow, DecisionRow, EventRow)
+# What a run's row holds that a request could change.
+RUN_FIELDS = ("state", "knobs", "controllers", "guardrails", "latest_probes", "latest_metrics", "knobs_in_effect",
+              "run_metadata", "last_step", "last_seq", "decision_count", "policy_id", "policy_version", "name",
+              "token_hash", "updated_at")
+
+
+def bearer(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def register(url: str, *, admin: str | None = None, policy: Any = POLICY, knobs: list | None = None,
+             name: str = "hardening-run") -> dict[str, Any]:
+    r = httpx.post(f"{url}/v1/runs", json={"name": name, "policy": policy, "knobs": knobs or KNOBS},
+                   headers=bearer(admin), timeout=30)
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def post_obs(url: str, run: dict[str, Any], observations: list[dict[str, Any]], *, last_decision: int = 0,
+             timeout: float = 30) -> httpx.Response:
+    return httpx.post(f"{url}/v1/runs/{run['id']}/observations", headers=bearer(run["token"]), timeout=timeout,
+                      json={"observations": observations, "last_decision": last_decision})
+
+
+class StoreView:
+    """Read the store directly (not through the API under test)."""
+
+    def __init__(self, url: str) -> None:
+        self.store = Store(url)
+
+    def close(self) -> None:
+        self.store.close()
+
+    def counts(self) -> dict[str, int]:
+        return {t.__tablename__: self.store.count(t) for t in TABLES}
+
+    def run(self, run_id: str) -> dict[str, Any]:
+        row = self.store.get_run(run_id)
+        assert row is not None
+        return {f: getattr(row, f) for f in RUN_FIELDS}
+
+    def snapshot(self, run_ids: list[str]) -> dict[str, Any]:
+        return {"counts": self.counts(), "runs": {r: self.run(r) for r in run_ids},
+                "policies": [(p.name, p.version, p.archived) for p in self.store.list_policies(True)]}
+
+    def seqs(self, run_id: str) -> list[int]:
+        return [o.seq for o in self.store.list_observations(run_id, limit=1_000_000)]
+
+    def dump(self) -> str:
+        """Every row of every table as text (for secrets-at-rest checks)."""
+        from sqlalchemy import select
+
+        out = []
+        with self.store.sessions() as s:
+            for t in TABLES:
+                for row in s.scalars(select(t)):
+                    out.append(json.dumps({c.key: getattr(row, c.key) for c in t.__table__.columns}, default=str))
+        return "\n".join(out)
+
+
+def restart_redis_same_port(old: Redis) -> Redis:
+    """A fresh redis-server on the port the stopped one used (clients reconnect to it)."""
+    binary = _need("redis-server", "redis-server")
+    proc = subprocess.Popen([binary, "--port", str(old.port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    import redis
+
+    _wait(lambda: redis.Redis(port=old.port).ping(), 20, "redis-server")
+    return Redis(old.url, old.port, proc)
+
+
+@dataclass
+class VerboseService(Service):
+    """The service with uvicorn at debug level and its access log on: everything a deployment could
+    log is in ``logs()``, so a secret that leaks anywhere shows up there."""
+
+    def start(self, timeout: float = 60.0) -> VerboseService:
+        log = open(self.log_path, "ab")
+        # Every logger at DEBUG to stderr: ours, uvicorn's (access log included) and SQLAlchemy's
+        # engine (every statement with its parameters).
+        config = os.path.join(os.path.dirname(self.log_path), f"logging-{self.port}.json")
+        with open(config, "w") as fh:
+            json.dump({"version": 1, "disable_existing_loggers": False,
+                       "formatters": {"plain": {"format": "%(levelname)s %(name)s %(message)s"}},
+                       "handlers": {"err": {"class": "logging.StreamHandler", "formatter": "plain"}},
+                       "root": {"level": "DEBUG", "handlers": ["err"]},
+                       "loggers": {"uvicorn": {"level": "DEBUG"}, "uvicorn.access": {"level": "DEBUG"},
+                                   "sqlalchemy.engine": {"level": "DEBUG"}}}, fh)
+        env = {**self.env, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "--factory", "actuator.api.app:create_app",
+             "--host", "127.0.0.1", "--port", str(self.port), "--log-config", config, "--access-log"],
+            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        _wait(lambda: httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200, timeout, "actuator service")
+        return self
+
+
+def verbose_service(database_url: str, **kw: Any) -> VerboseService:
+    svc = make_service(database_url, **kw)
+    return VerboseService(svc.url, svc.port, svc.env, log_path=svc.log_path)
+
+
+def wait_until(check, timeout: float, what: str, interval: float = 0.05):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"{what}: not within {timeout}s")
+
+
+def no_traceback(text: str) -> bool:
+    return "Traceback" not in text and 'File "' not in text
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "") not in ("", "0")
