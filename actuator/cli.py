@@ -17,6 +17,10 @@ app = typer.Typer(help="Actuator: closed-loop control of LLM post-training.", no
                   add_completion=False)
 policy_app = typer.Typer(help="Policy documents.", no_args_is_help=True)
 app.add_typer(policy_app, name="policy")
+bench_app = typer.Typer(help="Benchmarks (run from a checkout of the repository).", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+SCENARIOS = ("plants", "sft-drift", "dpo-kl", "draft-distill", "compress-rank")
 console = Console()
 
 UrlOpt = Annotated[str, typer.Option("--url", envvar="ACTUATOR_URL", help="Controller service URL.")]
@@ -139,6 +143,45 @@ def policy_schema() -> None:
     from .policy import PolicyDocument
 
     console.print_json(json.dumps(PolicyDocument.model_json_schema()))
+
+
+@bench_app.command("control")
+def bench_control(
+    scenario: Annotated[str, typer.Argument(help=f"one of {', '.join(SCENARIOS)}, or 'all'")] = "all",
+    quick: Annotated[bool, typer.Option("--quick", help="short runs")] = False,
+    steps: Annotated[Optional[int], typer.Option(help="training steps per arm")] = None,
+    seeds: Annotated[Optional[list[int]], typer.Option(help="seeds (repeatable)")] = None,
+) -> None:
+    """Control-quality benchmarks: simulated plants (seconds) and the real-model scenarios.
+    Each writes benchmarks/results/<scenario>.json and .png and prints a comparison table."""
+    import subprocess
+    import sys
+
+    root = next((p for p in (Path.cwd(), *Path.cwd().parents) if (p / "benchmarks" / "control").is_dir()), None)
+    if root is None:
+        console.print("[red]error:[/red] run this from a checkout of the actuator repository (benchmarks/ not found)")
+        raise typer.Exit(2)
+    names = SCENARIOS if scenario == "all" else (scenario,)
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        console.print(f"[red]error:[/red] unknown scenario {unknown[0]!r}; choose from {', '.join(SCENARIOS)}")
+        raise typer.Exit(2)
+    for name in names:
+        module = root / "benchmarks" / "control" / f"{name.replace('-', '_')}.py"
+        if not module.exists():
+            console.print(f"[yellow]{name}: not available in this checkout ({module.name} missing)[/yellow]")
+            continue
+        args = [sys.executable, "-m", f"benchmarks.control.{name.replace('-', '_')}"]
+        if quick:
+            args.append("--quick")
+        if steps:
+            args += ["--steps", str(steps)]
+        if seeds:
+            args += ["--seeds", *map(str, seeds)]
+        console.rule(name)
+        rc = subprocess.call(args, cwd=root)
+        if rc != 0:
+            raise typer.Exit(rc)
 
 
 def main() -> None:

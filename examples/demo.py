@@ -16,8 +16,6 @@ import argparse
 import logging
 import os
 import random
-import socket
-import threading
 import time
 from pathlib import Path
 
@@ -65,34 +63,12 @@ def chat(tok, user: str, assistant: str | None = None) -> str:
     return tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=assistant is None)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_service(db_path: Path) -> str:
-    """The controller service under uvicorn on loopback, in a background thread."""
-    import uvicorn
-
-    from actuator.api.app import create_app
+    """The controller service under uvicorn on loopback, in a background thread (SQLite store)."""
+    from actuator.api.embedded import serve_in_thread
     from actuator.config import Settings
 
-    port = free_port()
-    app = create_app(Settings(database_url=f"sqlite:///{db_path}"))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    threading.Thread(target=server.run, daemon=True, name="actuator-service").start()
-    url = f"http://127.0.0.1:{port}"
-    import httpx
-
-    for _ in range(200):
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    raise RuntimeError("controller service did not start")
+    return serve_in_thread(Settings(database_url=f"sqlite:///{db_path}"))
 
 
 def build_dataset(tok, n: int, seed: int, max_length: int = 64):

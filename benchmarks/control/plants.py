@@ -564,18 +564,29 @@ def compare(scenario: Scenario, seeds: Sequence[int], budget: float | None = Non
 
 
 def _main() -> None:
+    import json
+    from pathlib import Path
+
     seeds = range(5)
+    out: dict[str, Any] = {"scenario": "plants", "seeds": list(seeds),
+                           "command": "python -m benchmarks.control.plants"}
     for title, scenario, budget in (
         ("KL vs beta (target 6)", kl_scenario(), None),
         ("drift vs learning rate (budget 1.0)", lr_scenario(), 1.0),
     ):
         print(f"== {title}, seeds {list(seeds)}")
-        for arm, rows in compare(scenario, seeds, budget).items():
+        figures = compare(scenario, seeds, budget)
+        out[title] = figures
+        for arm, rows in figures.items():
             cells = []
             for key in rows[0]:
                 vals = [r[key] for r in rows]
                 cells.append(f"{key}=" + ",".join("-" if v is None else f"{v:.3g}" for v in vals))
             print(f"  {arm:18s} " + "  ".join(cells))
+    results = Path(__file__).resolve().parents[1] / "results"
+    results.mkdir(exist_ok=True)
+    (results / "plants.json").write_text(json.dumps(out, indent=2))
+    print(f"wrote {results / 'plants.json'}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,304 @@
+"""sft-drift: narrow-task SFT of the real SmolLM2-135M-Instruct with an aggressive learning rate.
+
+Arms (one invocation, same data, seed and probe sets):
+- open loop at three learning rates (the sweep; the middle one is the aggressive start),
+- ``ReduceLROnPlateau`` (PyTorch semantics, pure re-implementation in ``actuator.controllers``)
+  on the KL-drift probe, starting at the aggressive learning rate,
+- Actuator: a PID on KL drift through the real controller service and ``ActuatorCallback``,
+  starting at the aggressive learning rate.
+
+Reported at the end of each arm: task gain (held-out task loss, start − end), capability drift
+(KL drift, general perplexity increase %, HotpotQA gold-answer log-prob change), and the
+(task gain, drift) Pareto picture.
+
+    python -m benchmarks.control.sft_drift [--steps 60] [--seeds 0] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+console = Console()
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+
+WORDS = ("apple river candle mountain window garden silver rocket planet forest violin marble tiger lemon castle "
+         "harbor pencil meadow thunder island copper velvet falcon lantern orchid glacier compass saddle timber "
+         "canyon beacon walnut quartz ember willow").split()
+GENERAL_PROMPTS = [
+    "What is the capital of France?", "Explain in one sentence why the sky is blue.",
+    "Write a short greeting for a new colleague.", "How many legs does a spider have?",
+    "Name three primary colors.", "What does a thermometer measure?", "Give one tip for sleeping better.",
+    "Translate 'good morning' into Spanish.",
+]
+GENERAL_TEXT = [
+    "The library opens at nine in the morning and closes at six in the evening on weekdays.",
+    "Photosynthesis lets plants turn sunlight, water and carbon dioxide into sugar and oxygen.",
+    "The train to the coast was delayed because a tree had fallen across the tracks overnight.",
+    "Good sleep habits include a regular bedtime, a dark room and avoiding screens late at night.",
+    "The committee will publish its report after reviewing the comments it received from the public.",
+    "Mount Everest is the highest mountain above sea level, on the border between Nepal and China.",
+    "She practised the violin every evening, and by spring she could play the whole concerto.",
+    "Water boils at one hundred degrees Celsius at sea level, and at lower temperatures at altitude.",
+]
+
+
+def chat(tok: Any, user: str, assistant: str | None = None) -> str:
+    msgs = [{"role": "user", "content": user}]
+    if assistant is not None:
+        msgs.append({"role": "assistant", "content": assistant})
+    return tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=assistant is None)
+
+
+def task_dataset(tok: Any, n: int, seed: int, max_length: int = 64) -> Any:
+    from datasets import Dataset
+
+    rng = random.Random(seed)
+    texts = []
+    for _ in range(n):
+        w = rng.choice(WORDS)
+        texts.append(chat(tok, f"Reverse the word: {w}", "-".join(reversed(w))))
+    enc = tok(texts, truncation=True, max_length=max_length)
+    return Dataset.from_dict({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
+
+
+class Setup:
+    """The model, data and probes every arm shares."""
+
+    def __init__(self, seed: int, hotpot_records: int) -> None:
+        from actuator.agents.models import load_smollm2
+        from actuator.agents.probes import HotpotQA, KLDrift, Perplexity
+
+        with console.status("loading SmolLM2-135M-Instruct (offline)…"):
+            self.model, self.tok = load_smollm2()
+        self.base = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        self.train = task_dataset(self.tok, 400, seed)
+        self.heldout = task_dataset(self.tok, 32, seed + 1000)
+        self.drift_prompts = [chat(self.tok, q) for q in GENERAL_PROMPTS]
+        self.ppl = Perplexity(GENERAL_TEXT, self.tok, every=None, batch_size=4)
+        self.hotpot = HotpotQA(None, self.tok, every=None, max_examples=hotpot_records, max_new_tokens=8)
+        self.KLDrift = KLDrift
+
+    def reset(self) -> None:
+        self.model.load_state_dict(self.base)
+
+    def final_metrics(self, trainer: Any) -> dict[str, float]:
+        from actuator.agents.probes import ProbeSuite
+
+        task_loss = trainer.evaluate(self.heldout)["eval_loss"]
+        suite = ProbeSuite([self.ppl, self.hotpot], budget_share=1.0)
+        suite.setup(self.model)
+        values = suite.run(self.model, 0, force=True).values
+        return {"task_loss": task_loss, "perplexity": values["perplexity"],
+                "gold_logprob": values["hotpotqa.gold_logprob"], "hotpotqa_f1": values["hotpotqa.f1"]}
+
+
+def make_trainer(setup: Setup, name: str, lr: float, steps: int, seed: int, out: Path) -> Any:
+    from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    torch.manual_seed(seed)
+    args = TrainingArguments(
+        output_dir=str(out / name), max_steps=steps, per_device_train_batch_size=4, learning_rate=lr,
+        lr_scheduler_type="constant", logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
+        seed=seed, disable_tqdm=True, dataloader_num_workers=0, weight_decay=0.0, per_device_eval_batch_size=8,
+    )
+    trainer = Trainer(model=setup.model, args=args, train_dataset=setup.train,
+                      data_collator=DataCollatorForLanguageModeling(setup.tok, mlm=False))
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
+    return trainer
+
+
+def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, seed: int) -> dict[str, Any]:
+    from transformers import TrainerCallback
+
+    from actuator.agents.callback import ActuatorCallback
+    from actuator.agents.knobs import LearningRateKnob
+    from actuator.agents.probes import ProbeSuite
+    from actuator.controllers import ReduceLROnPlateau
+
+    setup.reset()
+    trainer = make_trainer(setup, arm["name"].replace(" ", "_"), arm["lr"], a.steps, seed, a.out)
+    drift = setup.KLDrift(setup.drift_prompts, setup.tok, every=a.probe_every, max_length=96)
+    trace: list[dict[str, float]] = []
+    cb = None
+    if arm["kind"] == "actuator":
+        policy = {"name": "bench-sft-drift", "controllers": [{
+            "name": "drift-lr", "probe": "kl_drift", "knob": "learning_rate", "setpoint": a.setpoint,
+            "kp": 0.4 / a.setpoint, "ki": 0.04 / a.setpoint, "direction": "direct",
+            "filter": {"kind": "ema", "alpha": 0.6}}]}
+        cb = ActuatorCallback(policy, url=url, probes=[drift], budget_share=1.0, run_name=f"bench-{arm['name']}",
+                              knobs={"learning_rate": {"min": arm["lr"] / 100, "max": arm["lr"], "max_step": 1.0}})
+        cb.attach(trainer)
+        suite = None
+    else:
+        suite = ProbeSuite([drift], budget_share=1.0)
+        suite.setup(setup.model)
+
+    plateau = ReduceLROnPlateau(mode="min", factor=0.5, patience=2) if arm["kind"] == "plateau" else None
+    pstate: Any = None
+
+    class Trace(TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, **kw):
+            nonlocal pstate
+            value = None
+            if cb is not None:
+                if cb.history and cb.history[-1]["step"] == state.global_step and "kl_drift" in cb.history[-1]["probes"]:
+                    value = cb.history[-1]["probes"]["kl_drift"]
+            else:
+                rep = suite.run(model, state.global_step)
+                value = rep.values["kl_drift"] if rep is not None else None
+                if value is not None and plateau is not None:
+                    knob = LearningRateKnob(trainer.optimizer, trainer.lr_scheduler)
+                    new_lr, pstate = plateau.update(value, knob.read(), pstate)
+                    knob.apply(new_lr)
+            if value is not None:
+                trace.append({"step": state.global_step, "kl_drift": value,
+                              "lr": trainer.optimizer.param_groups[0]["lr"]})
+            progress.update(task, advance=1)
+
+    with Progress(TextColumn(f"[bold]{arm['name']:<18}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=console) as progress:
+        task = progress.add_task(arm["name"], total=a.steps)
+        trainer.add_callback(Trace())
+        t0 = time.time()
+        trainer.train()
+        seconds = time.time() - t0
+    final = setup.final_metrics(trainer)
+    decisions = len(cb.applied) if cb is not None else None
+    return {"arm": arm["name"], "kind": arm["kind"], "start_lr": arm["lr"], "trace": trace, "final": final,
+            "final_kl_drift": sum(t["kl_drift"] for t in trace[-3:]) / max(1, len(trace[-3:])),
+            "seconds": seconds, "decisions": decisions,
+            "steps_over_setpoint": sum(1 for t in trace if t["kl_drift"] > a.setpoint * 1.1)}
+
+
+def pareto(points: list[tuple[str, float, float]]) -> set[str]:
+    """Names of points not dominated: higher gain and lower drift are both better."""
+    front = set()
+    for n, g, d in points:
+        if not any((g2 >= g and d2 <= d) and (g2 > g or d2 < d) for _, g2, d2 in points):
+            front.add(n)
+    return front
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 4))
+    for arm in result["arms"]:
+        steps = [t["step"] for t in arm["trace"]]
+        ax1.plot(steps, [t["kl_drift"] for t in arm["trace"]], marker=".", label=arm["arm"])
+        ax2.plot(steps, [t["lr"] for t in arm["trace"]], label=arm["arm"])
+        ax3.scatter([arm["final_kl_drift"]], [arm["task_gain"]], s=60)
+        ax3.annotate(arm["arm"], (arm["final_kl_drift"], arm["task_gain"]), fontsize=8)
+    ax1.axhline(result["setpoint"], ls="--", color="black", label="setpoint")
+    ax1.set_title("KL drift from the start model")
+    ax1.set_xlabel("step")
+    ax1.legend(fontsize=7)
+    ax2.set_yscale("log")
+    ax2.set_title("learning rate")
+    ax2.set_xlabel("step")
+    ax3.set_xlabel("final KL drift (lower is better)")
+    ax3.set_ylabel("task gain: held-out loss start − end (higher is better)")
+    ax3.set_title("(task gain, drift)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--quick", action="store_true", help="20 steps, fewer HotpotQA records")
+    ap.add_argument("--lr", type=float, default=3e-4, help="the aggressive starting learning rate")
+    ap.add_argument("--setpoint", type=float, default=0.05)
+    ap.add_argument("--probe-every", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=Path("bench-output/sft-drift"))
+    a = ap.parse_args(argv)
+    if a.quick:
+        a.steps = min(a.steps, 20)
+    a.out.mkdir(parents=True, exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+
+    from actuator.api.embedded import serve_in_thread
+    from actuator.config import Settings
+
+    db = a.out / "actuator.db"
+    db.unlink(missing_ok=True)
+    url = serve_in_thread(Settings(database_url=f"sqlite:///{db}"))
+    setup = Setup(a.seeds[0], hotpot_records=4 if a.quick else 8)
+    base_trainer = make_trainer(setup, "base", a.lr, 1, a.seeds[0], a.out)
+    base = setup.final_metrics(base_trainer)
+    console.print(f"start: held-out task loss {base['task_loss']:.3f}, perplexity {base['perplexity']:.2f}, "
+                  f"HotpotQA gold log-prob {base['gold_logprob']:.3f}")
+    arms = [
+        {"name": f"open loop {a.lr / 3:.0e}", "kind": "open", "lr": a.lr / 3},
+        {"name": f"open loop {a.lr:.0e}", "kind": "open", "lr": a.lr},
+        {"name": f"open loop {a.lr * 3:.0e}", "kind": "open", "lr": a.lr * 3},
+        {"name": "ReduceLROnPlateau", "kind": "plateau", "lr": a.lr},
+        {"name": "actuator PID", "kind": "actuator", "lr": a.lr},
+    ]
+    if a.quick:
+        arms = [arms[1], arms[3], arms[4]]
+    results = []
+    for seed in a.seeds:
+        for arm in arms:
+            r = run_arm(setup, arm, a, url, seed)
+            f = r["final"]
+            r["seed"] = seed
+            r["task_gain"] = base["task_loss"] - f["task_loss"]
+            r["perplexity_increase_pct"] = 100 * (f["perplexity"] / base["perplexity"] - 1)
+            r["gold_logprob_change"] = f["gold_logprob"] - base["gold_logprob"]
+            results.append(r)
+    front = pareto([(r["arm"], r["task_gain"], r["final_kl_drift"]) for r in results if r["kind"] == "open"]
+                   + [(r["arm"], r["task_gain"], r["final_kl_drift"]) for r in results if r["kind"] == "actuator"])
+    table = Table(title=f"sft-drift — SmolLM2-135M-Instruct, {a.steps} steps, setpoint KL {a.setpoint}")
+    for col in ("arm", "task gain", "final KL drift", "ppl +%", "gold log-prob Δ", "steps > setpoint+10%",
+                "decisions", "Pareto", "s"):
+        table.add_column(col, justify="right")
+    for r in results:
+        table.add_row(r["arm"], f"{r['task_gain']:.3f}", f"{r['final_kl_drift']:.4f}",
+                      f"{r['perplexity_increase_pct']:+.1f}", f"{r['gold_logprob_change']:+.3f}",
+                      str(r["steps_over_setpoint"]), str(r["decisions"] if r["decisions"] is not None else "-"),
+                      "yes" if r["arm"] in front else "", f"{r['seconds']:.0f}")
+    console.print(table)
+    out = {"scenario": "sft-drift", "steps": a.steps, "seeds": a.seeds, "setpoint": a.setpoint, "start": base,
+           "arms": results, "pareto_front": sorted(front), "machine": f"{os.cpu_count()} CPU cores, torch "
+           f"{torch.__version__}", "command": "python -m benchmarks.control.sft_drift " + " ".join(argv or [])}
+    ref = next((r for r in results if r["kind"] == "open" and r["start_lr"] == a.lr), None)
+    pid = next((r for r in results if r["kind"] == "actuator"), None)
+    if ref and pid:
+        out["targets"] = {
+            "task_gain_no_worse": pid["task_gain"] >= ref["task_gain"],
+            "drift_at_most_one_third": pid["final_kl_drift"] <= ref["final_kl_drift"] / 3,
+            "on_or_beyond_pareto_front": pid["arm"] in front,
+        }
+        console.print(f"targets: {out['targets']}")
+    (RESULTS / "sft-drift.json").write_text(json.dumps(out, indent=2, default=str))
+    plot(out, RESULTS / "sft-drift.png")
+    console.print(f"wrote {RESULTS / 'sft-drift.json'} and sft-drift.png")
+    return out
+
+
+if __name__ == "__main__":
+    main()
