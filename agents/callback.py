@@ -185,7 +185,11 @@ class ActuatorCallback(TrainerCallback, ExportableState):
             self.setters.setdefault(name, setter)
         for name, setter in self.setters.items():
             value = float(setter.nominal() if hasattr(setter, "nominal") else setter.read())
-            spec = {**default_knob_spec(name, value), **self.knob_bounds.get(name, {})}
+            spec = default_knob_spec(name, value)
+            bounds = getattr(setter, "bounds", None)  # a setter that knows its range (rank: 1..max rank)
+            if bounds is not None:
+                spec["min"], spec["max"] = float(bounds[0]), float(bounds[1])
+            spec.update(self.knob_bounds.get(name, {}))
             spec["min"], spec["max"] = min(spec["min"], value), max(spec["max"], value)
             try:
                 self.specs[name] = KnobSpec(name=name, value=value, **spec)

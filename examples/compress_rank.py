@@ -74,17 +74,6 @@ def perplexity(model, data: list[torch.Tensor], batch_size: int = 4) -> float:  
     return math.exp(total / count)
 
 
-def as_plain_float_model(model):  # noqa: ANN001, ANN201
-    """Drop the GGUF loader's quantizer marker: the weights are dequantised float32, but the
-    marker makes ``Trainer`` refuse full fine-tuning ("purely quantized models")."""
-    if getattr(model, "hf_quantizer", None) is not None:
-        model.hf_quantizer = None
-        model.is_quantized = False
-    if getattr(model.config, "quantization_config", None) is not None:
-        del model.config.quantization_config
-    return model
-
-
 class OpenLoopRank(TrainerCallback):
     """Stand-in for the controller: one scheduled rank change, through the same knob it would use."""
 
@@ -95,6 +84,27 @@ class OpenLoopRank(TrainerCallback):
         if state.global_step == self.at_step:
             before = self.knob.read()
             print(f"[step {state.global_step}] rank {before:.0f} -> {self.knob.apply(self.rank):.0f}")
+
+
+def _embedded_service(out_dir: str) -> str:
+    from actuator.api.embedded import serve_in_thread
+    from actuator.config import Settings
+
+    return serve_in_thread(Settings(database_url=f"sqlite:///{os.path.join(out_dir, 'actuator.db')}"))
+
+
+def _print_decisions(cb) -> None:  # noqa: ANN001
+    """What the controller changed, from the service's audit trail."""
+    from actuator.client import ActuatorClient
+
+    if cb.run_id is None:
+        print("the controller was not reachable: no decisions")
+        return
+    with ActuatorClient(cb.url) as client:
+        page = client.list_decisions(cb.run_id, limit=1000)
+    print(f"controller decisions ({page.total}):")
+    for d in page.items:
+        print(f"  #{d.number} step {d.step}: {d.knob} {d.old_value:.3g} -> {d.new_value:.3g}  ({d.reason})")
 
 
 def main() -> None:
@@ -112,12 +122,13 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--lr", type=float, default=5e-5)
     parser.add_argument("--out", default=None, help="where to save the compressed model (default: temp dir)")
+    parser.add_argument("--url", default=None, help="controller URL (default: start one in-process)")
+    parser.add_argument("--probe-every", type=int, default=5, help="steps between perplexity probes")
     args = parser.parse_args()
     torch.manual_seed(0)
     t_start = time.perf_counter()
 
     model, tokenizer = load_smollm2()
-    as_plain_float_model(model)
     data = blocks(tokenizer, stdlib_text(), args.seq_len)
     n_eval = 8 if args.quick else 32
     held_out, train = data[:n_eval], data[n_eval:]
@@ -158,11 +169,21 @@ def main() -> None:
         report_to=[], use_cpu=True, disable_tqdm=True, dataloader_num_workers=0, seed=0,
     )
     trainer = Trainer(model=model, args=targs, train_dataset=train_ds, callbacks=callbacks)
-    # ACTUATOR: attach the callback here (after the Trainer exists, before train()), with the rank
-    # knob, e.g.
-    #   callback = ActuatorCallback(run=..., knobs=[knob])   # knob = RankKnob(model): "rank", integer
-    #   callback.attach(trainer)                             # bounds knob.bounds == (1, 576)
-    # and a policy mapping the perplexity probe to "rank". Drop --shrink-to (the open-loop stand-in).
+    cb = None
+    if args.shrink_to is None:
+        # Closed loop on a perplexity budget: the preset's PID holds held-out perplexity at +8% of
+        # its value when compression starts, shrinking the rank while there is room and growing
+        # it back when the budget is breached (its guardrail then also scales the rank up).
+        from actuator.agents.callback import ActuatorCallback
+        from actuator.agents.probes import Perplexity
+
+        url = args.url or _embedded_service(out_dir)
+        texts = [tokenizer.decode(ids) for ids in held_out[:4]]
+        cb = ActuatorCallback(
+            "preset:compress-ppl", url=url, setters=[knob], run_name="example-compress-rank",
+            knobs={"rank": {"min": 64, "max": 576, "max_step": 64}}, budget_share=0.3,
+            probes=[Perplexity(texts, tokenizer, every=args.probe_every, batch_size=args.batch_size)],
+        ).attach(trainer)
     t0 = time.perf_counter()
     trainer.train()
     train_time = time.perf_counter() - t0
@@ -171,6 +192,8 @@ def main() -> None:
     ppl_trained = perplexity(model, held_out, args.batch_size)
     print(f"held-out perplexity at rank {knob.read():.0f} after training: {ppl_trained:.2f}")
 
+    if cb is not None:
+        _print_decisions(cb)
     predicted = compression_stats(model)["model"]["params"]
     export_truncated(model)
     actual = sum(p.numel() for p in model.parameters())
@@ -187,7 +210,8 @@ def main() -> None:
     )
     prompt = prompt["input_ids"] if hasattr(prompt, "keys") else prompt
     out = fresh.generate(prompt, max_new_tokens=24, do_sample=False, pad_token_id=tokenizer.pad_token_id)
-    print("sample:", tokenizer.decode(out[0, prompt.shape[1]:], skip_special_tokens=True).strip())
+    new_tokens = out[0, prompt.shape[1] :]
+    print(f"sample ({len(new_tokens)} new tokens): {tokenizer.decode(new_tokens, skip_special_tokens=False)!r}")
     print(f"saved to {os.path.join(out_dir, 'compressed')}; total {time.perf_counter() - t_start:.0f}s")
 
 

@@ -1,7 +1,8 @@
 """Distil SmolLM2-135M-Instruct into a half-depth draft model for speculative decoding.
 
-The student starts as the teacher with every other decoder layer dropped (shared tokenizer and
-vocabulary, as speculative decoding needs). ``DistillationTrainer`` trains it on
+The student starts as the teacher with a middle block of decoder layers dropped (shared tokenizer
+and vocabulary, as speculative decoding needs; a layer-skipping draft as in Draft & Verify).
+``DistillationTrainer`` trains it on
 
     λ·T²·KL(teacher‖student) + (1−λ)·CE
 
@@ -59,21 +60,20 @@ def blocks(tokenizer, texts: list[str], seq_len: int) -> list[torch.Tensor]:  # 
     return [torch.tensor(ids[i : i + seq_len]) for i in range(0, len(ids) - seq_len + 1, seq_len)]
 
 
-def as_plain_float_model(model):  # noqa: ANN001, ANN201
-    """Drop the GGUF loader's quantizer marker: the weights are dequantised float32, but the
-    marker makes ``Trainer`` refuse full fine-tuning ("purely quantized models")."""
-    if getattr(model, "hf_quantizer", None) is not None:
-        model.hf_quantizer = None
-        model.is_quantized = False
-    if getattr(model.config, "quantization_config", None) is not None:
-        del model.config.quantization_config
-    return model
+def drop_layers(teacher: nn.Module, n_layers: int) -> nn.Module:
+    """A copy of ``teacher`` keeping its first ⌈n/2⌉ and last ⌊n/2⌋ decoder layers.
 
-
-def drop_layers(teacher: nn.Module, keep_every: int) -> nn.Module:
-    """A copy of ``teacher`` keeping decoder layers 0, k, 2k, ... (re-indexed for the KV cache)."""
+    Dropping a contiguous middle block hurts far less than dropping every other layer (measured
+    on SmolLM2 with 15 of 30 layers: top-1 agreement with the teacher 0.043 vs 0.000 before any
+    training). Layers are re-indexed for the KV cache.
+    """
     student = copy.deepcopy(teacher)
-    kept = [layer for i, layer in enumerate(student.model.layers) if i % keep_every == 0]
+    total = len(student.model.layers)
+    if not 1 <= n_layers < total:
+        raise ValueError(f"--draft-layers must be in [1, {total - 1}], got {n_layers}")
+    head, tail = n_layers - n_layers // 2, n_layers // 2
+    keep = list(range(head)) + list(range(total - tail, total))
+    kept = [student.model.layers[i] for i in keep]
     for i, layer in enumerate(kept):
         layer.self_attn.layer_idx = i
     student.model.layers = nn.ModuleList(kept)
@@ -107,11 +107,32 @@ class OpenLoopLambda(TrainerCallback):
             print(f"[step {state.global_step}] distill_lambda {before:.2f} -> {self.knob.apply(self.value):.2f}")
 
 
+def _embedded_service(out_dir: str) -> str:
+    from actuator.api.embedded import serve_in_thread
+    from actuator.config import Settings
+
+    return serve_in_thread(Settings(database_url=f"sqlite:///{os.path.join(out_dir, 'actuator.db')}"))
+
+
+def _print_decisions(cb) -> None:  # noqa: ANN001
+    """What the controller changed, from the service's audit trail."""
+    from actuator.client import ActuatorClient
+
+    if cb.run_id is None:
+        print("the controller was not reachable: no decisions")
+        return
+    with ActuatorClient(cb.url) as client:
+        page = client.list_decisions(cb.run_id, limit=1000)
+    print(f"controller decisions ({page.total}):")
+    for d in page.items:
+        print(f"  #{d.number} step {d.step}: {d.knob} {d.old_value:.3g} -> {d.new_value:.3g}  ({d.reason})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=40, help="training steps")
     parser.add_argument("--quick", action="store_true", help="smoke run: small held-out set")
-    parser.add_argument("--keep-every", type=int, default=2, help="keep every k-th decoder layer in the draft")
+    parser.add_argument("--draft-layers", type=int, default=15, help="decoder layers kept in the draft (of 30)")
     parser.add_argument("--distill-lambda", type=float, default=0.7)
     parser.add_argument("--temperature", type=float, default=2.0)
     parser.add_argument("--lambda-to", type=float, default=None, help="open-loop λ change (no controller)")
@@ -120,13 +141,14 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--out", default=None, help="output dir (default: temp dir)")
+    parser.add_argument("--url", default=None, help="controller URL (default: start one in-process)")
+    parser.add_argument("--probe-every", type=int, default=5, help="steps between acceptance probes")
     args = parser.parse_args()
     torch.manual_seed(0)
     t_start = time.perf_counter()
 
     teacher, tokenizer = load_smollm2()
-    as_plain_float_model(teacher)
-    student = drop_layers(teacher, args.keep_every)
+    student = drop_layers(teacher, args.draft_layers)
     n_t = sum(p.numel() for p in teacher.parameters())
     n_s = sum(p.numel() for p in student.parameters())
     print(f"teacher {teacher.config.num_hidden_layers} layers {n_t / 1e6:.1f}M, "
@@ -150,12 +172,20 @@ def main() -> None:
     knob = DistillLambdaKnob(trainer)
     if args.lambda_to is not None:
         trainer.add_callback(OpenLoopLambda(knob, args.lambda_at or max(1, args.steps // 2), args.lambda_to))
-    # ACTUATOR: attach the callback here (after the trainer exists, before train()), with the
-    # distillation-lambda knob, e.g.
-    #   callback = ActuatorCallback(run=..., knobs=[knob])  # knob = DistillLambdaKnob(trainer):
-    #   callback.attach(trainer)                            #   "distill_lambda", linear, [0, 1]
-    # and a policy mapping the draft-acceptance probe to "distill_lambda". The training logs
-    # carry distill_kl / distill_ce / distill_lambda (the λ the loss used). Drop --lambda-to.
+    cb = None
+    if args.lambda_to is None:
+        # Closed loop: a PID on the draft's acceptance rate α (speculative decoding's expected
+        # acceptance against this teacher) moves λ, the weight of KL-to-teacher in the loss.
+        from actuator.agents.callback import ActuatorCallback
+        from actuator.agents.probes import DraftAcceptance
+
+        url = args.url or _embedded_service(out_dir)
+        texts = [tokenizer.decode(ids[:64]) for ids in held_out[:4]]
+        cb = ActuatorCallback(
+            "preset:draft-distill", url=url, setters=[knob], run_name="example-distill-draft",
+            knobs={"distill_lambda": {"min": 0.0, "max": 1.0, "max_step": 0.2}}, budget_share=0.3,
+            probes=[DraftAcceptance(teacher, texts, tokenizer, gamma=4, every=args.probe_every)],
+        ).attach(trainer)
     t0 = time.perf_counter()
     trainer.train()
     train_time = time.perf_counter() - t0
@@ -165,6 +195,8 @@ def main() -> None:
                   f"ce {h['distill_ce']:.3f}  λ {h['distill_lambda']:.2f}")
     print(f"trained {args.steps} steps in {train_time:.1f}s ({train_time / max(1, args.steps):.2f}s/step)")
     print(f"draft acceptance proxy after: {acceptance_proxy(student, teacher, held_out, args.batch_size):.3f}")
+    if cb is not None:
+        _print_decisions(cb)
     student.save_pretrained(os.path.join(out_dir, "draft"))
     tokenizer.save_pretrained(os.path.join(out_dir, "draft"))
     print(f"saved draft to {os.path.join(out_dir, 'draft')}; total {time.perf_counter() - t_start:.0f}s")
