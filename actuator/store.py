@@ -28,7 +28,21 @@ from .models import DecisionRow, EventRow, ObservationRow, PolicyRow, RunRow, ut
 from .policy import PolicyDocument
 from .schemas import Action, ObservationBatch, ObservationCreate, RunCreate
 
-__all__ = ["Store", "IngestOutcome", "hash_token", "new_token", "make_engine"]
+__all__ = ["Store", "IngestOutcome", "ObservationRefused", "hash_token", "new_token", "make_engine", "MAX_NAMES"]
+
+# Distinct probe, metric and knob names one run may report over its life: each becomes a key of
+# the run's row (read and written on every ingest) and a Prometheus label value.
+MAX_NAMES = 1024
+
+
+class ObservationRefused(ValueError):
+    """A batch contradicts itself or what is stored for its run; nothing of it is stored.
+    ``loc`` names the field (``observations.3.step``); ``status`` is 422 (the request alone is
+    wrong) or 409 (it conflicts with stored observations)."""
+
+    def __init__(self, loc: str, message: str, status: int = 422) -> None:
+        super().__init__(f"{loc}: {message}")
+        self.loc, self.message, self.status = loc, message, status
 
 
 def new_token() -> str:
@@ -263,6 +277,7 @@ class Store:
             seen = set(s.scalars(select(ObservationRow.seq).where(
                 ObservationRow.run_id == run_id, ObservationRow.seq.in_(seqs))))
             new = sorted((o for o in batch.observations if o.seq not in seen), key=lambda o: o.seq)
+            self._check_new(s, run, batch, new)
             ctx = self._context(run)
             drafts: list[Any] = []
             actions: list[Action] = []
@@ -279,13 +294,20 @@ class Store:
                     in_effect.update(obs.knobs)
                     run.last_step = obs.step
                 run.last_seq = obs.seq if run.last_seq is None else max(run.last_seq, obs.seq)
-                if ctx.state in ("halted", "finished"):
+                if not fresh or ctx.state in ("halted", "finished"):
+                    # A late observation (delivered out of order, its step older than one already
+                    # evaluated) is kept for the record only: controllers and guardrails move
+                    # forward in time, and counting it would reorder consecutive-breach counts.
                     continue
                 result = engine.observe(ctx, obs)
                 outputs.update(result.controller_outputs)
                 actions.extend(result.actions)
                 events.extend(result.events)
                 drafts.extend(result.decisions)
+            for field_name, names in (("probes", probes), ("metrics", metrics)):
+                if len(names) > MAX_NAMES:
+                    raise ObservationRefused(f"observations.{field_name}",
+                                             f"a run reports at most {MAX_NAMES} distinct {field_name} names")
             run.latest_probes, run.latest_metrics, run.knobs_in_effect = probes, metrics, in_effect
             decisions = self._persist(s, run, ctx, drafts, events, engine.policy_version)
             s.flush()
@@ -294,6 +316,47 @@ class Store:
             ).order_by(DecisionRow.number)))
             return IngestOutcome(len(new), len(batch.observations) - len(new), new, pending, decisions,
                                  actions, events, run, outputs)
+
+    @staticmethod
+    def _check_new(s: Session, run: RunRow, batch: ObservationBatch, new: list[ObservationCreate]) -> None:
+        """Refuse a batch whose new observations name knobs the run does not have, or whose steps
+        go back as seq grows (within the batch or against stored observations).
+
+        seq orders observations as the agent took them, so steps must never decrease with it.
+        Out-of-order *delivery* keeps that order (a late observation has a lower seq and a lower
+        or equal step) and is accepted; a higher seq with a lower step means the agent's step
+        counter went back, which no delivery order explains. Already-stored seqs are left out
+        before this check: a redelivery is always an idempotent 200."""
+        index = {o.seq: i for i, o in enumerate(batch.observations)}
+
+        def refuse(obs: ObservationCreate, field_name: str, message: str, status: int) -> ObservationRefused:
+            return ObservationRefused(f"observations.{index[obs.seq]}.{field_name}", message, status)
+
+        for obs in new:
+            unknown = sorted(set(obs.knobs) - set(run.knobs))
+            if unknown:
+                raise refuse(obs, f"knobs.{unknown[0]}", f"the run has no knob {unknown[0]!r} "
+                             f"(knobs: {sorted(run.knobs)})", 422)
+        for prev, obs in zip(new, new[1:]):
+            if obs.step < prev.step:
+                raise refuse(obs, "step", f"step {obs.step} (seq {obs.seq}) is lower than step {prev.step} "
+                             f"(seq {prev.seq}): steps cannot decrease as seq grows", 422)
+        if not new or run.last_seq is None:
+            return
+        appended = next((o for o in new if o.seq > run.last_seq), None)
+        if appended is not None and run.last_step is not None and appended.step < run.last_step:
+            raise refuse(appended, "step", f"step {appended.step} (seq {appended.seq}) is lower than step "
+                         f"{run.last_step} already stored at seq {run.last_seq}: steps cannot decrease as "
+                         f"seq grows", 409)
+        for obs in new:
+            if obs.seq > run.last_seq:
+                break
+            stored = ObservationRow.run_id == run.id
+            below = s.scalar(select(func.max(ObservationRow.step)).where(stored, ObservationRow.seq < obs.seq))
+            above = s.scalar(select(func.min(ObservationRow.step)).where(stored, ObservationRow.seq > obs.seq))
+            if (below is not None and obs.step < below) or (above is not None and obs.step > above):
+                raise refuse(obs, "step", f"step {obs.step} (seq {obs.seq}) does not fit between the stored "
+                             f"steps around it ({below} .. {above}): steps cannot decrease as seq grows", 409)
 
     # -- reading ----------------------------------------------------------------------------
     def list_decisions(self, run_id: str, *, offset: int = 0, limit: int = 100,

@@ -72,6 +72,9 @@ class BackgroundSender:
         self.initial_backoff, self.max_backoff = initial_backoff, max_backoff
         self.last_decision = 0  # highest decision number applied; written by the callback
         self.stats = SenderStats()
+        # After a batch is refused (4xx), its observations go one per request, so that only the
+        # ones the service refuses are dropped, not the good ones batched with them.
+        self._isolate = 0
         self._queue: queue.SimpleQueue[ObservationCreate] = queue.SimpleQueue()
         self._pending: deque[ObservationCreate] = deque()
         self._inbox: queue.SimpleQueue[IngestResult] = queue.SimpleQueue()
@@ -170,13 +173,15 @@ class BackgroundSender:
                           "WITHOUT control", exc)
                 self._pending.clear()
                 return
-        batch = [self._pending[i] for i in range(min(self.batch_size, len(self._pending)))]
+        size = 1 if self._isolate else min(self.batch_size, len(self._pending))
+        batch = [self._pending[i] for i in range(size)]
         start = time.perf_counter()
         result = self.client.post_observations(
             self.run_id, ObservationBatch(observations=batch, last_decision=self.last_decision), token=self.token)
         self.stats.latencies.append(time.perf_counter() - start)
         for _ in batch:
             self._pending.popleft()
+        self._isolate = max(0, self._isolate - len(batch))
         self.stats.sent += len(batch)
         if not self.stats.connected:
             if self.stats.outages:
@@ -202,7 +207,11 @@ class BackgroundSender:
             self.stats.disabled_reason = str(exc)
             log.error("actuator: the service refuses this run (%s); control is off for the rest of "
                       "training", exc)
+        elif not self._isolate and min(self.batch_size, len(self._pending)) > 1:
+            self._isolate = min(self.batch_size, len(self._pending))
+            log.warning("actuator: the service refused a batch (%s); sending its %d observations one by one",
+                        exc, self._isolate)
         else:
-            log.error("actuator: the service rejected a batch (%s); it is dropped", exc)
-            for _ in range(min(self.batch_size, len(self._pending))):
-                self._pending.popleft()
+            log.error("actuator: the service rejected an observation (%s); it is dropped", exc)
+            self._pending.popleft()
+            self._isolate = max(0, self._isolate - 1)

@@ -8,10 +8,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import DataError, InterfaceError, OperationalError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from actuator import __version__
@@ -67,7 +69,7 @@ class BodyLimit:
             if msg["type"] == "http.request":
                 received += len(msg.get("body", b""))
                 if received > self.limit:
-                    raise _TooLarge()
+                    raise _TooLarge(self.limit)
             return msg
 
         try:
@@ -77,8 +79,21 @@ class BodyLimit:
             await JSONResponse({"detail": f"request body over {self.limit} bytes"}, 413)(scope, receive, send)
 
 
-class _TooLarge(Exception):
-    pass
+class _TooLarge(HTTPException):
+    """Raised from ``receive`` when a body without Content-Length (chunked) passes the limit.
+    FastAPI re-raises an HTTPException met while reading the body as is (any other error becomes
+    a bare 400); when a middleware's task group wraps it first, FastAPI's 400 carries it as its
+    cause and ``http_error`` answers the 413."""
+
+    def __init__(self, limit: int = 0) -> None:
+        super().__init__(413, f"request body over {limit} bytes")
+
+
+def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+    cause = exc.__cause__
+    if isinstance(cause, BaseExceptionGroup):
+        return cause.split(kind)[0] is not None
+    return isinstance(cause, kind)
 
 
 def _loc(loc: Any) -> str:
@@ -125,6 +140,28 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                    "type": e.get("type")} for e in exc.errors()]
         message = "; ".join(f"{e['loc']}: {e['msg']}" for e in errors)
         return JSONResponse({"detail": {"message": message, "errors": errors}}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Any:
+        # FastAPI turns an error met while reading or parsing the body into a bare 400; the
+        # middleware's task group may have wrapped our 413 in an ExceptionGroup on the way.
+        if exc.status_code == 400 and _caused_by(exc, _TooLarge):
+            return JSONResponse({"detail": f"request body over {settings.max_body_bytes} bytes"}, 413)
+        if exc.status_code == 400 and _caused_by(exc, RecursionError):
+            msg = "JSON nested too deeply"
+            return JSONResponse({"detail": {"message": f"body: {msg}",
+                                            "errors": [{"loc": "body", "msg": msg, "type": "json_invalid"}]}},
+                                status_code=422)
+        return await http_exception_handler(request, exc)
+
+    @app.exception_handler(DataError)
+    async def unstorable(request: Request, exc: DataError) -> JSONResponse:
+        # A value the database refuses (out of its integer range, NUL in text, ...): the request's
+        # fault, and deterministic, so a 422 (a 5xx would make agents retry it forever).
+        log.warning("store refused a value on %s: %s", request.url.path, type(exc.orig).__name__)
+        msg = "a value is outside what the store can hold"
+        return JSONResponse({"detail": {"message": f"body: {msg}", "errors": [{"loc": "body", "msg": msg}]}},
+                            status_code=422)
 
     @app.exception_handler(OperationalError)
     @app.exception_handler(InterfaceError)

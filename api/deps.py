@@ -16,7 +16,23 @@ from actuator.models import RunRow
 from actuator.policy import PolicyDocument
 from actuator.store import Store, tokens_match
 
-__all__ = ["Services", "ServicesDep", "AdminDep", "RunAuthDep", "RunOrAdminDep", "get_services"]
+__all__ = ["Services", "ServicesDep", "AdminDep", "RunAuthDep", "RunOrAdminDep", "get_services", "MAX_INT",
+           "policy_ref"]
+
+# The store's INTEGER columns (seq, step, versions, decision numbers) are 32-bit on Postgres and
+# SQLite refuses ints past 64 bits: a larger number in a request is a 422, never a 500 from the
+# database.
+MAX_INT = 2**31 - 1
+
+
+def policy_ref(ref: str) -> tuple[str, int | None, bool]:
+    """``name`` or ``name@version`` → (name, version or None, well formed). Only ASCII digits
+    (``str.isdigit`` accepts '²', which ``int`` refuses) and versions the store can hold."""
+    name, _, ver = ref.partition("@")
+    if not ver:  # "name" or "name@": the latest version
+        return name, None, True
+    ok = ver.isascii() and ver.isdigit() and 1 <= int(ver) <= MAX_INT
+    return name, int(ver) if ok else None, ok
 
 
 @dataclass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
@@ -11,33 +12,34 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Path, Query, Request, Response, status
 from fastapi.responses import HTMLResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from actuator import operations as ops
-from actuator.policy import PolicyDocument
+from actuator.policy import ControllerSpec, PolicyDocument
 from actuator.schemas import FiniteFloat, Name, RunState
 
-from ..deps import AdminDep, RunId, Services, ServicesDep
+from ..deps import MAX_INT, AdminDep, RunId, Services, ServicesDep, policy_ref
 from ..views import decision_public, run_state
 
 router = APIRouter(prefix="/v1/runs", tags=["control"])
+log = logging.getLogger("actuator.api")
 
 
 class OverrideBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     value: FiniteFloat
-    note: str = Field("", max_length=500)
+    note: str = Field("", max_length=500, pattern=r"^[^\x00]*$")
 
 
 class SetpointBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    setpoint: FiniteFloat | list[tuple[Annotated[int, Field(ge=0)], FiniteFloat]]
+    setpoint: FiniteFloat | list[tuple[Annotated[int, Field(ge=0, le=MAX_INT)], FiniteFloat]]
 
 
 class MoveBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     policy: str = Field(description="name@version (or name: its latest version)")
-    reason: str = Field("", max_length=500)
+    reason: str = Field("", max_length=500, pattern=r"^[^\x00]*$")
 
 
 def _policy(services: Services, run: Any) -> PolicyDocument:
@@ -100,15 +102,27 @@ def setpoint(run_id: RunId, controller: Annotated[str, Path(max_length=64)], bod
     run = _run(services, run_id)
     policy = _policy(services, run)
     sp = body.setpoint if not isinstance(body.setpoint, list) else [list(p) for p in body.setpoint]
+    spec = next((c for c in policy.controllers if c.name == controller), None)
+    if spec is not None:
+        # The policy's own rules for a setpoint (schedule steps increasing, inside the probe's
+        # range), which a setpoint given here must meet as much as one in the document.
+        try:
+            ControllerSpec.model_validate({**spec.model_dump(), "setpoint": sp})
+        except ValidationError as exc:
+            errors = [{"loc": "body.setpoint", "msg": str(e["msg"]).removeprefix("Value error, ")}
+                      for e in exc.errors()]
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY,
+                                {"message": "; ".join(f"{e['loc']}: {e['msg']}" for e in errors),
+                                 "errors": errors}) from exc
     return _act(services, run_id, lambda ctx, r: ops.set_setpoint(ctx, r, controller, sp, policy))
 
 
 @router.post("/{run_id}/policy", response_model=RunState, summary="Move a live run to another policy version (audited)")
 def move_policy(run_id: RunId, body: MoveBody, _: AdminDep, services: ServicesDep) -> RunState:
     run = _run(services, run_id)
-    name, _, ver = body.policy.partition("@")
-    row = services.store.get_policy(name, int(ver) if ver.isdigit() else None)
-    if row is None or (ver and not ver.isdigit()):
+    name, version, ok = policy_ref(body.policy)
+    row = services.store.get_policy(name, version) if ok else None
+    if row is None:
         raise HTTPException(422, {"message": f"policy: {body.policy!r} not found",
                                   "errors": [{"loc": "body.policy", "msg": "not found"}]})
     doc = PolicyDocument.model_validate(row.document)
@@ -153,14 +167,23 @@ async def stream(run_id: RunId, request: Request, services: ServicesDep,
     if await run_in_threadpool(services.store.get_run, run_id) is None:
         raise HTTPException(404, f"run {run_id!r} not found")
     last = request.headers.get("last-event-id", "0")
-    after = int(last) if last.isdigit() else 0
+    after = int(last) if last.isascii() and last.isdigit() else 0
 
     async def events() -> AsyncIterator[str]:
         nonlocal after
         deadline = time.monotonic() + max_seconds
         yield "retry: 2000\n\n"
         while time.monotonic() < deadline and not await request.is_disconnected():
-            for eid, ev in await run_in_threadpool(services.live.recent, run_id, after):
+            try:
+                recent = await run_in_threadpool(services.live.recent, run_id, after)
+            except Exception as exc:  # noqa: BLE001 - the response has started: no 503 possible now
+                # Live state unreachable: end the stream cleanly; the client reconnects after the
+                # retry interval sent above (instead of a traceback and a cut connection).
+                if type(exc).__module__.startswith("redis"):
+                    services.metrics.backend_errors.labels("redis").inc()
+                log.warning("live events unavailable for a stream: %s", type(exc).__name__)
+                return
+            for eid, ev in recent:
                 after = eid
                 yield f"id: {eid}\nevent: {ev.get('kind', 'message')}\ndata: {json.dumps(ev, default=str)}\n\n"
             await asyncio.sleep(0.2)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from fastapi import APIRouter, Body, HTTPException, Path, status
@@ -11,7 +12,7 @@ from actuator._exceptions import PolicyError
 from actuator.policy import PolicyDocument, list_presets, load_policy, load_preset
 from actuator.simulate import simulate
 
-from ..deps import AdminDep, ServicesDep
+from ..deps import MAX_INT, AdminDep, ServicesDep, policy_ref
 from ..views import policy_public
 
 router = APIRouter(prefix="/v1/policies", tags=["policies"])
@@ -25,12 +26,43 @@ _EXAMPLE = {
 }
 
 
+def computable_errors(doc: PolicyDocument, prefix: str = "") -> list[dict[str, str]]:
+    """What the policy validator lets through but the engine cannot compute with: integers past
+    the store's range (a cooldown of 10**400 overflows float() at every observation) and relative
+    setpoints/thresholds whose percentage is not a finite number ('+999...9%' is inf). Such a
+    policy would be stored and then fail every ingest of its runs."""
+    errors: list[dict[str, str]] = []
+
+    def walk(value: Any, loc: str) -> None:
+        if isinstance(value, bool):
+            return
+        if isinstance(value, int) and abs(value) > MAX_INT:
+            errors.append({"loc": loc, "msg": f"integer out of range (at most {MAX_INT})"})
+        elif isinstance(value, str) and loc.endswith((".setpoint", ".threshold")) and value.endswith("%") \
+                and not math.isfinite(float(value.strip().rstrip("%"))):
+            errors.append({"loc": loc, "msg": "the percentage must be a finite number"})
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, f"{loc}.{k}" if loc else str(k))
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                walk(v, f"{loc}.{i}" if loc else str(i))
+
+    walk(doc.model_dump(mode="json"), prefix)
+    return errors
+
+
 def _parse(doc: dict[str, Any]) -> PolicyDocument:
     try:
-        return load_policy(doc)
+        parsed = load_policy(doc)
     except PolicyError as exc:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY,
                             {"message": str(exc), "errors": exc.errors}) from exc
+    errors = computable_errors(parsed)
+    if errors:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY,
+                            {"message": "; ".join(f"{e['loc']}: {e['msg']}" for e in errors), "errors": errors})
+    return parsed
 
 
 @router.post("", status_code=201, summary="Create a policy (or a new version of it)")
@@ -52,23 +84,25 @@ def presets() -> dict[str, Any]:
 @router.post("/validate", summary="Dry-run validation: every error with its JSON path")
 def validate_policy(doc: dict[str, Any] = Body(..., examples=[_EXAMPLE])) -> dict[str, Any]:
     try:
-        load_policy(doc)
+        parsed = load_policy(doc)
     except PolicyError as exc:
         return {"valid": False, "errors": exc.errors or [{"loc": "(document)", "msg": str(exc)}]}
-    return {"valid": True, "errors": []}
+    errors = computable_errors(parsed)
+    return {"valid": not errors, "errors": errors}
 
 
 class SimulateBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     policy: str | dict[str, Any] = Field(description="A stored policy (name or name@version) or a document.")
-    run_id: str = Field(max_length=64, description="The run whose recorded observations are replayed.")
+    run_id: str = Field(max_length=64, pattern=r"^[A-Za-z0-9\-]+$",
+                        description="The run whose recorded observations are replayed.")
 
 
 @router.post("/simulate", summary="Replay a run's observations through a policy: the decisions it would take")
 def simulate_policy(body: SimulateBody, services: ServicesDep) -> dict[str, Any]:
     if isinstance(body.policy, str):
-        name, _, ver = body.policy.partition("@")
-        row = services.store.get_policy(name, int(ver) if ver.isdigit() else None)
+        name, version, ok = policy_ref(body.policy)
+        row = services.store.get_policy(name, version) if ok else None
         if row is None:
             raise HTTPException(422, {"message": f"policy: {body.policy!r} not found",
                                       "errors": [{"loc": "body.policy", "msg": "not found"}]})
@@ -126,7 +160,8 @@ def get_policy(services: ServicesDep, name: str = PolicyName) -> dict[str, Any]:
 
 
 @router.get("/{name}/versions/{version}", summary="One version of a policy")
-def get_policy_version(services: ServicesDep, name: str = PolicyName, version: int = Path(ge=1)) -> dict[str, Any]:
+def get_policy_version(services: ServicesDep, name: str = PolicyName,
+                       version: int = Path(ge=1, le=MAX_INT)) -> dict[str, Any]:
     row = services.store.get_policy(name, version)
     if row is None:
         raise HTTPException(404, f"policy {name!r} version {version} not found")

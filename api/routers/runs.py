@@ -2,19 +2,47 @@
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, status
+from pydantic import Field
 
 from actuator._exceptions import PolicyError
 from actuator.models import PolicyRow
 from actuator.policy import PolicyDocument, load_policy
-from actuator.schemas import DecisionPage, IngestResult, ObservationBatch, RunCreate, RunCreated, RunPublic, RunState
+from actuator.schemas import (
+    DecisionPage,
+    IngestResult,
+    ObservationBatch,
+    ObservationCreate,
+    RunCreate,
+    RunCreated,
+    RunPublic,
+    RunState,
+)
+from actuator.store import ObservationRefused
 
-from ..deps import AdminDep, RunAuthDep, RunId, RunOrAdminDep, Services, ServicesDep
+from ..deps import MAX_INT, AdminDep, RunAuthDep, RunId, RunOrAdminDep, Services, ServicesDep, policy_ref
 from ..views import decision_public, run_public, run_state
+from .policies import computable_errors
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
+
+
+class ObservationIn(ObservationCreate):
+    """An observation as posted: seq and step within what the store's columns hold."""
+
+    seq: int = Field(ge=0, le=MAX_INT, description="Per-run sequence number; (run, seq) is idempotent.")
+    step: int = Field(ge=0, le=MAX_INT, description="Optimizer step the values were taken at.")
+
+
+class ObservationBatchIn(ObservationBatch):
+    observations: list[ObservationIn] = Field(min_length=1, max_length=1000)  # type: ignore[assignment]
+    last_decision: int = Field(
+        0, ge=0, le=MAX_INT,
+        description="Highest decision number the agent has applied; decisions after it are returned."
+    )
 
 
 def _unprocessable(message: str, errors: list[dict[str, Any]] | None = None) -> HTTPException:
@@ -26,10 +54,10 @@ def _resolve_policy(services: Services, body: RunCreate) -> tuple[PolicyRow | No
     """A stored policy by name (``name`` or ``name@version``) or an inline document.
     Returns (row or None if the inline document must be stored, document)."""
     if isinstance(body.policy, str):
-        name, _, ver = body.policy.partition("@")
-        version = int(ver) if ver.isdigit() else None
-        if ver and version is None:
-            raise _unprocessable(f"policy: bad version in {body.policy!r}; use name@3")
+        name, version, ok = policy_ref(body.policy)
+        if not ok:
+            raise _unprocessable(f"policy: bad version in {body.policy!r}; use name@3",
+                                 [{"loc": "body.policy", "msg": f"bad version in {body.policy!r}"}])
         row = services.store.get_policy(name, version)
         if row is None or row.archived:
             raise _unprocessable(f"policy: no policy named {body.policy!r}",
@@ -40,6 +68,9 @@ def _resolve_policy(services: Services, body: RunCreate) -> tuple[PolicyRow | No
     except PolicyError as exc:
         errors = [{**e, "loc": f"body.policy.{e['loc']}"} for e in exc.errors]
         raise _unprocessable(f"policy: {exc}", errors) from exc
+    errors = computable_errors(doc, "body.policy")
+    if errors:
+        raise _unprocessable("; ".join(f"{e['loc']}: {e['msg']}" for e in errors), errors)
     latest = services.store.get_policy(doc.name)
     if latest is not None and not latest.archived and latest.document == doc.model_dump(mode="json"):
         return latest, doc
@@ -62,8 +93,24 @@ def _check_knobs(doc: PolicyDocument, body: RunCreate) -> None:
         raise _unprocessable("; ".join(f"{e['loc']}: {e['msg']}" for e in errors), errors)
 
 
+def _check_storable(body: RunCreate) -> None:
+    """What pydantic lets through but the store cannot hold: NUL in text (Postgres refuses it)
+    and non-finite metadata numbers (not JSON)."""
+    errors = []
+    if "\x00" in body.name:
+        errors.append({"loc": "body.name", "msg": "must not contain NUL characters"})
+    for key, value in body.metadata.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            errors.append({"loc": f"body.metadata.{key}", "msg": "Input should be a finite number"})
+        elif "\x00" in key or (isinstance(value, str) and "\x00" in value):
+            errors.append({"loc": f"body.metadata.{key}", "msg": "must not contain NUL characters"})
+    if errors:
+        raise _unprocessable("; ".join(f"{e['loc']}: {e['msg']}" for e in errors), errors)
+
+
 @router.post("", status_code=201, response_model=RunCreated, summary="Register a run")
 def register_run(body: RunCreate, _: AdminDep, services: ServicesDep) -> RunCreated:
+    _check_storable(body)
     row, doc = _resolve_policy(services, body)
     _check_knobs(doc, body)  # before storing anything
     if row is None:
@@ -79,9 +126,9 @@ def register_run(body: RunCreate, _: AdminDep, services: ServicesDep) -> RunCrea
 def list_runs(
     services: ServicesDep,
     state: Annotated[str | None, Query(pattern="^(running|paused|halted|finished)$")] = None,
-    name: Annotated[str | None, Query(max_length=128)] = None,
+    name: Annotated[str | None, Query(max_length=128, pattern=r"^[^\x00]*$")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
 ) -> list[RunPublic]:
     return [run_public(r) for r in services.store.list_runs(state=state, name=name, limit=limit, offset=offset)]
 
@@ -96,11 +143,15 @@ def get_run(run_id: RunId, services: ServicesDep) -> RunState:
 
 @router.post("/{run_id}/observations", response_model=IngestResult,
              summary="Post a batch of observations; returns the decisions to apply")
-def post_observations(batch: ObservationBatch, run: RunAuthDep, services: ServicesDep) -> IngestResult:
+def post_observations(batch: ObservationBatchIn, run: RunAuthDep, services: ServicesDep) -> IngestResult:
     if len(batch.observations) > services.settings.max_batch:
         raise _unprocessable(f"observations: at most {services.settings.max_batch} per request")
     engine = services.engine_for(run.policy_id)
-    out = services.store.ingest(run.id, batch, engine)
+    try:
+        out = services.store.ingest(run.id, batch, engine)
+    except ObservationRefused as exc:  # nothing of the batch was stored
+        raise HTTPException(exc.status, {"message": str(exc),
+                                         "errors": [{"loc": f"body.{exc.loc}", "msg": exc.message}]}) from exc
     if out is None:  # deleted between auth and ingest
         raise HTTPException(404, f"run {run.id!r} not found")
     _export(services, out)
@@ -134,9 +185,9 @@ def _export(services: Services, out: Any) -> None:
 def list_decisions(
     run_id: RunId,
     services: ServicesDep,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    after: Annotated[int | None, Query(ge=0, description="Only decisions with number > after")] = None,
+    after: Annotated[int | None, Query(ge=0, le=MAX_INT, description="Only decisions with number > after")] = None,
 ) -> DecisionPage:
     if services.store.get_run(run_id) is None:
         raise HTTPException(404, f"run {run_id!r} not found")

@@ -142,5 +142,72 @@ def no_traceback(text: str) -> bool:
     return "Traceback" not in text and 'File "' not in text
 
 
-def env_flag(name: str) -> bool:
-    return os.environ.get(name, "") not in ("", "0")
+class SimAgent:
+    """A training loop's side of the protocol without the training: observations handed to the
+    real BackgroundSender (never blocking), results drained and decisions "applied" at each step
+    boundary exactly as ActuatorCallback does (by decision number, each once)."""
+
+    def __init__(self, url: str, run: dict[str, Any], *, timeout: float = 1.0, batch_size: int = 64) -> None:
+        from actuator.agents.sender import BackgroundSender
+        from actuator.client import ActuatorClient
+
+        self.client = ActuatorClient(url, timeout=timeout)
+        self.sender = BackgroundSender(self.client, run_id=run["id"], token=run["token"], batch_size=batch_size,
+                                       initial_backoff=0.05, max_backoff=0.5)
+        self.seq = 0
+        self.applied: list[int] = []
+        self.submit_seconds: list[float] = []
+
+    def step(self, step: int, drift: float) -> None:
+        from actuator.schemas import ObservationCreate
+
+        for result in self.sender.results():
+            for d in result.decisions:
+                if not self.applied or d.number > self.applied[-1]:
+                    self.applied.append(d.number)
+        self.sender.last_decision = self.applied[-1] if self.applied else 0
+        obs = ObservationCreate(seq=self.seq, step=step, probes={"kl_drift": drift}, time=time.time())
+        t0 = time.perf_counter()
+        self.sender.submit(obs)
+        self.submit_seconds.append(time.perf_counter() - t0)
+        self.seq += 1
+
+    def finish(self, timeout: float = 30.0) -> bool:
+        delivered = self.sender.flush(timeout)
+        # one more round trip so the last decisions come back and are "applied"
+        for result in self.sender.results():
+            for d in result.decisions:
+                if not self.applied or d.number > self.applied[-1]:
+                    self.applied.append(d.number)
+        self.sender.close(1.0)
+        self.client.close()
+        return delivered
+
+
+def _step_clock_class():  # type: ignore[no-untyped-def]
+    from transformers import TrainerCallback
+
+    class StepClock(TrainerCallback):
+        """Wall time between consecutive step boundaries, as the training loop sees it."""
+
+        def __init__(self) -> None:
+            self.times: list[float] = []
+
+        def on_step_begin(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
+            if not self.times:
+                self.times.append(time.monotonic())
+
+        def on_step_end(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
+            self.times.append(time.monotonic())
+
+        @property
+        def intervals(self) -> list[float]:
+            return [b - a for a, b in zip(self.times, self.times[1:])]
+
+    return StepClock
+
+
+def __getattr__(name: str) -> Any:  # StepClock without importing transformers for every test
+    if name == "StepClock":
+        return _step_clock_class()
+    raise AttributeError(name)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 import uuid
 import zlib
-from collections import Counter
+from collections import Counter, defaultdict
 from typing import Any
 
 import httpx
@@ -26,23 +26,27 @@ from hypothesis import HealthCheck, settings
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
-from harden import KNOBS, POLICY, bearer, register
+from harden import POLICY, bearer, register
 from servers import make_service
 
 ADMIN = "fuzz-admin-" + uuid.uuid4().hex
+OPEN_POLICY = {"name": "fuzz-open", "guardrails": [{"name": "cap", "probe": "kl_drift", "bound": "upper",
+                                                    "threshold": 0.5, "action": "alert"}]}
 MIN_REQUESTS = 1000
-EXAMPLES_PER_OPERATION = 45
+EXAMPLES_PER_OPERATION = 40
 FUZZ_TIME_LIMIT = 150.0  # seconds for the whole module, a safety net beside the example budget
 
 SENT: Counter[str] = Counter()
 STATUSES: Counter[int] = Counter()
 FAILURES: list[str] = []
+BY_OPERATION: defaultdict[str, Counter[int]] = defaultdict(Counter)
 
 
 class Env:
     url: str
     agent_run: dict[str, Any]  # observations are fuzzed against this run (its own token)
-    control_run: dict[str, Any]  # operator actions (halt, finish, override, ...) against this one
+    control_run: dict[str, Any]  # operator actions (pause, override, setpoint, ...) against this one
+    terminal_run: dict[str, Any]  # halt and finish against this one
     started: float
 
 
@@ -57,6 +61,9 @@ def fuzz_service(postgres, redis_server, tmp_path_factory):
     ENV.url = svc.url
     ENV.agent_run = register(svc.url, admin=ADMIN)
     ENV.control_run = register(svc.url, admin=ADMIN)
+    ENV.terminal_run = register(svc.url, admin=ADMIN)
+    # a policy without controllers: a run registered under it needs no particular knob
+    assert httpx.post(f"{svc.url}/v1/policies", json=OPEN_POLICY, headers=bearer(ADMIN)).status_code == 201
     ENV.started = time.monotonic()
     yield svc
     svc.stop()
@@ -79,14 +86,26 @@ schema.config.generation.update(modes=[GenerationMode.POSITIVE, GenerationMode.N
 
 
 def _authorize(case: Any) -> None:
-    """Real runs and the tokens that open them, so generated data reaches the handlers."""
+    """Real runs, names that exist and the tokens that open them, so generated data reaches the
+    handlers and the store instead of stopping at 401/404. One case in five keeps what was
+    generated (unknown or malformed ids and names)."""
     params = case.path_parameters or {}
     path = case.path
-    if "run_id" in params:
-        # One case in five keeps its generated (unknown, malformed) run id.
-        if zlib.crc32(repr(sorted(params.items())).encode()) % 5:
-            run = ENV.agent_run if path.endswith("/observations") else ENV.control_run
-            params["run_id"] = run["id"]
+    keep = zlib.crc32(repr(sorted(params.items())).encode() + repr(case.body).encode()) % 5 == 0
+    if not keep:
+        if "run_id" in params:
+            if path.endswith("/observations"):
+                params["run_id"] = ENV.agent_run["id"]
+            elif path.endswith(("/halt", "/finish")):
+                params["run_id"] = ENV.terminal_run["id"]  # so the control run stays controllable
+            else:
+                params["run_id"] = ENV.control_run["id"]
+        for key, real in (("knob", "learning_rate"), ("controller", "drift"), ("name", POLICY["name"])):
+            if key in params:
+                params[key] = real
+        if path == "/v1/runs" and case.method == "POST" and isinstance(case.body, dict) \
+                and isinstance(case.body.get("policy"), str):
+            case.body["policy"] = OPEN_POLICY["name"]
     token = ADMIN
     if path.endswith("/observations"):
         token = ENV.agent_run["token"]
@@ -103,6 +122,7 @@ def test_no_server_errors(case, fuzz_service):
     SENT[f"{case.method} {case.path}"] += 1
     response = case.call(base_url=ENV.url, timeout=30)
     STATUSES[response.status_code] += 1
+    BY_OPERATION[f"{case.operation.method.upper()} {case.operation.path}"][response.status_code] += 1
     if response.status_code >= 500:
         FAILURES.append(f"{case.method} {case.formatted_path} -> {response.status_code}: {response.text[:300]}\n"
                         f"  {case.as_curl_command()}")
@@ -120,4 +140,6 @@ def test_enough_requests_and_no_5xx(fuzz_service):
     assert spec == SPEC, "the fuzzed schema is not the one the service serves"
     ops = {f"{m.upper()} {p}" for p, item in spec["paths"].items() for m in item if not p.endswith("/stream")}
     assert ops <= set(SENT), sorted(ops - set(SENT))
+    for op, statuses in sorted(BY_OPERATION.items()):
+        print(f"  {op}: {dict(sorted(statuses.items()))}")
     print(f"\nfuzz: {total} requests over {len(SENT)} operations; statuses {dict(sorted(STATUSES.items()))}")
