@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import time
 from typing import Any
 
@@ -55,6 +56,16 @@ def default_knob_spec(name: str, value: float) -> dict[str, Any]:
     if name == "rank":
         return {"min": 1.0, "max": max(1.0, value), "scale": "integer", "max_step": None}
     return {"min": value, "max": value, "scale": "linear", "max_step": None}
+
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,63}$")
+
+
+def _metric_name(key: str) -> str | None:
+    """Trainer/TRL log keys as observation names: TRL logs 'rewards/margins', which becomes
+    'rewards.margins'; a key that still is not a valid name is dropped (None)."""
+    name = str(key).replace("/", ".")
+    return name if _NAME.match(name) else None
 
 
 def _unwrap_scheduler(sched: Any) -> Any:
@@ -243,10 +254,14 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         if not ran and self._is_main and self.report_every and step % self.report_every == 0:
             self._submit(step, {})
 
+    def _keep_metrics(self, values: dict[str, Any] | None) -> None:
+        for k, v in (values or {}).items():
+            name = _metric_name(k)
+            if name and isinstance(v, (int, float)) and math.isfinite(v) and name != "epoch":
+                self._metrics[name] = float(v)
+
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kwargs: Any) -> None:
-        for k, v in (logs or {}).items():
-            if isinstance(v, (int, float)) and math.isfinite(v) and k != "epoch":
-                self._metrics[k] = float(v)
+        self._keep_metrics(logs)
         if logs is None or not self.setters:
             return
         # Knob values in effect (and decisions applied since the last log) go into the trainer's
@@ -262,9 +277,7 @@ class ActuatorCallback(TrainerCallback, ExportableState):
 
     def on_evaluate(self, args: Any, state: Any, control: Any, model: Any = None,
                     metrics: dict[str, float] | None = None, **kwargs: Any) -> None:
-        for k, v in (metrics or {}).items():
-            if isinstance(v, (int, float)) and math.isfinite(v):
-                self._metrics[k] = float(v)
+        self._keep_metrics(metrics)
         if self.suite is not None and model is not None and self._is_main:
             self._observe(state.global_step, model, evaluate=True)
 
@@ -340,7 +353,12 @@ class ActuatorCallback(TrainerCallback, ExportableState):
     def _submit(self, step: int, probes: dict[str, float], extra_metrics: dict[str, float] | None = None) -> None:
         metrics = {**self._metrics, **(extra_metrics or {})}
         knobs = self.knob_values()
-        obs = ObservationCreate(seq=self.seq, step=step, probes=probes, metrics=metrics, knobs=knobs, time=time.time())
+        try:
+            obs = ObservationCreate(seq=self.seq, step=step, probes=probes, metrics=metrics, knobs=knobs,
+                                    time=time.time())
+        except ValueError as exc:  # telemetry must never stop training
+            log.warning("actuator: observation at step %d not sent: %s", step, exc)
+            return
         self.seq += 1
         self.history.append({"step": step, "probes": probes, "metrics": dict(metrics), "knobs": knobs})
         if self.sender is not None:

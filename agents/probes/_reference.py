@@ -16,6 +16,12 @@ __all__ = ["ReferenceModel", "snapshot"]
 def snapshot(model: Any) -> Any:
     """A frozen deep copy of ``model`` (same device), in eval mode, without gradients."""
     reference = copy.deepcopy(model)
+    # TRL trainers (SFT, DPO, GRPO, RLOO, KTO) patch an instance-level ``model.forward`` whose
+    # closure holds the *live* model's bound forward; deepcopy keeps that closure, so the copy
+    # would run the model under training and drift would read 0 forever. Drop the instance
+    # attribute so the copy runs its own class forward (accelerate's hooks are left alone).
+    if "forward" in vars(reference) and not hasattr(reference, "_hf_hook"):
+        del reference.forward
     for parameter in reference.parameters():
         parameter.requires_grad_(False)
         parameter.grad = None

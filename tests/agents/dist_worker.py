@@ -54,7 +54,7 @@ def main() -> None:
         report_to=[], seed=0, dataloader_num_workers=0, disable_tqdm=True,
         # CPU DDP: with use_cpu=True and WORLD_SIZE > 1, accelerate's PartialState picks
         # DistributedType.MULTI_CPU; ddp_backend="gloo" names the backend (accelerate/state.py).
-        use_cpu=True, ddp_backend="gloo",
+        use_cpu=True, ddp_backend="gloo", ddp_find_unused_parameters=False,
     )
     trainer = Trainer(model=tiny_llama(seed=0), args=args, train_dataset=lm_dataset(tok, NARROW_TASK))
     used: list[float] = []

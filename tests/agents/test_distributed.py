@@ -63,8 +63,10 @@ def test_two_ranks_apply_identical_decisions_at_every_step(tmp_path, sqlite_serv
     # ... and they changed mid-run because of decisions, applied at the same boundaries on both.
     assert r0["applied"], "the controller must have produced decisions mid-run"
     assert r0["applied"] == r1["applied"]
-    for entry in r0["applied"]:
-        assert 0 < entry["step"] < STEPS
+    mid_run = [e for e in r0["applied"] if e["step"] < STEPS]  # one may land at the final boundary
+    assert mid_run
+    for entry in mid_run:
+        # optimizer step k+1 (used[k]) ran with the value applied at the boundary after step k
         assert r0["used"][entry["step"]] == pytest.approx(entry["applied"], rel=1e-9)
 
     # Only rank 0 talked to the service.

@@ -38,7 +38,7 @@ def make_dpo(tmp_path, tokenizer, *, steps: int, beta: float = 0.1, n: int = 36,
     args = DPOConfig(
         output_dir=str(tmp_path / "dpo"), max_steps=steps, per_device_train_batch_size=1, learning_rate=lr,
         lr_scheduler_type="constant", beta=beta, max_length=32, use_cpu=True, report_to=[], logging_steps=1,
-        save_strategy="no", disable_tqdm=True, seed=0, dataloader_num_workers=0,
+        save_strategy="no", disable_tqdm=True, seed=0, dataloader_num_workers=0, bf16=False,
         # The reference log-probs are computed once, from a *different* random model, and travel with
         # each batch: the loss's chosen/rejected log-ratios are then O(1) from the first step, which
         # makes the beta they were multiplied by recoverable to high precision.
@@ -159,8 +159,11 @@ def test_controller_raises_dpo_beta_when_drift_is_above_setpoint(tmp_path, char_
         if entry["step"] < len(used):
             # the loss of the step after the boundary where it was applied used exactly that beta
             assert used[entry["step"]] == pytest.approx(entry["applied"], rel=1e-3), (entry, used)
+    # Reverse acting: drift above its setpoint (0) drives beta up. (Not necessarily at every decision:
+    # the P term follows the measured drift, which may dip between probes.)
+    assert all("above setpoint" in d["reason"] for d in decisions)
     news = [e["applied"] for e in cb.applied]
-    assert news[0] > 0.1 and all(b > a for a, b in zip(news, news[1:])), "reverse acting: drift > 0 raises beta"
+    assert news[-1] > 0.1
     assert used[0] == pytest.approx(0.1, rel=1e-3)
     run = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}").json()
     assert run["knobs_in_effect"]["kl_beta"] == pytest.approx(cb.history[-1]["knobs"]["kl_beta"])
@@ -185,7 +188,7 @@ def test_trl_metric_names_do_not_break_training(tmp_path, char_tokenizer, sqlite
 
 
 def test_kl_drift_snapshot_of_a_trl_patched_model_sees_training(char_tokenizer):
-    """DPO/GRPO/RLOO (trl 1.16) patch ``model.forward`` with ``add_fused_lm_head``: an instance
+    """SFT/DPO/GRPO/RLOO/KTO (trl 1.16) patch ``model.forward`` with ``add_fused_lm_head``: an instance
     attribute whose closure holds ``original_forward``, the bound forward of the *original* model.
     The drift probe's reference is ``copy.deepcopy(model)`` at train begin, so the copy's forward
     runs the live model and KL drift reads 0.0 forever. FAILS until
@@ -244,7 +247,7 @@ def make_rl(kind: str, tmp_path, tokenizer, *, beta: float, model, peft: bool = 
 
     config, trainer_cls = {"grpo": (GRPOConfig, GRPOTrainer), "rloo": (RLOOConfig, RLOOTrainer)}[kind]
     args = config(output_dir=str(tmp_path / kind), max_steps=1, per_device_train_batch_size=2, num_generations=2,
-                  max_completion_length=4, beta=beta, use_cpu=True, report_to=[], save_strategy="no",
+                  max_completion_length=4, beta=beta, use_cpu=True, report_to=[], save_strategy="no", bf16=False,
                   disable_tqdm=True)
     peft_config = None
     if peft:
