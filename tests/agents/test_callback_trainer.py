@@ -43,8 +43,11 @@ def test_learning_rate_decisions_are_what_the_optimizer_uses(tmp_path, char_toke
         ordered = by_number[entry["number"]]["new_value"]
         assert entry["applied"] == pytest.approx(ordered, rel=1e-12)
         # The step that follows the boundary where it was applied ran with exactly that value
-        # (optimizer step k+1 is used[k]: used[] is 0-based, global_step counts from 1).
-        assert used[entry["step"]] == pytest.approx(ordered, rel=1e-9), (entry, used)
+        # (optimizer step k+1 is used[k]: used[] is 0-based, global_step counts from 1); one
+        # applied at the final boundary has no next step.
+        if entry["step"] < len(used):
+            assert used[entry["step"]] == pytest.approx(ordered, rel=1e-9), (entry, used)
+    assert sum(e["step"] < len(used) for e in cb.applied) >= 1
     # Every applied value was lower than the last: drift is above setpoint 0.
     news = [e["applied"] for e in cb.applied]
     assert all(b < a for a, b in zip(news, news[1:]))
