@@ -1,0 +1,511 @@
+"""dpo-kl: DPO of the real SmolLM2-135M-Instruct, holding the KL to the reference at a target
+by moving DPO's beta (``kl_beta``) mid-run.
+
+The preference set is built here: short factual questions whose *chosen* answer is concise and
+whose *rejected* one is the same answer buried in filler (``--n-sums`` adds hard pairs: right vs
+wrong sums). KL(reference ‖ policy) is measured by ``KLDrift`` on held-out conversations
+(questions not trained on, teacher-forced with both answer styles), with the reference = the
+starting weights, every ``--probe-every`` steps, identically in every arm.
+
+Arms (one invocation, same data, seed, learning rate and probe set; all start at the same beta):
+- fixed beta (open loop),
+- the adaptive KL controller of Ziegler et al. 2019 (``actuator.controllers.AdaptiveKLController``:
+  ``beta *= 1 + clip(KL/target - 1, ±0.2) * n/horizon``) applied to ``trainer.beta`` from a
+  ``TrainerCallback`` at every KL measurement (n = samples since the last update),
+- Actuator: a reverse-acting PID on the KL through the real controller service,
+  ``ActuatorCallback`` and ``KLBetaKnob`` (policy shaped like ``actuator/presets/dpo-kl.yaml``).
+
+How much authority beta has over the KL in DPO (what shaped this scenario). The sigmoid loss
+``-log σ(β·m)`` (m = the policy-vs-reference log-ratio margin) has no restoring force: nothing
+pulls the policy back towards the reference, and under Adam the step size is set by the learning
+rate, not by the gradient's scale. Beta acts only by re-weighting the pairs (``β·σ(-β·m)``): once
+``β·m`` is large for *every* pair the gradients vanish, Adam's momentum decays, and the drift
+stops; a larger beta makes that happen at a smaller margin, i.e. a smaller KL. A pair that cannot
+saturate keeps driving full-size Adam steps at any beta. Measured while building this (24 steps,
+lr 2e-5, batch 2): with 30 hard pairs (sums) in the set, beta fixed at 0.1 ended at KL 0.44 and a
+PID that had raised beta 50x (to 5) by step 16 ended at 0.39, the KL growing ~0.014/step in both;
+with IPO on the same set (``--loss-type ipo``: ``(h − 1/(2β))²``, whose optimum moves towards the reference
+as beta grows) fixed beta 0.5 ended at 0.28, Ziegler at 0.31, a PID at 0.32 (beta 0.5 → 3.5):
+over a short run the optimum moves but Adam's noise-driven drift does not stop. With separable
+pairs only (the default set) at lr 2e-5, every arm's loss was 0.000 from step 5-8 on (all pairs
+saturated), yet the KL kept rising for the rest of the run (beta 0.1: 0.17 at saturation → 0.80
+at step 24; PID, beta 5: 0.11 → 0.56): Adam's first moment (β1 = 0.9) carries the parameters
+about ten steps' worth past the moment the gradients vanish. So beta decides *when* the drift
+starts to die out, not where the KL ends; a target is met only by saturating early, at a KL well
+below it. Hence the default set of separable pairs and the sigmoid loss (the regime in which beta
+is a KL actuator at all), a lower learning rate (1e-5), and a PID tuned to act early and hard: a
+proportional gain that multiplies beta ~e^8 between KL 0 and the target, bounded by a rate limit
+of e^1.5 per decision. A KL overshoot cannot be taken back, only stopped.
+
+Reported per arm: settling step (first step from which every KL measurement stays within ±10% of
+the target), overshoot (% above target at the peak), steady-state error (mean |KL − target| /
+target over the last three measurements), DPO's logged reward margin (mean over the last five
+steps), capability drift (general-text perplexity increase %).
+
+    python -m benchmarks.control.dpo_kl [--steps 40] [--seeds 0] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import tempfile
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from benchmarks.control.sft_drift import GENERAL_TEXT  # noqa: E402
+
+console = Console(width=None if os.isatty(1) else 180)
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+SCENARIO = "dpo-kl"
+
+FACTS = [
+    ("What is the capital of France?", "Paris."),
+    ("How many legs does a spider have?", "Eight."),
+    ("What is the boiling point of water at sea level in Celsius?", "100 °C."),
+    ("Which planet is known as the Red Planet?", "Mars."),
+    ("What gas do plants absorb from the air?", "Carbon dioxide."),
+    ("How many days are in a leap year?", "366."),
+    ("Who wrote Romeo and Juliet?", "William Shakespeare."),
+    ("What is the largest ocean on Earth?", "The Pacific Ocean."),
+    ("What is the chemical symbol for gold?", "Au."),
+    ("How many continents are there?", "Seven."),
+    ("What is the freezing point of water in Fahrenheit?", "32 °F."),
+    ("Which organ pumps blood through the body?", "The heart."),
+    ("What language is spoken in Brazil?", "Portuguese."),
+    ("How many sides does a hexagon have?", "Six."),
+    ("What is the tallest mountain in the world?", "Mount Everest."),
+    ("Which metal is liquid at room temperature?", "Mercury."),
+    ("How many minutes are in an hour?", "Sixty."),
+    ("What is the capital of Japan?", "Tokyo."),
+    ("What is the square root of 81?", "9."),
+    ("Who painted the Mona Lisa?", "Leonardo da Vinci."),
+    ("What is the largest planet in the solar system?", "Jupiter."),
+    ("How many hours are in a day?", "Twenty-four."),
+    ("What is the capital of Canada?", "Ottawa."),
+    ("Which gas do humans need to breathe?", "Oxygen."),
+    # held out (KL probe only)
+    ("What do bees make?", "Honey."),
+    ("Which animal is known as the king of the jungle?", "The lion."),
+    ("What color do you get by mixing blue and yellow?", "Green."),
+    ("What is the capital of Italy?", "Rome."),
+    ("How many wheels does a bicycle have?", "Two."),
+    ("What is the opposite of hot?", "Cold."),
+]
+N_TRAIN_FACTS = 24
+OPENERS = ["Great question! Let me think about this carefully.", "That is a really interesting thing to ask.",
+           "Thanks for asking! There is a lot to say here."]
+CLOSERS = ["I hope this helps, feel free to ask more!", "Let me know if you would like more detail.",
+           "There is always more to learn about this."]
+
+
+def prompt_text(q: str) -> str:
+    """SmolLM2's chat format without the default system prompt (20 tokens fewer per sequence:
+    on shared CPU cores the sequence length is the cost)."""
+    return f"<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def preference_rows(seed: int, n_sums: int) -> tuple[dict[str, list], list[tuple[str, str, str]]]:
+    """Training rows (prompt/chosen/rejected strings; TRL appends EOS) and held-out (question,
+    chosen, rejected) triples: concise vs rambling answers, and (``n_sums`` > 0) right vs wrong sums.
+
+    The sums are *hard* pairs (chosen and rejected differ in one token, and a 135M model is
+    unsure of two-digit sums): their margins stay small at any beta, so they keep producing
+    full-size Adam steps and the KL keeps growing whatever beta does (measured: see the module
+    docstring). The default set has none: every pair can saturate, which is the regime where
+    beta is a KL actuator at all."""
+    rng = random.Random(seed)
+    rows: dict[str, list] = {"prompt": [], "chosen": [], "rejected": []}
+    held: list[tuple[str, str, str]] = []
+
+    def rambling(a: str, k: int) -> str:
+        return f"{OPENERS[k % 3]} The answer is {a} {CLOSERS[k % 3]}"
+
+    for i, (q, a) in enumerate(FACTS):
+        if i >= N_TRAIN_FACTS:
+            held.append((q, a, rambling(a, i)))
+            continue
+        for r in range(3):
+            rows["prompt"].append(prompt_text(q))
+            rows["chosen"].append(a)
+            rows["rejected"].append(f"{OPENERS[(i + r) % 3]} The answer is {a} {CLOSERS[(i + 2 * r) % 3]}")
+    sums = set()
+    while n_sums and len(sums) < n_sums + 4:
+        sums.add((rng.randint(2, 49), rng.randint(2, 49)))
+    for j, (x, y) in enumerate(sorted(sums, key=lambda _: rng.random())):
+        q = f"What is {x} + {y}?"
+        right, wrong = f"{x} + {y} = {x + y}.", f"{x} + {y} = {x + y + rng.choice([-10, -2, -1, 1, 2, 10])}."
+        if j >= n_sums:
+            held.append((q, right, wrong))
+            continue
+        rows["prompt"].append(prompt_text(q))
+        rows["chosen"].append(right)
+        rows["rejected"].append(wrong)
+    order = list(range(len(rows["prompt"])))
+    rng.shuffle(order)
+    return {k: [v[i] for i in order] for k, v in rows.items()}, held
+
+
+def chat_text(tok: Any, q: str, a: str) -> str:
+    return f"{prompt_text(q)}{a}{tok.eos_token}"
+
+
+class Setup:
+    """The model, reference, data and probes every arm shares."""
+
+    def __init__(self, a: argparse.Namespace) -> None:
+        from datasets import Dataset, disable_progress_bars
+
+        from actuator.agents.models import load_smollm2
+        from actuator.agents.probes import Perplexity
+
+        disable_progress_bars()
+        with console.status("loading SmolLM2-135M-Instruct (offline)…"):
+            self.model, self.tok = load_smollm2()
+        # The reference for the DPO loss and for the KL probe: a frozen copy of the starting
+        # weights, taken before any trainer touches the model (DPOTrainer patches forward).
+        self.ref = copy.deepcopy(self.model).eval().requires_grad_(False)
+        rows, held = preference_rows(a.seeds[0], n_sums=a.n_sums)
+        self.train = Dataset.from_dict(rows)
+        self.kl_texts = [chat_text(self.tok, q, c) for q, c, _ in held] + [chat_text(self.tok, q, r) for q, _, r in held]
+        self.ppl = Perplexity(GENERAL_TEXT, self.tok, every=None, batch_size=4)
+
+    def fresh_model(self) -> Any:
+        return copy.deepcopy(self.model).train()
+
+    def kl_probe(self, every: int) -> Any:
+        from actuator.agents.probes import KLDrift
+
+        return KLDrift(self.kl_texts, self.tok, reference=self.ref, every=every, max_length=64, batch_size=8)
+
+    def perplexity(self, model: Any) -> float:
+        from actuator.agents.probes import ProbeSuite
+
+        suite = ProbeSuite([self.ppl], budget_share=1.0)
+        suite.setup(model)
+        return suite.run(model, 0, force=True).values["perplexity"]
+
+
+def pick_threads(requested: int | None) -> int:
+    """``--threads`` or: all cores when the machine is idle, one when it is oversubscribed
+    (measured on the shared 2-core box at load ~5: a SmolLM2 forward+backward took 22-34 s with
+    2 threads and 10 s with 1, torch's OpenMP threads spin-waiting for each other)."""
+    cores = os.cpu_count() or 1
+    if requested:
+        return requested
+    return 1 if os.getloadavg()[0] > cores else cores
+
+
+def make_trainer(setup: Setup, model: Any, name: str, a: argparse.Namespace, seed: int) -> Any:
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+    from trl import DPOConfig, DPOTrainer
+
+    torch.manual_seed(seed)
+    config = DPOConfig(
+        output_dir=str(a.out / name), max_steps=a.steps, per_device_train_batch_size=a.batch_size,
+        learning_rate=a.lr, lr_scheduler_type="constant", beta=a.beta, loss_type=[a.loss_type], max_length=80,
+        use_cpu=True, report_to=[],
+        logging_steps=1, save_strategy="no", disable_tqdm=True, seed=seed, dataloader_num_workers=0,
+        weight_decay=0.0, gradient_checkpointing=False,  # TRL defaults it on: memory is not short here, time is
+    )
+    trainer = DPOTrainer(model=model, ref_model=setup.ref, args=config, train_dataset=setup.train,
+                         processing_class=setup.tok)
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
+    return trainer
+
+
+def pid_policy(a: argparse.Namespace) -> dict[str, Any]:
+    """preset:dpo-kl with gains scaled to the target and a probe interval for a short run.
+
+    Gains are in log(beta) per unit of KL: kp = 8/target would move beta by a factor e^8 between
+    KL = 0 and KL = target (the bounds stop it at 50x); the derivative on the measurement raises
+    beta while the KL is still climbing, before it reaches the target, since DPO has no force
+    that brings KL back down."""
+    sp = a.target
+    return {
+        "name": "bench-dpo-kl",
+        "probes": [{"name": "kl_drift", "every": a.probe_every}],
+        "controllers": [{"name": "kl-beta", "probe": "kl_drift", "knob": "kl_beta", "setpoint": sp,
+                         "kp": a.kp / sp, "ki": a.ki / sp, "kd": a.kd / sp, "direction": "reverse",
+                         "filter": {"kind": "ema", "alpha": 0.8}}],
+        "guardrails": [{"name": "kl-cap", "probe": "kl_drift", "bound": "upper", "threshold": 10 * sp,
+                        "action": "alert", "consecutive": 3}],
+    }
+
+
+def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, seed: int) -> dict[str, Any]:
+    from transformers import TrainerCallback
+
+    from actuator.agents.callback import ActuatorCallback
+    from actuator.agents.probes import ProbeSuite
+    from actuator.agents.trl_knobs import KLBetaKnob
+    from actuator.controllers import AdaptiveKLController
+
+    model = setup.fresh_model()
+    trainer = make_trainer(setup, model, f"{a.loss_type}-{arm['kind']}", a, seed)
+    knob = KLBetaKnob(trainer)
+    probe = setup.kl_probe(a.probe_every)
+    trace: list[dict[str, float]] = []
+    margins: list[dict[str, float]] = []
+    cb = None
+    if arm["kind"] == "actuator":
+        cb = ActuatorCallback(
+            pid_policy(a), url=url, probes=[probe], budget_share=1.0, run_name=f"bench-{SCENARIO}-{a.loss_type}-{seed}",
+            setters=[knob], knobs={"kl_beta": {"min": a.beta / 4, "max": a.beta * 50, "max_step": a.max_step}})
+        cb.attach(trainer)
+        suite = None
+    else:
+        suite = ProbeSuite([probe], budget_share=1.0)
+    ziegler = AdaptiveKLController(a.beta, a.target, a.horizon) if arm["kind"] == "ziegler" else None
+    zstate: Any = None
+    last_update = 0
+
+    class Trace(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kw):  # noqa: ANN001
+            if suite is not None:
+                suite.setup(model)
+                value = suite.run(model, 0, force=True).values["kl_drift"]
+                trace.append({"step": 0, "kl_drift": value, "beta": knob.read()})
+
+        def on_step_end(self, args, state, control, model=None, **kw):  # noqa: ANN001
+            nonlocal zstate, last_update
+            step = state.global_step
+            value = None
+            if cb is not None:
+                for h in cb.history:
+                    if h["step"] == step and "kl_drift" in h["probes"]:
+                        value = h["probes"]["kl_drift"]
+                if not trace and cb.history and "kl_drift" in cb.history[0]["probes"]:
+                    trace.append({"step": 0, "kl_drift": cb.history[0]["probes"]["kl_drift"], "beta": a.beta})
+            else:
+                rep = suite.run(model, step)
+                value = rep.values.get("kl_drift") if rep is not None else None
+            if value is not None:
+                trace.append({"step": step, "kl_drift": value, "beta": knob.read()})
+                if ziegler is not None:
+                    # n = samples (preference pairs) seen since the last update, as in the paper / TRL.
+                    n = (step - last_update) * a.batch_size
+                    beta, zstate = ziegler.update(value, n, zstate)
+                    knob.apply(beta)
+                    last_update = step
+            progress.update(task, advance=1)
+
+        def on_log(self, args, state, control, logs=None, **kw):  # noqa: ANN001
+            if logs and "rewards/margins" in logs:
+                margins.append({"step": state.global_step, "margin": float(logs["rewards/margins"]),
+                                "loss": float(logs.get("loss", float("nan"))), "beta": knob.read()})
+
+    with Progress(TextColumn(f"[bold]{arm['name']:<18}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=console) as progress:
+        task = progress.add_task(arm["name"], total=a.steps)
+        trainer.add_callback(Trace())
+        t0 = time.time()
+        trainer.train()
+        seconds = time.time() - t0
+    ppl = setup.perplexity(model)
+    r = {"arm": arm["name"], "kind": arm["kind"], "loss_type": a.loss_type, "start_beta": a.beta, "seed": seed,
+         "trace": trace, "margins": margins,
+         "final_perplexity": ppl, "final_beta": knob.read(), "seconds": seconds,
+         "decisions": len(cb.applied) if cb is not None else None}
+    r.update(control_quality(trace, a.target, a.band))
+    tail = margins[-5:]
+    r["reward_margin"] = sum(m["margin"] for m in tail) / max(1, len(tail))
+    del trainer, model
+    return r
+
+
+def control_quality(trace: list[dict[str, float]], target: float, band: float) -> dict[str, Any]:
+    """Settling step (first step from which every later measurement is within ±band of the
+    target; None if the last one is outside), overshoot %, steady-state error %."""
+    kl = [t["kl_drift"] for t in trace]
+    steps = [t["step"] for t in trace]
+    settled = None
+    for i in range(len(kl) - 1, -1, -1):
+        if abs(kl[i] - target) > band * target:
+            break
+        settled = steps[i]
+    tail = kl[-3:]
+    return {
+        "settling_step": settled,
+        "overshoot_pct": max(0.0, 100 * (max(kl) / target - 1)) if kl else None,
+        "steady_state_error_pct": 100 * sum(abs(k - target) for k in tail) / target / max(1, len(tail)),
+        "final_kl": sum(tail) / max(1, len(tail)),
+        "peak_kl": max(kl) if kl else None,
+    }
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    target, band = result["target"], result["band"]
+    losses = list(result["configs"])
+    fig, axes = plt.subplots(len(losses), 3, figsize=(16, 4.3 * len(losses)), squeeze=False)
+    for row, loss in zip(axes, losses):
+        ax1, ax2, ax3 = row
+        for arm in (r for r in result["arms"] if r["loss_type"] == loss):
+            steps = [t["step"] for t in arm["trace"]]
+            label = f"{arm['arm']} (seed {arm['seed']})" if len(result["seeds"]) > 1 else arm["arm"]
+            line, = ax1.plot(steps, [t["kl_drift"] for t in arm["trace"]], marker=".", label=label)
+            ax2.step(steps, [t["beta"] for t in arm["trace"]], where="post", label=label, color=line.get_color())
+            ax3.plot([m["step"] for m in arm["margins"]], [m["margin"] for m in arm["margins"]], label=label,
+                     color=line.get_color(), alpha=0.8)
+        ax1.axhline(target, ls="--", color="black", label="target")
+        ax1.axhspan(target * (1 - band), target * (1 + band), color="grey", alpha=0.15, label=f"±{band:.0%}")
+        ax1.set_title(f"[{loss}] KL(reference ‖ policy), held-out conversations")
+        ax1.set_xlabel("step")
+        ax1.legend(fontsize=7)
+        ax2.set_yscale("log")
+        ax2.set_title(f"[{loss}] beta in effect (kl_beta)")
+        ax2.set_xlabel("step")
+        ax2.legend(fontsize=7)
+        ax3.set_yscale("symlog", linthresh=1.0)
+        ax3.set_title(f"[{loss}] reward margin (rewards/margins)")
+        ax3.set_xlabel("step")
+    fig.suptitle(f"dpo-kl — SmolLM2-135M-Instruct, DPOTrainer, {result['steps']} steps, lr {result['lr']:g}",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+# Per-loss defaults (CLI values override them for every loss type). Gains are × 1/target.
+LOSS_DEFAULTS = {
+    "sigmoid": {"beta": 0.1, "kp": 8.0, "ki": 0.1, "kd": 4.0},
+    "ipo": {"beta": 0.5, "kp": 2.0, "ki": 0.3, "kd": 2.0},
+}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--quick", action="store_true", help="24 steps")
+    ap.add_argument("--loss-type", nargs="+", choices=sorted(LOSS_DEFAULTS), default=["sigmoid"],
+                    help="DPOTrainer loss(es), each with all arms (default: sigmoid)")
+    ap.add_argument("--beta", type=float, default=None, help="starting beta, all arms (default per loss)")
+    ap.add_argument("--lr", type=float, default=1e-5)
+    ap.add_argument("--batch-size", type=int, default=2, help="preference pairs per step")
+    ap.add_argument("--target", type=float, default=0.1, help="KL target (held-out KLDrift; preset: 0.1)")
+    ap.add_argument("--band", type=float, default=0.10, help="settling band, relative to the target")
+    ap.add_argument("--probe-every", type=int, default=2)
+    ap.add_argument("--horizon", type=float, default=None,
+                    help="Ziegler horizon in samples (default: samples per probe interval, so one update "
+                         "moves beta by at most ±20%%, the clip of the paper)")
+    ap.add_argument("--kp", type=float, default=None, help="PID kp × target (log-beta units; default per loss)")
+    ap.add_argument("--ki", type=float, default=None, help="PID ki × target, per step")
+    ap.add_argument("--kd", type=float, default=None, help="PID kd × target, steps")
+    ap.add_argument("--max-step", type=float, default=1.5, help="PID rate limit, log-beta units per decision")
+    ap.add_argument("--n-sums", type=int, default=0, help="hard pairs: right vs wrong sums (default none)")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: by machine load)")
+    ap.add_argument("--arms", nargs="+", default=["fixed", "ziegler", "actuator"])
+    ap.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "actuator-bench" / "dpo-kl",
+                    help="scratch: trainer dirs and the controller's SQLite file (results go to benchmarks/results)")
+    a = ap.parse_args(argv)
+    if a.quick:
+        a.steps = min(a.steps, 24)
+    if a.horizon is None:
+        a.horizon = float(a.probe_every * a.batch_size)
+    a.out.mkdir(parents=True, exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(pick_threads(a.threads))
+
+    from actuator.api.embedded import serve_in_thread
+    from actuator.config import Settings
+
+    db = a.out / "actuator.db"
+    db.unlink(missing_ok=True)
+    url = serve_in_thread(Settings(database_url=f"sqlite:///{db}"))
+    t_start = time.time()
+    setup = Setup(a)
+    base_ppl = setup.perplexity(setup.model)
+    console.print(f"start: general-text perplexity {base_ppl:.2f}; {len(setup.train)} preference pairs, "
+                  f"{len(setup.kl_texts)} held-out KL texts; KL target {a.target}, lr {a.lr:g}, "
+                  f"Ziegler horizon {a.horizon:g} samples")
+    configs: dict[str, argparse.Namespace] = {}
+    for loss in a.loss_type:
+        la = copy.copy(a)
+        la.loss_type = loss
+        for key, value in LOSS_DEFAULTS[loss].items():
+            if getattr(a, key) is None:
+                setattr(la, key, value)
+        configs[loss] = la
+    results = []
+    for loss, la in configs.items():
+        names = {"fixed": f"fixed beta {la.beta:g}", "ziegler": "Ziegler adaptive KL", "actuator": "actuator PID"}
+        for seed in a.seeds:
+            for kind in a.arms:
+                r = run_arm(setup, {"name": names[kind], "kind": kind}, la, url, seed)
+                r["perplexity_increase_pct"] = 100 * (r["final_perplexity"] / base_ppl - 1)
+                results.append(r)
+
+    table = Table(title=f"{SCENARIO} — SmolLM2-135M-Instruct, DPOTrainer, {a.steps} steps, KL target {a.target} "
+                        f"(±{a.band:.0%} band), lr {a.lr:g}")
+    for col in ("loss", "arm", "seed", "settling step", "overshoot %", "steady-state err %", "final KL", "final beta",
+                "reward margin", "ppl +%", "decisions", "s"):
+        table.add_column(col, justify="right")
+    for r in results:
+        table.add_row(r["loss_type"], r["arm"], str(r["seed"]),
+                      "not settled" if r["settling_step"] is None else str(r["settling_step"]),
+                      f"{r['overshoot_pct']:.0f}", f"{r['steady_state_error_pct']:.0f}", f"{r['final_kl']:.4f}",
+                      f"{r['final_beta']:.3g}", f"{r['reward_margin']:+.2f}", f"{r['perplexity_increase_pct']:+.1f}",
+                      "-" if r["decisions"] is None else str(r["decisions"]), f"{r['seconds']:.0f}")
+    console.print(table)
+
+    out: dict[str, Any] = {
+        "scenario": SCENARIO, "steps": a.steps, "seeds": a.seeds, "target": a.target, "band": a.band,
+        "lr": a.lr, "batch_size": a.batch_size, "probe_every": a.probe_every, "ziegler_horizon": a.horizon,
+        "configs": {loss: {"beta": la.beta, "pid": pid_policy(la)["controllers"][0],
+                           "kl_beta_bounds": [la.beta / 4, la.beta * 50], "max_step": la.max_step}
+                    for loss, la in configs.items()},
+        "start_perplexity": base_ppl, "arms": results,
+        "machine": f"{os.cpu_count()} CPU cores (shared), torch {torch.__version__}",
+        "wall_seconds": time.time() - t_start,
+        "command": "python -m benchmarks.control.dpo_kl " + " ".join(argv if argv is not None else os.sys.argv[1:]),
+    }
+
+    def settle(r: dict[str, Any]) -> float:
+        return math.inf if r["settling_step"] is None else float(r["settling_step"])
+
+    targets = {}
+    for loss in configs:
+        for seed in a.seeds:
+            pick = [r for r in results if r["loss_type"] == loss and r["seed"] == seed]
+            pid = next((r for r in pick if r["kind"] == "actuator"), None)
+            zie = next((r for r in pick if r["kind"] == "ziegler"), None)
+            if pid and zie:
+                # A controller that never settles within the run "needs" more than the run's steps.
+                zsteps = settle(zie) if zie["settling_step"] is not None else float(a.steps + 1)
+                targets[f"{loss} seed {seed}"] = {
+                    "settles_in_half_ziegler_steps": settle(pid) <= zsteps / 2,
+                    "overshoot_at_most_15pct": pid["overshoot_pct"] <= 15.0,
+                    "pid_settling_step": pid["settling_step"], "ziegler_settling_step": zie["settling_step"],
+                    "pid_overshoot_pct": pid["overshoot_pct"], "ziegler_overshoot_pct": zie["overshoot_pct"],
+                }
+    if targets:
+        out["targets"] = targets
+        console.print(f"targets: {targets}")
+    (RESULTS / f"{SCENARIO}.json").write_text(json.dumps(out, indent=2, default=str))
+    plot(out, RESULTS / f"{SCENARIO}.png")
+    console.print(f"wrote {RESULTS / (SCENARIO + '.json')} and {SCENARIO}.png ({out['wall_seconds']:.0f} s)")
+    return out
+
+
+if __name__ == "__main__":
+    main()
