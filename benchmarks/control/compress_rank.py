@@ -26,7 +26,7 @@ Arms:
   preset's guardrail (+10%: ``adjust`` rank × 1.25) is kept as a backstop for a sharp breach.
   Gains are set in units of the run (ranks per unit of perplexity headroom), from the measured
   start perplexity, so the same policy works on another model.
-- cubic to the Actuator arm's final rank (run after it; full mode, or ``--match-arm``): the open
+- cubic to the Actuator arm's final rank (run after it; ``--no-match-arm`` skips it): the open
   loop reaching the *same* size, to separate "smaller" from "closed loop".
 
 Reported: final rank and parameter count (of the exported model: ``compression_stats``), final
@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
-    ap.add_argument("--quick", action="store_true", help="24 steps, no matched-size cubic arm")
+    ap.add_argument("--quick", action="store_true", help="24 steps")
     ap.add_argument("--budget", type=float, default=8.0, help="perplexity budget, %% over the dense model")
     ap.add_argument("--backoff", type=float, default=2.0, help="PID setpoint = budget − backoff (%% points)")
     ap.add_argument("--lr", type=float, default=3e-5)
@@ -283,15 +283,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--max-step", type=float, default=24, help="largest rank change per decision")
     ap.add_argument("--shrink-per-step", type=float, default=8.0, help="PID ki × headroom: ranks per step")
     ap.add_argument("--kp-share", type=float, default=0.04, help="PID kp × headroom / full rank")
-    ap.add_argument("--match-arm", action="store_true", help="also run cubic to the Actuator arm's final rank")
+    ap.add_argument("--no-match-arm", dest="match_arm", action="store_false",
+                    help="skip the cubic arm to the Actuator arm's final rank")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: by machine load)")
     ap.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "actuator-bench" / "compress-rank",
                     help="scratch: trainer dirs and the controller's SQLite file (results go to benchmarks/results)")
     a = ap.parse_args(argv)
     if a.quick:
         a.steps = min(a.steps, 24)
-    else:
-        a.match_arm = True
     a.out.mkdir(parents=True, exist_ok=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(pick_threads(a.threads))
@@ -361,6 +360,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "pid_params": pid["final_params"], "cubic_params": cub["final_params"],
                 "pid_steps_over": pid["steps_over_budget"], "cubic_steps_over": cub["steps_over_budget"],
             }
+            matched = next((r for r in results if r["kind"] == "cubic-matched" and r["seed"] == seed), None)
+            if matched:
+                # Same final size, open loop: what closing the loop buys at equal compression.
+                targets[f"seed {seed}"]["vs_cubic_same_rank"] = {
+                    "rank": matched["final_rank"], "cubic_steps_over": matched["steps_over_budget"],
+                    "pid_steps_over": pid["steps_over_budget"],
+                    "cubic_final_within_budget": matched["final_within_budget"],
+                    "fewer_steps_over_budget": pid["steps_over_budget"] < matched["steps_over_budget"],
+                }
     if targets:
         out["targets"] = targets
         console.print(f"targets: {targets}")
