@@ -55,6 +55,25 @@ def _fmt(x: float) -> str:
     return f"{x:.4g}"
 
 
+def _reason(probe: str, filtered: float, prev: float | None, setpoint: float, knob: str, current: float,
+            out: Any, prev_components: dict[str, float] | None) -> str:
+    """One line a person can check: where the probe is, where it is heading, what moved the knob.
+
+    The PID's proportional term acts on the change of the error since control started (see
+    controllers/pid.py), so a rising probe can cut a direct knob while still below its setpoint;
+    the trend and the per-term move say so instead of leaving "below setpoint" beside a cut.
+    """
+    side = "above" if filtered > setpoint else "below" if filtered < setpoint else "at"
+    trend = "" if prev is None or filtered == prev else (" and rising" if filtered > prev else " and falling")
+    limits = f", limited by {', '.join(out.limited_by)}" if out.limited_by else ""
+    terms = ""
+    if prev_components:
+        moves = [(name, getattr(out, name) - float(prev_components.get(name, 0.0))) for name in ("p", "i", "d")]
+        terms = ", " + " ".join(f"{n.upper()} {m:+.3g}" for n, m in moves if abs(m) > 1e-12)
+    return (f"{probe} {_fmt(filtered)} {side} setpoint {_fmt(setpoint)}{trend}: "
+            f"{knob} {_fmt(current)} -> {_fmt(out.value)}{terms}{limits}")
+
+
 class Engine:
     """Evaluates one policy version against observations of one run."""
 
@@ -179,6 +198,7 @@ class Engine:
             dt = float(obs.step - last) if last is not None else 1.0
             filt = make_filter(spec.filter.kind, alpha=spec.filter.alpha, window=spec.filter.window)
             filtered, fstate = filt.update(raw, filt.state_from_dict(st["filter"]) if st["filter"] else None)
+            prev_filtered, prev_components = st.get("filtered"), st.get("components")
             st["filter"] = fstate.to_dict()
             st["last_step"] = obs.step
             st["probe"], st["knob"], st["raw"], st["filtered"] = spec.probe, spec.knob, raw, filtered
@@ -212,10 +232,8 @@ class Engine:
             if not out.changed:
                 continue
             taken.add(spec.knob)
-            above = "above" if filtered > cfg.setpoint else "below"
-            limits = f" (limited by {', '.join(out.limited_by)})" if out.limited_by else ""
-            reason = (f"{spec.probe} {_fmt(filtered)} {above} setpoint {_fmt(cfg.setpoint)}: "
-                      f"{spec.knob} {_fmt(current)} -> {_fmt(out.value)}{limits}")
+            reason = _reason(spec.probe, filtered, prev_filtered, cfg.setpoint, spec.knob, current, out,
+                             prev_components)
             self._decide(
                 ctx, result, step=obs.step + 1, knob=spec.knob, new=out.value, reason=reason,
                 controller=spec.name,
