@@ -48,26 +48,20 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
-import os
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from benchmarks.control._common import (
+    command_line, console, arm_progress, pick_threads, save_results, start_controller,
+)
 
 import torch  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from benchmarks.control.dpo_kl import pick_threads  # noqa: E402
 from benchmarks.control.draft_distill import blocks, stdlib_text  # noqa: E402
 
-console = Console(width=None if os.isatty(1) else 180)
-RESULTS = Path(__file__).resolve().parents[1] / "results"
 SCENARIO = "compress-rank"
 SWEEP = (576, 560, 544, 528, 512, 496, 480, 448, 416, 384, 320, 256)
 
@@ -78,7 +72,6 @@ class Setup:
     def __init__(self, a: argparse.Namespace) -> None:
         from actuator.agents.compression import compression_stats, factorize
         from actuator.agents.models import load_smollm2
-        from actuator.agents.probes import Perplexity
 
         with console.status("loading SmolLM2-135M-Instruct (offline)…"):
             model, self.tok = load_smollm2()
@@ -207,11 +200,9 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
                 if rep is not None and "perplexity" in rep.values:
                     record(step, rep.values["perplexity"])
                 knob.apply(schedule.value_at(step))
-            progress.update(task, advance=1)
+            advance()
 
-    with Progress(TextColumn(f"[bold]{arm['name']:<22}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=console) as progress:
-        task = progress.add_task(arm["name"], total=a.steps)
+    with arm_progress(arm["name"], a.steps, 22) as advance:
         trainer.add_callback(Trace())
         t0 = time.time()
         trainer.train()
@@ -292,15 +283,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if a.quick:
         a.steps = min(a.steps, 24)
     a.out.mkdir(parents=True, exist_ok=True)
-    RESULTS.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(pick_threads(a.threads))
 
-    from actuator.api.embedded import serve_in_thread
-    from actuator.config import Settings
-
-    db = a.out / "actuator.db"
-    db.unlink(missing_ok=True)
-    url = serve_in_thread(Settings(database_url=f"sqlite:///{db}"))
+    url = start_controller(a.out)
     t_start = time.time()
     setup = Setup(a)
     budget = setup.dense_ppl * (1 + a.budget / 100)
@@ -343,9 +328,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "batch_size": a.batch_size, "seq_len": a.seq_len, "probe_every": a.probe_every,
         "cubic": {"t_init": a.t_init, "t_final": max(2, round(a.steps * a.t_final)), "final_rank": sweep_rank},
         "pid": pid_policy(a, setup.dense_ppl, 576)["controllers"][0], "sweep": sweep, "arms": results,
-        "machine": f"{os.cpu_count()} CPU cores (shared), torch {torch.__version__}",
-        "wall_seconds": time.time() - t_start,
-        "command": "python -m benchmarks.control.compress_rank " + " ".join(argv if argv is not None else os.sys.argv[1:]),
+        "command": command_line("compress_rank", argv),
     }
     targets = {}
     for seed in a.seeds:
@@ -372,9 +355,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if targets:
         out["targets"] = targets
         console.print(f"targets: {targets}")
-    (RESULTS / f"{SCENARIO}.json").write_text(json.dumps(out, indent=2, default=str))
-    plot(out, RESULTS / f"{SCENARIO}.png")
-    console.print(f"wrote {RESULTS / (SCENARIO + '.json')} and {SCENARIO}.png ({out['wall_seconds']:.0f} s)")
+    save_results(SCENARIO, out, plot, t_start)
     return out
 
 

@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import math
 import os
 import tempfile
@@ -58,18 +57,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from benchmarks.control._common import (
+    command_line, console, arm_progress, pick_threads, save_results, start_controller,
+)
 
 import torch  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from benchmarks.control.sft_drift import GENERAL_TEXT  # noqa: E402
 
-console = Console(width=None if os.isatty(1) else 180)
-RESULTS = Path(__file__).resolve().parents[1] / "results"
 SCENARIO = "dpo-kl"
 
 FACTS = [
@@ -199,16 +195,6 @@ class Setup:
         return suite.run(model, 0, force=True).values["perplexity"]
 
 
-def pick_threads(requested: int | None) -> int:
-    """``--threads`` or: all cores when the machine is idle, one when it is oversubscribed
-    (measured on the shared 2-core box at load ~5: a SmolLM2 forward+backward took 22-34 s with
-    2 threads and 10 s with 1, torch's OpenMP threads spin-waiting for each other)."""
-    cores = os.cpu_count() or 1
-    if requested:
-        return requested
-    return 1 if os.getloadavg()[0] > cores else cores
-
-
 def make_trainer(setup: Setup, model: Any, name: str, a: argparse.Namespace, seed: int) -> Any:
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
     from trl import DPOConfig, DPOTrainer
@@ -302,16 +288,14 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
                     beta, zstate = ziegler.update(value, n, zstate)
                     knob.apply(beta)
                     last_update = step
-            progress.update(task, advance=1)
+            advance()
 
         def on_log(self, args, state, control, logs=None, **kw):  # noqa: ANN001
             if logs and "rewards/margins" in logs:
                 margins.append({"step": state.global_step, "margin": float(logs["rewards/margins"]),
                                 "loss": float(logs.get("loss", float("nan"))), "beta": knob.read()})
 
-    with Progress(TextColumn(f"[bold]{arm['name']:<18}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=console) as progress:
-        task = progress.add_task(arm["name"], total=a.steps)
+    with arm_progress(arm["name"], a.steps, 18) as advance:
         trainer.add_callback(Trace())
         t0 = time.time()
         trainer.train()
@@ -423,15 +407,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if a.horizon is None:
         a.horizon = float(a.probe_every * a.batch_size)
     a.out.mkdir(parents=True, exist_ok=True)
-    RESULTS.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(pick_threads(a.threads))
 
-    from actuator.api.embedded import serve_in_thread
-    from actuator.config import Settings
-
-    db = a.out / "actuator.db"
-    db.unlink(missing_ok=True)
-    url = serve_in_thread(Settings(database_url=f"sqlite:///{db}"))
+    url = start_controller(a.out)
     t_start = time.time()
     setup = Setup(a)
     base_ppl = setup.perplexity(setup.model)
@@ -475,9 +453,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                            "kl_beta_bounds": [la.beta / 4, la.beta * 50], "max_step": la.max_step}
                     for loss, la in configs.items()},
         "start_perplexity": base_ppl, "arms": results,
-        "machine": f"{os.cpu_count()} CPU cores (shared), torch {torch.__version__}",
-        "wall_seconds": time.time() - t_start,
-        "command": "python -m benchmarks.control.dpo_kl " + " ".join(argv if argv is not None else os.sys.argv[1:]),
+        "command": command_line("dpo_kl", argv),
     }
 
     def settle(r: dict[str, Any]) -> float:
@@ -501,9 +477,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if targets:
         out["targets"] = targets
         console.print(f"targets: {targets}")
-    (RESULTS / f"{SCENARIO}.json").write_text(json.dumps(out, indent=2, default=str))
-    plot(out, RESULTS / f"{SCENARIO}.png")
-    console.print(f"wrote {RESULTS / (SCENARIO + '.json')} and {SCENARIO}.png ({out['wall_seconds']:.0f} s)")
+    save_results(SCENARIO, out, plot, t_start)
     return out
 
 

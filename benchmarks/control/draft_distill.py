@@ -42,8 +42,6 @@ import argparse
 import copy
 import hashlib
 import importlib
-import json
-import os
 import tempfile
 import time
 import warnings
@@ -51,19 +49,15 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from benchmarks.control._common import (
+    command_line, console, arm_progress, pick_threads, save_results, start_controller,
+)
 
 import torch  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
 from rich.table import Table  # noqa: E402
 from torch import nn  # noqa: E402
 
-from benchmarks.control.dpo_kl import pick_threads  # noqa: E402
 
-console = Console(width=None if os.isatty(1) else 180)
-RESULTS = Path(__file__).resolve().parents[1] / "results"
 SCENARIO = "draft-distill"
 
 _MODULES = (
@@ -275,7 +269,7 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
                 rep = suite.run(model, step)
                 if rep is not None and "draft.acceptance" in rep.values:
                     record(step, rep.values)
-            progress.update(task, advance=1)
+            advance()
 
         def on_log(self, args, state, control, logs=None, **kw):  # noqa: ANN001
             if logs and "distill_kl" in logs:
@@ -283,9 +277,7 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
                               "distill_ce": logs["distill_ce"], "lambda": logs["distill_lambda"]})
 
     logs_ = logs
-    with Progress(TextColumn(f"[bold]{arm['name']:<18}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=console) as progress:
-        task = progress.add_task(arm["name"], total=a.steps)
+    with arm_progress(arm["name"], a.steps, 18) as advance:
         trainer.add_callback(Trace())
         t0 = time.time()
         trainer.train()
@@ -357,15 +349,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if a.quick:
         a.steps = min(a.steps, 24)
     a.out.mkdir(parents=True, exist_ok=True)
-    RESULTS.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(pick_threads(a.threads))
 
-    from actuator.api.embedded import serve_in_thread
-    from actuator.config import Settings
-
-    db = a.out / "actuator.db"
-    db.unlink(missing_ok=True)
-    url = serve_in_thread(Settings(database_url=f"sqlite:///{db}"))
+    url = start_controller(a.out)
     t_start = time.time()
     setup = Setup(a)
     start = setup.measure(setup.student0)
@@ -399,9 +385,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "lr": a.lr, "batch_size": a.batch_size, "seq_len": a.seq_len, "probe_every": a.probe_every,
         "setpoint": a.setpoint, "pid": pid_policy(a)["controllers"][0], "start": start, "teacher_heldout_ce": teacher_ce,
         "arms": results, "teacher_cache": {"hits": setup.teacher.hits, "misses": setup.teacher.misses},
-        "machine": f"{os.cpu_count()} CPU cores (shared), torch {torch.__version__}",
-        "wall_seconds": time.time() - t_start,
-        "command": "python -m benchmarks.control.draft_distill " + " ".join(argv if argv is not None else os.sys.argv[1:]),
+        "command": command_line("draft_distill", argv),
     }
     targets = {}
     for seed in a.seeds:
@@ -417,9 +401,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if targets:
         out["targets"] = targets
         console.print(f"targets: {targets}")
-    (RESULTS / f"{SCENARIO}.json").write_text(json.dumps(out, indent=2, default=str))
-    plot(out, RESULTS / f"{SCENARIO}.png")
-    console.print(f"wrote {RESULTS / (SCENARIO + '.json')} and {SCENARIO}.png ({out['wall_seconds']:.0f} s)")
+    save_results(SCENARIO, out, plot, t_start)
     return out
 
 

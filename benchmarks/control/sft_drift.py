@@ -1,40 +1,45 @@
 """sft-drift: narrow-task SFT of the real SmolLM2-135M-Instruct with an aggressive learning rate.
 
+The narrow task: spell a word backwards, letters separated by dashes ("apple" -> "e-l-p-p-a"),
+from a 35-word vocabulary; held-out examples are other draws from the same vocabulary, so "task
+gain" is learning the skill on these words, measured as held-out loss (start - end) and as
+greedy exact-match accuracy on all 35 words. Capability drift is KL drift from the starting
+model on 8 general chat prompts (the probe the controller sees, every ``--probe-every`` steps),
+general-text perplexity increase and HotpotQA gold-answer log-prob change.
+
 Arms (one invocation, same data, seed and probe sets):
-- open loop at three learning rates (the sweep; the middle one is the aggressive start),
+- open loop at three learning rates (a sweep around the aggressive start: lr/3, lr, 3*lr),
 - ``ReduceLROnPlateau`` (PyTorch semantics, pure re-implementation in ``actuator.controllers``)
   on the KL-drift probe, starting at the aggressive learning rate,
 - Actuator: a PID on KL drift through the real controller service and ``ActuatorCallback``,
-  starting at the aggressive learning rate.
+  starting at the aggressive learning rate (never above it: the user's lr is the ceiling).
 
-Reported at the end of each arm: task gain (held-out task loss, start − end), capability drift
-(KL drift, general perplexity increase %, HotpotQA gold-answer log-prob change), and the
-(task gain, drift) Pareto picture.
+Calibration that set the defaults (SmolLM2, batch 4, seed 0): at lr 1e-4 KL drift is 2.9 nats
+after 3 steps and saturates near 7.6 by step 20 (held-out loss 4.39 -> 0.28 at step 30); at
+3e-5 it passes 0.5 after 2 steps and 4.7 after 12. A probe-rate controller only has authority
+where drift builds over several probes, so the default start is 3e-5, probes every 2 steps and a
+setpoint of 1 nat.
 
-    python -m benchmarks.control.sft_drift [--steps 60] [--seeds 0] [--quick]
+    python -m benchmarks.control.sft_drift [--steps 40] [--seeds 0] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import math
-import os
 import random
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from benchmarks.control._common import (
+    arm_progress, command_line, console, pick_threads, save_results, start_controller,
+)
 
 import torch  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-console = Console()
-RESULTS = Path(__file__).resolve().parents[1] / "results"
+SCENARIO = "sft-drift"
 
 WORDS = ("apple river candle mountain window garden silver rocket planet forest violin marble tiger lemon castle "
          "harbor pencil meadow thunder island copper velvet falcon lantern orchid glacier compass saddle timber "
@@ -96,6 +101,21 @@ class Setup:
     def reset(self) -> None:
         self.model.load_state_dict(self.base)
 
+    @torch.no_grad()
+    def task_accuracy(self) -> float:
+        """Greedy exact match of the reversed spelling, over every word of the vocabulary."""
+        was_training = self.model.training
+        self.model.eval()
+        self.tok.padding_side = "left"
+        prompts = [chat(self.tok, f"Reverse the word: {w}") for w in WORDS]
+        enc = self.tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        out = self.model.generate(**enc, max_new_tokens=24, do_sample=False, pad_token_id=self.tok.pad_token_id
+                                  or self.tok.eos_token_id)
+        answers = self.tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+        self.tok.padding_side = "right"
+        self.model.train(was_training)
+        return sum(a.strip() == "-".join(reversed(w)) for a, w in zip(answers, WORDS)) / len(WORDS)
+
     def final_metrics(self, trainer: Any) -> dict[str, float]:
         from actuator.agents.probes import ProbeSuite
 
@@ -103,7 +123,7 @@ class Setup:
         suite = ProbeSuite([self.ppl, self.hotpot], budget_share=1.0)
         suite.setup(self.model)
         values = suite.run(self.model, 0, force=True).values
-        return {"task_loss": task_loss, "perplexity": values["perplexity"],
+        return {"task_loss": task_loss, "task_accuracy": self.task_accuracy(), "perplexity": values["perplexity"],
                 "gold_logprob": values["hotpotqa.gold_logprob"], "hotpotqa_f1": values["hotpotqa.f1"]}
 
 
@@ -138,12 +158,10 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
     trace: list[dict[str, float]] = []
     cb = None
     if arm["kind"] == "actuator":
-        policy = {"name": "bench-sft-drift", "controllers": [{
-            "name": "drift-lr", "probe": "kl_drift", "knob": "learning_rate", "setpoint": a.setpoint,
-            "kp": 0.4 / a.setpoint, "ki": 0.04 / a.setpoint, "direction": "direct",
-            "filter": {"kind": "ema", "alpha": 0.6}}]}
-        cb = ActuatorCallback(policy, url=url, probes=[drift], budget_share=1.0, run_name=f"bench-{arm['name']}",
-                              knobs={"learning_rate": {"min": arm["lr"] / 100, "max": arm["lr"], "max_step": 1.0}})
+        cb = ActuatorCallback(pid_policy(a), url=url, probes=[drift], budget_share=1.0,
+                              run_name=f"bench-{SCENARIO}-{seed}",
+                              knobs={"learning_rate": {"min": arm["lr"] / 100, "max": arm["lr"],
+                                                       "max_step": a.max_step}})
         cb.attach(trainer)
         suite = None
     else:
@@ -170,21 +188,28 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
             if value is not None:
                 trace.append({"step": state.global_step, "kl_drift": value,
                               "lr": trainer.optimizer.param_groups[0]["lr"]})
-            progress.update(task, advance=1)
+            advance()
 
-    with Progress(TextColumn(f"[bold]{arm['name']:<18}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=console) as progress:
-        task = progress.add_task(arm["name"], total=a.steps)
+    with arm_progress(arm["name"], a.steps) as advance:
         trainer.add_callback(Trace())
         t0 = time.time()
         trainer.train()
         seconds = time.time() - t0
     final = setup.final_metrics(trainer)
     decisions = len(cb.applied) if cb is not None else None
-    return {"arm": arm["name"], "kind": arm["kind"], "start_lr": arm["lr"], "trace": trace, "final": final,
+    return {"arm": arm["name"], "kind": arm["kind"], "start_lr": arm["lr"], "seed": seed, "trace": trace,
+            "final": final, "final_lr": trainer.optimizer.param_groups[0]["lr"],
             "final_kl_drift": sum(t["kl_drift"] for t in trace[-3:]) / max(1, len(trace[-3:])),
             "seconds": seconds, "decisions": decisions,
             "steps_over_setpoint": sum(1 for t in trace if t["kl_drift"] > a.setpoint * 1.1)}
+
+
+def pid_policy(a: argparse.Namespace) -> dict[str, Any]:
+    """Gains per unit of relative error: an error the size of the setpoint moves ln(lr) by kp."""
+    return {"name": "bench-sft-drift", "controllers": [{
+        "name": "drift-lr", "probe": "kl_drift", "knob": "learning_rate", "setpoint": a.setpoint,
+        "kp": a.kp / a.setpoint, "ki": a.ki / a.setpoint, "direction": "direct",
+        "filter": {"kind": "ema", "alpha": 0.6}}]}
 
 
 def pareto(points: list[tuple[str, float, float]]) -> set[str]:
@@ -226,35 +251,34 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
-    ap.add_argument("--quick", action="store_true", help="20 steps, fewer HotpotQA records")
-    ap.add_argument("--lr", type=float, default=3e-4, help="the aggressive starting learning rate")
-    ap.add_argument("--setpoint", type=float, default=0.05)
-    ap.add_argument("--probe-every", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=Path("bench-output/sft-drift"))
+    ap.add_argument("--quick", action="store_true", help="16 steps, three arms, fewer HotpotQA records")
+    ap.add_argument("--lr", type=float, default=3e-5, help="the aggressive starting learning rate")
+    ap.add_argument("--setpoint", type=float, default=1.0, help="KL drift (nats/token) the Actuator arm holds")
+    ap.add_argument("--probe-every", type=int, default=2)
+    ap.add_argument("--kp", type=float, default=2.0, help="PID kp x setpoint (log-lr units)")
+    ap.add_argument("--ki", type=float, default=0.2, help="PID ki x setpoint, per step")
+    ap.add_argument("--max-step", type=float, default=1.5, help="largest ln(lr) change per decision")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: by machine load)")
+    ap.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "actuator-bench" / SCENARIO,
+                    help="scratch: trainer dirs and the controller's SQLite file (results go to benchmarks/results)")
     a = ap.parse_args(argv)
     if a.quick:
-        a.steps = min(a.steps, 20)
+        a.steps = min(a.steps, 16)
     a.out.mkdir(parents=True, exist_ok=True)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
-
-    from actuator.api.embedded import serve_in_thread
-    from actuator.config import Settings
-
-    db = a.out / "actuator.db"
-    db.unlink(missing_ok=True)
-    url = serve_in_thread(Settings(database_url=f"sqlite:///{db}"))
+    torch.set_num_threads(pick_threads(a.threads))
+    url = start_controller(a.out)
+    t_start = time.time()
     setup = Setup(a.seeds[0], hotpot_records=4 if a.quick else 8)
     base_trainer = make_trainer(setup, "base", a.lr, 1, a.seeds[0], a.out)
     base = setup.final_metrics(base_trainer)
-    console.print(f"start: held-out task loss {base['task_loss']:.3f}, perplexity {base['perplexity']:.2f}, "
-                  f"HotpotQA gold log-prob {base['gold_logprob']:.3f}")
+    console.print(f"start: held-out task loss {base['task_loss']:.3f}, accuracy {base['task_accuracy']:.2f}, "
+                  f"perplexity {base['perplexity']:.2f}, HotpotQA gold log-prob {base['gold_logprob']:.3f}")
     arms = [
-        {"name": f"open loop {a.lr / 3:.0e}", "kind": "open", "lr": a.lr / 3},
-        {"name": f"open loop {a.lr:.0e}", "kind": "open", "lr": a.lr},
-        {"name": f"open loop {a.lr * 3:.0e}", "kind": "open", "lr": a.lr * 3},
+        {"name": f"open loop {a.lr / 3:.1e}", "kind": "open", "lr": a.lr / 3},
+        {"name": f"open loop {a.lr:.1e}", "kind": "open", "lr": a.lr},
+        {"name": f"open loop {a.lr * 3:.1e}", "kind": "open", "lr": a.lr * 3},
         {"name": "ReduceLROnPlateau", "kind": "plateau", "lr": a.lr},
         {"name": "actuator PID", "kind": "actuator", "lr": a.lr},
     ]
@@ -265,38 +289,45 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for arm in arms:
             r = run_arm(setup, arm, a, url, seed)
             f = r["final"]
-            r["seed"] = seed
             r["task_gain"] = base["task_loss"] - f["task_loss"]
+            r["accuracy_gain"] = f["task_accuracy"] - base["task_accuracy"]
             r["perplexity_increase_pct"] = 100 * (f["perplexity"] / base["perplexity"] - 1)
             r["gold_logprob_change"] = f["gold_logprob"] - base["gold_logprob"]
             results.append(r)
-    front = pareto([(r["arm"], r["task_gain"], r["final_kl_drift"]) for r in results if r["kind"] == "open"]
-                   + [(r["arm"], r["task_gain"], r["final_kl_drift"]) for r in results if r["kind"] == "actuator"])
-    table = Table(title=f"sft-drift — SmolLM2-135M-Instruct, {a.steps} steps, setpoint KL {a.setpoint}")
-    for col in ("arm", "task gain", "final KL drift", "ppl +%", "gold log-prob Δ", "steps > setpoint+10%",
-                "decisions", "Pareto", "s"):
+    table = Table(title=f"{SCENARIO} — SmolLM2-135M-Instruct, {a.steps} steps, setpoint KL {a.setpoint}")
+    for col in ("arm", "seed", "task gain (loss)", "task accuracy", "final KL drift", "ppl +%", "gold log-prob Δ",
+                "steps > setpoint+10%", "final lr", "decisions", "Pareto", "s"):
         table.add_column(col, justify="right")
-    for r in results:
-        table.add_row(r["arm"], f"{r['task_gain']:.3f}", f"{r['final_kl_drift']:.4f}",
-                      f"{r['perplexity_increase_pct']:+.1f}", f"{r['gold_logprob_change']:+.3f}",
-                      str(r["steps_over_setpoint"]), str(r["decisions"] if r["decisions"] is not None else "-"),
-                      "yes" if r["arm"] in front else "", f"{r['seconds']:.0f}")
+    out: dict[str, Any] = {
+        "scenario": SCENARIO, "steps": a.steps, "seeds": a.seeds, "setpoint": a.setpoint, "lr": a.lr,
+        "probe_every": a.probe_every, "pid": pid_policy(a)["controllers"][0], "start": base, "arms": results,
+        "command": command_line("sft_drift", argv), "targets": {}, "pareto_front": {},
+    }
+    for seed in a.seeds:
+        mine = [r for r in results if r["seed"] == seed]
+        points = [(r["arm"], r["task_gain"], r["final_kl_drift"]) for r in mine if r["kind"] in ("open", "actuator")]
+        front = pareto(points)
+        out["pareto_front"][f"seed {seed}"] = sorted(front)
+        for r in mine:
+            f = r["final"]
+            table.add_row(r["arm"], str(seed), f"{r['task_gain']:.3f}", f"{f['task_accuracy']:.2f}",
+                          f"{r['final_kl_drift']:.3f}", f"{r['perplexity_increase_pct']:+.1f}",
+                          f"{r['gold_logprob_change']:+.3f}", str(r["steps_over_setpoint"]), f"{r['final_lr']:.1e}",
+                          "-" if r["decisions"] is None else str(r["decisions"]), "yes" if r["arm"] in front else "",
+                          f"{r['seconds']:.0f}")
+        ref = next((r for r in mine if r["kind"] == "open" and r["start_lr"] == a.lr), None)
+        pid = next((r for r in mine if r["kind"] == "actuator"), None)
+        if ref and pid:
+            out["targets"][f"seed {seed}"] = {
+                "task_gain_no_worse_loss": pid["task_gain"] >= ref["task_gain"],
+                "task_gain_no_worse_accuracy": pid["final"]["task_accuracy"] >= ref["final"]["task_accuracy"],
+                "drift_at_most_one_third": pid["final_kl_drift"] <= ref["final_kl_drift"] / 3,
+                "drift_ratio": pid["final_kl_drift"] / ref["final_kl_drift"],
+                "on_or_beyond_pareto_front": pid["arm"] in front,
+            }
     console.print(table)
-    out = {"scenario": "sft-drift", "steps": a.steps, "seeds": a.seeds, "setpoint": a.setpoint, "start": base,
-           "arms": results, "pareto_front": sorted(front), "machine": f"{os.cpu_count()} CPU cores, torch "
-           f"{torch.__version__}", "command": "python -m benchmarks.control.sft_drift " + " ".join(argv or [])}
-    ref = next((r for r in results if r["kind"] == "open" and r["start_lr"] == a.lr), None)
-    pid = next((r for r in results if r["kind"] == "actuator"), None)
-    if ref and pid:
-        out["targets"] = {
-            "task_gain_no_worse": pid["task_gain"] >= ref["task_gain"],
-            "drift_at_most_one_third": pid["final_kl_drift"] <= ref["final_kl_drift"] / 3,
-            "on_or_beyond_pareto_front": pid["arm"] in front,
-        }
-        console.print(f"targets: {out['targets']}")
-    (RESULTS / "sft-drift.json").write_text(json.dumps(out, indent=2, default=str))
-    plot(out, RESULTS / "sft-drift.png")
-    console.print(f"wrote {RESULTS / 'sft-drift.json'} and sft-drift.png")
+    console.print(f"targets: {out['targets']}")
+    save_results(SCENARIO, out, plot, t_start)
     return out
 
 

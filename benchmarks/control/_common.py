@@ -1,0 +1,85 @@
+"""What every real-model control scenario shares: output paths, console, threads, the embedded
+controller, the per-arm progress bar and writing the result files.
+
+Importing this module sets the offline switches (``HF_HUB_OFFLINE``) before transformers loads:
+the scenarios never download anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from rich.console import Console  # noqa: E402
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
+
+__all__ = ["RESULTS", "console", "pick_threads", "start_controller", "arm_progress", "command_line",
+           "machine", "save_results"]
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+console = Console(width=None if os.isatty(1) else 180)
+
+
+def pick_threads(requested: int | None) -> int:
+    """``--threads`` or: all cores when the machine is idle, one when it is oversubscribed
+    (measured on the shared 2-core box at load ~5: a SmolLM2 forward+backward took 22-34 s with
+    2 threads and 10 s with 1, torch's OpenMP threads spin-waiting for each other)."""
+    cores = os.cpu_count() or 1
+    if requested:
+        return requested
+    return 1 if os.getloadavg()[0] > cores else cores
+
+
+def start_controller(scratch: Path) -> str:
+    """The real controller service on loopback (uvicorn in a thread) over a fresh SQLite file in
+    ``scratch``; returns its URL."""
+    from actuator.api.embedded import serve_in_thread
+    from actuator.config import Settings
+
+    scratch.mkdir(parents=True, exist_ok=True)
+    db = scratch / "actuator.db"
+    db.unlink(missing_ok=True)
+    return serve_in_thread(Settings(database_url=f"sqlite:///{db}"))
+
+
+@contextmanager
+def arm_progress(name: str, steps: int, width: int = 22) -> Iterator[Callable[[], None]]:
+    """A progress bar for one arm; yields ``advance()`` for the arm's step-end callback."""
+    with Progress(TextColumn(f"[bold]{name:<{width}}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=console) as progress:
+        task = progress.add_task(name, total=steps)
+        yield lambda: progress.update(task, advance=1)
+
+
+def command_line(module: str, argv: Sequence[str] | None) -> str:
+    args = list(argv) if argv is not None else sys.argv[1:]
+    return " ".join([f"python -m benchmarks.control.{module}", *args])
+
+
+def machine() -> str:
+    import torch
+
+    load = os.getloadavg()[0]
+    return f"{os.cpu_count()} CPU cores, torch {torch.__version__}, {torch.get_num_threads()} threads, load {load:.1f} at the end"
+
+
+def save_results(scenario: str, out: dict[str, Any], plot: Callable[[dict[str, Any], Path], None],
+                 t_start: float | None = None) -> None:
+    """Write ``benchmarks/results/<scenario>.json`` and ``.png`` and say so."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out.setdefault("machine", machine())
+    if t_start is not None:
+        out.setdefault("wall_seconds", time.time() - t_start)
+    (RESULTS / f"{scenario}.json").write_text(json.dumps(out, indent=2, default=str))
+    plot(out, RESULTS / f"{scenario}.png")
+    took = f" ({out['wall_seconds']:.0f} s)" if "wall_seconds" in out else ""
+    console.print(f"wrote {RESULTS / (scenario + '.json')} and {scenario}.png{took}")
