@@ -48,8 +48,16 @@ except ImportError as exc:  # pragma: no cover - depends on install
 
 
 def default_knob_spec(name: str, value: float) -> dict[str, Any]:
-    """Bounds a user gets when they name a knob without bounds: generous but finite."""
-    if name in ("learning_rate", "kl_beta", "gkd_beta") and value > 0:
+    """Bounds a user gets when they name a knob without bounds.
+
+    The learning rate the user configured is its ceiling: a controller may slow a run down to
+    protect a capability but never, by default, train faster than the user chose (a 10x lr is
+    how runs diverge). Betas may rise 10x (a larger beta keeps the policy closer to its
+    reference, the conservative direction) and fall 100x.
+    """
+    if name == "learning_rate" and value > 0:
+        return {"min": value / 100.0, "max": value, "scale": "log", "max_step": 0.7}
+    if name in ("kl_beta", "gkd_beta") and value > 0:
         return {"min": value / 100.0, "max": value * 10.0, "scale": "log", "max_step": 0.7}
     if name == "distill_lambda":
         return {"min": 0.0, "max": 1.0, "scale": "linear", "max_step": 0.2}

@@ -136,3 +136,32 @@ def test_unknown_stored_policy_does_not_break_training(tmp_path, char_tokenizer,
     assert "registration refused" in (cb.sender.stats.disabled_reason or "")
     errors = [r.getMessage() for r in caplog.records if "no-such-policy" in r.getMessage()]
     assert len(errors) == 1, errors  # said once, not once per batch
+
+
+RAISE_POLICY = {
+    "name": "test-raise-lr",
+    # drift far below the setpoint and a pure integral: the controller asks for more lr every probe
+    "controllers": [{"name": "raise", "probe": "kl_drift", "knob": "learning_rate", "setpoint": 50.0,
+                     "kp": 0.0, "ki": 0.05}],
+}
+
+
+@pytest.mark.parametrize("explicit_max", [None, 5e-2])
+def test_default_bounds_never_raise_the_lr_above_the_configured_value(tmp_path, char_tokenizer, sqlite_service,
+                                                                      explicit_max):
+    lr = 5e-3
+    trainer = make_trainer(tmp_path, char_tokenizer, steps=12, scheduler="constant", lr=lr)
+    used = record_lr_used(trainer)
+    knobs = None if explicit_max is None else {"learning_rate": {"min": lr / 100, "max": explicit_max}}
+    cb = ActuatorCallback(RAISE_POLICY, url=sqlite_service.url, knobs=knobs,
+                          probes=[KLDrift(HELD_OUT, char_tokenizer, every=2, max_length=32)], budget_share=1.0,
+                          ).attach(trainer)
+    trainer.add_callback(SlowSteps())
+    trainer.train()
+
+    run = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}").json()
+    if explicit_max is None:
+        assert run["knobs"]["learning_rate"]["max"] == pytest.approx(lr)
+        assert max(used) <= lr * (1 + 1e-9) and not cb.applied
+    else:  # the same policy with room above does raise it: the default is what held it
+        assert cb.applied and max(used) > lr * 1.05
