@@ -16,9 +16,10 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from ._exceptions import PolicyError
-from .schemas import FiniteFloat, Name, Scale
+from .schemas import MAX_INT, FiniteFloat, Name, Scale
 
 __all__ = [
     "KNOWN_PROBES",
@@ -239,6 +240,38 @@ class PolicyDocument(_Model):
             dup = sorted({n for n in names if names.count(n) > 1})
             if dup:
                 raise ValueError(f"{field}: names must be unique, repeated: {dup}")
+        return self
+
+    @model_validator(mode="after")
+    def _computable(self) -> PolicyDocument:
+        """What the fields' own validation lets through but the engine and the store cannot
+        compute with: integers past the store's range (a cooldown of 10**400 overflows float() at
+        every observation) and relative setpoints/thresholds whose percentage is not a finite
+        number ('+999...9%' is inf). Each error names its field."""
+        errors: list[InitErrorDetails] = []
+
+        def walk(value: Any, loc: tuple[str | int, ...]) -> None:
+            if isinstance(value, bool):
+                return
+            if isinstance(value, int) and abs(value) > MAX_INT:
+                errors.append({"type": PydanticCustomError("int_range", "integer out of range (at most {max})",
+                                                           {"max": MAX_INT}), "loc": loc, "input": value})
+            elif isinstance(value, dict):
+                for k, v in value.items():
+                    walk(v, (*loc, k))
+            elif isinstance(value, (list, tuple)):
+                for i, v in enumerate(value):
+                    walk(v, (*loc, i))
+
+        walk(self.model_dump(), ())
+        relatives = [(("controllers", i, "setpoint"), c.setpoint) for i, c in enumerate(self.controllers)]
+        relatives += [(("guardrails", i, "threshold"), g.threshold) for i, g in enumerate(self.guardrails)]
+        for loc, value in relatives:
+            if isinstance(value, str) and not math.isfinite(float(value.rstrip("%"))):
+                errors.append({"type": PydanticCustomError("finite_percentage", "the percentage must be a finite "
+                                                           "number"), "loc": loc, "input": value})
+        if errors:
+            raise ValidationError.from_exception_data(type(self).__name__, errors)
         return self
 
 

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 __all__ = [
+    "MAX_INT",
     "Name",
     "FiniteFloat",
     "Scale",
@@ -37,6 +38,11 @@ Scale = Literal["log", "linear", "integer"]
 RunStateName = Literal["running", "paused", "halted", "finished"]
 
 _MAX_VALUES = 256  # probes / metrics / knobs per observation
+
+# The store's INTEGER columns (seq, step, versions, decision numbers) are 32-bit on Postgres and
+# SQLite refuses ints past 64 bits: a larger number is refused here (a 422 at the service, a
+# ValidationError in the client), never a database error.
+MAX_INT = 2**31 - 1
 
 
 class _Model(BaseModel):
@@ -124,8 +130,8 @@ class RunState(RunPublic):
 class ObservationCreate(_Model):
     """What the agent sends: probe values, training metrics and the knob values in effect."""
 
-    seq: int = Field(ge=0, description="Per-run sequence number; (run, seq) is idempotent.")
-    step: int = Field(ge=0, description="Optimizer step the values were taken at.")
+    seq: int = Field(ge=0, le=MAX_INT, description="Per-run sequence number; (run, seq) is idempotent.")
+    step: int = Field(ge=0, le=MAX_INT, description="Optimizer step the values were taken at.")
     probes: dict[Name, FiniteFloat] = Field(default_factory=dict, max_length=_MAX_VALUES)
     metrics: dict[Name, FiniteFloat] = Field(default_factory=dict, max_length=_MAX_VALUES)
     knobs: dict[Name, FiniteFloat] = Field(default_factory=dict, max_length=_MAX_VALUES)
@@ -135,7 +141,8 @@ class ObservationCreate(_Model):
 class ObservationBatch(_Model):
     observations: list[ObservationCreate] = Field(min_length=1, max_length=1000)
     last_decision: int = Field(
-        0, ge=0, description="Highest decision number the agent has applied; decisions after it are returned."
+        0, ge=0, le=MAX_INT,
+        description="Highest decision number the agent has applied; decisions after it are returned.",
     )
 
     @model_validator(mode="after")

@@ -14,15 +14,11 @@ from actuator.live import LiveState
 from actuator.metrics import Metrics
 from actuator.models import RunRow
 from actuator.policy import PolicyDocument
+from actuator.schemas import MAX_INT
 from actuator.store import Store, tokens_match
 
 __all__ = ["Services", "ServicesDep", "AdminDep", "RunAuthDep", "RunOrAdminDep", "get_services", "MAX_INT",
            "policy_ref"]
-
-# The store's INTEGER columns (seq, step, versions, decision numbers) are 32-bit on Postgres and
-# SQLite refuses ints past 64 bits: a larger number in a request is a 422, never a 500 from the
-# database.
-MAX_INT = 2**31 - 1
 
 
 def policy_ref(ref: str) -> tuple[str, int | None, bool]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from fastapi import APIRouter, Body, HTTPException, Path, status
@@ -26,42 +25,12 @@ _EXAMPLE = {
 }
 
 
-def computable_errors(doc: PolicyDocument, prefix: str = "") -> list[dict[str, str]]:
-    """What the policy validator lets through but the engine cannot compute with: integers past
-    the store's range (a cooldown of 10**400 overflows float() at every observation) and relative
-    setpoints/thresholds whose percentage is not a finite number ('+999...9%' is inf). Such a
-    policy would be stored and then fail every ingest of its runs."""
-    errors: list[dict[str, str]] = []
-
-    def walk(value: Any, loc: str) -> None:
-        if isinstance(value, bool):
-            return
-        if isinstance(value, int) and abs(value) > MAX_INT:
-            errors.append({"loc": loc, "msg": f"integer out of range (at most {MAX_INT})"})
-        elif isinstance(value, str) and loc.endswith((".setpoint", ".threshold")) and value.endswith("%") \
-                and not math.isfinite(float(value.strip().rstrip("%"))):
-            errors.append({"loc": loc, "msg": "the percentage must be a finite number"})
-        elif isinstance(value, dict):
-            for k, v in value.items():
-                walk(v, f"{loc}.{k}" if loc else str(k))
-        elif isinstance(value, list):
-            for i, v in enumerate(value):
-                walk(v, f"{loc}.{i}" if loc else str(i))
-
-    walk(doc.model_dump(mode="json"), prefix)
-    return errors
-
-
 def _parse(doc: dict[str, Any]) -> PolicyDocument:
     try:
         parsed = load_policy(doc)
     except PolicyError as exc:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY,
                             {"message": str(exc), "errors": exc.errors}) from exc
-    errors = computable_errors(parsed)
-    if errors:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY,
-                            {"message": "; ".join(f"{e['loc']}: {e['msg']}" for e in errors), "errors": errors})
     return parsed
 
 
@@ -84,11 +53,10 @@ def presets() -> dict[str, Any]:
 @router.post("/validate", summary="Dry-run validation: every error with its JSON path")
 def validate_policy(doc: dict[str, Any] = Body(..., examples=[_EXAMPLE])) -> dict[str, Any]:
     try:
-        parsed = load_policy(doc)
+        load_policy(doc)
     except PolicyError as exc:
         return {"valid": False, "errors": exc.errors or [{"loc": "(document)", "msg": str(exc)}]}
-    errors = computable_errors(parsed)
-    return {"valid": not errors, "errors": errors}
+    return {"valid": True, "errors": []}
 
 
 class SimulateBody(BaseModel):

@@ -6,7 +6,6 @@ import math
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, status
-from pydantic import Field
 
 from actuator._exceptions import PolicyError
 from actuator.models import PolicyRow
@@ -15,7 +14,6 @@ from actuator.schemas import (
     DecisionPage,
     IngestResult,
     ObservationBatch,
-    ObservationCreate,
     RunCreate,
     RunCreated,
     RunPublic,
@@ -25,24 +23,8 @@ from actuator.store import ObservationRefused
 
 from ..deps import MAX_INT, AdminDep, RunAuthDep, RunId, RunOrAdminDep, Services, ServicesDep, policy_ref
 from ..views import decision_public, run_public, run_state
-from .policies import computable_errors
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
-
-
-class ObservationIn(ObservationCreate):
-    """An observation as posted: seq and step within what the store's columns hold."""
-
-    seq: int = Field(ge=0, le=MAX_INT, description="Per-run sequence number; (run, seq) is idempotent.")
-    step: int = Field(ge=0, le=MAX_INT, description="Optimizer step the values were taken at.")
-
-
-class ObservationBatchIn(ObservationBatch):
-    observations: list[ObservationIn] = Field(min_length=1, max_length=1000)  # type: ignore[assignment]
-    last_decision: int = Field(
-        0, ge=0, le=MAX_INT,
-        description="Highest decision number the agent has applied; decisions after it are returned."
-    )
 
 
 def _unprocessable(message: str, errors: list[dict[str, Any]] | None = None) -> HTTPException:
@@ -68,9 +50,6 @@ def _resolve_policy(services: Services, body: RunCreate) -> tuple[PolicyRow | No
     except PolicyError as exc:
         errors = [{**e, "loc": f"body.policy.{e['loc']}"} for e in exc.errors]
         raise _unprocessable(f"policy: {exc}", errors) from exc
-    errors = computable_errors(doc, "body.policy")
-    if errors:
-        raise _unprocessable("; ".join(f"{e['loc']}: {e['msg']}" for e in errors), errors)
     latest = services.store.get_policy(doc.name)
     if latest is not None and not latest.archived and latest.document == doc.model_dump(mode="json"):
         return latest, doc
@@ -143,7 +122,7 @@ def get_run(run_id: RunId, services: ServicesDep) -> RunState:
 
 @router.post("/{run_id}/observations", response_model=IngestResult,
              summary="Post a batch of observations; returns the decisions to apply")
-def post_observations(batch: ObservationBatchIn, run: RunAuthDep, services: ServicesDep) -> IngestResult:
+def post_observations(batch: ObservationBatch, run: RunAuthDep, services: ServicesDep) -> IngestResult:
     if len(batch.observations) > services.settings.max_batch:
         raise _unprocessable(f"observations: at most {services.settings.max_batch} per request")
     engine = services.engine_for(run.policy_id)
