@@ -5,22 +5,50 @@ transaction that locks the run row (``SELECT ... FOR UPDATE`` on Postgres, a per
 process for SQLite), skips already-stored sequence numbers, runs the engine on the new
 observations in order and writes observations, decisions, events and the run's new state
 together, so a crash never leaves decisions without the state that produced them.
+
+The hot path is SQLAlchemy Core over plain dicts, not the ORM: the run row is read once, its
+JSON columns decoded once and written back only when they changed; a batch's rows are one
+statement per table (on Postgres every write of an ingest is one statement: the rows travel as
+one JSON document each, expanded by ``json_to_recordset``). The rest (registration, operator
+actions, reads) uses the ORM.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
+import json
 import secrets
+import select as _select
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from datetime import datetime
+from typing import Any, TypeVar
 
-from sqlalchemy import create_engine, event, func, select
+import pydantic_core
+from sqlalchemy import (
+    JSON,
+    Float,
+    Integer,
+    String,
+    Text,
+    bindparam,
+    cast,
+    create_engine,
+    event,
+    func,
+    insert,
+    select,
+    type_coerce,
+    update,
+)
+from sqlalchemy.engine import Connection
 from sqlalchemy.engine import Engine as SAEngine
+from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 
 from .engine import Engine, RunContext
@@ -28,11 +56,39 @@ from .models import DecisionRow, EventRow, ObservationRow, PolicyRow, RunRow, ut
 from .policy import PolicyDocument
 from .schemas import Action, ObservationBatch, ObservationCreate, RunCreate
 
-__all__ = ["Store", "IngestOutcome", "ObservationRefused", "hash_token", "new_token", "make_engine", "MAX_NAMES"]
+__all__ = ["Store", "IngestOutcome", "ObservationRefused", "RunTokenRefused", "RunSnapshot", "StoredDecision",
+           "hash_token", "new_token", "make_engine", "MAX_NAMES"]
 
 # Distinct probe, metric and knob names one run may report over its life: each becomes a key of
 # the run's row (read and written on every ingest) and a Prometheus label value.
 MAX_NAMES = 1024
+
+_T = TypeVar("_T")
+_RUNS, _OBS, _DEC, _EV, _POL = (RunRow.__table__, ObservationRow.__table__, DecisionRow.__table__,
+                                EventRow.__table__, PolicyRow.__table__)
+# The run's JSON columns an ingest reads and may write (run_metadata is never touched by one).
+_STATE_JSON = ("knobs", "controllers", "guardrails", "latest_probes", "latest_metrics", "knobs_in_effect")
+# The run row under its lock; the JSON columns as their stored text, so an ingest can tell which
+# ones it changed by comparing encodings (whatever the engine mutates, and however deep).
+_LOCK_RUN = (select(_RUNS.c.id, _RUNS.c.policy_id, _RUNS.c.policy_version, _RUNS.c.state, _RUNS.c.token_hash,
+                    _RUNS.c.last_step, _RUNS.c.last_seq, _RUNS.c.decision_count,
+                    *(cast(_RUNS.c[name], Text).label(name) for name in _STATE_JSON))
+             .where(_RUNS.c.id == bindparam("run_id")).with_for_update())
+_DECISION_COLUMNS = (_DEC.c.id, _DEC.c.run_id, _DEC.c.number, _DEC.c.step, _DEC.c.knob, _DEC.c.old_value,
+                     _DEC.c.new_value, _DEC.c.reason, _DEC.c.controller, _DEC.c.policy_version, _DEC.c.components,
+                     _DEC.c.inputs, _DEC.c.created_at)
+_dumps = json.dumps  # what SQLAlchemy's JSON type writes too: stored text compares equal
+
+
+def _json(value: Any) -> str:
+    """JSON for rows (a batch's, or one value): pydantic-core's encoder, several times faster
+    than json.dumps; NaN and infinities written as json.dumps writes them."""
+    return pydantic_core.to_json(value, inf_nan_mode="constants").decode()
+
+
+class RunTokenRefused(PermissionError):
+    """The token does not grant the run (checked on the locked row: a cached verification of the
+    token never outlives a change of the run's token)."""
 
 
 class ObservationRefused(ValueError):
@@ -71,7 +127,92 @@ def make_engine(url: str) -> SAEngine:
             cur.close()
 
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    # No pool_pre_ping (a round trip per checkout): a pooled connection the server has closed
+    # (a restart sends it a FATAL message and EOF) is readable while idle, which a zero-timeout
+    # poll sees for free; one that died silently fails its first statement, which invalidates
+    # the pool, and reads and ingests retry once on a fresh connection (``_retry_on_disconnect``).
+    # Up to 30 connections (as before), all kept: an overflow connection is closed when it is
+    # checked in, so a service busier than the persistent part connected anew (a Postgres backend
+    # forked) on every other request.
+    engine = create_engine(url, pool_size=30, max_overflow=0)
+
+    @event.listens_for(engine, "checkout")
+    def _drop_closed(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
+        if _closed_by_server(dbapi_conn):
+            raise DisconnectionError("the server closed this pooled connection")  # the pool connects anew
+
+    return engine
+
+
+def _closed_by_server(dbapi_conn: Any) -> bool:
+    """An idle libpq connection has nothing to read unless the server hung up (or sent a notice,
+    after which a reconnect costs little)."""
+    try:
+        fd = dbapi_conn.pgconn.socket
+    except Exception:  # noqa: BLE001 - closed or broken: psycopg raises when there is no socket
+        return True
+    if hasattr(_select, "poll"):
+        poller = _select.poll()
+        poller.register(fd, _select.POLLIN)
+        return bool(poller.poll(0))
+    return bool(_select.select([fd], [], [], 0)[0])  # pragma: no cover - Windows
+
+
+def _retry_on_disconnect(fn: Callable[..., _T]) -> Callable[..., _T]:
+    """Run ``fn`` once more when its pooled connection turned out dead (the database restarted
+    since it was last used): the failure invalidated the pool, so the retry connects anew. Only
+    for reads and for transactions whose first statement failed (nothing written yet)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> _T:
+        try:
+            return fn(*args, **kwargs)
+        except DBAPIError as exc:
+            if not exc.connection_invalidated:
+                raise
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+@dataclass(eq=False)
+class RunSnapshot:
+    """The run's row as an ingest read it under the lock and left it (what the answer and the
+    metrics need); the JSON columns decoded."""
+
+    id: str
+    policy_id: int
+    policy_version: int
+    state: str
+    token_hash: str
+    last_step: int | None
+    last_seq: int | None
+    decision_count: int
+    knobs: dict[str, Any]
+    controllers: dict[str, Any]
+    guardrails: dict[str, Any]
+    latest_probes: dict[str, Any]
+    latest_metrics: dict[str, Any]
+    knobs_in_effect: dict[str, Any]
+
+
+@dataclass(slots=True, eq=False)
+class StoredDecision:
+    """A decision as stored (the fields of ``DecisionRow``, without an ORM object per row)."""
+
+    id: int
+    run_id: str
+    number: int
+    step: int
+    knob: str
+    old_value: float
+    new_value: float
+    reason: str
+    controller: str | None
+    policy_version: int
+    components: dict[str, Any]
+    inputs: dict[str, Any]
+    created_at: datetime
 
 
 @dataclass
@@ -79,11 +220,11 @@ class IngestOutcome:
     accepted: int
     duplicates: int
     new_observations: list[ObservationCreate]
-    decisions: list[DecisionRow]  # every decision after the agent's last_decision (to apply)
-    created: list[DecisionRow]  # the decisions this request created
+    decisions: list[StoredDecision]  # every decision after the agent's last_decision (to apply)
+    created: list[StoredDecision]  # the decisions this request created
     actions: list[Action]
     events: list[dict[str, Any]]
-    run: RunRow
+    run: RunSnapshot
     controller_outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
@@ -95,6 +236,8 @@ class Store:
         self.is_sqlite = url.startswith("sqlite")
         self._run_locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
+        self._policy_engines: dict[int, Engine] = {}  # policy versions are immutable
+        self._write = self._write_sqlite if self.is_sqlite else self._write_postgres
 
     def close(self) -> None:
         self.engine.dispose()
@@ -116,22 +259,41 @@ class Store:
             s.add(row)
         return row
 
+    @_retry_on_disconnect
     def get_policy(self, name: str, version: int | None = None) -> PolicyRow | None:
         with self.sessions() as s:
             q = select(PolicyRow).where(PolicyRow.name == name)
             q = q.where(PolicyRow.version == version) if version else q.order_by(PolicyRow.version.desc())
             return s.scalars(q.limit(1)).first()
 
+    @_retry_on_disconnect
     def get_policy_by_id(self, policy_id: int) -> PolicyRow | None:
         with self.sessions() as s:
             return s.get(PolicyRow, policy_id)
 
+    @_retry_on_disconnect
     def list_policies(self, include_archived: bool = False) -> list[PolicyRow]:
         with self.sessions() as s:
             q = select(PolicyRow).order_by(PolicyRow.name, PolicyRow.version)
             if not include_archived:
                 q = q.where(PolicyRow.archived.is_(False))
             return list(s.scalars(q))
+
+    def policy_engine(self, policy_id: int, conn: Connection | None = None) -> Engine:
+        """The engine of a policy version, built once per process (versions are immutable).
+        ``conn``: load the policy through it (a caller holding a connection never waits for a
+        second one from the pool)."""
+        engine = self._policy_engines.get(policy_id)
+        if engine is None:
+            if conn is None:
+                with self.engine.connect() as own:
+                    return self.policy_engine(policy_id, own)
+            row = conn.execute(select(_POL.c.document, _POL.c.version).where(_POL.c.id == policy_id)).first()
+            if row is None:  # pragma: no cover - the foreign key guarantees it
+                raise LookupError(f"policy {policy_id} not found")
+            engine = Engine(PolicyDocument.model_validate(row.document), row.version)
+            self._policy_engines[policy_id] = engine
+        return engine
 
     # -- runs --------------------------------------------------------------------------------
     def create_run(self, body: RunCreate, policy: PolicyRow) -> tuple[RunRow, str]:
@@ -164,10 +326,19 @@ class Store:
                                     "knobs": {k.name: k.model_dump(mode="json") for k in body.knobs}}))
         return row, token
 
+    @_retry_on_disconnect
     def get_run(self, run_id: str) -> RunRow | None:
         with self.sessions() as s:
             return s.get(RunRow, run_id)
 
+    @_retry_on_disconnect
+    def run_token_hash(self, run_id: str) -> str | None:
+        """The stored hash of the run's token (None: no such run); what authenticating an agent
+        needs, without loading the run."""
+        with self.engine.connect() as conn:
+            return conn.scalar(select(_RUNS.c.token_hash).where(_RUNS.c.id == run_id))
+
+    @_retry_on_disconnect
     def list_runs(self, *, state: str | None = None, name: str | None = None,
                   limit: int = 100, offset: int = 0) -> list[RunRow]:
         with self.sessions() as s:
@@ -179,20 +350,51 @@ class Store:
             return list(s.scalars(q.offset(offset).limit(limit)))
 
     @contextmanager
+    def _run_lock(self, run_id: str) -> Iterator[None]:
+        """SQLite has no row locks: one writer per run within this process."""
+        if not self.is_sqlite:
+            yield
+            return
+        with self._locks_guard:
+            lock = self._run_locks.setdefault(run_id, threading.Lock())
+        with lock:
+            yield
+
+    @contextmanager
     def _locked_run(self, run_id: str) -> Iterator[tuple[Session, RunRow | None]]:
-        """A transaction holding the run's write lock."""
-        lock: threading.Lock | None = None
-        if self.is_sqlite:
-            with self._locks_guard:
-                lock = self._run_locks.setdefault(run_id, threading.Lock())
-            lock.acquire()
+        """An ORM transaction holding the run's write lock (operator actions)."""
+        with self._run_lock(run_id), self.session() as s:
+            run = s.scalars(select(RunRow).where(RunRow.id == run_id).with_for_update()).first()
+            yield s, run
+
+    @contextmanager
+    def _locked_snapshot(self, run_id: str) -> Iterator[tuple[Connection, RunSnapshot | None, dict[str, str]]]:
+        """A Core transaction holding the run's write lock (ingest): the connection, the run as
+        read under the lock (None: no such run) and its JSON columns' stored text. Commits when
+        the block ends, rolls back when it raises."""
+        with self._run_lock(run_id):
+            conn, row = self._lock(run_id)
+            try:
+                if row is None:
+                    yield conn, None, {}
+                else:
+                    stored = {name: getattr(row, name) for name in _STATE_JSON}
+                    run = RunSnapshot(row.id, row.policy_id, row.policy_version, row.state, row.token_hash,
+                                      row.last_step, row.last_seq, row.decision_count,
+                                      **{name: json.loads(value) for name, value in stored.items()})
+                    yield conn, run, stored
+                conn.commit()
+            finally:
+                conn.close()  # rolls back what was not committed
+
+    @_retry_on_disconnect
+    def _lock(self, run_id: str) -> tuple[Connection, Any]:
+        conn = self.engine.connect()
         try:
-            with self.session() as s:
-                run = s.scalars(select(RunRow).where(RunRow.id == run_id).with_for_update()).first()
-                yield s, run
-        finally:
-            if lock is not None:
-                lock.release()
+            return conn, conn.execute(_LOCK_RUN, {"run_id": run_id}).first()
+        except BaseException:
+            conn.close()
+            raise
 
     def set_state(self, run_id: str, state: str, reason: str = "") -> RunRow | None:
         with self._locked_run(run_id) as (s, run):
@@ -205,7 +407,8 @@ class Store:
                            payload={"from": old, "to": state, "reason": reason}))
             return run
 
-    def _context(self, run: RunRow) -> RunContext:
+    @staticmethod
+    def _context(run: RunRow) -> RunContext:
         return RunContext(
             knobs={k: dict(v) for k, v in run.knobs.items()},
             controllers={k: dict(v) for k, v in run.controllers.items()},
@@ -214,27 +417,7 @@ class Store:
             decision_count=run.decision_count,
         )
 
-    def _persist(self, s: Session, run: RunRow, ctx: RunContext, drafts: list[Any], events: list[dict[str, Any]],
-                 policy_version: int) -> list[DecisionRow]:
-        rows = []
-        for d in drafts:
-            row = DecisionRow(run_id=run.id, number=d.number, step=d.step, knob=d.knob, old_value=d.old_value,
-                              new_value=d.new_value, reason=d.reason, controller=d.controller,
-                              policy_version=policy_version, components=d.components, inputs=d.inputs,
-                              created_at=utcnow())
-            s.add(row)
-            rows.append(row)
-        for ev in events:
-            s.add(EventRow(run_id=run.id, kind=ev["kind"], step=ev.get("step"), payload=ev))
-        if ctx.state != run.state:
-            s.add(EventRow(run_id=run.id, kind="state", step=run.last_step,
-                           payload={"from": run.state, "to": ctx.state}))
-        run.knobs, run.controllers, run.guardrails = ctx.knobs, ctx.controllers, ctx.guardrails
-        run.state, run.decision_count = ctx.state, ctx.decision_count
-        run.updated_at = utcnow()
-        return rows
-
-    def mutate(self, run_id: str, op: Any) -> tuple[RunRow, list[DecisionRow], list[dict[str, Any]]] | None:
+    def mutate(self, run_id: str, op: Any) -> tuple[RunRow, list[StoredDecision], list[dict[str, Any]]] | None:
         """Apply an operator action ``op(ctx, run) -> (decision drafts, events)`` under the run's
         lock, persisting the context, decisions and audit events in one transaction. ``op`` may
         raise ``ValueError`` to refuse (nothing is stored then)."""
@@ -243,9 +426,16 @@ class Store:
                 return None
             ctx = self._context(run)
             drafts, events = op(ctx, run)
-            rows = self._persist(s, run, ctx, drafts, events, run.policy_version)
+            now = utcnow()
+            rows = self._event_rows(events)
+            if ctx.state != run.state:
+                rows.append({"kind": "state", "step": run.last_step, "payload": {"from": run.state, "to": ctx.state}})
+            decisions = self._persist(s.connection(), run.id, now, drafts, run.policy_version, rows)
+            run.knobs, run.controllers, run.guardrails = ctx.knobs, ctx.controllers, ctx.guardrails
+            run.state, run.decision_count = ctx.state, ctx.decision_count
+            run.updated_at = now
             s.flush()
-            return run, rows, events
+            return run, decisions, events
 
     def move_policy(self, run_id: str, policy: PolicyRow, reason: str) -> RunRow | None:
         """Move a live run to another policy version (an explicit, audited action). Controllers
@@ -269,24 +459,32 @@ class Store:
             return len(rows)
 
     # -- observations: the hot path ----------------------------------------------------------
-    def ingest(self, run_id: str, batch: ObservationBatch, engine: Engine) -> IngestOutcome | None:
-        with self._locked_run(run_id) as (s, run):
+    def ingest(self, run_id: str, batch: ObservationBatch, engine: Engine | None = None, *,
+               token_hash: str | None = None) -> IngestOutcome | None:
+        """Store a batch and run the engine on its new observations (None: no such run).
+        ``engine``: the run's policy engine (default: the one of the policy the locked row names);
+        ``token_hash``: refuse (:class:`RunTokenRefused`) unless it is the run's token's hash."""
+        now = utcnow()
+        with self._locked_snapshot(run_id) as (conn, run, stored):
             if run is None:
                 return None
-            seqs = [o.seq for o in batch.observations]
-            seen = set(s.scalars(select(ObservationRow.seq).where(
-                ObservationRow.run_id == run_id, ObservationRow.seq.in_(seqs))))
-            new = sorted((o for o in batch.observations if o.seq not in seen), key=lambda o: o.seq)
-            self._check_new(s, run, batch, new)
-            ctx = self._context(run)
+            if token_hash is not None and not hmac.compare_digest(token_hash, run.token_hash):
+                raise RunTokenRefused(f"this token does not grant access to run {run_id!r}")
+            new = self._new_observations(conn, run, batch)
+            self._check_new(conn, run, batch, new)
+            engine = engine or self.policy_engine(run.policy_id, conn)
+            ctx = RunContext(knobs=run.knobs, controllers=run.controllers, guardrails=run.guardrails,
+                             state=run.state, decision_count=run.decision_count)
+            before = (run.state, run.decision_count, run.last_step, run.last_seq)
             drafts: list[Any] = []
             actions: list[Action] = []
             events: list[dict[str, Any]] = []
             outputs: dict[str, dict[str, Any]] = {}
-            probes, metrics, in_effect = dict(run.latest_probes), dict(run.latest_metrics), dict(run.knobs_in_effect)
+            probes, metrics, in_effect = run.latest_probes, run.latest_metrics, run.knobs_in_effect
+            observations = []
             for obs in new:
-                s.add(ObservationRow(run_id=run_id, seq=obs.seq, step=obs.step, probes=obs.probes,
-                                     metrics=obs.metrics, knobs=obs.knobs, agent_time=obs.time))
+                observations.append({"seq": obs.seq, "step": obs.step, "probes": obs.probes, "metrics": obs.metrics,
+                                     "knobs": obs.knobs, "agent_time": obs.time})
                 fresh = run.last_step is None or obs.step >= run.last_step
                 if fresh:
                     probes.update(obs.probes)
@@ -308,17 +506,106 @@ class Store:
                 if len(names) > MAX_NAMES:
                     raise ObservationRefused(f"observations.{field_name}",
                                              f"a run reports at most {MAX_NAMES} distinct {field_name} names")
-            run.latest_probes, run.latest_metrics, run.knobs_in_effect = probes, metrics, in_effect
-            decisions = self._persist(s, run, ctx, drafts, events, engine.policy_version)
-            s.flush()
-            pending = list(s.scalars(select(DecisionRow).where(
-                DecisionRow.run_id == run_id, DecisionRow.number > batch.last_decision
-            ).order_by(DecisionRow.number)))
-            return IngestOutcome(len(new), len(batch.observations) - len(new), new, pending, decisions,
-                                 actions, events, run, outputs)
+            run.knobs, run.controllers, run.guardrails = ctx.knobs, ctx.controllers, ctx.guardrails
+            run.state, run.decision_count = ctx.state, ctx.decision_count
+            created: list[StoredDecision] = []
+            if new:  # a batch of duplicates changes nothing
+                changes = {name: value for name, old, value in zip(
+                    ("state", "decision_count", "last_step", "last_seq"), before,
+                    (run.state, run.decision_count, run.last_step, run.last_seq)) if value != old}
+                for name in _STATE_JSON:
+                    encoded = _dumps(getattr(run, name))
+                    if encoded != stored[name]:
+                        changes[name] = encoded
+                changes["updated_at"] = now
+                event_rows = self._event_rows(events)
+                if run.state != before[0]:
+                    event_rows.append({"kind": "state", "step": run.last_step,
+                                       "payload": {"from": before[0], "to": run.state}})
+                created = self._persist(conn, run_id, now, drafts, engine.policy_version, event_rows,
+                                        observations, changes)
+            pending = [d for d in created if d.number > batch.last_decision]
+            if batch.last_decision < before[1]:  # decisions from earlier requests the agent has not applied
+                pending[:0] = [StoredDecision(*row) for row in conn.execute(
+                    select(*_DECISION_COLUMNS).where(_DEC.c.run_id == run_id, _DEC.c.number > batch.last_decision,
+                                                     _DEC.c.number <= before[1]).order_by(_DEC.c.number))]
+        return IngestOutcome(len(new), len(batch.observations) - len(new), new, pending, created, actions, events,
+                             run, outputs)
 
     @staticmethod
-    def _check_new(s: Session, run: RunRow, batch: ObservationBatch, new: list[ObservationCreate]) -> None:
+    def _new_observations(conn: Connection, run: RunSnapshot, batch: ObservationBatch) -> list[ObservationCreate]:
+        """The batch's observations not stored yet, in seq order. Every stored seq is at most the
+        run's last_seq, so only seqs up to it need looking up (none, as a rule)."""
+        last = run.last_seq
+        candidates = [o.seq for o in batch.observations if last is not None and o.seq <= last]
+        seen = set(conn.scalars(select(_OBS.c.seq).where(_OBS.c.run_id == run.id, _OBS.c.seq.in_(candidates)))
+                   ) if candidates else set()
+        return sorted((o for o in batch.observations if o.seq not in seen), key=lambda o: o.seq)
+
+    @staticmethod
+    def _event_rows(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{"kind": ev["kind"], "step": ev.get("step"), "payload": ev} for ev in events]
+
+    def _persist(self, conn: Connection, run_id: str, now: datetime, drafts: list[Any], policy_version: int,
+                 events: list[dict[str, Any]], observations: list[dict[str, Any]] | None = None,
+                 changes: dict[str, Any] | None = None) -> list[StoredDecision]:
+        """Write decisions (from the engine's drafts), events, observations and the run's changed
+        columns (JSON ones already encoded); the decisions as stored."""
+        decisions = [{"number": d.number, "step": d.step, "knob": d.knob, "old_value": d.old_value,
+                      "new_value": d.new_value, "reason": d.reason, "controller": d.controller,
+                      "policy_version": policy_version, "components": d.components, "inputs": d.inputs}
+                     for d in drafts]
+        ids = self._write(conn, run_id, now, observations or [], decisions, events, changes or {})
+        # what the database gives back for the timestamp (SQLite keeps no time zone)
+        created_at = now.replace(tzinfo=None) if self.is_sqlite else now
+        return [StoredDecision(ids[d["number"]], run_id, created_at=created_at, **d) for d in decisions]
+
+    @staticmethod
+    def _write_postgres(conn: Connection, run_id: str, now: datetime, observations: list[dict[str, Any]],
+                        decisions: list[dict[str, Any]], events: list[dict[str, Any]],
+                        changes: dict[str, Any]) -> dict[int, int]:
+        """Every write as one statement: each table's rows as one JSON parameter, the run's
+        update beside them. Returns decision number -> id."""
+        parts: list[str] = []
+        params: dict[str, Any] = {"run_id": run_id, "now": now}
+        for table, rows in ((_OBS_ROWS, observations), (_DEC_ROWS, decisions), (_EV_ROWS, events)):
+            if rows:
+                parts.append(table.pg_cte)
+                params[table.cte] = _json(rows)
+        if changes:
+            sets = []
+            for column, value in changes.items():
+                sets.append(f"{column} = CAST(%(set_{column})s AS json)" if column in _STATE_JSON
+                            else f"{column} = %(set_{column})s")
+                params[f"set_{column}"] = value
+            parts.append(f"run AS (UPDATE runs SET {', '.join(sets)} WHERE id = %(run_id)s)")
+        if not parts:
+            return {}
+        main = "SELECT number, id FROM dec" if decisions else "SELECT NULL, NULL WHERE false"
+        # the driver's own SQL (psycopg placeholders): nothing for SQLAlchemy to parse or compile
+        return dict(conn.exec_driver_sql(f"WITH {', '.join(parts)} {main}", params).all())
+
+    @staticmethod
+    def _write_sqlite(conn: Connection, run_id: str, now: datetime, observations: list[dict[str, Any]],
+                      decisions: list[dict[str, Any]], events: list[dict[str, Any]],
+                      changes: dict[str, Any]) -> dict[int, int]:
+        """One executemany per table (sqlite3 steps one prepared statement per row in C); JSON
+        values encoded here, in pydantic-core."""
+        ids: dict[int, int] = {}
+        for table, rows in ((_OBS_ROWS, observations), (_DEC_ROWS, decisions), (_EV_ROWS, events)):
+            if rows:
+                conn.execute(table.sqlite_insert, [{**row, **{c: _json(row[c]) for c in table.json_columns},
+                                                    "run_id": run_id, table.stamp: now} for row in rows])
+        if decisions:
+            ids = dict(conn.execute(select(_DEC.c.number, _DEC.c.id).where(
+                _DEC.c.run_id == run_id, _DEC.c.number >= decisions[0]["number"])).all())
+        if changes:
+            conn.execute(update(_RUNS).where(_RUNS.c.id == run_id).values(
+                {k: type_coerce(v, Text) if k in _STATE_JSON else v for k, v in changes.items()}))
+        return ids
+
+    @staticmethod
+    def _check_new(conn: Connection, run: RunSnapshot, batch: ObservationBatch, new: list[ObservationCreate]) -> None:
         """Refuse a batch whose new observations name knobs the run does not have, or whose steps
         go back as seq grows (within the batch or against stored observations).
 
@@ -333,7 +620,7 @@ class Store:
             return ObservationRefused(f"observations.{index[obs.seq]}.{field_name}", message, status)
 
         for obs in new:
-            unknown = sorted(set(obs.knobs) - set(run.knobs))
+            unknown = sorted(set(obs.knobs) - set(run.knobs)) if obs.knobs else None
             if unknown:
                 raise refuse(obs, f"knobs.{unknown[0]}", f"the run has no knob {unknown[0]!r} "
                              f"(knobs: {sorted(run.knobs)})", 422)
@@ -351,14 +638,15 @@ class Store:
         for obs in new:
             if obs.seq > run.last_seq:
                 break
-            stored = ObservationRow.run_id == run.id
-            below = s.scalar(select(func.max(ObservationRow.step)).where(stored, ObservationRow.seq < obs.seq))
-            above = s.scalar(select(func.min(ObservationRow.step)).where(stored, ObservationRow.seq > obs.seq))
+            stored = _OBS.c.run_id == run.id
+            below = conn.scalar(select(func.max(_OBS.c.step)).where(stored, _OBS.c.seq < obs.seq))
+            above = conn.scalar(select(func.min(_OBS.c.step)).where(stored, _OBS.c.seq > obs.seq))
             if (below is not None and obs.step < below) or (above is not None and obs.step > above):
                 raise refuse(obs, "step", f"step {obs.step} (seq {obs.seq}) does not fit between the stored "
                              f"steps around it ({below} .. {above}): steps cannot decrease as seq grows", 409)
 
     # -- reading ----------------------------------------------------------------------------
+    @_retry_on_disconnect
     def list_decisions(self, run_id: str, *, offset: int = 0, limit: int = 100,
                        after: int | None = None) -> tuple[list[DecisionRow], int]:
         with self.sessions() as s:
@@ -369,17 +657,46 @@ class Store:
             rows = list(s.scalars(base.order_by(DecisionRow.number).offset(offset).limit(limit)))
             return rows, total
 
+    @_retry_on_disconnect
     def list_observations(self, run_id: str, *, offset: int = 0, limit: int = 1000) -> list[ObservationRow]:
         with self.sessions() as s:
             q = (select(ObservationRow).where(ObservationRow.run_id == run_id)
                  .order_by(ObservationRow.seq).offset(offset).limit(limit))
             return list(s.scalars(q))
 
+    @_retry_on_disconnect
     def list_events(self, run_id: str, *, limit: int = 1000) -> list[EventRow]:
         with self.sessions() as s:
             q = select(EventRow).where(EventRow.run_id == run_id).order_by(EventRow.id).limit(limit)
             return list(s.scalars(q))
 
+    @_retry_on_disconnect
     def count(self, table: type) -> int:
         with self.sessions() as s:
             return s.scalar(select(func.count()).select_from(table)) or 0
+
+
+class _RowTable:
+    """How the hot path inserts a table's rows: every column but the key, the run id and the
+    timestamp comes from a row dict. On Postgres, one data-modifying CTE per table whose rows
+    arrive as one JSON array (``json_to_recordset``); on SQLite, one executemany whose JSON
+    columns arrive as text."""
+
+    _PG_TYPES = ((JSON, "json"), (Integer, "integer"), (Float, "float8"), (String, "text"))
+
+    def __init__(self, table: Any, stamp: str, cte: str, returning: str = "") -> None:
+        columns = [c for c in table.columns if c.name not in ("id", "run_id", stamp)]
+        self.cte, self.stamp = cte, stamp
+        self.json_columns = tuple(c.name for c in columns if isinstance(c.type, JSON))
+        self.sqlite_insert = insert(table).values({c: bindparam(c, type_=Text) for c in self.json_columns})
+        names = [c.name for c in columns]
+        record = ", ".join(f"{c.name} {next(t for kind, t in self._PG_TYPES if isinstance(c.type, kind))}"
+                           for c in columns)
+        self.pg_cte = (f"{cte} AS (INSERT INTO {table.name} (run_id, {', '.join(names)}, {stamp}) "
+                       f"SELECT %(run_id)s, {', '.join('r.' + n for n in names)}, %(now)s "
+                       f"FROM json_to_recordset(CAST(%({cte})s AS json)) AS r({record}){returning})")
+
+
+_OBS_ROWS = _RowTable(_OBS, "received_at", "obs")
+_DEC_ROWS = _RowTable(_DEC, "created_at", "dec", " RETURNING number, id")
+_EV_ROWS = _RowTable(_EV, "created_at", "ev")
