@@ -13,6 +13,7 @@ from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DataError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -79,6 +80,41 @@ class BodyLimit:
             await JSONResponse({"detail": f"request body over {self.limit} bytes"}, 413)(scope, receive, send)
 
 
+class Timing:
+    """Duration and status of every request per route, and the 4xx count, for Prometheus. Plain
+    ASGI: Starlette's ``BaseHTTPMiddleware`` costs a task group and memory streams per request.
+    Timed until the response starts (a stream's duration is not the request's)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    def _record(self, scope: Scope, status: int, start: float) -> None:
+        path = getattr(scope.get("route"), "path", "unmatched")
+        self.metrics.requests.labels(path, scope["method"], str(status)).observe(time.perf_counter() - start)
+        if 400 <= status < 500:
+            self.metrics.rejected.labels(str(status)).inc()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        started = False
+
+        async def timed(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start" and not started:
+                started = True
+                self._record(scope, message["status"], start)
+            await send(message)
+
+        try:
+            await self.app(scope, receive, timed)
+        finally:
+            if not started:  # the app raised: the request still counts, as a 500
+                self._record(scope, 500, start)
+
+
 class _TooLarge(HTTPException):
     """Raised from ``receive`` when a body without Content-Length (chunked) passes the limit.
     FastAPI re-raises an HTTPException met while reading the body as is (any other error becomes
@@ -119,21 +155,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="Actuator", version=__version__, description=DESCRIPTION, lifespan=lifespan)
     app.state.metrics = Metrics()
 
-    @app.middleware("http")
-    async def timing(request: Request, call_next: Any) -> Any:
-        start = time.perf_counter()
-        status = 500  # if the app raises, the request still counts, as a 500
-        try:
-            response = await call_next(request)
-            status = response.status_code
-            return response
-        finally:
-            route = request.scope.get("route")
-            path = getattr(route, "path", "unmatched")
-            app.state.metrics.requests.labels(path, request.method, str(status)).observe(time.perf_counter() - start)
-            if 400 <= status < 500:
-                app.state.metrics.rejected.labels(str(status)).inc()
-
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = [{"loc": _loc(e.get("loc", ())), "msg": str(e.get("msg", "")).removeprefix("Value error, "),
@@ -165,6 +186,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(OperationalError)
     @app.exception_handler(InterfaceError)
+    @app.exception_handler(PoolTimeout)  # every pooled connection busy for pool_timeout seconds
     async def store_down(request: Request, exc: Exception) -> JSONResponse:
         app.state.metrics.backend_errors.labels("store").inc()
         log.warning("store unavailable on %s: %s", request.url.path, type(exc).__name__)
@@ -187,5 +209,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(policies.router)
     app.include_router(runs.router)
     app.include_router(control.router)
+    app.add_middleware(Timing, metrics=app.state.metrics)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, metrics=app.state.metrics)
     return app

@@ -3,22 +3,23 @@
 from __future__ import annotations
 
 import hmac
+import threading
 from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Path, Request, status
+from starlette.concurrency import run_in_threadpool
 
 from actuator.config import Settings
 from actuator.engine import Engine
 from actuator.live import LiveState
 from actuator.metrics import Metrics
 from actuator.models import RunRow
-from actuator.policy import PolicyDocument
 from actuator.schemas import MAX_INT
-from actuator.store import Store, tokens_match
+from actuator.store import Store, hash_token, tokens_match
 
-__all__ = ["Services", "ServicesDep", "AdminDep", "RunAuthDep", "RunOrAdminDep", "get_services", "MAX_INT",
-           "policy_ref"]
+__all__ = ["Services", "ServicesDep", "AdminDep", "RunAuth", "RunAuthDep", "RunOrAdminDep", "get_services",
+           "MAX_INT", "policy_ref"]
 
 
 def policy_ref(ref: str) -> tuple[str, int | None, bool]:
@@ -31,27 +32,50 @@ def policy_ref(ref: str) -> tuple[str, int | None, bool]:
     return name, int(ver) if ok else None, ok
 
 
+class VerifiedTokens:
+    """Run id -> hash of the agent token last verified against the store, so an agent's every
+    post need not read its run before the ingest does. Only a shortcut for the answer order (auth
+    before the body's validation): the ingest checks the hash again on the run row it locks, so
+    a run whose token changed or that is gone is refused whatever is cached here. Bounded: the
+    oldest entries go first."""
+
+    def __init__(self, size: int = 10_000) -> None:
+        self.size = size
+        self._hashes: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def holds(self, run_id: str, token_hash: str) -> bool:
+        cached = self._hashes.get(run_id)
+        return cached is not None and hmac.compare_digest(cached, token_hash)
+
+    def remember(self, run_id: str, token_hash: str) -> None:
+        with self._lock:
+            self._hashes.pop(run_id, None)
+            while len(self._hashes) >= self.size:
+                del self._hashes[next(iter(self._hashes))]
+            self._hashes[run_id] = token_hash
+
+    def forget(self, run_id: str) -> None:
+        with self._lock:
+            self._hashes.pop(run_id, None)
+
+
 @dataclass
 class Services:
     settings: Settings
     store: Store
     live: LiveState
     metrics: Metrics
-    engines: dict[int, Engine] = field(default_factory=dict)
+    tokens: VerifiedTokens = field(default_factory=VerifiedTokens)
 
     def engine_for(self, policy_id: int) -> Engine:
-        """Policy versions are immutable, so one Engine per version is cached for good."""
-        engine = self.engines.get(policy_id)
-        if engine is None:
-            row = self.store.get_policy_by_id(policy_id)
-            if row is None:  # pragma: no cover - foreign key guarantees it
-                raise HTTPException(500, "policy of run missing")
-            engine = Engine(PolicyDocument.model_validate(row.document), row.version)
-            self.engines[policy_id] = engine
-        return engine
+        """The engine of a policy version (built once per process: versions are immutable)."""
+        return self.store.policy_engine(policy_id)
 
 
-def get_services(request: Request) -> Services:
+# Dependencies that do no I/O are ``async def``: FastAPI runs a plain ``def`` one in the thread
+# pool, a hand-off per dependency per request.
+async def get_services(request: Request) -> Services:
     return request.app.state.services
 
 
@@ -77,7 +101,7 @@ def _is_admin(services: Services, token: str | None) -> bool:
     return admin is not None and token is not None and hmac.compare_digest(token, admin.get_secret_value())
 
 
-def require_admin(request: Request, services: ServicesDep) -> None:
+async def require_admin(request: Request, services: ServicesDep) -> None:
     """Admin endpoints (policies, registration). Open when no admin token is configured
     (embedded single-user mode)."""
     if services.settings.admin_token is None:
@@ -99,15 +123,33 @@ def _load_run(services: Services, run_id: str) -> RunRow:
 RunId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9\-]+$")]
 
 
-def require_run_token(request: Request, services: ServicesDep, run_id: RunId) -> RunRow:
-    """The run's own agent token: 401 without a token, 404 unknown run, 403 another run's token."""
+@dataclass(frozen=True)
+class RunAuth:
+    """A run id and the hash of the agent token presented for it (verified)."""
+
+    id: str
+    token_hash: str
+
+
+def forbidden_run_token() -> HTTPException:
+    return HTTPException(status.HTTP_403_FORBIDDEN, "this token does not grant access to this run")
+
+
+async def require_run_token(request: Request, services: ServicesDep, run_id: RunId) -> RunAuth:
+    """The run's own agent token: 401 without a token, 404 unknown run, 403 another run's token.
+    A token already verified for the run is not looked up again (see :class:`VerifiedTokens`)."""
     token = _bearer(request)
     if token is None:
         raise _unauthorized("missing bearer token: post with the run's agent token")
-    run = _load_run(services, run_id)
-    if not tokens_match(token, run.token_hash):
-        raise HTTPException(status.HTTP_403_FORBIDDEN, "this token does not grant access to this run")
-    return run
+    digest = hash_token(token)
+    if not services.tokens.holds(run_id, digest):
+        stored = await run_in_threadpool(services.store.run_token_hash, run_id)
+        if stored is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"run {run_id!r} not found")
+        if not hmac.compare_digest(digest, stored):
+            raise forbidden_run_token()
+        services.tokens.remember(run_id, stored)
+    return RunAuth(run_id, digest)
 
 
 def require_run_or_admin(request: Request, services: ServicesDep, run_id: RunId) -> RunRow:
@@ -124,5 +166,5 @@ def require_run_or_admin(request: Request, services: ServicesDep, run_id: RunId)
 
 
 AdminDep = Annotated[None, Depends(require_admin)]
-RunAuthDep = Annotated[RunRow, Depends(require_run_token)]
+RunAuthDep = Annotated[RunAuth, Depends(require_run_token)]
 RunOrAdminDep = Annotated[RunRow, Depends(require_run_or_admin)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Query, status
+from fastapi import APIRouter, HTTPException, Query, Response, status
 
 from actuator._exceptions import PolicyError
 from actuator.models import PolicyRow
@@ -19,9 +19,19 @@ from actuator.schemas import (
     RunPublic,
     RunState,
 )
-from actuator.store import ObservationRefused
+from actuator.store import ObservationRefused, RunTokenRefused
 
-from ..deps import MAX_INT, AdminDep, RunAuthDep, RunId, RunOrAdminDep, Services, ServicesDep, policy_ref
+from ..deps import (
+    MAX_INT,
+    AdminDep,
+    RunAuthDep,
+    RunId,
+    RunOrAdminDep,
+    Services,
+    ServicesDep,
+    forbidden_run_token,
+    policy_ref,
+)
 from ..views import decision_public, run_public, run_state
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
@@ -122,19 +132,22 @@ def get_run(run_id: RunId, services: ServicesDep) -> RunState:
 
 @router.post("/{run_id}/observations", response_model=IngestResult,
              summary="Post a batch of observations; returns the decisions to apply")
-def post_observations(batch: ObservationBatch, run: RunAuthDep, services: ServicesDep) -> IngestResult:
+def post_observations(batch: ObservationBatch, run: RunAuthDep, services: ServicesDep) -> Response:
     if len(batch.observations) > services.settings.max_batch:
         raise _unprocessable(f"observations: at most {services.settings.max_batch} per request")
-    engine = services.engine_for(run.policy_id)
     try:
-        out = services.store.ingest(run.id, batch, engine)
+        out = services.store.ingest(run.id, batch, token_hash=run.token_hash)
     except ObservationRefused as exc:  # nothing of the batch was stored
         raise HTTPException(exc.status, {"message": str(exc),
                                          "errors": [{"loc": f"body.{exc.loc}", "msg": exc.message}]}) from exc
-    if out is None:  # deleted between auth and ingest
+    except RunTokenRefused as exc:  # the run's token changed since it was verified
+        services.tokens.forget(run.id)
+        raise forbidden_run_token() from exc
+    if out is None:  # gone since auth
+        services.tokens.forget(run.id)
         raise HTTPException(404, f"run {run.id!r} not found")
     _export(services, out)
-    return IngestResult(
+    result = IngestResult(
         accepted=out.accepted, duplicates=out.duplicates,
         decisions=[decision_public(d) for d in out.decisions], actions=out.actions,
         state=out.run.state,  # type: ignore[arg-type]
@@ -142,6 +155,9 @@ def post_observations(batch: ObservationBatch, run: RunAuthDep, services: Servic
         breached=sorted(name for name, st in out.run.guardrails.items() if st.get("active")),
         last_step=out.run.last_step,
     )
+    # Serialized here: returning the model would make FastAPI validate it again, in the thread
+    # pool (one more hand-off per request), before serializing it the same way.
+    return Response(result.model_dump_json(), media_type="application/json")
 
 
 def _export(services: Services, out: Any) -> None:

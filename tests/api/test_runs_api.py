@@ -6,6 +6,7 @@ import json
 
 import httpx
 import pytest
+from sqlalchemy import update
 
 from actuator.models import DecisionRow, ObservationRow, PolicyRow, RunRow
 from actuator.store import Store, hash_token
@@ -141,6 +142,25 @@ def test_auth_and_unknown_run(service, database_url):
     assert r.status_code == 404 and "no-such-run" in r.text
     assert httpx.get(f"{service.url}/v1/runs/no-such-run").status_code == 404
     assert counts(database_url) == before
+
+
+def test_a_remembered_token_is_checked_again_on_the_locked_run(service, database_url):
+    """The service remembers a verified agent token (no run lookup per post), but the ingest
+    checks it again on the run row it locks: a token changed behind its back is refused."""
+    run = register(service.url)
+    assert post(service.url, run, [{"seq": 0, "step": 1, "probes": {"kl_drift": 0.1}}]).status_code == 200
+    store = Store(database_url)
+    try:
+        with store.session() as s:  # a rotation, another replica, an operator: not this process
+            s.execute(update(RunRow).where(RunRow.id == run["id"]).values(token_hash=hash_token("act_rotated")))
+    finally:
+        store.close()
+    before = counts(database_url)
+    r = post(service.url, run, [{"seq": 1, "step": 2, "probes": {"kl_drift": 0.1}}])
+    assert r.status_code == 403, r.text
+    assert counts(database_url) == before
+    r = post(service.url, run, [{"seq": 1, "step": 2, "probes": {"kl_drift": 0.1}}], token="act_rotated")
+    assert r.status_code == 200 and r.json()["accepted"] == 1
 
 
 def test_bad_registration_names_the_field_and_stores_nothing(service, database_url):
