@@ -43,7 +43,6 @@ from sqlalchemy import (
     func,
     insert,
     select,
-    type_coerce,
     update,
 )
 from sqlalchemy.engine import Connection
@@ -74,9 +73,19 @@ _LOCK_RUN = (select(_RUNS.c.id, _RUNS.c.policy_id, _RUNS.c.policy_version, _RUNS
                     _RUNS.c.last_step, _RUNS.c.last_seq, _RUNS.c.decision_count,
                     *(cast(_RUNS.c[name], Text).label(name) for name in _STATE_JSON))
              .where(_RUNS.c.id == bindparam("run_id")).with_for_update())
-_DECISION_COLUMNS = (_DEC.c.id, _DEC.c.run_id, _DEC.c.number, _DEC.c.step, _DEC.c.knob, _DEC.c.old_value,
-                     _DEC.c.new_value, _DEC.c.reason, _DEC.c.controller, _DEC.c.policy_version, _DEC.c.components,
-                     _DEC.c.inputs, _DEC.c.created_at)
+# The hot path's other statements, built once (building and cache-keying a statement per request
+# costs more than executing it on SQLite).
+_TOKEN_HASH = select(_RUNS.c.token_hash).where(_RUNS.c.id == bindparam("run_id"))
+_STORED_SEQS = select(_OBS.c.seq).where(_OBS.c.run_id == bindparam("run_id"),
+                                        _OBS.c.seq.in_(bindparam("seqs", expanding=True)))
+_DECISIONS_BETWEEN = (select(_DEC.c.id, _DEC.c.run_id, _DEC.c.number, _DEC.c.step, _DEC.c.knob, _DEC.c.old_value,
+                             _DEC.c.new_value, _DEC.c.reason, _DEC.c.controller, _DEC.c.policy_version,
+                             _DEC.c.components, _DEC.c.inputs, _DEC.c.created_at)  # StoredDecision's fields
+                      .where(_DEC.c.run_id == bindparam("run_id"), _DEC.c.number > bindparam("after"),
+                             _DEC.c.number <= bindparam("up_to"))
+                      .order_by(_DEC.c.number))
+_DECISION_IDS = select(_DEC.c.number, _DEC.c.id).where(_DEC.c.run_id == bindparam("run_id"),
+                                                       _DEC.c.number >= bindparam("first"))
 _dumps = json.dumps  # what SQLAlchemy's JSON type writes too: stored text compares equal
 
 
@@ -336,7 +345,7 @@ class Store:
         """The stored hash of the run's token (None: no such run); what authenticating an agent
         needs, without loading the run."""
         with self.engine.connect() as conn:
-            return conn.scalar(select(_RUNS.c.token_hash).where(_RUNS.c.id == run_id))
+            return conn.scalar(_TOKEN_HASH, {"run_id": run_id})
 
     @_retry_on_disconnect
     def list_runs(self, *, state: str | None = None, name: str | None = None,
@@ -527,8 +536,7 @@ class Store:
             pending = [d for d in created if d.number > batch.last_decision]
             if batch.last_decision < before[1]:  # decisions from earlier requests the agent has not applied
                 pending[:0] = [StoredDecision(*row) for row in conn.execute(
-                    select(*_DECISION_COLUMNS).where(_DEC.c.run_id == run_id, _DEC.c.number > batch.last_decision,
-                                                     _DEC.c.number <= before[1]).order_by(_DEC.c.number))]
+                    _DECISIONS_BETWEEN, {"run_id": run_id, "after": batch.last_decision, "up_to": before[1]})]
         return IngestOutcome(len(new), len(batch.observations) - len(new), new, pending, created, actions, events,
                              run, outputs)
 
@@ -538,8 +546,7 @@ class Store:
         run's last_seq, so only seqs up to it need looking up (none, as a rule)."""
         last = run.last_seq
         candidates = [o.seq for o in batch.observations if last is not None and o.seq <= last]
-        seen = set(conn.scalars(select(_OBS.c.seq).where(_OBS.c.run_id == run.id, _OBS.c.seq.in_(candidates)))
-                   ) if candidates else set()
+        seen = set(conn.scalars(_STORED_SEQS, {"run_id": run.id, "seqs": candidates})) if candidates else set()
         return sorted((o for o in batch.observations if o.seq not in seen), key=lambda o: o.seq)
 
     @staticmethod
@@ -597,11 +604,10 @@ class Store:
                 conn.execute(table.sqlite_insert, [{**row, **{c: _json(row[c]) for c in table.json_columns},
                                                     "run_id": run_id, table.stamp: now} for row in rows])
         if decisions:
-            ids = dict(conn.execute(select(_DEC.c.number, _DEC.c.id).where(
-                _DEC.c.run_id == run_id, _DEC.c.number >= decisions[0]["number"])).all())
+            ids = dict(conn.execute(_DECISION_IDS, {"run_id": run_id, "first": decisions[0]["number"]}).all())
         if changes:
-            conn.execute(update(_RUNS).where(_RUNS.c.id == run_id).values(
-                {k: type_coerce(v, Text) if k in _STATE_JSON else v for k, v in changes.items()}))
+            conn.execute(_sqlite_update(tuple(changes)),
+                         {"run_id": run_id, **{f"set_{k}": v for k, v in changes.items()}})
         return ids
 
     @staticmethod
@@ -695,6 +701,13 @@ class _RowTable:
         self.pg_cte = (f"{cte} AS (INSERT INTO {table.name} (run_id, {', '.join(names)}, {stamp}) "
                        f"SELECT %(run_id)s, {', '.join('r.' + n for n in names)}, %(now)s "
                        f"FROM json_to_recordset(CAST(%({cte})s AS json)) AS r({record}){returning})")
+
+
+@functools.lru_cache(maxsize=256)
+def _sqlite_update(columns: tuple[str, ...]) -> Any:
+    """UPDATE of these run columns (JSON ones given as their text), one statement per set."""
+    return update(_RUNS).where(_RUNS.c.id == bindparam("run_id")).values(
+        {c: bindparam(f"set_{c}", type_=Text if c in _STATE_JSON else _RUNS.c[c].type) for c in columns})
 
 
 _OBS_ROWS = _RowTable(_OBS, "received_at", "obs")
