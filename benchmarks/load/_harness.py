@@ -336,9 +336,11 @@ _TICK = os.sysconf("SC_CLK_TCK")
 
 
 def _cpu(pid: int) -> float:
+    """CPU seconds of a process and of its children that have exited (Postgres backends that
+    ended during a phase are in the postmaster's cutime + cstime)."""
     try:
         fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / _TICK  # utime + stime
+        return sum(int(f) for f in fields[11:15]) / _TICK  # utime + stime + cutime + cstime
     except (OSError, IndexError, ValueError):
         return 0.0
 
@@ -369,8 +371,10 @@ class CpuMeter:
 
     def __exit__(self, *exc: object) -> None:
         for name, pids in self.groups.items():
-            before = self.start[name]
-            self.used[name] = sum(_cpu(p) - before.get(p, 0.0) for p in pids())
+            before, now = self.start[name], {p: _cpu(p) for p in pids()}
+            # a process gone since the start is counted whole in its parent's children time
+            self.used[name] = (sum(t - before.get(p, 0.0) for p, t in now.items())
+                               - sum(t for p, t in before.items() if p not in now))
         self.used["load generator"] = time.process_time() - self._self
 
     def per_observation_ms(self, observations: int) -> dict[str, float]:
