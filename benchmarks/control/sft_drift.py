@@ -17,8 +17,12 @@ Arms (one invocation, same data, seed and probe sets):
 Calibration that set the defaults (SmolLM2, batch 4, seed 0): at lr 1e-4 KL drift is 2.9 nats
 after 3 steps and saturates near 7.6 by step 20 (held-out loss 4.39 -> 0.28 at step 30); at
 3e-5 it passes 0.5 after 2 steps and 4.7 after 12. A probe-rate controller only has authority
-where drift builds over several probes, so the default start is 3e-5, probes every 2 steps and a
-setpoint of 1 nat.
+where drift builds over several probes, so the default start is 3e-5 and probes run every 2 steps.
+The PID's setpoint, 1.5 nats, is about a quarter of where the open loop at 3e-5 ends (6.4-6.6),
+and its gains are strong (kp 4/setpoint, no filter: the probe reads fixed prompts, so it has no
+sampling noise to smooth): drift rises ~0.5 nat per probe at the start, and with Adam's momentum
+a cut takes effect a probe late. A trial at setpoint 1 / kp 2 / EMA 0.6 ended at drift 1.94
+(2x the setpoint); setpoint 1.5 / kp 4 / no filter at 1.81.
 
     python -m benchmarks.control.sft_drift [--steps 40] [--seeds 0] [--quick]
 """
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -90,6 +95,10 @@ class Setup:
 
         with console.status("loading SmolLM2-135M-Instruct (offline)…"):
             self.model, self.tok = load_smollm2()
+        if self.tok.pad_token_id == self.tok.eos_token_id and self.tok.unk_token_id is not None:
+            # The LM collator masks pad tokens out of the labels: with pad = <|im_end|> the model
+            # would never learn to end its answer. Pad with <|endoftext|> (unk) instead.
+            self.tok.pad_token = self.tok.unk_token
         self.base = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         self.train = task_dataset(self.tok, 400, seed)
         self.heldout = task_dataset(self.tok, 32, seed + 1000)
@@ -114,7 +123,9 @@ class Setup:
         answers = self.tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
         self.tok.padding_side = "right"
         self.model.train(was_training)
-        return sum(a.strip() == "-".join(reversed(w)) for a, w in zip(answers, WORDS)) / len(WORDS)
+        # Right when the answer starts with the reversed spelling and the spelling stops there.
+        return sum(re.match(re.escape("-".join(reversed(w))) + r"(?![-A-Za-z])", a.strip()) is not None
+                   for a, w in zip(answers, WORDS)) / len(WORDS)
 
     def final_metrics(self, trainer: Any) -> dict[str, float]:
         from actuator.agents.probes import ProbeSuite
@@ -209,7 +220,7 @@ def pid_policy(a: argparse.Namespace) -> dict[str, Any]:
     return {"name": "bench-sft-drift", "controllers": [{
         "name": "drift-lr", "probe": "kl_drift", "knob": "learning_rate", "setpoint": a.setpoint,
         "kp": a.kp / a.setpoint, "ki": a.ki / a.setpoint, "direction": "direct",
-        "filter": {"kind": "ema", "alpha": 0.6}}]}
+        "filter": {"kind": "ema", "alpha": a.filter_alpha}}]}
 
 
 def pareto(points: list[tuple[str, float, float]]) -> set[str]:
@@ -255,11 +266,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--quick", action="store_true", help="16 steps, three arms, fewer HotpotQA records")
     ap.add_argument("--lr", type=float, default=3e-5, help="the aggressive starting learning rate")
-    ap.add_argument("--setpoint", type=float, default=1.0, help="KL drift (nats/token) the Actuator arm holds")
+    ap.add_argument("--setpoint", type=float, default=1.5, help="KL drift (nats/token) the Actuator arm holds")
     ap.add_argument("--probe-every", type=int, default=2)
-    ap.add_argument("--kp", type=float, default=2.0, help="PID kp x setpoint (log-lr units)")
+    ap.add_argument("--kp", type=float, default=4.0, help="PID kp x setpoint (log-lr units)")
     ap.add_argument("--ki", type=float, default=0.2, help="PID ki x setpoint, per step")
     ap.add_argument("--max-step", type=float, default=1.5, help="largest ln(lr) change per decision")
+    ap.add_argument("--filter-alpha", type=float, default=1.0,
+                    help="EMA weight of the newest drift reading (1 = no filter: the probe is deterministic)")
+    ap.add_argument("--arms", nargs="+", default=["sweep", "plateau", "actuator"],
+                    choices=["sweep", "open", "plateau", "actuator"],
+                    help="'open' runs only the open loop at --lr; 'sweep' runs lr/3, lr and 3*lr")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: by machine load)")
     ap.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "actuator-bench" / SCENARIO,
                     help="scratch: trainer dirs and the controller's SQLite file (results go to benchmarks/results)")
@@ -284,6 +300,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ]
     if a.quick:
         arms = [arms[1], arms[3], arms[4]]
+    keep = {"sweep": ("open",), "open": ("open",), "plateau": ("plateau",), "actuator": ("actuator",)}
+    arms = [arm for arm in arms if any(arm["kind"] in keep[k] for k in a.arms)]
+    if "sweep" not in a.arms:
+        arms = [arm for arm in arms if arm["kind"] != "open" or arm["lr"] == a.lr]
     results = []
     for seed in a.seeds:
         for arm in arms:
