@@ -50,7 +50,6 @@ from __future__ import annotations
 import argparse
 import copy
 import math
-import os
 import tempfile
 import random
 import time
@@ -251,7 +250,7 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
     if arm["kind"] == "actuator":
         cb = ActuatorCallback(
             pid_policy(a), url=url, probes=[probe], budget_share=1.0, run_name=f"bench-{SCENARIO}-{a.loss_type}-{seed}",
-            setters=[knob], knobs={"kl_beta": {"min": a.beta / 4, "max": a.beta * 50, "max_step": a.max_step}})
+            setters=[knob], knobs={"kl_beta": {"min": a.beta / 4, "max": a.beta * a.beta_cap, "max_step": a.max_step}})
         cb.attach(trainer)
         suite = None
     else:
@@ -384,6 +383,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--loss-type", nargs="+", choices=sorted(LOSS_DEFAULTS), default=["sigmoid"],
                     help="DPOTrainer loss(es), each with all arms (default: sigmoid)")
     ap.add_argument("--beta", type=float, default=None, help="starting beta, all arms (default per loss)")
+    ap.add_argument("--beta-cap", type=float, default=50.0, help="the PID's beta ceiling, × the starting beta")
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--batch-size", type=int, default=2, help="preference pairs per step")
     ap.add_argument("--target", type=float, default=0.1, help="KL target (held-out KLDrift; preset: 0.1)")
@@ -450,7 +450,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "scenario": SCENARIO, "steps": a.steps, "seeds": a.seeds, "target": a.target, "band": a.band,
         "lr": a.lr, "batch_size": a.batch_size, "probe_every": a.probe_every, "ziegler_horizon": a.horizon,
         "configs": {loss: {"beta": la.beta, "pid": pid_policy(la)["controllers"][0],
-                           "kl_beta_bounds": [la.beta / 4, la.beta * 50], "max_step": la.max_step}
+                           "kl_beta_bounds": [la.beta / 4, la.beta * la.beta_cap], "max_step": la.max_step}
                     for loss, la in configs.items()},
         "start_perplexity": base_ppl, "arms": results,
         "command": command_line("dpo_kl", argv),

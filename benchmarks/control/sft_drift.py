@@ -99,6 +99,7 @@ class Setup:
             # The LM collator masks pad tokens out of the labels: with pad = <|im_end|> the model
             # would never learn to end its answer. Pad with <|endoftext|> (unk) instead.
             self.tok.pad_token = self.tok.unk_token
+            self.model.config.pad_token_id = self.tok.pad_token_id
         self.base = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         self.train = task_dataset(self.tok, 400, seed)
         self.heldout = task_dataset(self.tok, 32, seed + 1000)
