@@ -57,8 +57,7 @@ def _act(services: Services, run_id: str, op: Any) -> dict[str, Any]:
         raise HTTPException(404, f"run {run_id!r} not found")
     run, rows, events = out
     services.metrics.observe_control(run, rows)
-    for ev in events:
-        services.live.publish(run.id, ev)
+    services.live.publish_many(run.id, events)
     return {"run": run_state(run), "decisions": [decision_public(d) for d in rows], "events": events}
 
 

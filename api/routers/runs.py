@@ -164,16 +164,13 @@ def _export(services: Services, out: Any) -> None:
     """Metrics and live events for one ingest (after commit: never inside the transaction)."""
     services.metrics.observe_ingest(out)
     run = out.run
-    if out.accepted:
-        services.live.touch(run.id, run.last_step or 0)
-    for ev in out.events:
-        services.live.publish(run.id, ev)
-    for obs in out.new_observations:
-        services.live.publish(run.id, {"kind": "observation", "seq": obs.seq, "step": obs.step,
-                                       "probes": obs.probes, "knobs": obs.knobs})
-    for d in out.created:
-        services.live.publish(run.id, {"kind": "decision", "number": d.number, "step": d.step, "knob": d.knob,
-                                       "old_value": d.old_value, "new_value": d.new_value, "reason": d.reason})
+    events = [*out.events,
+              *({"kind": "observation", "seq": obs.seq, "step": obs.step, "probes": obs.probes, "knobs": obs.knobs}
+                for obs in out.new_observations),
+              *({"kind": "decision", "number": d.number, "step": d.step, "knob": d.knob,
+                 "old_value": d.old_value, "new_value": d.new_value, "reason": d.reason} for d in out.created)]
+    # One round trip to Redis for the whole request (it was one per event).
+    services.live.publish_many(run.id, events, touch=(run.last_step or 0) if out.accepted else None)
 
 
 @router.get("/{run_id}/decisions", response_model=DecisionPage, summary="Decisions of a run, paged")
