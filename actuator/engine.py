@@ -74,31 +74,90 @@ def _reason(probe: str, filtered: float, prev: float | None, setpoint: float, kn
             f"{knob} {_fmt(current)} -> {_fmt(out.value)}{terms}{limits}")
 
 
+# Distinct PID laws one engine keeps (beyond, it starts over): a handful per controller and knob
+# bounds normally; a setpoint schedule makes one per step it is evaluated at.
+_PID_CACHE_SIZE = 4096
+
+
+def _exact(x: Any) -> Any:
+    """A cache key part equal only for values that make the same PIDConfig, bit for bit: a
+    non-zero float stands for itself; 0.0 and -0.0, 1 and 1.0, None are told apart by type and
+    repr (a float's repr round-trips). Never raises, whatever the value (validation does)."""
+    t = type(x)
+    if (t is float and x != 0.0) or t is str:
+        return x
+    return (t.__name__, repr(x))
+
+
 class Engine:
-    """Evaluates one policy version against observations of one run."""
+    """Evaluates one policy version against a run's observations (the run's state is the context).
+
+    One engine serves every run of its policy version (the store keeps one per version), so what
+    depends only on the policy is prepared once: the controllers in priority order, their
+    filters, and each validated PID law, keyed on everything its config is made of (the policy's
+    spec, the setpoint in force, the knob's bounds, scale and step limit). A law is rebuilt, and
+    validated, whenever one of those differs; the policy itself must not be mutated.
+    """
 
     def __init__(self, policy: PolicyDocument, policy_version: int = 1) -> None:
         self.policy = policy
         self.policy_version = policy_version
+        # Highest priority first (a stable sort: equal priorities keep the document's order).
+        self._ordered = sorted(policy.controllers, key=lambda c: -c.priority)
+        self._filters: dict[int, Any] = {}  # id(spec) -> filter (stateless; built on first use)
+        self._pids: dict[tuple[Any, ...], PID] = {}
 
     # -- helpers -----------------------------------------------------------------------------
-    def pid_config(self, spec: ControllerSpec, knob: dict[str, Any], step: int,
-                   setpoint_override: Any = None, baseline: float | None = None) -> PIDConfig:
+    @staticmethod
+    def _law(spec: ControllerSpec, knob: dict[str, Any], step: int, setpoint_override: Any,
+             baseline: float | None) -> tuple[float, Any, Any, Any, Any]:
+        """What a controller's PIDConfig takes from the run: setpoint, bounds, scale, max_step."""
         lo = knob["min"] if spec.min is None else max(knob["min"], spec.min)
         hi = knob["max"] if spec.max is None else min(knob["max"], spec.max)
+        setpoint = setpoint_at(spec.setpoint if setpoint_override is None else setpoint_override, step, baseline)
+        scale = spec.scale or knob.get("scale", "linear")
+        max_step = spec.max_step if spec.max_step is not None else knob.get("max_step")
+        return setpoint, lo, hi, scale, max_step
+
+    def pid_config(self, spec: ControllerSpec, knob: dict[str, Any], step: int,
+                   setpoint_override: Any = None, baseline: float | None = None) -> PIDConfig:
+        return self._config(spec, *self._law(spec, knob, step, setpoint_override, baseline))
+
+    @staticmethod
+    def _config(spec: ControllerSpec, setpoint: float, lo: Any, hi: Any, scale: Any, max_step: Any) -> PIDConfig:
         return PIDConfig(
-            setpoint=setpoint_at(spec.setpoint if setpoint_override is None else setpoint_override, step, baseline),
+            setpoint=setpoint,
             kp=spec.kp,
             ki=spec.ki,
             kd=spec.kd,
             out_min=lo,
             out_max=hi,
-            scale=spec.scale or knob.get("scale", "linear"),
+            scale=scale,
             direction=spec.direction,
-            max_step=spec.max_step if spec.max_step is not None else knob.get("max_step"),
+            max_step=max_step,
             deadband=spec.deadband,
             cooldown=float(spec.cooldown),
         )
+
+    def _pid(self, spec: ControllerSpec, knob: dict[str, Any], step: int, setpoint_override: Any,
+             baseline: float | None) -> PID:
+        """The validated PID law in force: the one built for the same inputs before, or a new one."""
+        law = self._law(spec, knob, step, setpoint_override, baseline)
+        key = (id(spec), *map(_exact, law))
+        pid = self._pids.get(key)
+        if pid is None:
+            pid = PID(self._config(spec, *law))  # validates: an invalid law is never kept
+            if len(self._pids) >= _PID_CACHE_SIZE:
+                self._pids.clear()
+            self._pids[key] = pid
+        return pid
+
+    def _filter(self, spec: ControllerSpec) -> Any:
+        filt = self._filters.get(id(spec))
+        if filt is None:
+            filt = self._filters[id(spec)] = make_filter(spec.filter.kind, alpha=spec.filter.alpha,
+                                                         window=spec.filter.window)
+        return filt
 
     @staticmethod
     def _values(obs: ObservationCreate) -> dict[str, float]:
@@ -184,9 +243,8 @@ class Engine:
     def _controllers(self, ctx: RunContext, obs: ObservationCreate, values: dict[str, float], result: EngineResult) -> None:
         # Highest priority first; a knob changed by one controller this observation is not
         # changed again by a lower-priority one (which instead tracks the new value bumplessly).
-        ordered = sorted(self.policy.controllers, key=lambda c: -c.priority)
         taken: set[str] = set()
-        for spec in ordered:
+        for spec in self._ordered:
             knob = ctx.knobs.get(spec.knob)
             raw = values.get(spec.probe)
             if knob is None or raw is None or not math.isfinite(raw):
@@ -196,7 +254,7 @@ class Engine:
             if last is not None and obs.step <= last:
                 continue  # stale or repeated step: never act twice on old data
             dt = float(obs.step - last) if last is not None else 1.0
-            filt = make_filter(spec.filter.kind, alpha=spec.filter.alpha, window=spec.filter.window)
+            filt = self._filter(spec)
             filtered, fstate = filt.update(raw, filt.state_from_dict(st["filter"]) if st["filter"] else None)
             prev_filtered, prev_components = st.get("filtered"), st.get("components")
             st["filter"] = fstate.to_dict()
@@ -204,9 +262,9 @@ class Engine:
             st["probe"], st["knob"], st["raw"], st["filtered"] = spec.probe, spec.knob, raw, filtered
             if st.get("baseline") is None:
                 st["baseline"] = filtered  # the reference for relative setpoints ('+10%')
-            cfg = self.pid_config(spec, knob, obs.step, st.get("setpoint_override"), st["baseline"])
+            pid = self._pid(spec, knob, obs.step, st.get("setpoint_override"), st["baseline"])
+            cfg = pid.config
             st["setpoint"] = cfg.setpoint
-            pid = PID(cfg)
             # Act from the value really in effect (the agent reports it; a schedule may have moved
             # it since our last decision), clamped into bounds so a warm-up lr of 0 is usable.
             reported = obs.knobs.get(spec.knob)
