@@ -265,8 +265,10 @@ class Engine:
             pid = self._pid(spec, knob, obs.step, st.get("setpoint_override"), st["baseline"])
             cfg = pid.config
             st["setpoint"] = cfg.setpoint
-            # Act from the value really in effect (the agent reports it; a schedule may have moved
-            # it since our last decision), clamped into bounds so a warm-up lr of 0 is usable.
+            # Act from the value really in effect (the agent reports it: an operator, a rollback or a
+            # custom setter may have moved it since our last decision), clamped into bounds. The
+            # learning-rate knob is a LambdaLR schedule's peak, so a schedule's own warm-up and decay
+            # never show up here as knob changes for the PID to undo.
             reported = obs.knobs.get(spec.knob)
             current = float(reported if reported is not None else knob["value"])
             current = min(max(current, cfg.out_min), cfg.out_max)

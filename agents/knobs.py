@@ -31,14 +31,19 @@ class KnobSetter(Protocol):
 class LearningRateKnob:
     """Learning rate of a torch optimizer, optionally driven by a LambdaLR-style scheduler.
 
-    HF schedulers are ``LambdaLR``: every ``scheduler.step()`` recomputes
-    ``lr = base_lr * lr_lambda(step)`` and overwrites ``param_groups[i]["lr"]``. Writing the
-    param group alone is therefore undone one step later. We scale ``scheduler.base_lrs`` (and
-    the param groups' ``initial_lr``) by the same factor as the current lr so the schedule's
-    shape (warm-up, decay) survives and the new peak is what the controller ordered.
+    **The knob is the schedule's peak.** HF schedulers are ``LambdaLR``: every
+    ``scheduler.step()`` recomputes ``lr = base_lr * lr_lambda(step)`` and overwrites
+    ``param_groups[i]["lr"]``. Under such a schedule the knob's value is ``base_lrs[0]`` (the
+    learning rate the user configured, which warm-up rises to and decay falls from), and a
+    decision rescales ``base_lrs``, the param groups' ``initial_lr`` and their current ``lr`` by
+    the same factor: it takes effect at the next step and the schedule's shape (warm-up, decay)
+    is kept *exactly*. Controlling the current lr instead would fight the schedule -- a controller
+    holding "its" value would undo the decay since its previous decision, every decision.
+    Without a LambdaLR schedule (none, or a metric-driven one such as ReduceLROnPlateau) the knob
+    is the current learning rate.
 
-    The knob's value is the *current* learning rate of param group 0; other groups keep their
-    ratio to group 0 (layer-wise LR decay, no-decay groups, ...).
+    Param group 0 is the reference; other groups keep their ratio to it (layer-wise LR decay,
+    no-decay groups, ...).
     """
 
     name = "learning_rate"
@@ -47,41 +52,47 @@ class LearningRateKnob:
         self.optimizer = optimizer
         self.scheduler = scheduler
 
+    def _scheduled(self) -> bool:
+        base = getattr(self.scheduler, "base_lrs", None)
+        return bool(base) and hasattr(self.scheduler, "lr_lambdas")
+
     def read(self) -> float:
+        """The knob's value: the schedule's peak under a LambdaLR schedule, else the current lr."""
+        if self._scheduled():
+            return float(self.scheduler.base_lrs[0])
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def current(self) -> float:
+        """The learning rate the next optimizer step uses (param group 0)."""
         return float(self.optimizer.param_groups[0]["lr"])
 
     def nominal(self) -> float:
-        """The value to register the knob with: the lr in effect, or during warm-up from 0 the
-        schedule's peak (``base_lrs``), so bounds are set around the lr the user configured."""
-        value = self.read()
-        if value > 0:
-            return value
-        base = getattr(self.scheduler, "base_lrs", None)
-        if base:
-            return float(base[0])
-        return float(self.optimizer.param_groups[0].get("initial_lr", value))
+        """The value to register the knob with (bounds are set around it): :meth:`read`."""
+        return self.read()
 
     def apply(self, value: float) -> float:
         value = float(value)
-        current = self.read()
-        if current > 0:
-            factor = value / current
+        reference = self.read()
+        sched = self.scheduler if self._scheduled() else None
+        if reference > 0:
+            factor = value / reference
             for group in self.optimizer.param_groups:
                 group["lr"] = float(group["lr"]) * factor
                 if "initial_lr" in group:
                     group["initial_lr"] = float(group["initial_lr"]) * factor
-            sched = self.scheduler
-            if sched is not None and hasattr(sched, "base_lrs"):
+            if sched is not None:
                 sched.base_lrs = [float(b) * factor for b in sched.base_lrs]
-                if hasattr(sched, "_last_lr"):
-                    sched._last_lr = [float(g["lr"]) for g in self.optimizer.param_groups]
         else:
-            # lr is 0 now (e.g. first warm-up step): ratios are undefined, so set every group and
-            # base lr to the value itself.
+            # A peak (or, unscheduled, an lr) of 0: ratios are undefined, so set every group to
+            # the value itself -- its schedule position applied when there is a schedule.
+            shape = 1.0
+            if sched is not None:
+                shape = float(sched.lr_lambdas[0](sched.last_epoch))
+                sched.base_lrs = [value for _ in sched.base_lrs]
             for group in self.optimizer.param_groups:
-                group["lr"] = value
+                group["lr"] = value * shape
                 if "initial_lr" in group:
                     group["initial_lr"] = value
-            if self.scheduler is not None and hasattr(self.scheduler, "base_lrs"):
-                self.scheduler.base_lrs = [value for _ in self.scheduler.base_lrs]
+        if sched is not None and hasattr(sched, "_last_lr"):
+            sched._last_lr = [float(g["lr"]) for g in self.optimizer.param_groups]
         return self.read()

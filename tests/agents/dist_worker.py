@@ -75,6 +75,8 @@ def main() -> None:
         "backend": dist.get_backend() if dist.is_initialized() else None,
         "ddp": type(trainer.model_wrapped).__name__,
         "used": used,
+        # the schedule's own factor per step: the knob is its peak, the lr used is peak x shape
+        "shape": [float(trainer.lr_scheduler.lr_lambdas[0](k)) for k in range(len(used) + 1)],
         "applied": [{k: e[k] for k in ("number", "step", "knob", "applied")} for e in cb.applied],
         "is_main": cb._is_main,
         "run_id": cb.run_id,

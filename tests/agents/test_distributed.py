@@ -66,8 +66,9 @@ def test_two_ranks_apply_identical_decisions_at_every_step(tmp_path, sqlite_serv
     mid_run = [e for e in r0["applied"] if e["step"] < STEPS]  # one may land at the final boundary
     assert mid_run
     for entry in mid_run:
-        # optimizer step k+1 (used[k]) ran with the value applied at the boundary after step k
-        assert r0["used"][entry["step"]] == pytest.approx(entry["applied"], rel=1e-9)
+        # optimizer step k+1 (used[k]) ran with the peak applied at the boundary after step k,
+        # times the linear schedule's own factor at that step
+        assert r0["used"][entry["step"]] == pytest.approx(entry["applied"] * r0["shape"][entry["step"]], rel=1e-9)
 
     # Only rank 0 talked to the service.
     assert r0["is_main"] and r0["has_sender"] and r0["run_id"] and r0["sent"] == r0["observations"] > 0

@@ -34,7 +34,7 @@ def run(opt, sched, model, steps: int, used: list[float]) -> None:
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_applied_value_is_used_and_schedule_shape_survives(name):
+def test_applied_peak_scales_the_schedule_from_the_next_step_on(name):
     model, opt, sched = make(name)
     twin_model, twin_opt, twin_sched = make(name)
     used: list[float] = []
@@ -42,18 +42,44 @@ def test_applied_value_is_used_and_schedule_shape_survives(name):
     run(opt, sched, model, 12, used)
     run(twin_opt, twin_sched, twin_model, 12, twin)
     knob = LearningRateKnob(opt, sched)
-    before = knob.read()
-    target = before * 0.25 if before > 0 else 2e-4
-    assert knob.apply(target) == pytest.approx(target, rel=1e-12)
+    assert knob.read() == pytest.approx(1e-3, rel=1e-12)  # the peak the user configured, mid-schedule
+    assert knob.nominal() == knob.read()
+    assert knob.apply(2.5e-4) == pytest.approx(2.5e-4, rel=1e-12)
     run(opt, sched, model, 10, used)
     run(twin_opt, twin_sched, twin_model, 10, twin)
-    assert used[12] == pytest.approx(target, rel=1e-12)  # the very next step
+    assert used[:12] == twin[:12]
     assert opt.param_groups[1]["lr"] == pytest.approx(opt.param_groups[0]["lr"], rel=1e-12)  # groups keep ratio
-    # afterwards the lr follows the original schedule scaled by the same factor
-    if before > 0:
-        for k in range(13, 22):
-            if twin[k] > 0 and "min_lr" not in name:  # an absolute floor is not scaled
-                assert used[k] / twin[k] == pytest.approx(0.25, rel=1e-9), (name, k)
+    # from the very next step on, the lr is the untouched schedule scaled by the same factor:
+    # warm-up and decay keep their shape, and nothing is undone at the next decision
+    for k in range(12, 22):
+        if "min_lr" in name and twin[k] <= 1e-5 * (1 + 1e-9):
+            continue  # an absolute floor is not scaled
+        assert used[k] == pytest.approx(twin[k] * 0.25, rel=1e-9, abs=1e-15), (name, k)
+
+
+@pytest.mark.parametrize("name", ["linear", "cosine", "constant_with_warmup"])
+def test_a_decision_at_the_same_peak_changes_nothing(name):
+    """Holding the knob must not fight the schedule: re-applying the value read is a no-op."""
+    model, opt, sched = make(name)
+    twin_model, twin_opt, twin_sched = make(name)
+    knob = LearningRateKnob(opt, sched)
+    used: list[float] = []
+    twin: list[float] = []
+    for _ in range(6):
+        run(opt, sched, model, 4, used)
+        knob.apply(knob.read())
+    run(twin_opt, twin_sched, twin_model, 24, twin)
+    assert used == pytest.approx(twin, rel=1e-12)
+
+
+def test_warm_up_from_zero_registers_and_applies_the_peak():
+    model, opt, sched = make("linear")
+    knob = LearningRateKnob(opt, sched)
+    assert knob.current() == 0.0 and knob.read() == 1e-3  # first warm-up step runs at lr 0
+    knob.apply(5e-4)
+    used: list[float] = []
+    run(opt, sched, model, 4, used)
+    assert used == pytest.approx([0.0, 5e-4 / 3, 2 * 5e-4 / 3, 5e-4 * 37 / 37], rel=1e-9)
 
 
 @pytest.mark.parametrize("name", METRIC_DRIVEN)
