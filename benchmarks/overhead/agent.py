@@ -112,7 +112,7 @@ def main() -> None:
     ap.add_argument("--model", choices=["tiny", "small", "smollm2"], default="small")
     ap.add_argument("--steps", type=int, default=60, help="steps per arm per round")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--probe-steps", type=int, default=120)
+    ap.add_argument("--probe-steps", type=int, default=120, help="steps of the probes-on phase (0: skip it)")
     ap.add_argument("--report-every", type=int, default=1,
                     help="third arm: the callback sends training metrics every N steps (1: the most it sends)")
     ap.add_argument("--name", default="overhead_agent")
@@ -193,8 +193,10 @@ def main() -> None:
                 row[f"observations{tag}"] = x["observations"]
             rounds.append(row)
             print(f"round {r + 1}: {row}", flush=True)
-        base_probe = arm(False, args.probe_steps)
-        with_probe = arm(True, args.probe_steps, probes=True)
+        base_probe = with_probe = None
+        if args.probe_steps > 0:
+            base_probe = arm(False, args.probe_steps)
+            with_probe = arm(True, args.probe_steps, probes=True)
     finally:
         svc.stop()
 
@@ -203,7 +205,7 @@ def main() -> None:
         summary[f"overhead_pct{tag}"] = statistics.median(x[f"overhead_pct{tag}"] for x in rounds)
         summary[f"hooks_pct{tag}"] = statistics.median(x[f"hooks_pct{tag}"] for x in rounds)
         summary[f"hooks_us{tag}"] = statistics.median(x[f"hooks_us{tag}"] for x in rounds)
-    probe_wall_share = 1 - base_probe["wall_s"] / with_probe["wall_s"]
+    probe_wall_share = 1 - base_probe["wall_s"] / with_probe["wall_s"] if with_probe else None
     print()
     print(table(rounds, ["round", "step_ms_without", "step_ms", "overhead_pct", "hooks_us", "step_ms_every_step",
                          "overhead_pct_every_step", "hooks_us_every_step"]))
@@ -216,17 +218,19 @@ def main() -> None:
           f"step time {summary['overhead_pct_every_step']:+.2f}%, "
           f"inside its hooks {summary['hooks_us_every_step']:.0f} us/step = {summary['hooks_pct_every_step']:.3f}%")
     print(f"  per hook (us/step, reporting arm, last round): {rounds[-1]['by_hook_every_step']}")
-    print(f"probes on ({args.probe_steps} steps, KL drift every 5, perplexity every 10, budget 10%): probe share "
-          f"{100 * with_probe['probe_share_suite']:.1f}% as measured by the ProbeSuite; the run took "
-          f"{100 * probe_wall_share:.1f}% longer than without the callback; "
-          f"probes ran {with_probe['probe_runs']} times")
+    if with_probe:
+        print(f"probes on ({args.probe_steps} steps, KL drift every 5, perplexity every 10, budget 10%): probe share "
+              f"{100 * with_probe['probe_share_suite']:.1f}% as measured by the ProbeSuite; the run took "
+              f"{100 * probe_wall_share:.1f}% longer than without the callback; "
+              f"probes ran {with_probe['probe_runs']} times")
     cmd = "python -m benchmarks.overhead.agent " + " ".join(sys.argv[1:])
     path = write_results(args.name, {
         "command": cmd.strip(), "machine": info, "model": args.model, "report_every": args.report_every,
         "rounds": rounds, "summary": summary,
-        "probes_on": {"budget_share": 0.10, "probe_share_suite": with_probe["probe_share_suite"],
-                      "wall_increase_vs_no_callback": probe_wall_share, "probe_runs": with_probe["probe_runs"],
-                      "wall_s_with": with_probe["wall_s"], "wall_s_without": base_probe["wall_s"]},
+        "probes_on": None if with_probe is None else {
+            "budget_share": 0.10, "probe_share_suite": with_probe["probe_share_suite"],
+            "wall_increase_vs_no_callback": probe_wall_share, "probe_runs": with_probe["probe_runs"],
+            "wall_s_with": with_probe["wall_s"], "wall_s_without": base_probe["wall_s"]},
     })
     print(f"\nwrote {path}")
 
