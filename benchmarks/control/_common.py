@@ -23,7 +23,7 @@ from rich.console import Console  # noqa: E402
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
 
 __all__ = ["RESULTS", "console", "pick_threads", "start_controller", "arm_progress", "command_line",
-           "machine", "save_results"]
+           "machine", "figure", "arm_label", "record_targets", "save_results"]
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 console = Console(width=None if os.isatty(1) else 180)
@@ -58,6 +58,37 @@ def arm_progress(name: str, steps: int, width: int = 22) -> Iterator[Callable[[]
                   TimeElapsedColumn(), console=console) as progress:
         task = progress.add_task(name, total=steps)
         yield lambda: progress.update(task, advance=1)
+
+
+@contextmanager
+def figure(path: Path, nrows: int = 1, ncols: int = 3, size: tuple[float, float] = (16, 4.3)) -> Iterator[Any]:
+    """A headless matplotlib figure of ``nrows`` x ``ncols`` axes (``size`` is per row), written to
+    ``path`` when the block ends without an error, closed either way. Yields ``(fig, axes)`` with
+    ``axes`` always 2-D."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(nrows, ncols, figsize=(size[0], size[1] * nrows), squeeze=False)
+    try:
+        yield fig, axes
+        fig.tight_layout()
+        fig.savefig(path, dpi=90)
+    finally:
+        plt.close(fig)
+
+
+def arm_label(arm: dict[str, Any], result: dict[str, Any]) -> str:
+    """An arm's legend label: its name, plus the seed when the result holds several."""
+    return f"{arm['arm']} (seed {arm['seed']})" if len(result["seeds"]) > 1 else arm["arm"]
+
+
+def record_targets(out: dict[str, Any], targets: dict[str, Any]) -> None:
+    """Put the target verdicts in the result and print them (nothing when there are none)."""
+    if targets:
+        out["targets"] = targets
+        console.print(f"targets: {targets}")
 
 
 def command_line(module: str, argv: Sequence[str] | None) -> str:

@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.control._common import (
+    arm_label, figure, record_targets,
     command_line, console, arm_progress, pick_threads, save_results, start_controller,
 )
 
@@ -222,37 +223,30 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4.3))
-    for arm in result["arms"]:
-        label = f"{arm['arm']} (seed {arm['seed']})" if len(result["seeds"]) > 1 else arm["arm"]
-        steps = [t["step"] for t in arm["trace"]]
-        line, = ax1.plot(steps, [t["perplexity"] for t in arm["trace"]], marker=".", label=label)
-        ax2.step(steps, [t["rank"] for t in arm["trace"]], where="post", label=label, color=line.get_color())
-        ax3.plot(steps, [t["params"] / 1e6 for t in arm["trace"]], label=label, color=line.get_color())
-    ax1.axhline(result["budget_perplexity"], ls="--", color="black", label=f"budget (+{result['budget_pct']:g}%)")
-    ax1.axhline(result["pid_setpoint_perplexity"], ls="-.", color="tab:orange", alpha=0.6,
-                label=f"actuator setpoint (+{result['budget_pct'] - result['backoff_pct']:g}%)")
-    ax1.axhline(result["dense_perplexity"], ls=":", color="grey", label="dense")
-    ax1.set_title("held-out perplexity")
-    ax1.set_xlabel("step")
-    ax1.legend(fontsize=7)
-    ax2.set_title("active MLP rank (rank knob)")
-    ax2.set_xlabel("step")
-    ax2.legend(fontsize=7)
-    ax3.axhline(result["dense_params"] / 1e6, ls=":", color="grey", label="dense")
-    ax3.set_title("parameters of the exported model (M)")
-    ax3.set_xlabel("step")
-    ax3.legend(fontsize=7)
-    fig.suptitle(f"compress-rank — SmolLM2-135M-Instruct MLPs, {result['steps']} steps, lr {result['lr']:g}",
-                 fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    with figure(path) as (fig, axes):
+        ax1, ax2, ax3 = axes[0]
+        for arm in result["arms"]:
+            label = arm_label(arm, result)
+            steps = [t["step"] for t in arm["trace"]]
+            line, = ax1.plot(steps, [t["perplexity"] for t in arm["trace"]], marker=".", label=label)
+            ax2.step(steps, [t["rank"] for t in arm["trace"]], where="post", label=label, color=line.get_color())
+            ax3.plot(steps, [t["params"] / 1e6 for t in arm["trace"]], label=label, color=line.get_color())
+        ax1.axhline(result["budget_perplexity"], ls="--", color="black", label=f"budget (+{result['budget_pct']:g}%)")
+        ax1.axhline(result["pid_setpoint_perplexity"], ls="-.", color="tab:orange", alpha=0.6,
+                    label=f"actuator setpoint (+{result['budget_pct'] - result['backoff_pct']:g}%)")
+        ax1.axhline(result["dense_perplexity"], ls=":", color="grey", label="dense")
+        ax1.set_title("held-out perplexity")
+        ax1.set_xlabel("step")
+        ax1.legend(fontsize=7)
+        ax2.set_title("active MLP rank (rank knob)")
+        ax2.set_xlabel("step")
+        ax2.legend(fontsize=7)
+        ax3.axhline(result["dense_params"] / 1e6, ls=":", color="grey", label="dense")
+        ax3.set_title("parameters of the exported model (M)")
+        ax3.set_xlabel("step")
+        ax3.legend(fontsize=7)
+        fig.suptitle(f"compress-rank — SmolLM2-135M-Instruct MLPs, {result['steps']} steps, lr {result['lr']:g}",
+                     fontsize=10)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -352,9 +346,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "cubic_final_within_budget": matched["final_within_budget"],
                     "fewer_steps_over_budget": pid["steps_over_budget"] < matched["steps_over_budget"],
                 }
-    if targets:
-        out["targets"] = targets
-        console.print(f"targets: {targets}")
+    record_targets(out, targets)
     save_results(SCENARIO, out, plot, t_start)
     return out
 

@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.control._common import (
+    arm_label, figure, record_targets,
     command_line, console, arm_progress, pick_threads, save_results, start_controller,
 )
 
@@ -332,40 +333,32 @@ def control_quality(trace: list[dict[str, float]], target: float, band: float) -
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     target, band = result["target"], result["band"]
     losses = list(result["configs"])
-    fig, axes = plt.subplots(len(losses), 3, figsize=(16, 4.3 * len(losses)), squeeze=False)
-    for row, loss in zip(axes, losses):
-        ax1, ax2, ax3 = row
-        for arm in (r for r in result["arms"] if r["loss_type"] == loss):
-            steps = [t["step"] for t in arm["trace"]]
-            label = f"{arm['arm']} (seed {arm['seed']})" if len(result["seeds"]) > 1 else arm["arm"]
-            line, = ax1.plot(steps, [t["kl_drift"] for t in arm["trace"]], marker=".", label=label)
-            ax2.step(steps, [t["beta"] for t in arm["trace"]], where="post", label=label, color=line.get_color())
-            ax3.plot([m["step"] for m in arm["margins"]], [m["margin"] for m in arm["margins"]], label=label,
-                     color=line.get_color(), alpha=0.8)
-        ax1.axhline(target, ls="--", color="black", label="target")
-        ax1.axhspan(target * (1 - band), target * (1 + band), color="grey", alpha=0.15, label=f"±{band:.0%}")
-        ax1.set_title(f"[{loss}] KL(reference ‖ policy), held-out conversations")
-        ax1.set_xlabel("step")
-        ax1.legend(fontsize=7)
-        ax2.set_yscale("log")
-        ax2.set_title(f"[{loss}] beta in effect (kl_beta)")
-        ax2.set_xlabel("step")
-        ax2.legend(fontsize=7)
-        ax3.set_yscale("symlog", linthresh=1.0)
-        ax3.set_title(f"[{loss}] reward margin (rewards/margins)")
-        ax3.set_xlabel("step")
-    fig.suptitle(f"dpo-kl — SmolLM2-135M-Instruct, DPOTrainer, {result['steps']} steps, lr {result['lr']:g}",
-                 fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    with figure(path, nrows=len(losses)) as (fig, axes):
+        for row, loss in zip(axes, losses):
+            ax1, ax2, ax3 = row
+            for arm in (r for r in result["arms"] if r["loss_type"] == loss):
+                steps = [t["step"] for t in arm["trace"]]
+                label = arm_label(arm, result)
+                line, = ax1.plot(steps, [t["kl_drift"] for t in arm["trace"]], marker=".", label=label)
+                ax2.step(steps, [t["beta"] for t in arm["trace"]], where="post", label=label, color=line.get_color())
+                ax3.plot([m["step"] for m in arm["margins"]], [m["margin"] for m in arm["margins"]], label=label,
+                         color=line.get_color(), alpha=0.8)
+            ax1.axhline(target, ls="--", color="black", label="target")
+            ax1.axhspan(target * (1 - band), target * (1 + band), color="grey", alpha=0.15, label=f"±{band:.0%}")
+            ax1.set_title(f"[{loss}] KL(reference ‖ policy), held-out conversations")
+            ax1.set_xlabel("step")
+            ax1.legend(fontsize=7)
+            ax2.set_yscale("log")
+            ax2.set_title(f"[{loss}] beta in effect (kl_beta)")
+            ax2.set_xlabel("step")
+            ax2.legend(fontsize=7)
+            ax3.set_yscale("symlog", linthresh=1.0)
+            ax3.set_title(f"[{loss}] reward margin (rewards/margins)")
+            ax3.set_xlabel("step")
+        fig.suptitle(f"dpo-kl — SmolLM2-135M-Instruct, DPOTrainer, {result['steps']} steps, lr {result['lr']:g}",
+                     fontsize=10)
 
 
 # Per-loss defaults (CLI values override them for every loss type). Gains are × 1/target.
@@ -474,9 +467,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "pid_settling_step": pid["settling_step"], "ziegler_settling_step": zie["settling_step"],
                     "pid_overshoot_pct": pid["overshoot_pct"], "ziegler_overshoot_pct": zie["overshoot_pct"],
                 }
-    if targets:
-        out["targets"] = targets
-        console.print(f"targets: {targets}")
+    record_targets(out, targets)
     save_results(SCENARIO, out, plot, t_start)
     return out
 

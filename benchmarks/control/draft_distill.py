@@ -50,6 +50,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from benchmarks.control._common import (
+    arm_label, figure, record_targets,
     command_line, console, arm_progress, pick_threads, save_results, start_controller,
 )
 
@@ -292,34 +293,27 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4.3))
-    for arm in result["arms"]:
-        label = f"{arm['arm']} (seed {arm['seed']})" if len(result["seeds"]) > 1 else arm["arm"]
-        steps = [t["step"] for t in arm["trace"]]
-        line, = ax1.plot(steps, [t["acceptance"] for t in arm["trace"]], marker=".", label=label)
-        ax2.step([x["step"] for x in arm["train_logs"]], [x["lambda"] for x in arm["train_logs"]], where="post",
-                 label=label, color=line.get_color())
-        ax3.plot([x["step"] for x in arm["train_logs"]], [x["distill_ce"] for x in arm["train_logs"]],
-                 label=label, color=line.get_color(), alpha=0.8)
-    ax1.axhline(result["setpoint"], ls="--", color="black", label="actuator setpoint")
-    ax1.set_title("draft acceptance α (held-out, γ = 4)")
-    ax1.set_xlabel("step")
-    ax1.legend(fontsize=7)
-    ax2.set_title("distill_lambda in effect (λ: KL weight)")
-    ax2.set_ylim(-0.05, 1.05)
-    ax2.set_xlabel("step")
-    ax3.set_title("training cross-entropy of the draft (nats/token)")
-    ax3.set_xlabel("step")
-    fig.suptitle(f"draft-distill — SmolLM2-135M-Instruct → {result['draft_layers']}-layer draft, "
-                 f"{result['steps']} steps, T = {result['temperature']}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    with figure(path) as (fig, axes):
+        ax1, ax2, ax3 = axes[0]
+        for arm in result["arms"]:
+            label = arm_label(arm, result)
+            steps = [t["step"] for t in arm["trace"]]
+            line, = ax1.plot(steps, [t["acceptance"] for t in arm["trace"]], marker=".", label=label)
+            ax2.step([x["step"] for x in arm["train_logs"]], [x["lambda"] for x in arm["train_logs"]], where="post",
+                     label=label, color=line.get_color())
+            ax3.plot([x["step"] for x in arm["train_logs"]], [x["distill_ce"] for x in arm["train_logs"]],
+                     label=label, color=line.get_color(), alpha=0.8)
+        ax1.axhline(result["setpoint"], ls="--", color="black", label="actuator setpoint")
+        ax1.set_title("draft acceptance α (held-out, γ = 4)")
+        ax1.set_xlabel("step")
+        ax1.legend(fontsize=7)
+        ax2.set_title("distill_lambda in effect (λ: KL weight)")
+        ax2.set_ylim(-0.05, 1.05)
+        ax2.set_xlabel("step")
+        ax3.set_title("training cross-entropy of the draft (nats/token)")
+        ax3.set_xlabel("step")
+        fig.suptitle(f"draft-distill — SmolLM2-135M-Instruct → {result['draft_layers']}-layer draft, "
+                     f"{result['steps']} steps, T = {result['temperature']}", fontsize=10)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -398,9 +392,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "pid_alpha": pid["final"]["acceptance"], "best_fixed": best["arm"],
                 "best_fixed_alpha": best["final"]["acceptance"],
             }
-    if targets:
-        out["targets"] = targets
-        console.print(f"targets: {targets}")
+    record_targets(out, targets)
     save_results(SCENARIO, out, plot, t_start)
     return out
 

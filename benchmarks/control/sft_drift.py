@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.control._common import (
-    arm_progress, command_line, console, pick_threads, save_results, start_controller,
+    figure, arm_progress, command_line, console, pick_threads, save_results, start_controller,
 )
 
 import torch  # noqa: E402
@@ -234,31 +234,24 @@ def pareto(points: list[tuple[str, float, float]]) -> set[str]:
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 4))
-    for arm in result["arms"]:
-        steps = [t["step"] for t in arm["trace"]]
-        ax1.plot(steps, [t["kl_drift"] for t in arm["trace"]], marker=".", label=arm["arm"])
-        ax2.plot(steps, [t["lr"] for t in arm["trace"]], label=arm["arm"])
-        ax3.scatter([arm["final_kl_drift"]], [arm["task_gain"]], s=60)
-        ax3.annotate(arm["arm"], (arm["final_kl_drift"], arm["task_gain"]), fontsize=8)
-    ax1.axhline(result["setpoint"], ls="--", color="black", label="setpoint")
-    ax1.set_title("KL drift from the start model")
-    ax1.set_xlabel("step")
-    ax1.legend(fontsize=7)
-    ax2.set_yscale("log")
-    ax2.set_title("learning rate")
-    ax2.set_xlabel("step")
-    ax3.set_xlabel("final KL drift (lower is better)")
-    ax3.set_ylabel("task gain: held-out loss start − end (higher is better)")
-    ax3.set_title("(task gain, drift)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    with figure(path, size=(15, 4)) as (fig, axes):
+        ax1, ax2, ax3 = axes[0]
+        for arm in result["arms"]:
+            steps = [t["step"] for t in arm["trace"]]
+            ax1.plot(steps, [t["kl_drift"] for t in arm["trace"]], marker=".", label=arm["arm"])
+            ax2.plot(steps, [t["lr"] for t in arm["trace"]], label=arm["arm"])
+            ax3.scatter([arm["final_kl_drift"]], [arm["task_gain"]], s=60)
+            ax3.annotate(arm["arm"], (arm["final_kl_drift"], arm["task_gain"]), fontsize=8)
+        ax1.axhline(result["setpoint"], ls="--", color="black", label="setpoint")
+        ax1.set_title("KL drift from the start model")
+        ax1.set_xlabel("step")
+        ax1.legend(fontsize=7)
+        ax2.set_yscale("log")
+        ax2.set_title("learning rate")
+        ax2.set_xlabel("step")
+        ax3.set_xlabel("final KL drift (lower is better)")
+        ax3.set_ylabel("task gain: held-out loss start − end (higher is better)")
+        ax3.set_title("(task gain, drift)")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
