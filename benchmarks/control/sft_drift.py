@@ -94,12 +94,8 @@ class Setup:
         from actuator.agents.probes import HotpotQA, KLDrift, Perplexity
 
         with console.status("loading SmolLM2-135M-Instruct (offline)…"):
-            self.model, self.tok = load_smollm2()
-        if self.tok.pad_token_id == self.tok.eos_token_id and self.tok.unk_token_id is not None:
-            # The LM collator masks pad tokens out of the labels: with pad = <|im_end|> the model
-            # would never learn to end its answer. Pad with <|endoftext|> (unk) instead.
-            self.tok.pad_token = self.tok.unk_token
-            self.model.config.pad_token_id = self.tok.pad_token_id
+            # answers must learn to end: pad with <|endoftext|>, not the end-of-turn token
+            self.model, self.tok = load_smollm2(pad_with_endoftext=True)
         self.base = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         self.train = task_dataset(self.tok, 400, seed)
         self.heldout = task_dataset(self.tok, 32, seed + 1000)
