@@ -23,7 +23,7 @@ from rich.console import Console  # noqa: E402
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
 
 __all__ = ["RESULTS", "console", "pick_threads", "start_controller", "arm_progress", "command_line",
-           "machine", "figure", "arm_label", "record_targets", "save_results"]
+           "machine", "scenario_args", "figure", "arm_label", "record_targets", "save_results"]
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 console = Console(width=None if os.isatty(1) else 180)
@@ -58,6 +58,19 @@ def arm_progress(name: str, steps: int, width: int = 22) -> Iterator[Callable[[]
                   TimeElapsedColumn(), console=console) as progress:
         task = progress.add_task(name, total=steps)
         yield lambda: progress.update(task, advance=1)
+
+
+def scenario_args(ap: Any, scenario: str, steps: int, quick: str) -> None:
+    """The options every scenario takes: --steps, --seeds, --quick (``quick`` says what it does),
+    --threads and --out (scratch space; results always go to benchmarks/results)."""
+    import tempfile
+
+    ap.add_argument("--steps", type=int, default=steps)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--quick", action="store_true", help=quick)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: by machine load)")
+    ap.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "actuator-bench" / scenario,
+                    help="scratch: trainer dirs and the controller's SQLite file (results go to benchmarks/results)")
 
 
 @contextmanager

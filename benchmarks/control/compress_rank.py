@@ -48,12 +48,12 @@ from __future__ import annotations
 
 import argparse
 import copy
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks.control._common import (
+    scenario_args,
     arm_label, figure, record_targets,
     command_line, console, arm_progress, pick_threads, save_results, start_controller,
 )
@@ -251,9 +251,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
-    ap.add_argument("--quick", action="store_true", help="24 steps")
+    scenario_args(ap, SCENARIO, steps=60, quick="24 steps")
     ap.add_argument("--budget", type=float, default=8.0, help="perplexity budget, %% over the dense model")
     ap.add_argument("--backoff", type=float, default=2.0, help="PID setpoint = budget − backoff (%% points)")
     ap.add_argument("--lr", type=float, default=3e-5)
@@ -270,9 +268,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--kp-share", type=float, default=0.04, help="PID kp × headroom / full rank")
     ap.add_argument("--no-match-arm", dest="match_arm", action="store_false",
                     help="skip the cubic arm to the Actuator arm's final rank")
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: by machine load)")
-    ap.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "actuator-bench" / "compress-rank",
-                    help="scratch: trainer dirs and the controller's SQLite file (results go to benchmarks/results)")
     a = ap.parse_args(argv)
     if a.quick:
         a.steps = min(a.steps, 24)

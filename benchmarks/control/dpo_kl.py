@@ -50,13 +50,13 @@ from __future__ import annotations
 import argparse
 import copy
 import math
-import tempfile
 import random
 import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks.control._common import (
+    scenario_args,
     arm_label, figure, record_targets,
     command_line, console, arm_progress, pick_threads, save_results, start_controller,
 )
@@ -370,9 +370,7 @@ LOSS_DEFAULTS = {
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
-    ap.add_argument("--quick", action="store_true", help="24 steps")
+    scenario_args(ap, SCENARIO, steps=40, quick="24 steps")
     ap.add_argument("--loss-type", nargs="+", choices=sorted(LOSS_DEFAULTS), default=["sigmoid"],
                     help="DPOTrainer loss(es), each with all arms (default: sigmoid)")
     ap.add_argument("--beta", type=float, default=None, help="starting beta, all arms (default per loss)")
@@ -390,10 +388,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--kd", type=float, default=None, help="PID kd × target, steps")
     ap.add_argument("--max-step", type=float, default=1.5, help="PID rate limit, log-beta units per decision")
     ap.add_argument("--n-sums", type=int, default=0, help="hard pairs: right vs wrong sums (default none)")
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: by machine load)")
     ap.add_argument("--arms", nargs="+", default=["fixed", "ziegler", "actuator"])
-    ap.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "actuator-bench" / "dpo-kl",
-                    help="scratch: trainer dirs and the controller's SQLite file (results go to benchmarks/results)")
     a = ap.parse_args(argv)
     if a.quick:
         a.steps = min(a.steps, 24)

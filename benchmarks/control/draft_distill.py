@@ -42,7 +42,6 @@ import argparse
 import copy
 import hashlib
 import importlib
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -50,6 +49,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from benchmarks.control._common import (
+    scenario_args,
     arm_label, figure, record_targets,
     command_line, console, arm_progress, pick_threads, save_results, start_controller,
 )
@@ -318,9 +318,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
-    ap.add_argument("--quick", action="store_true", help="24 steps")
+    scenario_args(ap, SCENARIO, steps=60, quick="24 steps")
     ap.add_argument("--draft-layers", type=int, default=10, help="decoder layers kept in the draft (of 30)")
     ap.add_argument("--lambdas", type=float, nargs="+", default=[0.0, 0.5, 1.0], help="fixed-λ arms")
     ap.add_argument("--start-lambda", type=float, default=0.5, help="λ the Actuator arm starts from")
@@ -336,9 +334,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--ki", type=float, default=0.3)
     ap.add_argument("--max-step", type=float, default=0.25)
     ap.add_argument("--no-actuator", action="store_true")
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: by machine load)")
-    ap.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "actuator-bench" / "draft-distill",
-                    help="scratch: trainer dirs and the controller's SQLite file (results go to benchmarks/results)")
     a = ap.parse_args(argv)
     if a.quick:
         a.steps = min(a.steps, 24)

@@ -32,12 +32,12 @@ from __future__ import annotations
 import argparse
 import random
 import re
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks.control._common import (
+    scenario_args,
     figure, arm_progress, command_line, console, pick_threads, save_results, start_controller,
 )
 
@@ -252,9 +252,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
-    ap.add_argument("--quick", action="store_true", help="16 steps, three arms, fewer HotpotQA records")
+    scenario_args(ap, SCENARIO, steps=40, quick="16 steps, three arms, fewer HotpotQA records")
     ap.add_argument("--lr", type=float, default=3e-5, help="the aggressive starting learning rate")
     ap.add_argument("--setpoint", type=float, default=1.5, help="KL drift (nats/token) the Actuator arm holds")
     ap.add_argument("--probe-every", type=int, default=2)
@@ -266,9 +264,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--arms", nargs="+", default=["sweep", "plateau", "actuator"],
                     choices=["sweep", "open", "plateau", "actuator"],
                     help="'open' runs only the open loop at --lr; 'sweep' runs lr/3, lr and 3*lr")
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: by machine load)")
-    ap.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "actuator-bench" / SCENARIO,
-                    help="scratch: trainer dirs and the controller's SQLite file (results go to benchmarks/results)")
     a = ap.parse_args(argv)
     if a.quick:
         a.steps = min(a.steps, 16)
