@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .controllers import PID, PIDConfig, PIDState, make_filter
+from .controllers import PID, PIDConfig, PIDLagrangian, PIDState, make_filter
 from .policy import ControllerSpec, GuardrailSpec, PolicyDocument, setpoint_at
 from .schemas import Action, ObservationCreate
 
@@ -74,6 +74,21 @@ def _reason(probe: str, filtered: float, prev: float | None, setpoint: float, kn
             f"{knob} {_fmt(current)} -> {_fmt(out.value)}{terms}{limits}")
 
 
+def _constraint_reason(name: str, probe: str, filtered: float, prev: float | None, budget: float, bound: str,
+                       knob: str, current: float, out: Any) -> str:
+    """The constraint controller's line: is the constraint active (violated) or slack, and how
+    the multiplier moved; e.g. ``constraint keep-drift active: kl_drift 0.62 > budget 0.5 and
+    rising: kl_weight 0 -> 0.24 (P +0.12 I +0.12)``."""
+    violated = filtered > budget if bound == "upper" else filtered < budget
+    sign = (">" if bound == "upper" else "<") if violated else ("<=" if bound == "upper" else ">=")
+    trend = "" if prev is None or filtered == prev else (" and rising" if filtered > prev else " and falling")
+    terms = " ".join(f"{n.upper()} {getattr(out, n):+.3g}" for n in ("p", "i", "d") if getattr(out, n))
+    limits = f", limited by {', '.join(out.limited_by)}" if out.limited_by else ""
+    state = "active" if violated else ("slack, releasing" if out.value < current else "slack")
+    return (f"constraint {name} {state}: {probe} {_fmt(filtered)} {sign} budget {_fmt(budget)}{trend}: "
+            f"{knob} {_fmt(current)} -> {_fmt(out.value)}" + (f" ({terms})" if terms else "") + limits)
+
+
 # Distinct PID laws one engine keeps (beyond, it starts over): a handful per controller and knob
 # bounds normally; a setpoint schedule makes one per step it is evaluated at.
 _PID_CACHE_SIZE = 4096
@@ -115,7 +130,7 @@ class Engine:
         lo = knob["min"] if spec.min is None else max(knob["min"], spec.min)
         hi = knob["max"] if spec.max is None else min(knob["max"], spec.max)
         setpoint = setpoint_at(spec.setpoint if setpoint_override is None else setpoint_override, step, baseline)
-        scale = spec.scale or knob.get("scale", "linear")
+        scale = "linear" if spec.kind == "constraint" else spec.scale or knob.get("scale", "linear")
         max_step = spec.max_step if spec.max_step is not None else knob.get("max_step")
         return setpoint, lo, hi, scale, max_step
 
@@ -146,7 +161,8 @@ class Engine:
         key = (id(spec), *map(_exact, law))
         pid = self._pids.get(key)
         if pid is None:
-            pid = PID(self._config(spec, *law))  # validates: an invalid law is never kept
+            law_cls = PIDLagrangian if spec.kind == "constraint" else PID
+            pid = law_cls(self._config(spec, *law))  # validates: an invalid law is never kept
             if len(self._pids) >= _PID_CACHE_SIZE:
                 self._pids.clear()
             self._pids[key] = pid
@@ -292,8 +308,12 @@ class Engine:
             if not out.changed:
                 continue
             taken.add(spec.knob)
-            reason = _reason(spec.probe, filtered, prev_filtered, cfg.setpoint, spec.knob, current, out,
-                             prev_components)
+            if spec.kind == "constraint":
+                reason = _constraint_reason(spec.name, spec.probe, filtered, prev_filtered, cfg.setpoint, spec.bound,
+                                            spec.knob, current, out)
+            else:
+                reason = _reason(spec.probe, filtered, prev_filtered, cfg.setpoint, spec.knob, current, out,
+                                 prev_components)
             self._decide(
                 ctx, result, step=obs.step + 1, knob=spec.knob, new=out.value, reason=reason,
                 controller=spec.name,

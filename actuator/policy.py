@@ -36,6 +36,7 @@ __all__ = [
     "list_presets",
     "load_preset",
     "protect_policy",
+    "constraint_controller",
 ]
 
 # Observation keys the shipped probes produce. Policies may also name "train.<metric>" (a
@@ -55,7 +56,7 @@ KNOWN_PROBES = frozenset(
         "compression.flops",
     }
 )
-KNOWN_KNOBS = frozenset({"learning_rate", "kl_beta", "distill_lambda", "rank", "gkd_beta"})
+KNOWN_KNOBS = frozenset({"learning_rate", "kl_beta", "distill_lambda", "rank", "gkd_beta", "kl_weight"})
 # The values a probe can take: a setpoint or threshold outside them can never be met.
 PROBE_RANGES: dict[str, tuple[float, float]] = {
     "perplexity": (1.0, math.inf),
@@ -116,9 +117,22 @@ SetpointPoints = Annotated[list[tuple[Annotated[int, Field(ge=0)], FiniteFloat]]
 
 
 class ControllerSpec(_Model):
-    """probe (filtered) → PID → knob."""
+    """probe (filtered) → control law → knob.
+
+    ``kind: setpoint`` (default) holds the probe at ``setpoint`` with a PID. ``kind: constraint``
+    keeps the probe within a budget (``setpoint`` is the budget; ``bound: upper`` means probe <=
+    budget) with a PID-Lagrangian on a multiplier knob >= 0 such as ``kl_weight``: the weight
+    rises only while the constraint is violated and returns to 0 once it holds (see
+    ``controllers/lagrangian.py``). Its direction follows from ``bound``.
+    """
 
     name: Name
+    kind: Literal["setpoint", "constraint"] = Field(
+        "setpoint", description="setpoint: hold the probe at setpoint (PID); constraint: keep it within the "
+        "budget given as setpoint, with a multiplier knob >= 0 (PID-Lagrangian).")
+    bound: Literal["upper", "lower"] = Field(
+        "upper", description="constraint only: upper = probe <= budget (drift, perplexity); lower = probe >= "
+        "budget (gold log-prob, accuracy).")
     probe: str
     knob: str
     setpoint: FiniteFloat | SetpointPoints | str = Field(
@@ -164,6 +178,18 @@ class ControllerSpec(_Model):
             [p[1] for p in self.setpoint] if isinstance(self.setpoint, list) else [])
         for value in points:
             _check_in_range(self.probe, value, "setpoint")
+        return self
+
+    @model_validator(mode="after")
+    def _constraint(self) -> ControllerSpec:
+        if self.kind != "constraint":
+            return self
+        if self.scale not in (None, "linear"):
+            raise ValueError(f"a constraint's knob is a multiplier on a linear scale, not {self.scale!r}")
+        if self.min is not None and self.min < 0:
+            raise ValueError(f"a constraint's multiplier is >= 0: min {self.min} is negative")
+        # Raising a restoring-force weight pushes the probe back inside its bound.
+        self.direction = "reverse" if self.bound == "upper" else "direct"
         return self
 
     @field_validator("max")
@@ -362,20 +388,32 @@ def protect_policy(
     factor: float = 0.5,
     consecutive: int = 2,
     every: int = 50,
+    anchor: bool = False,
 ) -> PolicyDocument:
     """The one-line form: ``{"hotpotqa.gold_logprob": "-5%", "kl_drift": 0.1}`` → a policy with
     one guardrail per entry. Drift probes (``kl_drift``, ``embedding_drift``) get an upper bound
     and the ``on_drift`` action; other probes get ``on_breach``. Probes where higher is better
     (HotpotQA, draft acceptance, agreement) are protected from below, the rest from above.
-    ``adjust`` and ``rollback`` scale ``knob`` by ``factor``."""
+    ``adjust`` and ``rollback`` scale ``knob`` by ``factor``.
+
+    ``anchor=True`` (the run has a KL anchor, knob ``kl_weight``): every entry with an absolute
+    budget also gets a constraint controller on ``kl_weight`` (the ``protect-capability`` preset's
+    law, gains scaled by the budget), and its guardrail only alerts: the restoring force holds the
+    budget, so rolling back at the budget would fight it. Relative budgets ('-5%') keep their
+    guardrails (their scale is only known once the run has a baseline)."""
     if not protect:
         raise PolicyError("protect: name at least one probe", [{"loc": "protect", "msg": "empty"}])
     guardrails = []
+    controllers: list[dict[str, Any]] = []
     probes: dict[str, dict[str, Any]] = {}
     for probe, threshold in protect.items():
         is_drift = probe in _DRIFT
         lower = probe.startswith(_HIGHER_IS_BETTER)
         action = on_drift if is_drift else on_breach
+        if anchor and not isinstance(threshold, str) and float(threshold) != 0:
+            controllers.append(constraint_controller(f"hold-{probe}".replace(".", "-")[:64], probe, float(threshold),
+                                                     bound="lower" if lower else "upper"))
+            action = "alert"
         guardrails.append({
             "name": f"protect-{probe}".replace(".", "-")[:64],
             "probe": probe, "bound": "lower" if lower else "upper", "threshold": threshold,
@@ -386,7 +424,22 @@ def protect_policy(
         if pname == "answer_agreement":
             pname = "embedding_drift"
         probes[pname] = {"name": pname, "every": every}
-    digest = hashlib.sha1(json.dumps([protect, on_drift, on_breach, knob, factor], sort_keys=True,
+    digest = hashlib.sha1(json.dumps([protect, on_drift, on_breach, knob, factor, anchor], sort_keys=True,
                                      default=str).encode()).hexdigest()[:8]
     return load_policy({"name": f"protect-{digest}", "description": f"protect {sorted(protect)}",
-                        "probes": list(probes.values()), "guardrails": guardrails})
+                        "probes": list(probes.values()), "controllers": controllers, "guardrails": guardrails})
+
+
+# The constraint law's default gains, per unit of budget (so they carry across probes and
+# budgets): a violation the size of the budget asks for CONSTRAINT_KP of weight at once and adds
+# CONSTRAINT_KI per step while it lasts. Chosen on the forgetting scenario (BENCHMARKS.md).
+CONSTRAINT_KP = 4.0
+CONSTRAINT_KI = 1.0
+
+
+def constraint_controller(name: str, probe: str, budget: float, *, bound: str = "upper", knob: str = "kl_weight",
+                          kp: float = CONSTRAINT_KP, ki: float = CONSTRAINT_KI, priority: int = 10) -> dict[str, Any]:
+    """A ``kind: constraint`` controller document with gains scaled by ``|budget|``."""
+    scale = abs(budget) or 1.0
+    return {"name": name, "kind": "constraint", "bound": bound, "probe": probe, "knob": knob,
+            "setpoint": budget, "kp": kp / scale, "ki": ki / scale, "priority": priority}

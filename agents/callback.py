@@ -59,6 +59,9 @@ def default_knob_spec(name: str, value: float) -> dict[str, Any]:
         return {"min": value / 100.0, "max": value, "scale": "log", "max_step": 0.7}
     if name in ("kl_beta", "gkd_beta") and value > 0:
         return {"min": value / 100.0, "max": value * 10.0, "scale": "log", "max_step": 0.7}
+    if name == "kl_weight":
+        # A Lagrange multiplier: 0 is "anchor off"; 10 already outweighs a typical task loss.
+        return {"min": 0.0, "max": 10.0, "scale": "linear", "max_step": 1.0}
     if name == "distill_lambda":
         return {"min": 0.0, "max": 1.0, "scale": "linear", "max_step": 0.2}
     if name == "rank":
@@ -129,6 +132,7 @@ class ActuatorCallback(TrainerCallback, ExportableState):
     ) -> None:
         if (policy is None) == (protect is None):
             raise ConfigError("policy: give a policy (name, preset:NAME, document) or protect={...}, not both")
+        self._protect = (dict(protect), on_drift, on_breach) if protect is not None else None
         if protect is not None:
             self.policy: str | PolicyDocument = protect_policy(protect, on_drift=on_drift, on_breach=on_breach)
         elif isinstance(policy, str) and policy.startswith("preset:"):
@@ -189,10 +193,35 @@ class ActuatorCallback(TrainerCallback, ExportableState):
             callbacks.insert(min(1, len(callbacks)), self)
         return self
 
+    def _add_policy_knobs(self) -> None:
+        """A policy that drives ``kl_weight`` brings its knob when the trainer has a KL anchor
+        (``preset:protect-capability`` works with ``knobs`` left alone), and ``protect={...}``
+        holds its absolute budgets with the anchor's weight when there is one."""
+        if getattr(self.trainer, "kl_anchor", None) is None:
+            return
+        if self._protect is not None and self.run_id is None:
+            protect, on_drift, on_breach = self._protect
+            self.policy = self.policy_doc = protect_policy(protect, on_drift=on_drift, on_breach=on_breach,
+                                                           anchor=True)
+        if self.policy_doc is None:
+            return
+        if any(c.knob == "kl_weight" for c in self.policy_doc.controllers):
+            self.knob_bounds.setdefault("kl_weight", {})
+
     def _bind_setters(self, optimizer: Any, lr_scheduler: Any) -> None:
         for name in self.knob_bounds:
             if name in self.extra_setters:
                 self.setters[name] = self.extra_setters[name]
+            elif name == "kl_weight":
+                anchor = getattr(self.trainer, "kl_anchor", None)
+                if anchor is None:
+                    raise ConfigError("knobs.kl_weight: the trainer has no KL anchor; build it with "
+                                      "actuator.agents.anchor.anchor_trainer(YourTrainer)(..., kl_anchor=KLAnchor(texts, "
+                                      "tokenizer)) and attach with .attach(trainer), or pass "
+                                      "setters=[KLAnchorKnob(anchor)] for your own loop")
+                from .anchor import KLAnchorKnob
+
+                self.setters[name] = KLAnchorKnob(anchor)
             elif name == "learning_rate":
                 if optimizer is None:
                     raise ConfigError("learning_rate: the trainer has no optimizer yet")
@@ -239,6 +268,7 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         optimizer = optimizer if optimizer is not None else getattr(trainer, "optimizer", None)
         lr_scheduler = lr_scheduler if lr_scheduler is not None else getattr(trainer, "lr_scheduler", None)
         self._is_main = bool(getattr(state, "is_world_process_zero", True))
+        self._add_policy_knobs()
         self._bind_setters(optimizer, lr_scheduler)
         self._restore(args, state)
         if self.run_name is None:

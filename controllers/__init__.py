@@ -1,4 +1,4 @@
-"""Control laws for Actuator: PID and the baselines it is compared against.
+"""Control laws for Actuator: PID, the PID-Lagrangian constraint law, and the baselines it is compared against.
 
 Standard library only -- no I/O, no clock, no logging, no numpy/torch -- so the same code runs
 in the service, in the ``simulate`` endpoint, in benchmarks and in tests, and every decision can
@@ -18,6 +18,7 @@ from .filters import (
     PassthroughState,
     make_filter,
 )
+from .lagrangian import PIDLagrangian, lagrangian_config
 from .pid import PID, Direction, LimitReason, PIDConfig, PIDOutput, PIDState, Scale
 from .setpoint import Setpoint, setpoint_at, validate_setpoint
 
@@ -31,6 +32,9 @@ __all__ = [
     "Scale",
     "Direction",
     "LimitReason",
+    # constraint (multiplier) law
+    "PIDLagrangian",
+    "lagrangian_config",
     # filters
     "Filter",
     "FilterKind",

@@ -196,6 +196,22 @@ class PIDOutput:
     state: PIDState = field(repr=False)
 
 
+def limited(u: float, cur: float, max_step: float | None, bounded: Any, limits: set[str]) -> float:
+    """``u`` inside the bounds (``bounded(value, limits)``), then within ``max_step`` of ``cur``,
+    then inside the bounds again: bounds win over the rate limit, which only binds there when the
+    knob was already outside its bounds. Each limit that acted is added to ``limits``."""
+    s = bounded(u, limits)
+    if max_step is not None:
+        if s > cur + max_step:
+            s = cur + max_step
+            limits.add("rate")
+        elif s < cur - max_step:
+            s = cur - max_step
+            limits.add("rate")
+        s = bounded(s, limits)
+    return s
+
+
 class PID:
     """A pure PID law: ``update`` takes the state and returns the next one, no hidden memory."""
 
@@ -376,18 +392,7 @@ class PID:
         return s
 
     def _limited(self, u: float, cur_s: float, limits: set[str]) -> float:
-        s = self._bounded(u, limits)
-        ms = self.config.max_step
-        if ms is not None:
-            if s > cur_s + ms:
-                s = cur_s + ms
-                limits.add("rate")
-            elif s < cur_s - ms:
-                s = cur_s - ms
-                limits.add("rate")
-            # Only binds when the knob was already outside its bounds: bounds win.
-            s = self._bounded(s, limits)
-        return s
+        return limited(u, cur_s, self.config.max_step, self._bounded, limits)
 
     def _round(self, value: float, cur: float, limits: set[str]) -> float:
         """Nearest integer (halves round up), then kept inside the integer bounds and the rate

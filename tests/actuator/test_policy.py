@@ -85,10 +85,34 @@ def test_setpoint_schedules():
 
 
 def test_presets_load_and_cover_the_four_tasks():
-    assert set(list_presets()) == {"sft-capability", "dpo-kl", "draft-distill", "compress-ppl"}
+    assert set(list_presets()) == {"sft-capability", "dpo-kl", "draft-distill", "compress-ppl", "protect-capability"}
     knobs = {load_preset(n).controllers[0].knob for n in list_presets()}
-    assert knobs == {"learning_rate", "kl_beta", "distill_lambda", "rank"}
+    assert knobs == {"learning_rate", "kl_beta", "distill_lambda", "rank", "kl_weight"}
     assert load_preset("dpo-kl").controllers[0].direction == "reverse"
+    protect = load_preset("protect-capability").controllers[0]
+    assert (protect.kind, protect.bound, protect.direction) == ("constraint", "upper", "reverse")
+
+
+def test_constraint_controllers_are_multipliers():
+    doc = {"name": "c", "controllers": [{"name": "k", "kind": "constraint", "probe": "kl_drift", "knob": "kl_weight",
+                                         "setpoint": 0.5, "kp": 1.0, "direction": "direct"}]}
+    # the direction follows from the bound: a restoring force pushes the probe back inside
+    assert load_policy(doc).controllers[0].direction == "reverse"
+    doc["controllers"][0]["bound"] = "lower"
+    assert load_policy(doc).controllers[0].direction == "direct"
+    for bad, field in (({"scale": "log"}, "multiplier on a linear scale"), ({"min": -0.5}, "is negative")):
+        broken = {**doc, "controllers": [{**doc["controllers"][0], **bad}]}
+        with pytest.raises(PolicyError, match=field):
+            load_policy(broken)
+
+
+def test_protect_one_liner_holds_absolute_budgets_with_the_anchor():
+    doc = protect_policy({"kl_drift": 0.5, "hotpotqa.gold_logprob": "-5%"}, anchor=True)
+    (c,) = doc.controllers
+    assert (c.kind, c.knob, c.probe, c.setpoint) == ("constraint", "kl_weight", "kl_drift", 0.5)
+    actions = {g.probe: g.action for g in doc.guardrails}
+    assert actions == {"kl_drift": "alert", "hotpotqa.gold_logprob": "rollback"}
+    assert not protect_policy({"kl_drift": 0.5}).controllers  # without an anchor: guardrails only
     with pytest.raises(PolicyError, match="no preset"):
         load_preset("nope")
 

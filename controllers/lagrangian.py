@@ -1,0 +1,186 @@
+"""PID-Lagrangian: a constraint controller whose output is a Lagrange multiplier w >= 0.
+
+"Keep probe y within budget B" (``y <= B`` for an upper bound, ``y >= B`` for a lower one) with
+a restoring-force weight as the actuator (a KL-anchor weight, a KL coefficient): the multiplier
+rises while the constraint is violated and falls back to 0 once it holds with room to spare.
+This is Stooke, Achiam & Abbeel 2020 ("Responsive Safety in RL by PID Lagrangian Methods"),
+Algorithm 2, in our controllers' shape (config, serialisable state, ``dt`` as an argument):
+
+    violation   Δ = y − B            (B − y for a lower bound)
+    integral    I ← proj[0, I_max](I + ki·Δ·dt)
+    derivative  D = kd · max(0, Δ − Δ_prev) / dt      (only a *rising* violation adds weight)
+    multiplier  w = clip(kp·Δ + I + D, out_min ≥ 0, out_max), then the per-decision rate limit
+
+Why a law of its own rather than the setpoint PID on ``w``:
+
+* The setpoint PID is in velocity form (its proportional term acts on the change of the error
+  since control started, see ``pid.py``), which is right for holding a probe *at* a setpoint but
+  wrong for a constraint: a probe rising from 0 towards a budget it never reaches would still be
+  charged a weight proportional to its rise. Here the proportional term acts on the violation
+  itself, so a constraint that holds costs nothing: w = 0 and, with a KL anchor, no forward pass.
+* The integral is projected at 0 (Stooke's ``I ← (I + Δ)+``): slack time is not banked as
+  negative integral that would delay the response to a later violation.
+* Anti-windup at the top is conditional integration as in the PID: the integral never grows
+  past the point where the output is held by ``out_max`` or the rate limit.
+* The derivative term only counts a rising violation (Stooke's ``(J − J_prev)+``), which damps
+  the overshoot of a lagging plant (Adam's momentum carries drift on for a few steps after the
+  weight rises) without releasing the weight early when the probe turns down.
+* First update = bumpless start, as in the PID: the integral is seeded so that the output equals
+  the weight in effect (an operator's value after an override). At the floor (w = 0, a fresh
+  run) the integral starts at 0, not at the slack, so a constraint that holds keeps w at 0 and a
+  run that starts in violation is answered at once.
+
+The config is a :class:`~.pid.PIDConfig` so that every caller that reads bounds, setpoint (the
+budget), scale and rate limit treats both laws alike; ``direction`` encodes the bound:
+``"reverse"`` = upper bound (raising w lowers the probe), ``"direct"`` = lower bound (raising w
+raises the probe, e.g. a gold-answer log-prob floor). The scale must be ``"linear"`` and
+``out_min >= 0``: a multiplier is projected at zero.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ._checks import ParameterError, require_finite, require_positive
+from .pid import PIDConfig, PIDOutput, PIDState, limited
+
+__all__ = ["PIDLagrangian", "lagrangian_config"]
+
+_COOLDOWN_TOLERANCE = 1e-9
+_SAME_VALUE_RTOL = 1e-12
+
+
+def lagrangian_config(budget: float, kp: float, ki: float = 0.0, kd: float = 0.0, *, bound: str = "upper",
+                      out_min: float = 0.0, out_max: float = math.inf, max_step: float | None = None,
+                      deadband: float = 0.0, cooldown: float = 0.0) -> PIDConfig:
+    """The :class:`PIDConfig` of a constraint ``probe <= budget`` (``bound="upper"``) or ``>=``."""
+    if bound not in ("upper", "lower"):
+        raise ParameterError("bound", f"must be 'upper' or 'lower', got {bound!r}")
+    return PIDConfig(setpoint=budget, kp=kp, ki=ki, kd=kd, out_min=out_min, out_max=out_max, scale="linear",
+                     direction="reverse" if bound == "upper" else "direct", max_step=max_step,
+                     deadband=deadband, cooldown=cooldown)
+
+
+class PIDLagrangian:
+    """A pure PID-Lagrangian law: ``update`` takes the state and returns the next one.
+
+    Same interface as :class:`~.pid.PID` (``config``, ``update``, ``bumpless``) and the same
+    output record, so the service's engine, ``simulate`` and the audit trail treat both alike.
+    In the output, ``error`` is ``budget − y`` as for the PID; ``p``, ``i`` and ``d`` are the
+    multiplier's components (``p`` is negative while the constraint holds).
+    """
+
+    def __init__(self, config: PIDConfig) -> None:
+        config.validate()
+        if config.scale != "linear":
+            raise ParameterError("scale", f"a multiplier is linear (projected at 0), got {config.scale!r}")
+        if not config.out_min >= 0:
+            raise ParameterError("out_min", f"a multiplier is >= 0, got out_min {config.out_min}")
+        self.config = config
+        # violation = sign * (y - budget): upper bound -> y - B, lower bound -> B - y
+        self._sign = 1.0 if config.direction == "reverse" else -1.0
+
+    @property
+    def bound(self) -> str:
+        return "upper" if self._sign > 0 else "lower"
+
+    def violation(self, measurement: float) -> float:
+        """Δ: positive when the constraint is violated, by how much (probe units)."""
+        return self._sign * (measurement - self.config.setpoint)
+
+    def _i_max(self) -> float:
+        # The integral alone never needs to exceed the largest multiplier.
+        return self.config.out_max
+
+    def update(self, measurement: float, dt: float, current: float, state: PIDState | None = None) -> PIDOutput:
+        cfg = self.config
+        y = require_finite("measurement", measurement)
+        dt = require_positive("dt", dt)
+        cur = require_finite("current", current)
+        st = state if state is not None else PIDState()
+        delta = self.violation(y)
+        p = cfg.kp * delta
+        d = 0.0
+        if st.last_measurement is not None and cfg.kd:
+            d = cfg.kd * max(0.0, delta - self.violation(st.last_measurement)) / dt
+        since = st.since_change + dt
+        limits: set[str] = set()
+        first = st.last_output is None
+        hold: str | None = None
+        if cfg.deadband > 0 and abs(delta) <= cfg.deadband:
+            hold = "deadband"
+        elif since + _COOLDOWN_TOLERANCE * max(1.0, cfg.cooldown) < cfg.cooldown:
+            hold = "cooldown"
+
+        if first:
+            integral = self._seed(cur, p + d)
+            raw = p + integral + d
+            value = self._limited(raw, cur, limits)
+        elif hold is not None:
+            integral = st.integral
+            raw = p + integral + d
+            limits.add(hold)
+            value = self._bounded(cur, limits)
+        else:
+            integral, raw = self._integrate(st.integral, p, d, delta, dt, cur, limits)
+            value = self._limited(p + integral + d, cur, limits)
+        if math.isclose(value, cur, rel_tol=_SAME_VALUE_RTOL, abs_tol=0.0):
+            value = cur
+        changed = value != cur
+        new_state = PIDState(integral=integral, last_measurement=y, last_output=value,
+                             since_change=0.0 if changed else since, updates=st.updates + 1)
+        order = ("bounds", "rate", "deadband", "cooldown")
+        return PIDOutput(value=value, changed=changed, error=cfg.setpoint - y, p=p, i=integral, d=d,
+                         unclamped=raw if math.isfinite(raw) else math.copysign(1e300, raw),
+                         limited_by=tuple(r for r in order if r in limits), state=new_state)
+
+    def bumpless(self, current: float, measurement: float, state: PIDState | None = None) -> PIDState:
+        """State for handing control back at weight ``current`` (see :meth:`PID.bumpless`)."""
+        y = require_finite("measurement", measurement)
+        cur = require_finite("current", current)
+        st = state if state is not None else PIDState()
+        return PIDState(integral=self._seed(cur, self.config.kp * self.violation(y)), last_measurement=y,
+                        last_output=None, since_change=st.since_change, updates=st.updates)
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _seed(self, cur: float, pd: float) -> float:
+        """The smallest integral that makes the output ``cur``. At the floor that is 0: a slack
+        constraint must not bank its slack (which would charge weight before any violation)."""
+        if cur <= self.config.out_min:
+            return 0.0
+        return self._project(cur - pd)
+
+    def _project(self, integral: float) -> float:
+        return min(max(integral, 0.0), self._i_max())
+
+    def _integrate(self, integral: float, p: float, d: float, delta: float, dt: float, cur: float,
+                   limits: set[str]) -> tuple[float, float]:
+        """Projected integration with conditional anti-windup at the top (as the PID's)."""
+        asked = integral + self.config.ki * delta * dt
+        candidate = self._project(asked)
+        raw = p + asked + d
+        if candidate < asked:
+            limits.add("bounds")  # the integral is capped at the largest multiplier
+        if candidate <= integral:
+            return candidate, raw  # falling (or projected at 0): no limit is in the way
+        held: set[str] = set()
+        applied = self._limited(p + candidate + d, cur, held)
+        if applied >= p + candidate + d:
+            return candidate, raw
+        limits.update(held)
+        return max(integral, min(candidate, applied - p - d)), raw
+
+    def _bounded(self, w: float, limits: set[str]) -> float:
+        if w > self.config.out_max:
+            limits.add("bounds")
+            return self.config.out_max
+        if w < self.config.out_min:
+            # Projection at the floor is the law (a slack constraint), not a limit worth reporting,
+            # unless an operator's floor above 0 holds it.
+            if self.config.out_min > 0:
+                limits.add("bounds")
+            return self.config.out_min
+        return w
+
+    def _limited(self, u: float, cur: float, limits: set[str]) -> float:
+        return limited(u, cur, self.config.max_step, self._bounded, limits)

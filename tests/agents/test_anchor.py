@@ -1,0 +1,191 @@
+"""kl_weight: the KL anchor on real Trainer.train() / SFTTrainer runs, under the constraint controller."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import torch
+from transformers import Trainer, TrainerCallback, TrainingArguments
+
+from actuator._exceptions import ConfigError
+from actuator.agents.anchor import KLAnchor, KLAnchorKnob, anchor_trainer, bucket_kl
+from actuator.agents.callback import ActuatorCallback
+from actuator.agents.models import tiny_llama
+from actuator.agents.probes import KLDrift
+
+from agent_helpers import HELD_OUT, NARROW_TASK, SlowSteps, lm_dataset
+
+ANCHOR_TEXTS = ["The river runs to the sea.", "Birds sing at dawn in the old oak tree.",
+                "A kind word can change a day.", "Snow covered the quiet village overnight.",
+                "He read the map and found the road home.", "Bread is baked early in the morning."]
+
+
+def args(tmp_path, steps, **kw):
+    base = dict(output_dir=str(tmp_path / "out"), max_steps=steps, per_device_train_batch_size=4, learning_rate=5e-3,
+                lr_scheduler_type="constant", logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
+                seed=0, dataloader_num_workers=0, disable_tqdm=True)
+    base.update(kw)
+    return TrainingArguments(**base)
+
+
+def anchored(tmp_path, tok, steps, weight=0.0, **kw):
+    anchor = KLAnchor(ANCHOR_TEXTS, tok, weight=weight, batch_size=2, max_length=32, top_k=16, seed=0)
+    trainer = anchor_trainer(Trainer)(model=tiny_llama(seed=0), args=args(tmp_path, steps, **kw),
+                                      train_dataset=lm_dataset(tok, NARROW_TASK), kl_anchor=anchor)
+    return trainer, anchor
+
+
+class WeightsUsed(TrainerCallback):
+    """The w each step's loss really used (read from the anchor after the step's forward)."""
+
+    def __init__(self, anchor):
+        self.anchor, self.used = anchor, []
+
+    def on_step_end(self, args, state, control, **kw):
+        self.used.append(self.anchor.last_weight)
+
+
+def test_bucket_kl_is_exact_with_the_whole_vocabulary_and_a_lower_bound_otherwise():
+    torch.manual_seed(0)
+    ref, cur = torch.randn(2, 3, 40) * 2, torch.randn(2, 3, 40) * 2
+    lr = torch.log_softmax(ref, -1)
+    full = (lr.exp() * (lr - torch.log_softmax(cur, -1))).sum(-1)
+    for k, exact in ((40, True), (8, False)):
+        top, idx = lr.topk(k, -1)
+        tail = torch.log((-torch.expm1(torch.logsumexp(top, -1))).clamp_min(1e-30))
+        got = bucket_kl(cur, idx, top, tail)
+        if exact:
+            assert torch.allclose(got, full, atol=1e-5)
+        else:
+            assert (got <= full + 1e-6).all() and (got > 0).all()
+
+
+def test_weight_zero_makes_no_anchor_forward_and_changes_nothing(tmp_path, char_tokenizer):
+    plain = Trainer(model=tiny_llama(seed=0), args=args(tmp_path / "p", 5),
+                    train_dataset=lm_dataset(char_tokenizer, NARROW_TASK))
+    plain.train()
+    trainer, anchor = anchored(tmp_path / "a", char_tokenizer, 5, weight=0.0)
+    trainer.train()
+    assert anchor.forwards == 0  # no current-model forward on anchor batches
+    assert anchor.reference_forwards == 3  # the cache, built once at train begin (6 texts / batch 2)
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert losses == [h["loss"] for h in plain.state.log_history if "loss" in h]
+    assert all(h.get("anchor/kl_weight") == 0.0 for h in trainer.state.log_history if "loss" in h)
+
+
+def test_a_positive_weight_adds_the_term_and_logs_it(tmp_path, char_tokenizer):
+    trainer, anchor = anchored(tmp_path, char_tokenizer, 4, weight=2.0)
+    trainer.train()
+    assert anchor.forwards == 4
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert all(h["anchor/kl_weight"] == 2.0 and "anchor/kl" in h for h in logs)
+    assert logs[-1]["anchor/kl"] > 0  # the model moved away from its start
+    # the weight is in the loss: the same run at w=0 has a different loss from step 2 on
+    zero, _ = anchored(tmp_path / "z", char_tokenizer, 4, weight=0.0)
+    zero.train()
+    z = [h["loss"] for h in zero.state.log_history if "loss" in h]
+    assert [h["loss"] for h in logs][1:] != z[1:]
+
+
+def test_constraint_controller_turns_the_weight_the_loss_really_uses(tmp_path, char_tokenizer, sqlite_service):
+    trainer, anchor = anchored(tmp_path, char_tokenizer, 24, weight=0.0)
+    used = WeightsUsed(anchor)
+    policy = {"name": "test-anchor", "controllers": [{
+        "name": "drift-budget", "kind": "constraint", "probe": "kl_drift", "knob": "kl_weight", "setpoint": 0.0,
+        "kp": 20.0, "ki": 10.0}]}
+    cb = ActuatorCallback(policy, url=sqlite_service.url, probes=[KLDrift(HELD_OUT, char_tokenizer, every=2,
+                                                                          max_length=32)],
+                          budget_share=1.0).attach(trainer)  # kl_weight comes with the policy: no knobs=
+    trainer.add_callback(SlowSteps())
+    trainer.add_callback(used)
+    trainer.train()
+    assert "kl_weight" in cb.setters and isinstance(cb.setters["kl_weight"], KLAnchorKnob)
+    decisions = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}/decisions").json()["items"]
+    mine = [d for d in decisions if d["knob"] == "kl_weight"]
+    assert mine, "drift above a budget of 0 must raise the anchor weight"
+    assert "constraint drift-budget active" in mine[0]["reason"]
+    assert mine[0]["new_value"] > 0
+    # Each step's loss used exactly the value applied at the boundary before it.
+    value, applied = 0.0, {e["step"]: e["applied"] for e in cb.applied}
+    by_number = {d["number"]: d["new_value"] for d in mine}
+    for entry in cb.applied:
+        assert entry["applied"] == pytest.approx(by_number[entry["number"]])
+    for step, w in enumerate(used.used, start=1):
+        assert w == pytest.approx(value), (step, w, value)
+        value = applied.get(step, value)
+    assert anchor.forwards == sum(1 for w in used.used if w > 0)
+
+
+def test_anchor_state_survives_checkpoint_and_resume(tmp_path, char_tokenizer):
+    class SetAt(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            if state.global_step == 1:
+                KLAnchorKnob(anchor).apply(0.7)
+
+    trainer, anchor = anchored(tmp_path, char_tokenizer, 4, save_strategy="steps", save_steps=2)
+    trainer.add_callback(SetAt())
+    trainer.train()
+    start_cache = [tuple(t.clone() for t in entry) for entry in anchor.state_dict()["cache"]]
+    resumed, anchor2 = anchored(tmp_path, char_tokenizer, 4, save_strategy="steps", save_steps=2)
+    # a trained model in the new trainer: the reference must come from the checkpoint, not from it
+    resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
+    assert anchor2.weight == 0.7
+    assert anchor2.reference_forwards == 0  # not rebuilt from the checkpoint's (trained) weights
+    for a, b in zip(start_cache, anchor2.state_dict()["cache"]):
+        for x, y in zip(a, b):
+            assert torch.equal(x, y)
+    assert anchor2.forwards == anchor.forwards  # steps 3-4 ran the term again, same draws
+
+
+def test_sft_trainer(tmp_path, char_tokenizer):
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    def sft(weight, sub):
+        anchor = KLAnchor(ANCHOR_TEXTS, char_tokenizer, weight=weight, batch_size=2, max_length=32, top_k=16)
+        cfg = SFTConfig(output_dir=str(tmp_path / sub), max_steps=3, per_device_train_batch_size=4,
+                        learning_rate=5e-3, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
+                        seed=0, disable_tqdm=True, max_length=32, bf16=False, dataset_text_field="text")
+        trainer = anchor_trainer(SFTTrainer)(model=tiny_llama(seed=0), args=cfg, processing_class=char_tokenizer,
+                                             train_dataset=Dataset.from_dict({"text": NARROW_TASK}), kl_anchor=anchor)
+        trainer.train()
+        return trainer, anchor
+
+    t0, a0 = sft(0.0, "zero")
+    t1, a1 = sft(3.0, "three")
+    assert a0.forwards == 0 and a1.forwards == 3
+    l0 = [h["loss"] for h in t0.state.log_history if "loss" in h]
+    l1 = [h["loss"] for h in t1.state.log_history if "loss" in h]
+    assert l0[1:] != l1[1:]
+    assert all("anchor/kl" in h for h in t1.state.log_history if "loss" in h)
+
+
+def test_plain_loop(char_tokenizer):
+    model = tiny_llama(seed=0)
+    anchor = KLAnchor(ANCHOR_TEXTS, char_tokenizer, top_k=8)
+    anchor.setup(model)
+    term = anchor.term(model)
+    assert float(term) == 0.0 and anchor.forwards == 0
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    anchor.weight = 1.0
+    term = anchor.term(model)
+    term.backward()
+    assert float(term) > 0 and anchor.forwards == 1
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+
+
+def test_errors_name_what_to_do(tmp_path, char_tokenizer):
+    with pytest.raises(ValueError, match="kl_weight"):
+        KLAnchor(ANCHOR_TEXTS, char_tokenizer, weight=-1.0)
+    model = tiny_llama(seed=0)
+    anchor = KLAnchor(ANCHOR_TEXTS, char_tokenizer, weight=1.0)
+    with pytest.raises(RuntimeError, match="setup"):
+        anchor.loss(model)
+    plain = Trainer(model=model, args=args(tmp_path, 1), train_dataset=lm_dataset(char_tokenizer, NARROW_TASK))
+    cb = ActuatorCallback({"name": "x"}, knobs={"kl_weight": {}}, url="http://127.0.0.1:9").attach(plain)
+    with pytest.raises(ConfigError, match="anchor_trainer"):
+        cb.on_train_begin(plain.args, plain.state, plain.control, model=model)
+    with pytest.raises(TypeError, match="Trainer subclass"):
+        anchor_trainer(dict)
