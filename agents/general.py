@@ -2,10 +2,11 @@
 
 - ``PROBE_PROMPTS`` (8 general chat questions) and ``PROBE_TEXTS`` (8 sentences): held-out sets
   for drift, embedding-drift and perplexity probes.
-- ``ANCHOR_PROMPTS`` (40 other general chat questions): for a KL anchor
-  (:class:`actuator.agents.anchor.KLAnchor`), typically with the starting model's own answers
-  (:func:`self_answers`). Disjoint from the probe sets, so a controller holding a probe cannot
-  pass it by anchoring on the probe's own prompts.
+- ``ANCHOR_PROMPTS`` (40 other general chat questions) and ``ANCHOR_TEXTS`` (20 other plain
+  sentences): for a KL anchor (:class:`actuator.agents.anchor.KLAnchor`), the prompts with the
+  starting model's own answers (:func:`self_answers`; :func:`anchor_set` builds both). Disjoint
+  from the probe sets, so a controller holding a probe cannot pass it by anchoring on the
+  probe's own data.
 
 Small on purpose: they make the demo and benchmarks run offline; a real run passes its own
 general data (a slice of the pre-training or instruction mix).
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["PROBE_PROMPTS", "PROBE_TEXTS", "ANCHOR_PROMPTS", "chat", "self_answers"]
+__all__ = ["PROBE_PROMPTS", "PROBE_TEXTS", "ANCHOR_PROMPTS", "ANCHOR_TEXTS", "chat", "self_answers", "anchor_set"]
 
 PROBE_PROMPTS = [
     "What is the capital of France?", "Explain in one sentence why the sky is blue.",
@@ -51,7 +52,31 @@ ANCHOR_PROMPTS = [
     "What is the capital of Italy?", "Why is exercise good for the heart?", "What is a group of wolves called?",
     "Give one tip for saving money.", "What gas do humans breathe out?",
 ]
+# Plain general sentences for the anchor (a model forgets plain text too, not only chat).
+ANCHOR_TEXTS = [
+    "The market in the town square sells fresh vegetables, cheese and bread every Saturday morning.",
+    "Rivers carry sand and small stones downstream, slowly shaping the valleys they flow through.",
+    "After the storm passed, the children ran outside to jump in the puddles along the street.",
+    "A good recipe lists the ingredients first and then explains each step in the order it is done.",
+    "The museum added a new wing for modern art, and visitors queued for an hour on opening day.",
+    "Bicycles are a cheap and healthy way to travel short distances in crowded cities.",
+    "The old lighthouse has guided ships safely into the harbour for more than two hundred years.",
+    "Most birds build their nests in spring, using twigs, grass and sometimes bits of string.",
+    "He checked the weather forecast before packing, because the mountain trail can be dangerous in fog.",
+    "Reading aloud to young children helps them learn new words and enjoy stories from an early age.",
+    "The bakery on the corner opens before dawn so that its bread is warm when the first customers arrive.",
+    "Solar panels turn sunlight into electricity, which can be stored in batteries for use at night.",
+    "The team practised every afternoon, and by the end of the season they had won the regional cup.",
+    "Glaciers form where more snow falls in winter than melts in summer, year after year.",
+    "The teacher asked the class to write a short story about a journey they would like to take.",
+    "Tea was first drunk in China thousands of years ago and later spread to the rest of the world.",
+    "A map shows roads, rivers and towns, and its scale tells you how far apart they really are.",
+    "The festival ended with fireworks over the lake, and the crowd cheered until midnight.",
+    "Honey never really spoils, because its sugar and low water content keep bacteria from growing.",
+    "She planted tomatoes, beans and herbs in the small garden behind her house.",
+]
 assert not set(ANCHOR_PROMPTS) & set(PROBE_PROMPTS)
+assert not set(ANCHOR_TEXTS) & set(PROBE_TEXTS)
 
 
 def chat(tokenizer: Any, user: str, assistant: str | None = None) -> str:
@@ -86,3 +111,8 @@ def self_answers(model: Any, tokenizer: Any, prompts: list[str], *, max_new_toke
         tokenizer.padding_side = side
         model.train(was_training)
     return out_texts
+
+
+def anchor_set(model: Any, tokenizer: Any) -> list[str]:
+    """The shipped anchor data: ``ANCHOR_PROMPTS`` with the model's own answers, and ``ANCHOR_TEXTS``."""
+    return self_answers(model, tokenizer, ANCHOR_PROMPTS) + list(ANCHOR_TEXTS)

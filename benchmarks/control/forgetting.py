@@ -1,0 +1,510 @@
+"""forgetting: narrow-task SFT of the real SmolLM2-135M-Instruct that must not make the model worse
+at everything else — a KL-anchor weight under a constraint controller against every open-loop fix.
+
+The task (as sft-drift): spell a word backwards, "apple" -> "e-l-p-p-a", at a learning rate where
+the open loop measurably forgets (9e-5: general perplexity +41%, HotpotQA gold log-prob -0.19 at
+40 steps in sft-drift). Task accuracy = greedy exact match over the 35-word vocabulary.
+
+Capability is judged on held-out probes **disjoint from the anchor prompts** (the anchor cannot
+pass a probe by anchoring on it):
+- ``kl_drift``: KL(start ‖ current) on 8 general chat prompts — the probe the controllers see;
+- general-text perplexity (8 sentences);
+- HotpotQA EM/F1 and gold-answer log-prob (the shipped official-format records);
+- embedding drift of greedy answers to the 8 general prompts (all-MiniLM-L6-v2).
+The anchor set is 40 *other* general chat prompts with the starting model's own greedy answers
+(self-distillation data, generated once at set-up).
+
+Arms (same data, seed and probes): open loop at three learning rates; ReduceLROnPlateau and early
+stopping on the drift probe; a fixed anchor weight w over a sweep; 25% replay of the anchor data as
+plain SFT data; LoRA r=8 at the same learning rate; WiSE-FT (the open-loop end point interpolated
+towards the start at the largest ratio that meets the budget); the learning-rate PID of
+sft-drift; and **Actuator**: w under the constraint controller (PID-Lagrangian) holding drift
+within the budget, at the open loop's learning rate, w starting at 0.
+
+One process runs one or more seeds and writes ``forgetting-seed<N>.json`` per seed; ``--aggregate``
+reads them and writes ``forgetting.json`` / ``.png`` with mean ± sd, the fixed w picked on seed 0
+and evaluated on the other seeds, the best-in-hindsight fixed w, and the targets.
+
+    python -m benchmarks.control.forgetting --seeds 0          # one seed, every arm (~35 min idle)
+    python -m benchmarks.control.forgetting --aggregate        # tables, plot, targets over the seeds run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.control._common import (
+    RESULTS, command_line, console, figure, machine, pick_threads, scenario_args, start_controller,
+)
+from benchmarks.control.sft_drift import GENERAL_PROMPTS, Setup, make_trainer
+
+import torch  # noqa: E402
+
+from actuator.agents.general import anchor_set  # noqa: E402
+
+SCENARIO = "forgetting"
+
+
+class ForgettingSetup(Setup):
+    """sft-drift's model, data and probes, plus the anchor set, embedding drift and the references."""
+
+    def __init__(self, seed: int, hotpot_records: int) -> None:
+        super().__init__(seed, hotpot_records)
+        from actuator.agents.probes import EmbeddingDrift
+
+        self.embedding = EmbeddingDrift(GENERAL_PROMPTS, self.tok, every=None, max_new_tokens=24,
+                                        reference=self._base_model())
+        with console.status("anchor set: the starting model's own answers to 40 general prompts, and 20 plain sentences…"):
+            self.anchor_texts = anchor_set(self.model, self.tok)
+
+    def drift_probe(self, every: int | None, reference: Any = None) -> Any:
+        return self.KLDrift(self.drift_prompts, self.tok, every=every, max_length=96, reference=reference)
+
+    def capability(self, trainer: Any) -> dict[str, float]:
+        from actuator.agents.probes import ProbeSuite
+
+        task_loss = trainer.evaluate(self.heldout)["eval_loss"]
+        suite = ProbeSuite([self.ppl, self.hotpot, self.drift_probe(None, self._base_model()), self.embedding],
+                           budget_share=1.0)
+        suite.setup(self.model)
+        values = suite.run(self.model, 0, force=True).values
+        return {"task_loss": task_loss, "task_accuracy": self.task_accuracy(), "perplexity": values["perplexity"],
+                "gold_logprob": values["hotpotqa.gold_logprob"], "hotpotqa_f1": values["hotpotqa.f1"],
+                "hotpotqa_em": values["hotpotqa.em"], "kl_drift": values["kl_drift"],
+                "embedding_drift": values["embedding_drift"], "answer_agreement": values["answer_agreement"]}
+
+    def _base_model(self) -> Any:
+        # A frozen copy of the start, made once: the references of the final drift measurement.
+        if not hasattr(self, "_base_copy"):
+            import copy
+
+            self._base_copy = copy.deepcopy(self.model)
+            self._base_copy.load_state_dict(self.base)
+            self._base_copy.eval().requires_grad_(False)
+        return self._base_copy
+
+
+def anchor(setup: ForgettingSetup, weight: float, seed: int, a: argparse.Namespace) -> Any:
+    from actuator.agents.anchor import KLAnchor
+
+    return KLAnchor(setup.anchor_texts, setup.tok, weight=weight, batch_size=a.anchor_batch,
+                    max_length=a.anchor_length, top_k=64, seed=seed)
+
+
+def constraint_policy(a: argparse.Namespace) -> dict[str, Any]:
+    """kl_weight under the PID-Lagrangian: gains per unit of budget (kp, ki x 1/budget)."""
+    return {"name": "bench-forgetting", "controllers": [{
+        "name": "drift-budget", "kind": "constraint", "bound": "upper", "probe": "kl_drift", "knob": "kl_weight",
+        "setpoint": a.budget, "kp": a.kp / a.budget, "ki": a.ki / a.budget, "kd": a.kd / a.budget}]}
+
+
+def lr_pid_policy(a: argparse.Namespace) -> dict[str, Any]:
+    """sft-drift's learning-rate PID, its setpoint at the budget."""
+    return {"name": "bench-forgetting-lr", "controllers": [{
+        "name": "drift-lr", "probe": "kl_drift", "knob": "learning_rate", "setpoint": a.budget,
+        "kp": 4.0 / a.budget, "ki": 0.2 / a.budget, "direction": "direct"}]}
+
+
+def build_trainer(setup: ForgettingSetup, arm: dict[str, Any], a: argparse.Namespace, seed: int) -> tuple[Any, Any]:
+    from transformers import DataCollatorForLanguageModeling, Trainer
+
+    from actuator.agents.anchor import anchor_trainer
+
+    setup.reset()
+    name = arm["name"].replace(" ", "_").replace("=", "")
+    trainer = make_trainer(setup, name, arm["lr"], a.steps, seed, a.out)
+    kind, anc = arm["kind"], None
+    if kind in ("fixed", "actuator"):
+        anc = anchor(setup, arm.get("w", 0.0), seed, a)
+        trainer = anchor_trainer(Trainer)(model=setup.model, args=trainer.args, train_dataset=setup.train,
+                                          data_collator=trainer.data_collator, kl_anchor=anc)
+        _quiet(trainer)
+    elif kind == "replay":
+        from datasets import concatenate_datasets
+
+        general = setup.tok(setup.anchor_texts, truncation=True, max_length=64)
+        from datasets import Dataset
+
+        n = len(setup.train) // 3  # 1 in 4 of the mixed set is general data
+        rep = Dataset.from_dict({"input_ids": [general["input_ids"][i % len(setup.anchor_texts)] for i in range(n)],
+                                 "attention_mask": [general["attention_mask"][i % len(setup.anchor_texts)]
+                                                    for i in range(n)]})
+        mixed = concatenate_datasets([setup.train, rep]).shuffle(seed=seed)
+        trainer = Trainer(model=setup.model, args=trainer.args, train_dataset=mixed,
+                          data_collator=DataCollatorForLanguageModeling(setup.tok, mlm=False))
+        _quiet(trainer)
+    elif kind == "lora":
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(setup.model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, task_type="CAUSAL_LM",
+                                                       target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
+                                                                       "gate_proj", "up_proj", "down_proj"]))
+        trainer = Trainer(model=model, args=trainer.args, train_dataset=setup.train,
+                          data_collator=trainer.data_collator)
+        _quiet(trainer)
+    return trainer, anc
+
+
+def _quiet(trainer: Any) -> None:
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
+
+
+def run_arm(setup: ForgettingSetup, arm: dict[str, Any], a: argparse.Namespace, url: str, seed: int) -> dict[str, Any]:
+    from transformers import TrainerCallback
+
+    from actuator.agents.callback import ActuatorCallback
+    from actuator.agents.knobs import LearningRateKnob
+    from actuator.agents.probes import ProbeSuite
+    from actuator.controllers import ReduceLROnPlateau
+
+    trainer, anc = build_trainer(setup, arm, a, seed)
+    kind = arm["kind"]
+    # The drift probe runs in training only where an arm acts on it (and on the open loop at the
+    # scenario's lr, for the trace plot); every arm gets the same final evaluation.
+    probed = kind in ("plateau", "early", "lr-pid", "actuator") or arm.get("keep_end", False)
+    drift = setup.drift_probe(a.probe_every if probed else None, setup._base_model())
+    trace: list[dict[str, float]] = []
+    cb, suite = None, None
+    if kind in ("actuator", "lr-pid"):
+        policy = constraint_policy(a) if kind == "actuator" else lr_pid_policy(a)
+        knobs = ({"kl_weight": {"min": 0.0, "max": a.w_max, "max_step": a.w_step}} if kind == "actuator" else
+                 {"learning_rate": {"min": arm["lr"] / 100, "max": arm["lr"], "max_step": 1.5}})
+        cb = ActuatorCallback(policy, url=url, probes=[drift], budget_share=1.0, knobs=knobs,
+                              run_name=f"bench-{SCENARIO}-{kind}-{seed}").attach(trainer)
+    elif probed:
+        suite = ProbeSuite([drift], budget_share=1.0)
+        suite.setup(setup.model)
+    plateau = ReduceLROnPlateau(mode="min", factor=0.5, patience=2) if kind == "plateau" else None
+    pstate: Any = None
+    stopped_at: list[int] = []
+
+    class Trace(TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
+            nonlocal pstate
+            value = None
+            if cb is not None:
+                h = cb.history[-1] if cb.history else None
+                if h is not None and h["step"] == state.global_step and "kl_drift" in h["probes"]:
+                    value = h["probes"]["kl_drift"]
+            elif suite is not None:
+                rep = suite.run(model, state.global_step)
+                value = rep.values["kl_drift"] if rep is not None else None
+                if value is not None and plateau is not None:
+                    knob = LearningRateKnob(trainer.optimizer, trainer.lr_scheduler)
+                    new_lr, pstate = plateau.update(value, knob.read(), pstate)
+                    knob.apply(new_lr)
+                if value is not None and kind == "early" and value > a.budget and not stopped_at:
+                    stopped_at.append(state.global_step)
+                    control.should_training_stop = True
+            if value is not None:
+                trace.append({"step": state.global_step, "kl_drift": value,
+                              "lr": trainer.optimizer.param_groups[0]["lr"],
+                              "w": anc.weight if anc is not None else 0.0})
+            if state.global_step % 10 == 0:
+                console.print(f"  {arm['name']} seed {seed}: step {state.global_step}/{a.steps}"
+                              + (f", drift {value:.3f}" if value is not None else "")
+                              + (f", w {anc.weight:.3g}" if anc is not None else ""))
+
+    trainer.add_callback(Trace())
+    t0 = time.time()
+    trainer.train()
+    seconds = time.time() - t0
+    if kind == "lora":
+        # The adapters merged into the same base modules: a plain model again (the next arm's
+        # reset loads the start weights into it, strictly).
+        setup.model = trainer.model = trainer.model.merge_and_unload()
+    final = setup.capability(trainer)
+    steps_run = trainer.state.global_step
+    result = {"arm": arm["name"], "kind": kind, "lr": arm["lr"], "w": arm.get("w"), "seed": seed, "trace": trace,
+              "final": final, "seconds": seconds, "seconds_per_step": seconds / max(1, steps_run), "steps": steps_run,
+              "decisions": len(cb.applied) if cb is not None else None,
+              "anchor_forwards": anc.forwards if anc is not None else None,
+              "final_w": anc.weight if anc is not None else None,
+              "decision_log": [{k: d[k] for k in ("step", "knob", "applied", "reason")} for d in cb.applied][:60]
+              if cb is not None else None}
+    return result
+
+
+def wise_ft(setup: ForgettingSetup, end_state: dict[str, torch.Tensor], a: argparse.Namespace, seed: int,
+            open_trainer_args: Any) -> dict[str, Any]:
+    """WiSE-FT: θ(α) = θ0 + α(θ1 − θ0); the largest α whose drift probe meets the budget
+    (bisection, 6 probes), then the full capability evaluation at that α."""
+    from actuator.agents.probes import ProbeSuite
+
+    def load(alpha: float) -> None:
+        setup.model.load_state_dict({k: setup.base[k] + alpha * (end_state[k] - setup.base[k]) for k in setup.base})
+
+    def drift_at(alpha: float) -> float:
+        load(alpha)
+        suite = ProbeSuite([setup.drift_probe(None, setup._base_model())], budget_share=1.0)
+        suite.setup(setup.model)
+        return suite.run(setup.model, 0, force=True).values["kl_drift"]
+
+    t0 = time.time()
+    lo, hi = 0.0, 1.0
+    if drift_at(1.0) <= a.budget:
+        lo = 1.0
+    else:
+        for _ in range(6):
+            mid = (lo + hi) / 2
+            if drift_at(mid) <= a.budget:
+                lo = mid
+            else:
+                hi = mid
+    load(lo)
+    trainer = make_trainer(setup, "wise", a.lr, 1, seed, a.out)
+    final = setup.capability(trainer)
+    return {"arm": "WiSE-FT", "kind": "wise", "lr": a.lr, "alpha": lo, "seed": seed, "trace": [], "final": final,
+            "seconds": time.time() - t0, "steps": a.steps, "decisions": None}
+
+
+def arms_for(a: argparse.Namespace) -> list[dict[str, Any]]:
+    lr = a.lr
+    arms = [
+        {"name": f"open loop {lr / 9:.0e}", "kind": "open", "lr": lr / 9},
+        {"name": f"open loop {lr / 3:.0e}", "kind": "open", "lr": lr / 3},
+        {"name": f"open loop {lr:.0e}", "kind": "open", "lr": lr, "keep_end": True},
+        {"name": "ReduceLROnPlateau", "kind": "plateau", "lr": lr},
+        {"name": "early stopping", "kind": "early", "lr": lr},
+        *({"name": f"fixed w={w:g}", "kind": "fixed", "lr": lr, "w": w} for w in a.fixed_w),
+        {"name": "replay 25%", "kind": "replay", "lr": lr},
+        {"name": "LoRA r=8", "kind": "lora", "lr": lr},
+        {"name": "lr PID", "kind": "lr-pid", "lr": lr},
+        {"name": "Actuator", "kind": "actuator", "lr": lr},
+    ]
+    if a.arms:
+        arms = [arm for arm in arms if arm["kind"] in a.arms or (arm["kind"] == "open" and "open" in a.arms)]
+    return arms
+
+
+def gains(base: dict[str, float], f: dict[str, float]) -> dict[str, float]:
+    """Capability losses (positive = worse) and task gain of one arm against the start."""
+    return {"task_accuracy": f["task_accuracy"], "task_gain": base["task_loss"] - f["task_loss"],
+            "ppl_rise_pct": 100 * (f["perplexity"] / base["perplexity"] - 1),
+            "gold_logprob_drop": base["gold_logprob"] - f["gold_logprob"],
+            "embedding_drift": f["embedding_drift"], "kl_drift": f["kl_drift"],
+            "hotpotqa_f1": f["hotpotqa_f1"]}
+
+
+def run_seeds(a: argparse.Namespace) -> None:
+    a.out.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(pick_threads(a.threads))
+    url = start_controller(a.out / f"svc-{'-'.join(map(str, a.seeds))}")
+    for seed in a.seeds:
+        t_start = time.time()
+        setup = ForgettingSetup(seed, hotpot_records=a.hotpot)
+        base_trainer = make_trainer(setup, "base", a.lr, 1, seed, a.out)
+        base = setup.capability(base_trainer)
+        console.print(f"seed {seed} start: {json.dumps({k: round(v, 4) for k, v in base.items()})}")
+        results = []
+        for arm in arms_for(a):
+            console.print(f"[bold]{arm['name']}[/] (seed {seed})")
+            r = run_arm(setup, arm, a, url, seed)
+            r["metrics"] = gains(base, r["final"])
+            console.print(f"  -> {json.dumps({k: round(v, 4) for k, v in r['metrics'].items()})} in {r['seconds']:.0f} s")
+            results.append(r)
+            if arm.get("keep_end") and (not a.arms or "wise" in a.arms):
+                end = {k: v.detach().clone() for k, v in setup.model.state_dict().items()}
+                w = wise_ft(setup, end, a, seed, None)
+                w["metrics"] = gains(base, w["final"])
+                console.print(f"  WiSE-FT alpha {w['alpha']:.3f} -> "
+                              f"{json.dumps({k: round(v, 4) for k, v in w['metrics'].items()})}")
+                results.append(w)
+            _write_seed(a, seed, base, results, t_start)
+
+
+def _write_seed(a: argparse.Namespace, seed: int, base: dict[str, float], results: list[dict[str, Any]],
+                t_start: float) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = {"scenario": SCENARIO, "seed": seed, "steps": a.steps, "lr": a.lr, "budget": a.budget,
+           "controller": constraint_policy(a)["controllers"][0], "anchor_batch": a.anchor_batch,
+           "anchor_length": a.anchor_length, "start": base, "arms": results, "machine": machine(),
+           "wall_seconds": time.time() - t_start, "command": command_line("forgetting", a.argv)}
+    (RESULTS / f"{SCENARIO}-seed{seed}{a.tag}.json").write_text(json.dumps(out, indent=2, default=str))
+
+
+# -- aggregation --------------------------------------------------------------------------------
+METRICS = ("task_accuracy", "ppl_rise_pct", "gold_logprob_drop", "embedding_drift", "kl_drift", "hotpotqa_f1")
+
+
+def _ms(values: list[float]) -> tuple[float, float]:
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def aggregate(tag: str = "") -> dict[str, Any]:
+    files = sorted(RESULTS.glob(f"{SCENARIO}-seed*{tag}.json"))
+    runs = [json.loads(f.read_text()) for f in files if (tag or f.stem.removeprefix(f"{SCENARIO}-seed").isdigit())]
+    if not runs:
+        raise SystemExit(f"no {SCENARIO}-seed*.json in {RESULTS}: run the seeds first")
+    seeds = sorted(r["seed"] for r in runs)
+    by_arm: dict[str, dict[int, dict[str, Any]]] = {}
+    for run in runs:
+        for arm in run["arms"]:
+            by_arm.setdefault(arm["arm"], {})[run["seed"]] = arm
+    rows = {}
+    for name, per_seed in by_arm.items():
+        rows[name] = {m: _ms([per_seed[s]["metrics"][m] for s in sorted(per_seed)]) for m in METRICS}
+        rows[name]["seeds"] = sorted(per_seed)
+        rows[name]["kind"] = next(iter(per_seed.values()))["kind"]
+        rows[name]["runs_needed"] = None
+    budget = runs[0]["budget"]
+    lr = runs[0]["lr"]
+    ref_name = f"open loop {lr:.0e}"
+    # Fixed w picked on seed 0: the highest task accuracy among the sweep values that met the
+    # budget on seed 0 (drift within it), evaluated on the other seeds; best in hindsight: the
+    # same rule applied to the other seeds' mean.
+    fixed = [n for n in by_arm if by_arm[n] and next(iter(by_arm[n].values()))["kind"] == "fixed"]
+    others = [s for s in seeds if s != 0]
+
+    def pick(names: list[str], on: list[int]) -> str | None:
+        ok = [n for n in names if all(s in by_arm[n] for s in on)
+              and statistics.fmean(by_arm[n][s]["metrics"]["kl_drift"] for s in on) <= budget * 1.1]
+        pool = ok or names
+        if not pool:
+            return None
+        return max(pool, key=lambda n: statistics.fmean(by_arm[n][s]["metrics"]["task_accuracy"] for s in on
+                                                         if s in by_arm[n]))
+
+    picked = pick(fixed, [0]) if 0 in seeds else None
+    hindsight = pick(fixed, others) if others else None
+    out: dict[str, Any] = {"scenario": SCENARIO, "seeds": seeds, "budget": budget, "lr": lr, "steps": runs[0]["steps"],
+                           "controller": runs[0]["controller"], "start": runs[0]["start"], "rows": rows,
+                           "fixed_picked_on_seed0": picked, "fixed_best_in_hindsight": hindsight,
+                           "commands": sorted({r["command"] for r in runs}), "machine": runs[-1]["machine"]}
+
+    def on(name: str, ss: list[int], m: str) -> tuple[float, float]:
+        return _ms([by_arm[name][s]["metrics"][m] for s in ss if s in by_arm[name]])
+
+    targets: dict[str, Any] = {}
+    if ref_name in by_arm and "Actuator" in by_arm:
+        ref, act = rows[ref_name], rows["Actuator"]
+        ratios = {m: (act[m][0] / ref[m][0] if ref[m][0] > 0 else math.nan)
+                  for m in ("ppl_rise_pct", "gold_logprob_drop", "embedding_drift")}
+        targets["accuracy_no_lower_than_open_loop"] = {
+            "actuator": act["task_accuracy"], "open_loop": ref["task_accuracy"],
+            "met": act["task_accuracy"][0] >= ref["task_accuracy"][0]}
+        targets["capability_loss_at_most_one_third"] = {
+            "ratios": ratios, "met": all(r <= 1 / 3 or act[m][0] <= 0 for m, r in ratios.items())}
+        open_kinds = ("open", "replay", "lora", "wise", "early")
+        pts = [(n, rows[n]["task_accuracy"][0], rows[n]["kl_drift"][0]) for n in rows if rows[n]["kind"] in open_kinds]
+        pts.append(("Actuator", act["task_accuracy"][0], act["kl_drift"][0]))
+        dominated_by = [n for n, acc, d in pts if n != "Actuator" and acc >= act["task_accuracy"][0]
+                        and d <= act["kl_drift"][0] and (acc > act["task_accuracy"][0] or d < act["kl_drift"][0])]
+        targets["on_or_beyond_open_loop_pareto_front"] = {"axes": "(task accuracy, final KL drift), means",
+                                                          "dominated_by": dominated_by, "met": not dominated_by}
+        if picked and others:
+            p_acc, p_sd = on(picked, others, "task_accuracy")
+            a_acc, a_sd = on("Actuator", others, "task_accuracy")
+            p_d, _ = on(picked, others, "kl_drift")
+            a_d, _ = on("Actuator", others, "kl_drift")
+            targets["matches_fixed_w_picked_on_seed0"] = {
+                "picked": picked, "seeds": others, "fixed_accuracy": [p_acc, p_sd], "actuator_accuracy": [a_acc, a_sd],
+                "fixed_kl_drift": p_d, "actuator_kl_drift": a_d,
+                "runs_needed": {"fixed": f"{len(fixed)} (the sweep on seed 0) + 1", "actuator": 1},
+                "met": a_acc >= p_acc - max(p_sd, a_sd) and a_d <= max(p_d, budget) * 1.1}
+        # Step-time cost of the anchor: fixed-w arms against the open-loop arms without an in-training
+        # probe (same batch, same process and machine state, interleaved in time).
+        plain = [r for n in by_arm if rows[n]["kind"] == "open" for r in by_arm[n].values() if not r["trace"]]
+        fixed_runs = [r for n in fixed for r in by_arm[n].values()]
+        if plain and fixed_runs:
+            ratio = statistics.fmean(r["seconds_per_step"] for r in fixed_runs) / statistics.fmean(
+                r["seconds_per_step"] for r in plain)
+            targets["anchor_step_time_at_most_1.35x"] = {
+                "fixed_w_over_open_loop": ratio, "runs": [len(fixed_runs), len(plain)], "met": ratio <= 1.35}
+    out["targets"] = targets
+    (RESULTS / f"{SCENARIO}{tag}.json").write_text(json.dumps(out, indent=2, default=str))
+    plot(out, by_arm, RESULTS / f"{SCENARIO}{tag}.png")
+    print_table(out)
+    return out
+
+
+def print_table(out: dict[str, Any]) -> None:
+    def f(v: tuple[float, float], fmt: str) -> str:
+        return f"{v[0]:{fmt}} ± {v[1]:{fmt.lstrip('+')}}"
+
+    lines = ["| arm | task accuracy | ppl rise % | gold log-prob drop | embedding drift | KL drift | HotpotQA F1 |",
+             "|---|---|---|---|---|---|---|"]
+    for name, r in out["rows"].items():
+        mark = " (picked on seed 0)" if name == out["fixed_picked_on_seed0"] else ""
+        mark += " (best in hindsight)" if name == out["fixed_best_in_hindsight"] else ""
+        lines.append(f"| {name}{mark} | {f(r['task_accuracy'], '.2f')} | {f(r['ppl_rise_pct'], '+.1f')} | "
+                     f"{f(r['gold_logprob_drop'], '+.3f')} | {f(r['embedding_drift'], '.3f')} | "
+                     f"{f(r['kl_drift'], '.2f')} | {f(r['hotpotqa_f1'], '.3f')} |")
+    console.print("\n".join(lines))
+    console.print(json.dumps(out["targets"], indent=1, default=str))
+
+
+def plot(out: dict[str, Any], by_arm: dict[str, dict[int, dict[str, Any]]], path: Path) -> None:
+    with figure(path, ncols=3, size=(17, 4.6)) as (fig, axes):
+        ax1, ax2, ax3 = axes[0]
+        for name, r in out["rows"].items():
+            acc, d = r["task_accuracy"], r["kl_drift"]
+            ax1.errorbar([d[0]], [acc[0]], xerr=[d[1]], yerr=[acc[1]], fmt="o", capsize=3,
+                         color="crimson" if name == "Actuator" else None)
+            ax1.annotate(name, (d[0], acc[0]), fontsize=7)
+            ppl = r["ppl_rise_pct"]
+            ax2.errorbar([ppl[0]], [acc[0]], xerr=[ppl[1]], yerr=[acc[1]], fmt="o", capsize=3,
+                         color="crimson" if name == "Actuator" else None)
+            ax2.annotate(name, (ppl[0], acc[0]), fontsize=7)
+        ax1.axvline(out["budget"], ls="--", color="black", lw=0.8, label="drift budget")
+        ax1.set_xlabel("final KL drift on held-out general prompts (lower is better)")
+        ax1.set_ylabel("task accuracy (higher is better)")
+        ax1.set_title(f"task vs capability loss, mean ± sd over seeds {out['seeds']}")
+        ax1.legend(fontsize=7)
+        ax2.set_xlabel("general perplexity rise % (lower is better)")
+        ax2.set_ylabel("task accuracy")
+        ax2.set_title("task vs perplexity rise")
+        for name in ("Actuator", "lr PID", *[n for n in by_arm if n.startswith("open loop")][-1:]):
+            for seed, arm in sorted(by_arm.get(name, {}).items()):
+                tr = arm["trace"]
+                if tr:
+                    ax3.plot([t["step"] for t in tr], [t["kl_drift"] for t in tr], lw=1,
+                             label=f"{name} s{seed} drift")
+                    if name == "Actuator":
+                        ax3.plot([t["step"] for t in tr], [t["w"] for t in tr], ls=":", lw=1, label=f"w s{seed}")
+        ax3.axhline(out["budget"], ls="--", color="black", lw=0.8)
+        ax3.set_xlabel("step")
+        ax3.set_title("KL drift and the anchor weight w")
+        ax3.legend(fontsize=6)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    scenario_args(ap, SCENARIO, steps=40, quick="12 steps, open loop, one fixed w and Actuator")
+    ap.add_argument("--lr", type=float, default=9e-5, help="the learning rate at which the open loop forgets")
+    ap.add_argument("--budget", type=float, default=0.5, help="KL drift budget (nats/token) on held-out prompts")
+    ap.add_argument("--kp", type=float, default=4.0, help="constraint kp x budget (weight per budget of violation)")
+    ap.add_argument("--ki", type=float, default=1.0, help="constraint ki x budget, per step")
+    ap.add_argument("--kd", type=float, default=0.0, help="constraint kd x budget (rising violation only)")
+    ap.add_argument("--w-max", type=float, default=10.0)
+    ap.add_argument("--w-step", type=float, default=3.0, help="largest change of w per decision")
+    ap.add_argument("--fixed-w", type=float, nargs="+", default=[0.1, 0.3, 1.0, 3.0])
+    ap.add_argument("--probe-every", type=int, default=2)
+    ap.add_argument("--anchor-batch", type=int, default=2)
+    ap.add_argument("--anchor-length", type=int, default=64)
+    ap.add_argument("--hotpot", type=int, default=6, help="HotpotQA records in the capability evaluation")
+    ap.add_argument("--arms", nargs="+", default=None,
+                    choices=["open", "plateau", "early", "fixed", "replay", "lora", "wise", "lr-pid", "actuator"])
+    ap.add_argument("--tag", default="", help="suffix of the result files (calibration runs)")
+    ap.add_argument("--aggregate", action="store_true", help="combine the per-seed files; run nothing")
+    a = ap.parse_args(argv)
+    a.argv = argv
+    if a.aggregate:
+        aggregate(a.tag)
+        return
+    if a.quick:
+        a.steps, a.fixed_w, a.arms = min(a.steps, 12), a.fixed_w[:1], a.arms or ["open", "fixed", "actuator"]
+    run_seeds(a)
+
+
+if __name__ == "__main__":
+    main()
