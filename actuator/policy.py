@@ -387,7 +387,7 @@ def protect_policy(
     knob: str = "learning_rate",
     factor: float = 0.5,
     consecutive: int = 2,
-    every: int = 50,
+    every: int | None = None,
     anchor: bool = False,
 ) -> PolicyDocument:
     """The one-line form: ``{"hotpotqa.gold_logprob": "-5%", "kl_drift": 0.1}`` → a policy with
@@ -398,11 +398,13 @@ def protect_policy(
 
     ``anchor=True`` (the run has a KL anchor, knob ``kl_weight``): every entry with an absolute
     budget also gets a constraint controller on ``kl_weight`` (the ``protect-capability`` preset's
-    law, gains scaled by the budget), and its guardrail only alerts: the restoring force holds the
-    budget, so rolling back at the budget would fight it. Relative budgets ('-5%') keep their
+    law, gains scaled by the budget), its guardrail only alerts (the restoring force holds the
+    budget, so rolling back at the budget would fight it), and probes run every 10 steps, not 50. Relative budgets ('-5%') keep their
     guardrails (their scale is only known once the run has a baseline)."""
     if not protect:
         raise PolicyError("protect: name at least one probe", [{"loc": "protect", "msg": "empty"}])
+    # A guardrail can look rarely; a controller holding a budget needs a reading every few steps.
+    every = every if every is not None else (10 if anchor else 50)
     guardrails = []
     controllers: list[dict[str, Any]] = []
     probes: dict[str, dict[str, Any]] = {}

@@ -189,3 +189,16 @@ def test_errors_name_what_to_do(tmp_path, char_tokenizer):
         cb.on_train_begin(plain.args, plain.state, plain.control, model=model)
     with pytest.raises(TypeError, match="Trainer subclass"):
         anchor_trainer(dict)
+
+
+def test_protect_one_liner_holds_its_budget_with_the_anchor_weight(tmp_path, char_tokenizer, sqlite_service):
+    trainer, anchor = anchored(tmp_path, char_tokenizer, 32)
+    cb = ActuatorCallback(protect={"kl_drift": 0.001}, url=sqlite_service.url, budget_share=1.0,
+                          probes=[KLDrift(HELD_OUT, char_tokenizer, every=2, max_length=32)]).attach(trainer)
+    trainer.add_callback(SlowSteps())
+    trainer.train()
+    assert cb.policy_doc.controllers[0].knob == "kl_weight"
+    assert cb.suite.probes[0].every == 10  # the policy's schedule: a budget needs frequent readings
+    stored = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}").json()
+    assert "kl_weight" in stored["knobs_in_effect"]
+    assert any(e["knob"] == "kl_weight" for e in cb.applied) and anchor.weight > 0
