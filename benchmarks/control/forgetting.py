@@ -281,8 +281,8 @@ def arms_for(a: argparse.Namespace) -> list[dict[str, Any]]:
         {"name": "lr PID", "kind": "lr-pid", "lr": lr},
         {"name": "Actuator", "kind": "actuator", "lr": lr},
     ]
-    if a.arms:
-        arms = [arm for arm in arms if arm["kind"] in a.arms or (arm["kind"] == "open" and "open" in a.arms)]
+    if a.arms:  # in the order given: the arms that matter most first
+        arms = sorted((arm for arm in arms if arm["kind"] in a.arms), key=lambda arm: a.arms.index(arm["kind"]))
     return arms
 
 
@@ -341,8 +341,16 @@ def _ms(values: list[float]) -> tuple[float, float]:
 
 
 def aggregate(tag: str = "") -> dict[str, Any]:
-    files = sorted(RESULTS.glob(f"{SCENARIO}-seed*{tag}.json"))
-    runs = [json.loads(f.read_text()) for f in files if (tag or f.stem.removeprefix(f"{SCENARIO}-seed").isdigit())]
+    # One seed may come in parts (``--arms`` split over invocations, ``--tag -partN``): merged by arm.
+    parts: dict[int, dict[str, Any]] = {}
+    for f in sorted(RESULTS.glob(f"{SCENARIO}-seed*.json")):
+        part = json.loads(f.read_text())
+        if tag and tag not in f.stem or "calib" in f.stem:
+            continue
+        merged = parts.setdefault(part["seed"], {**part, "arms": [], "commands": []})
+        merged["arms"] = [x for x in merged["arms"] if x["arm"] not in {y["arm"] for y in part["arms"]}] + part["arms"]
+        merged["commands"].append(part["command"])
+    runs = [parts[s] for s in sorted(parts)]
     if not runs:
         raise SystemExit(f"no {SCENARIO}-seed*.json in {RESULTS}: run the seeds first")
     seeds = sorted(r["seed"] for r in runs)
@@ -379,7 +387,7 @@ def aggregate(tag: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {"scenario": SCENARIO, "seeds": seeds, "budget": budget, "lr": lr, "steps": runs[0]["steps"],
                            "controller": runs[0]["controller"], "start": runs[0]["start"], "rows": rows,
                            "fixed_picked_on_seed0": picked, "fixed_best_in_hindsight": hindsight,
-                           "commands": sorted({r["command"] for r in runs}), "machine": runs[-1]["machine"]}
+                           "commands": sorted({c for r in runs for c in r["commands"]}), "machine": runs[-1]["machine"]}
 
     def on(name: str, ss: list[int], m: str) -> tuple[float, float]:
         return _ms([by_arm[name][s]["metrics"][m] for s in ss if s in by_arm[name]])
