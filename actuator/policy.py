@@ -11,6 +11,7 @@ import hashlib
 import json
 import math
 import re
+import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -113,6 +114,10 @@ class ProbeSpec(_Model):
     max_examples: int | None = Field(None, ge=1)
 
 
+# Gains are knob-scale units per probe unit: past this no probe's units make a gain meaningful,
+# and every term of the law would only sit at its overflow limit.
+MAX_GAIN = 1e9
+
 SetpointPoints = Annotated[list[tuple[Annotated[int, Field(ge=0)], FiniteFloat]], Field(min_length=1)]
 
 
@@ -139,9 +144,9 @@ class ControllerSpec(_Model):
         description="Constant, a piecewise-linear schedule [[step, value], ...], or relative to the "
         "probe's first value: '+10%' (e.g. a perplexity budget)."
     )
-    kp: FiniteFloat = Field(ge=0)
-    ki: FiniteFloat = Field(0.0, ge=0)
-    kd: FiniteFloat = Field(0.0, ge=0)
+    kp: FiniteFloat = Field(ge=0, le=MAX_GAIN)
+    ki: FiniteFloat = Field(0.0, ge=0, le=MAX_GAIN)
+    kd: FiniteFloat = Field(0.0, ge=0, le=MAX_GAIN)
     direction: Literal["direct", "reverse"] = Field(
         "direct",
         description="direct: raising the knob raises the probe (learning_rate → kl_drift); "
@@ -302,8 +307,11 @@ class PolicyDocument(_Model):
 
 
 def relative(spec: str, baseline: float) -> float:
-    """'+10%' of ``baseline``: baseline + |baseline| * 0.10."""
-    return baseline + abs(baseline) * float(spec.strip().rstrip("%")) / 100.0
+    """'+10%' of ``baseline``: baseline + |baseline| * 0.10, kept finite (a baseline near the
+    float range would otherwise make an infinite setpoint or threshold, which no law can use and
+    no store can hold)."""
+    value = baseline + abs(baseline) * float(spec.strip().rstrip("%")) / 100.0
+    return min(max(value, -sys.float_info.max), sys.float_info.max)
 
 
 def setpoint_at(setpoint: float | list[tuple[int, float]] | str, step: int, baseline: float | None = None) -> float:

@@ -7,6 +7,7 @@ bound that slipped through would otherwise turn into a silent, wrong knob change
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 __all__ = [
@@ -16,6 +17,7 @@ __all__ = [
     "require_non_negative",
     "json_float",
     "float_from_json",
+    "saturate",
 ]
 
 
@@ -54,6 +56,19 @@ def require_non_negative(field: str, value: Any) -> float:
     if x < 0:
         raise ParameterError(field, f"must be >= 0, got {x!r}")
     return x
+
+
+def saturate(x: float) -> float:
+    """``x`` itself if finite, else the largest finite float of its sign.
+
+    A law's arithmetic on finite inputs overflows only at magnitudes no knob or probe means
+    (a gain of 1e308, a probe of 1e308): saturating there keeps every number a law returns or
+    stores finite (JSON and Postgres have no infinities), and keeps ``inf - inf`` from ever
+    turning into a NaN further on. Callers that report overflow compare the result with ``x``.
+    """
+    if math.isfinite(x):
+        return x
+    return math.copysign(sys.float_info.max, x)
 
 
 def json_float(x: float | None) -> float | None:

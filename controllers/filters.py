@@ -11,11 +11,12 @@ a JSON-serialisable state, so the service can store it between observations.
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from ._checks import ParameterError, require_finite
+from ._checks import ParameterError, require_finite, saturate
 
 __all__ = [
     "FilterKind",
@@ -120,6 +121,10 @@ class EMA:
             count = 0 if state is None else state.count
         else:
             filtered = state.value + self.alpha * (x - state.value)
+            if not math.isfinite(filtered):
+                # x - value overflowed (values near the float range): the same average, weighted
+                # the other way round, stays between the two finite values (up to rounding).
+                filtered = saturate((1.0 - self.alpha) * state.value + self.alpha * x)
             count = state.count
         return filtered, EMAState(value=filtered, count=count + 1)
 
@@ -145,7 +150,11 @@ class Median:
         x = require_finite("x", x)
         previous = [] if state is None else state.values
         values = (list(previous) + [x])[-self.window :]
-        return float(statistics.median(values)), MedianState(values=values)
+        median = float(statistics.median(values))
+        if not math.isfinite(median):  # the mean of the middle two overflowed: halve them first
+            lo, hi = sorted(values)[len(values) // 2 - 1 : len(values) // 2 + 1]
+            median = lo / 2 + hi / 2
+        return median, MedianState(values=values)
 
     def state_from_dict(self, d: dict[str, Any]) -> MedianState:
         return MedianState.from_dict(d)

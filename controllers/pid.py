@@ -39,6 +39,11 @@ Why the pieces are the way they are:
 * **Order of limits.** bounds -> rate -> bounds again -> integer rounding. Bounds win over the rate
   limit: a knob found outside its bounds (an operator typed a bad value) is brought back at once,
   because bounds are the user's hard statement of what is safe.
+* **Every number finite.** Finite inputs can still overflow (a probe of 1e308 minus a setpoint of
+  -1e308; ``exp()`` of a log-scale output past 709): each term saturates at the largest finite
+  float instead, and ``limited_by`` says ``"overflow"``. The components, the unclamped output and
+  the state are therefore always finite, so they can be stored (JSON and Postgres have no
+  infinities) and ``inf - inf`` never becomes a NaN knob value.
 """
 
 from __future__ import annotations
@@ -47,17 +52,25 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from ._checks import ParameterError, float_from_json, json_float, require_finite, require_non_negative, require_positive
+from ._checks import (
+    ParameterError,
+    float_from_json,
+    json_float,
+    require_finite,
+    require_non_negative,
+    require_positive,
+    saturate,
+)
 
 __all__ = ["Scale", "Direction", "LimitReason", "PIDConfig", "PIDState", "PIDOutput", "PID"]
 
 Scale = Literal["log", "linear", "integer"]
 Direction = Literal["direct", "reverse"]
-LimitReason = Literal["bounds", "rate", "deadband", "cooldown", "integer"]
+LimitReason = Literal["bounds", "rate", "deadband", "cooldown", "integer", "overflow"]
 
 _SCALES = ("log", "linear", "integer")
 _DIRECTIONS = ("direct", "reverse")
-_LIMIT_ORDER: tuple[str, ...] = ("bounds", "rate", "deadband", "cooldown", "integer")
+_LIMIT_ORDER: tuple[str, ...] = ("bounds", "rate", "deadband", "cooldown", "integer", "overflow")
 # Float noise in dt accumulation (0.1 + 0.2 != 0.3) must not delay a change by one whole decision.
 _COOLDOWN_TOLERANCE = 1e-9
 # setpoint 1.0, measurement 1.1, deadband 0.1 is "on the edge" to a user, but 1.0 - 1.1 is
@@ -237,6 +250,14 @@ class PID:
                 return math.inf
         return s
 
+    @staticmethod
+    def _finite(x: float, limits: set[str]) -> float:
+        """``x``, saturated at the largest finite float (noted in ``limits`` when it was not)."""
+        s = saturate(x)
+        if s != x:
+            limits.add("overflow")
+        return s
+
     # -- law -----------------------------------------------------------------------------------
 
     def update(self, measurement: float, dt: float, current: float, state: PIDState | None = None) -> PIDOutput:
@@ -256,9 +277,12 @@ class PID:
         st = state if state is not None else PIDState()
         cur_s = self._to_scale(cur)
 
-        error = cfg.setpoint - y
-        p = self._sign * cfg.kp * error
-        d = 0.0 if st.last_measurement is None else -self._sign * cfg.kd * (y - st.last_measurement) / dt
+        limits: set[str] = set()
+        fin = self._finite
+        error = fin(cfg.setpoint - y, limits)
+        p = fin(self._sign * cfg.kp * error, limits)
+        d = 0.0 if st.last_measurement is None else fin(
+            -self._sign * cfg.kd * (fin(y - st.last_measurement, limits) / dt), limits)
         since = st.since_change + dt
         first = st.last_output is None
         hold: str | None = None
@@ -267,21 +291,22 @@ class PID:
         elif since + _COOLDOWN_TOLERANCE * max(1.0, cfg.cooldown) < cfg.cooldown:
             hold = "cooldown"
 
-        limits: set[str] = set()
         if first:
             # Bumpless start: whatever the error, the first output is the knob value in effect.
-            integral = self._clamp_integral(cur_s - p - d)
-            raw = p + integral + d
+            seed = fin(fin(cur_s - p, limits) - d, limits)
+            integral = self._clamp_integral(seed)
+            raw = self._sum(p, integral, d, limits)
         else:
             integral = st.integral
-            raw = p + integral + d
+            raw = self._sum(p, integral, d, limits)
             if hold is None:
                 integral, raw = self._integrate(integral, p, d, error, dt, cur_s, limits)
 
-        u = p + integral + d
+        u = self._sum(p, integral, d, limits)
         if first:
-            # Equal to cur_s up to float noise, unless integral_limit cut the seed short.
-            value_s = self._limited(u, cur_s, limits)
+            # u is cur_s up to float noise (far from it when huge terms swallow cur_s), unless
+            # integral_limit cut the seed short.
+            value_s = self._limited(cur_s if integral == seed else u, cur_s, limits)
         elif hold is not None:
             limits.add(hold)
             value_s = self._bounded(cur_s, limits)
@@ -301,6 +326,7 @@ class PID:
             since_change=0.0 if changed else since,
             updates=st.updates + 1,
         )
+        unclamped = fin(self._from_scale(raw), limits)  # exp() of a log-scale output may overflow
         return PIDOutput(
             value=value,
             changed=changed,
@@ -308,7 +334,7 @@ class PID:
             p=p,
             i=integral,
             d=d,
-            unclamped=self._from_scale(raw),
+            unclamped=unclamped,
             limited_by=tuple(r for r in _LIMIT_ORDER if r in limits),
             state=new_state,
         )
@@ -327,9 +353,9 @@ class PID:
         if self.config.scale == "log" and cur <= 0:
             raise ParameterError("current", f"a log-scale knob must be > 0, got {cur}")
         st = state if state is not None else PIDState()
-        p = self._sign * self.config.kp * (self.config.setpoint - y)
+        p = saturate(self._sign * self.config.kp * saturate(self.config.setpoint - y))
         return PIDState(
-            integral=self._clamp_integral(self._to_scale(cur) - p),
+            integral=self._clamp_integral(saturate(self._to_scale(cur) - p)),
             last_measurement=y,
             last_output=None,
             since_change=st.since_change,
@@ -337,6 +363,10 @@ class PID:
         )
 
     # -- helpers -------------------------------------------------------------------------------
+
+    def _sum(self, p: float, i: float, d: float, limits: set[str]) -> float:
+        """``p + i + d`` in scale units, finite."""
+        return self._finite(self._finite(p + i, limits) + d, limits)
 
     def _clamp_integral(self, integral: float) -> float:
         lim = self.config.integral_limit
@@ -356,9 +386,9 @@ class PID:
         The limit that cut the integration is reported in ``limits`` even though the output
         then lands exactly on it: the audit trail must show the knob was held back.
         """
-        step = self._sign * self.config.ki * error * dt
-        candidate = self._clamp_integral(integral + step)
-        raw = p + candidate + d
+        step = self._finite(self._finite(self._sign * self.config.ki * error, limits) * dt, limits)
+        candidate = self._clamp_integral(self._finite(integral + step, limits))
+        raw = self._sum(p, candidate, d, limits)
         if step == 0.0:
             return candidate, raw
         held_by: set[str] = set()
@@ -366,7 +396,7 @@ class PID:
         if (raw - applied) * step <= 0:
             return candidate, raw  # the limit is not in the way of this step
         limits.update(held_by)
-        at_limit = applied - p - d
+        at_limit = self._finite(self._finite(applied - p, limits) - d, limits)
         if step > 0:
             return max(integral, min(candidate, at_limit)), raw
         return min(integral, max(candidate, at_limit)), raw
@@ -399,7 +429,7 @@ class PID:
         window, so rounding can never undo a limit that was applied before it."""
         cfg = self.config
         r = float(math.floor(value + 0.5))
-        if cfg.max_step is not None:
+        if cfg.max_step is not None and math.isfinite(cur + cfg.max_step) and math.isfinite(cur - cfg.max_step):
             r = min(r, float(math.floor(cur + cfg.max_step + 1e-9)))
             r = max(r, float(math.ceil(cur - cfg.max_step - 1e-9)))
         r = min(max(r, float(math.ceil(cfg.out_min))), float(math.floor(cfg.out_max)))
