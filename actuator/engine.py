@@ -9,10 +9,11 @@ sequence order, and persists the mutated context with the decisions in one trans
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .controllers import PID, PIDConfig, PIDLagrangian, PIDState, make_filter
+from .controllers import PID, ParameterError, PIDConfig, PIDLagrangian, PIDState, make_filter
 from .policy import ControllerSpec, GuardrailSpec, PolicyDocument, setpoint_at
 from .schemas import Action, ObservationCreate
 
@@ -66,6 +67,8 @@ def _reason(probe: str, filtered: float, prev: float | None, setpoint: float, kn
     side = "above" if filtered > setpoint else "below" if filtered < setpoint else "at"
     trend = "" if prev is None or filtered == prev else (" and rising" if filtered > prev else " and falling")
     limits = f", limited by {', '.join(out.limited_by)}" if out.limited_by else ""
+    if "overflow" in out.limited_by:
+        limits += " (a term of the law passed the float range: clamped to the largest finite value)"
     terms = ""
     if prev_components:
         moves = [(name, getattr(out, name) - float(prev_components.get(name, 0.0))) for name in ("p", "i", "d")]
@@ -168,6 +171,46 @@ class Engine:
             self._pids[key] = pid
         return pid
 
+    def knob_errors(self, knobs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, str]]:
+        """Why this policy cannot drive these knobs (name -> knob spec as a run stores it), each
+        error with the policy field to change (``controllers.0.min``); empty when it can.
+
+        Every controller's law is built as an observation would build it and validated, so what
+        registration, a policy move and ``validate`` refuse is exactly what would fail at ingest:
+        a knob the run does not declare, controller bounds disjoint from the knob's, a log scale
+        over a bound <= 0, an integer scale over bounds that hold no integer."""
+        errors: list[dict[str, str]] = []
+        declared = sorted(knobs)
+        for i, spec in enumerate(self.policy.controllers):
+            knob = knobs.get(spec.knob)
+            if knob is None:
+                errors.append({"loc": f"controllers.{i}.knob",
+                               "msg": f"controller {spec.name!r} drives knob {spec.knob!r}, which the run does "
+                                      f"not declare (knobs: {declared})"})
+                continue
+            # Any step and baseline will do: bounds and scale do not depend on them, and a
+            # setpoint is finite at every step once the document is valid.
+            cfg = self.pid_config(spec, knob, 0, None, baseline=1.0)
+            try:
+                cfg.validate()
+            except ParameterError as exc:
+                field = {"out_min": "min", "out_max": "max"}.get(exc.field, exc.field)
+                where = f"knob {spec.knob!r} [{knob['min']}, {knob['max']}]"
+                if cfg.out_min > cfg.out_max:
+                    field = "min" if spec.min is not None else "max"
+                    msg = (f"controller {spec.name!r}: its bounds [{spec.min}, {spec.max}] do not overlap {where}")
+                else:
+                    if field in ("min", "max") and spec.scale is not None:
+                        field = "scale"  # the scale the controller chose does not fit the bounds
+                    msg = f"controller {spec.name!r} on {where} with scale {cfg.scale!r}: {exc}"
+                errors.append({"loc": f"controllers.{i}.{field}", "msg": msg})
+        for i, g in enumerate(self.policy.guardrails):
+            if g.knob is not None and g.knob not in knobs:
+                errors.append({"loc": f"guardrails.{i}.knob",
+                               "msg": f"guardrail {g.name!r} names knob {g.knob!r}, which the run does not "
+                                      f"declare (knobs: {declared})"})
+        return errors
+
     def _filter(self, spec: ControllerSpec) -> Any:
         filt = self._filters.get(id(spec))
         if filt is None:
@@ -261,64 +304,84 @@ class Engine:
         # changed again by a lower-priority one (which instead tracks the new value bumplessly).
         taken: set[str] = set()
         for spec in self._ordered:
-            knob = ctx.knobs.get(spec.knob)
-            raw = values.get(spec.probe)
-            if knob is None or raw is None or not math.isfinite(raw):
-                continue
-            st = ctx.controllers.setdefault(spec.name, {"pid": None, "filter": None, "last_step": None})
-            last = st.get("last_step")
-            if last is not None and obs.step <= last:
-                continue  # stale or repeated step: never act twice on old data
-            dt = float(obs.step - last) if last is not None else 1.0
-            filt = self._filter(spec)
-            filtered, fstate = filt.update(raw, filt.state_from_dict(st["filter"]) if st["filter"] else None)
-            prev_filtered, prev_components = st.get("filtered"), st.get("components")
-            st["filter"] = fstate.to_dict()
-            st["last_step"] = obs.step
-            st["probe"], st["knob"], st["raw"], st["filtered"] = spec.probe, spec.knob, raw, filtered
-            if st.get("baseline") is None:
-                st["baseline"] = filtered  # the reference for relative setpoints ('+10%')
-            pid = self._pid(spec, knob, obs.step, st.get("setpoint_override"), st["baseline"])
-            cfg = pid.config
-            st["setpoint"] = cfg.setpoint
-            # Act from the value really in effect (the agent reports it: an operator, a rollback or a
-            # custom setter may have moved it since our last decision), clamped into bounds. The
-            # learning-rate knob is a LambdaLR schedule's peak, so a schedule's own warm-up and decay
-            # never show up here as knob changes for the PID to undo.
-            reported = obs.knobs.get(spec.knob)
-            current = float(reported if reported is not None else knob["value"])
-            current = min(max(current, cfg.out_min), cfg.out_max)
-            if cfg.scale == "integer":
-                current = float(round(current))
-            knob["value"] = current
-            pstate = PIDState.from_dict(st["pid"]) if st["pid"] else None
-            if knob.get("override") is not None or spec.knob in taken:
-                # Manual override in force, or another controller moved the knob: track it.
-                st["pid"] = pid.bumpless(current, filtered, pstate).to_dict()
-                st.pop("reset", None)
-                continue
-            if st.pop("reset", False):
-                # Control handed back (release, resume, policy move, guardrail damping): restart
-                # bumplessly from the value in effect; this update outputs it unchanged.
-                pstate = pid.bumpless(current, filtered, pstate)
-            out = pid.update(filtered, dt, current, pstate)
-            st["pid"] = out.state.to_dict()
-            st["components"] = {"p": out.p, "i": out.i, "d": out.d, "error": out.error}
-            result.controller_outputs[spec.name] = st["components"]
-            if not out.changed:
-                continue
-            taken.add(spec.knob)
-            if spec.kind == "constraint":
-                reason = _constraint_reason(spec.name, spec.probe, filtered, prev_filtered, cfg.setpoint, spec.bound,
-                                            spec.knob, current, out)
-            else:
-                reason = _reason(spec.probe, filtered, prev_filtered, cfg.setpoint, spec.knob, current, out,
-                                 prev_components)
-            self._decide(
-                ctx, result, step=obs.step + 1, knob=spec.knob, new=out.value, reason=reason,
-                controller=spec.name,
-                components={"p": out.p, "i": out.i, "d": out.d, "error": out.error},
-                inputs={"probe": spec.probe, "raw": raw, "filtered": filtered, "setpoint": cfg.setpoint,
-                        "dt": dt, "unclamped": out.unclamped, "limited_by": list(out.limited_by),
-                        "bounds": [cfg.out_min, cfg.out_max], "max_step": cfg.max_step, "scale": cfg.scale},
-            )
+            try:
+                self._control(ctx, spec, obs, values, result, taken)
+            except ParameterError as exc:
+                # A stored policy whose law cannot run on this run's knobs (validation against the
+                # knobs prevents it; runs and policies stored before it may still meet it): the
+                # controller is reported unusable and skipped, never a failed observation.
+                self._unusable(ctx, spec, obs.step, str(exc), result)
+
+    @staticmethod
+    def _unusable(ctx: RunContext, spec: ControllerSpec, step: int, message: str, result: EngineResult) -> None:
+        st = ctx.controllers.setdefault(spec.name, {"pid": None, "filter": None, "last_step": None})
+        if st.get("error") != message:  # one event per new problem, not one per observation
+            result.events.append({"kind": "controller_unusable", "step": step, "controller": spec.name,
+                                  "knob": spec.knob, "reason": message})
+        st["error"] = message
+
+    def _control(self, ctx: RunContext, spec: ControllerSpec, obs: ObservationCreate, values: dict[str, float],
+                 result: EngineResult, taken: set[str]) -> None:
+        knob = ctx.knobs.get(spec.knob)
+        raw = values.get(spec.probe)
+        if knob is None or raw is None or not math.isfinite(raw):
+            return
+        st = ctx.controllers.setdefault(spec.name, {"pid": None, "filter": None, "last_step": None})
+        last = st.get("last_step")
+        if last is not None and obs.step <= last:
+            return  # stale or repeated step: never act twice on old data
+        dt = float(obs.step - last) if last is not None else 1.0
+        filt = self._filter(spec)
+        filtered, fstate = filt.update(raw, filt.state_from_dict(st["filter"]) if st["filter"] else None)
+        # the reference for relative setpoints ('+10%'): the first filtered value
+        baseline = filtered if st.get("baseline") is None else st["baseline"]
+        pid = self._pid(spec, knob, obs.step, st.get("setpoint_override"), baseline)  # before any state moves
+        st.pop("error", None)
+        prev_filtered, prev_components = st.get("filtered"), st.get("components")
+        st["filter"] = fstate.to_dict()
+        st["last_step"] = obs.step
+        st["probe"], st["knob"], st["raw"], st["filtered"] = spec.probe, spec.knob, raw, filtered
+        st["baseline"] = baseline
+        cfg = pid.config
+        st["setpoint"] = cfg.setpoint
+        # Act from the value really in effect (the agent reports it: an operator, a rollback or a
+        # custom setter may have moved it since our last decision), clamped into bounds. The
+        # learning-rate knob is a LambdaLR schedule's peak, so a schedule's own warm-up and decay
+        # never show up here as knob changes for the PID to undo.
+        reported = obs.knobs.get(spec.knob)
+        current = float(reported if reported is not None else knob["value"])
+        current = min(max(current, cfg.out_min), cfg.out_max)
+        if cfg.scale == "integer":
+            current = float(round(current))
+        knob["value"] = current
+        pstate = PIDState.from_dict(st["pid"]) if st["pid"] else None
+        if knob.get("override") is not None or spec.knob in taken:
+            # Manual override in force, or another controller moved the knob: track it.
+            st["pid"] = pid.bumpless(current, filtered, pstate).to_dict()
+            st.pop("reset", None)
+            return
+        if st.pop("reset", False):
+            # Control handed back (release, resume, policy move, guardrail damping): restart
+            # bumplessly from the value in effect; this update outputs it unchanged.
+            pstate = pid.bumpless(current, filtered, pstate)
+        out = pid.update(filtered, dt, current, pstate)
+        st["pid"] = out.state.to_dict()
+        st["components"] = {"p": out.p, "i": out.i, "d": out.d, "error": out.error}
+        result.controller_outputs[spec.name] = st["components"]
+        if not out.changed:
+            return
+        taken.add(spec.knob)
+        if spec.kind == "constraint":
+            reason = _constraint_reason(spec.name, spec.probe, filtered, prev_filtered, cfg.setpoint, spec.bound,
+                                        spec.knob, current, out)
+        else:
+            reason = _reason(spec.probe, filtered, prev_filtered, cfg.setpoint, spec.knob, current, out,
+                             prev_components)
+        self._decide(
+            ctx, result, step=obs.step + 1, knob=spec.knob, new=out.value, reason=reason,
+            controller=spec.name,
+            components={"p": out.p, "i": out.i, "d": out.d, "error": out.error},
+            inputs={"probe": spec.probe, "raw": raw, "filtered": filtered, "setpoint": cfg.setpoint,
+                    "dt": dt, "unclamped": out.unclamped, "limited_by": list(out.limited_by),
+                    "bounds": [cfg.out_min, cfg.out_max], "max_step": cfg.max_step, "scale": cfg.scale},
+        )

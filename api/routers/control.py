@@ -124,11 +124,11 @@ def move_policy(run_id: RunId, body: MoveBody, _: AdminDep, services: ServicesDe
     if row is None:
         raise HTTPException(422, {"message": f"policy: {body.policy!r} not found",
                                   "errors": [{"loc": "body.policy", "msg": "not found"}]})
-    doc = PolicyDocument.model_validate(row.document)
-    missing = sorted({c.knob for c in doc.controllers} - set(run.knobs))
-    if missing:
-        raise HTTPException(422, {"message": f"policy: drives knobs the run does not declare: {missing}",
-                                  "errors": [{"loc": "body.policy", "msg": f"unknown knobs {missing}"}]})
+    # The new policy against the run's knobs: what would fail at every observation is refused now.
+    errors = [{"loc": f"body.policy.{e['loc']}", "msg": f"{row.name}@{row.version}: {e['msg']}"}
+              for e in services.engine_for(row.id).knob_errors(run.knobs)]
+    if errors:
+        raise HTTPException(422, {"message": "; ".join(f"{e['loc']}: {e['msg']}" for e in errors), "errors": errors})
     moved = services.store.move_policy(run_id, row, body.reason)
     assert moved is not None
     services.live.publish(run_id, {"kind": "policy_moved", "to": f"{row.name}@{row.version}"})

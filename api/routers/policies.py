@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Body, HTTPException, Path, status
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from actuator._exceptions import PolicyError
-from actuator.policy import PolicyDocument, list_presets, load_policy, load_preset
+from actuator.engine import Engine
+from actuator.policy import PolicyDocument, list_presets, load_policy, load_preset, policy_errors
+from actuator.schemas import RunCreate
 from actuator.simulate import simulate
 
 from ..deps import MAX_INT, AdminDep, ServicesDep, policy_ref
@@ -50,13 +52,28 @@ def presets() -> dict[str, Any]:
     return {name: load_preset(name).model_dump(mode="json") for name in list_presets()}
 
 
-@router.post("/validate", summary="Dry-run validation: every error with its JSON path")
-def validate_policy(doc: dict[str, Any] = Body(..., examples=[_EXAMPLE])) -> dict[str, Any]:
+def _knobs(raw: Any) -> dict[str, dict[str, Any]]:
+    """A ``knobs`` list as registration takes it (each a knob spec, names unique), by name."""
     try:
-        load_policy(doc)
+        knobs = RunCreate.model_validate({"policy": "-", "knobs": raw}).knobs
+    except ValidationError as exc:
+        errors = [{"loc": f"body.{e['loc']}", "msg": e["msg"]} for e in policy_errors(exc)]
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY,
+                            {"message": "; ".join(f"{e['loc']}: {e['msg']}" for e in errors), "errors": errors}) from exc
+    return {k.name: k.model_dump(mode="json") for k in knobs}
+
+
+@router.post("/validate", summary="Dry-run validation: every error with its JSON path; with `knobs` (a list "
+             "as at registration, beside the document's fields), also against the knobs it will drive")
+def validate_policy(doc: dict[str, Any] = Body(..., examples=[_EXAMPLE])) -> dict[str, Any]:
+    doc = dict(doc)
+    knobs = _knobs(doc.pop("knobs")) if "knobs" in doc else None  # a policy document has no 'knobs' field
+    try:
+        parsed = load_policy(doc)
     except PolicyError as exc:
         return {"valid": False, "errors": exc.errors or [{"loc": "(document)", "msg": str(exc)}]}
-    return {"valid": True, "errors": []}
+    errors = Engine(parsed).knob_errors(knobs) if knobs is not None else []
+    return {"valid": not errors, "errors": errors}
 
 
 class SimulateBody(BaseModel):
@@ -82,10 +99,9 @@ def simulate_policy(body: SimulateBody, services: ServicesDep) -> dict[str, Any]
         raise HTTPException(404, f"run {body.run_id!r} not found")
     registered = next((e for e in services.store.list_events(run.id) if e.kind == "run_registered"), None)
     knobs = (registered.payload.get("knobs") if registered else None) or run.knobs
-    missing = sorted({c.knob for c in doc.controllers} - set(knobs))
-    if missing:
-        raise HTTPException(422, {"message": f"policy: drives knobs the run does not have: {missing}",
-                                  "errors": [{"loc": "body.policy", "msg": f"unknown knobs {missing}"}]})
+    errors = [{"loc": f"body.policy.{e['loc']}", "msg": e["msg"]} for e in Engine(doc).knob_errors(knobs)]
+    if errors:
+        raise HTTPException(422, {"message": "; ".join(f"{e['loc']}: {e['msg']}" for e in errors), "errors": errors})
     observations = services.store.list_observations(run.id, limit=1_000_000)
     return simulate(doc, knobs, observations)
 

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Query, Response, status
 
 from actuator._exceptions import PolicyError
+from actuator.engine import Engine
 from actuator.models import PolicyRow
 from actuator.policy import PolicyDocument, load_policy
 from actuator.schemas import (
@@ -67,17 +68,10 @@ def _resolve_policy(services: Services, body: RunCreate) -> tuple[PolicyRow | No
 
 
 def _check_knobs(doc: PolicyDocument, body: RunCreate) -> None:
-    knobs = {k.name for k in body.knobs}
-    errors = []
-    for i, c in enumerate(doc.controllers):
-        if c.knob not in knobs:
-            errors.append({"loc": f"body.policy.controllers.{i}.knob",
-                           "msg": f"controller {c.name!r} drives knob {c.knob!r}, which the run does not "
-                                  f"declare (knobs: {sorted(knobs)})"})
-    for i, g in enumerate(doc.guardrails):
-        if g.knob is not None and g.knob not in knobs:
-            errors.append({"loc": f"body.policy.guardrails.{i}.knob",
-                           "msg": f"guardrail {g.name!r} names knob {g.knob!r}, which the run does not declare"})
+    """The policy against the knobs it will drive: what would fail at every observation is
+    refused now, naming the policy's field."""
+    knobs = {k.name: k.model_dump(mode="json") for k in body.knobs}
+    errors = [{"loc": f"body.policy.{e['loc']}", "msg": e["msg"]} for e in Engine(doc).knob_errors(knobs)]
     if errors:
         raise _unprocessable("; ".join(f"{e['loc']}: {e['msg']}" for e in errors), errors)
 
