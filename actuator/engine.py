@@ -1,7 +1,7 @@
 """The engine: one observation in, decisions and actions out.
 
-Pure logic over plain dicts (the run's knobs, controller states and guardrail states as stored),
-so the service, the ``simulate`` endpoint and the benchmarks run exactly the same code. No I/O,
+Pure logic over the run's typed state (:mod:`actuator.run_state`: knobs, controller and guardrail
+memories), so the service, the ``simulate`` endpoint and the benchmarks run exactly the same code. No I/O,
 no clock: the store loads the context, calls :meth:`Engine.observe` once per new observation in
 sequence order, and persists the mutated context with the decisions in one transaction.
 """
@@ -13,40 +13,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .controllers import PID, ParameterError, PIDConfig, PIDLagrangian, PIDState, make_filter
+from .controllers import PID, ParameterError, PIDConfig, PIDLagrangian, make_filter
 from .policy import ControllerSpec, GuardrailSpec, PolicyDocument, setpoint_at
-from .schemas import Action, ObservationCreate
+from .run_state import ControllerState, GuardrailState, KnobState, RunContext
+from .schemas import Action, Decision, ObservationCreate
 
-__all__ = ["RunContext", "DecisionDraft", "EngineResult", "Engine"]
-
-
-@dataclass
-class RunContext:
-    """The mutable part of a run the engine reads and writes (JSON-serialisable dicts)."""
-
-    knobs: dict[str, dict[str, Any]]
-    controllers: dict[str, dict[str, Any]] = field(default_factory=dict)
-    guardrails: dict[str, dict[str, Any]] = field(default_factory=dict)
-    state: str = "running"
-    decision_count: int = 0
-
-
-@dataclass
-class DecisionDraft:
-    number: int
-    step: int
-    knob: str
-    old_value: float
-    new_value: float
-    reason: str
-    controller: str | None
-    components: dict[str, float | None]
-    inputs: dict[str, Any]
+__all__ = ["RunContext", "EngineResult", "Engine"]
 
 
 @dataclass
 class EngineResult:
-    decisions: list[DecisionDraft] = field(default_factory=list)
+    decisions: list[Decision] = field(default_factory=list)
     actions: list[Action] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     controller_outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -127,17 +104,17 @@ class Engine:
 
     # -- helpers -----------------------------------------------------------------------------
     @staticmethod
-    def _law(spec: ControllerSpec, knob: dict[str, Any], step: int, setpoint_override: Any,
+    def _law(spec: ControllerSpec, knob: KnobState, step: int, setpoint_override: Any,
              baseline: float | None) -> tuple[float, Any, Any, Any, Any]:
         """What a controller's PIDConfig takes from the run: setpoint, bounds, scale, max_step."""
-        lo = knob["min"] if spec.min is None else max(knob["min"], spec.min)
-        hi = knob["max"] if spec.max is None else min(knob["max"], spec.max)
+        lo = knob.min if spec.min is None else max(knob.min, spec.min)
+        hi = knob.max if spec.max is None else min(knob.max, spec.max)
         setpoint = setpoint_at(spec.setpoint if setpoint_override is None else setpoint_override, step, baseline)
-        scale = "linear" if spec.kind == "constraint" else spec.scale or knob.get("scale", "linear")
-        max_step = spec.max_step if spec.max_step is not None else knob.get("max_step")
+        scale = "linear" if spec.kind == "constraint" else spec.scale or knob.scale
+        max_step = spec.max_step if spec.max_step is not None else knob.max_step
         return setpoint, lo, hi, scale, max_step
 
-    def pid_config(self, spec: ControllerSpec, knob: dict[str, Any], step: int,
+    def pid_config(self, spec: ControllerSpec, knob: KnobState, step: int,
                    setpoint_override: Any = None, baseline: float | None = None) -> PIDConfig:
         return self._config(spec, *self._law(spec, knob, step, setpoint_override, baseline))
 
@@ -157,7 +134,7 @@ class Engine:
             cooldown=float(spec.cooldown),
         )
 
-    def _pid(self, spec: ControllerSpec, knob: dict[str, Any], step: int, setpoint_override: Any,
+    def _pid(self, spec: ControllerSpec, knob: KnobState, step: int, setpoint_override: Any,
              baseline: float | None) -> PID:
         """The validated PID law in force: the one built for the same inputs before, or a new one."""
         law = self._law(spec, knob, step, setpoint_override, baseline)
@@ -182,20 +159,21 @@ class Engine:
         errors: list[dict[str, str]] = []
         declared = sorted(knobs)
         for i, spec in enumerate(self.policy.controllers):
-            knob = knobs.get(spec.knob)
-            if knob is None:
+            stored = knobs.get(spec.knob)
+            if stored is None:
                 errors.append({"loc": f"controllers.{i}.knob",
                                "msg": f"controller {spec.name!r} drives knob {spec.knob!r}, which the run does "
                                       f"not declare (knobs: {declared})"})
                 continue
             # Any step and baseline will do: bounds and scale do not depend on them, and a
             # setpoint is finite at every step once the document is valid.
+            knob = KnobState.from_dict(stored, spec.knob)
             cfg = self.pid_config(spec, knob, 0, None, baseline=1.0)
             try:
                 cfg.validate()
             except ParameterError as exc:
                 field = {"out_min": "min", "out_max": "max"}.get(exc.field, exc.field)
-                where = f"knob {spec.knob!r} [{knob['min']}, {knob['max']}]"
+                where = f"knob {spec.knob!r} [{knob.min}, {knob.max}]"
                 if cfg.out_min > cfg.out_max:
                     field = "min" if spec.min is not None else "max"
                     msg = (f"controller {spec.name!r}: its bounds [{spec.min}, {spec.max}] do not overlap {where}")
@@ -229,17 +207,16 @@ class Engine:
         reason: str, controller: str | None, components: dict[str, float | None], inputs: dict[str, Any],
     ) -> None:
         spec = ctx.knobs[knob]
-        old = float(spec["value"])
-        new = min(max(new, spec["min"]), spec["max"])
-        if spec.get("scale") == "integer":
+        old = float(spec.value)
+        new = min(max(new, spec.min), spec.max)
+        if spec.scale == "integer":
             new = float(round(new))
         if new == old:
             return
         ctx.decision_count += 1
-        spec["value"] = new
-        result.decisions.append(
-            DecisionDraft(ctx.decision_count, step, knob, old, new, reason, controller, components, inputs)
-        )
+        spec.value = new
+        result.decisions.append(Decision(number=ctx.decision_count, step=step, knob=knob, old_value=old, new_value=new,
+                                         reason=reason, controller=controller, components=components, inputs=inputs))
 
     # -- the loop ----------------------------------------------------------------------------
     def observe(self, ctx: RunContext, obs: ObservationCreate) -> EngineResult:
@@ -256,27 +233,27 @@ class Engine:
             value = values.get(g.probe)
             if value is None:
                 continue
-            st = ctx.guardrails.setdefault(g.name, {"baseline": None, "breaches": 0, "active": False})
-            if st["baseline"] is None:
-                st["baseline"] = value
-            threshold = g.resolve_threshold(st["baseline"])
+            st = ctx.guardrails.setdefault(g.name, GuardrailState())
+            if st.baseline is None:
+                st.baseline = value
+            threshold = g.resolve_threshold(st.baseline)
             if threshold is None:
                 continue
-            st["probe"], st["threshold"], st["value"] = g.probe, threshold, value
+            st.probe, st.threshold, st.value = g.probe, threshold, value
             breached = value < threshold if g.bound == "lower" else value > threshold
             inside = (
                 value >= threshold + g.hysteresis if g.bound == "lower" else value <= threshold - g.hysteresis
             )
             if breached:
-                st["breaches"] += 1
+                st.breaches += 1
             elif inside:
-                st["breaches"] = 0
-                if st["active"]:
-                    st["active"] = False
+                st.breaches = 0
+                if st.active:
+                    st.active = False
                     result.events.append({"kind": "guardrail_cleared", "step": obs.step, "guardrail": g.name,
                                           "value": value, "threshold": threshold})
-            if breached and st["breaches"] >= g.consecutive and not st["active"]:
-                st["active"] = True
+            if breached and st.breaches >= g.consecutive and not st.active:
+                st.active = True
                 self._fire(ctx, g, obs.step, value, threshold, result)
 
     def _fire(self, ctx: RunContext, g: GuardrailSpec, step: int, value: float, threshold: float, result: EngineResult) -> None:
@@ -285,14 +262,14 @@ class Engine:
         result.events.append({"kind": "guardrail_breach", "step": step, "guardrail": g.name, "action": g.action,
                               "value": value, "threshold": threshold, "reason": reason})
         if g.action in ("adjust", "rollback") and g.knob and g.knob in ctx.knobs:
-            old = float(ctx.knobs[g.knob]["value"])
+            old = float(ctx.knobs[g.knob].value)
             self._decide(ctx, result, step=step + 1, knob=g.knob, new=old * g.factor, reason=reason,
                          controller=None, components={},
                          inputs={"guardrail": g.name, "value": value, "threshold": threshold, "factor": g.factor})
             # The controllers on that knob restart bumplessly from the damped value.
             for c in self.policy.controllers:
                 if c.knob == g.knob and c.name in ctx.controllers:
-                    ctx.controllers[c.name]["reset"] = True
+                    ctx.controllers[c.name].reset = True
         if g.action == "halt":
             ctx.state = "halted"
         if g.action in ("halt", "rollback", "alert"):
@@ -314,11 +291,11 @@ class Engine:
 
     @staticmethod
     def _unusable(ctx: RunContext, spec: ControllerSpec, step: int, message: str, result: EngineResult) -> None:
-        st = ctx.controllers.setdefault(spec.name, {"pid": None, "filter": None, "last_step": None})
-        if st.get("error") != message:  # one event per new problem, not one per observation
+        st = ctx.controllers.setdefault(spec.name, ControllerState())
+        if st.error != message:  # one event per new problem, not one per observation
             result.events.append({"kind": "controller_unusable", "step": step, "controller": spec.name,
                                   "knob": spec.knob, "reason": message})
-        st["error"] = message
+        st.error = message
 
     def _control(self, ctx: RunContext, spec: ControllerSpec, obs: ObservationCreate, values: dict[str, float],
                  result: EngineResult, taken: set[str]) -> None:
@@ -326,48 +303,48 @@ class Engine:
         raw = values.get(spec.probe)
         if knob is None or raw is None or not math.isfinite(raw):
             return
-        st = ctx.controllers.setdefault(spec.name, {"pid": None, "filter": None, "last_step": None})
-        last = st.get("last_step")
+        st = ctx.controllers.setdefault(spec.name, ControllerState())
+        last = st.last_step
         if last is not None and obs.step <= last:
             return  # stale or repeated step: never act twice on old data
         dt = float(obs.step - last) if last is not None else 1.0
         filt = self._filter(spec)
-        filtered, fstate = filt.update(raw, filt.state_from_dict(st["filter"]) if st["filter"] else None)
+        filtered, fstate = filt.update(raw, filt.state_from_dict(st.filter) if st.filter else None)
         # the reference for relative setpoints ('+10%'): the first filtered value
-        baseline = filtered if st.get("baseline") is None else st["baseline"]
-        pid = self._pid(spec, knob, obs.step, st.get("setpoint_override"), baseline)  # before any state moves
-        st.pop("error", None)
-        prev_filtered, prev_components = st.get("filtered"), st.get("components")
-        st["filter"] = fstate.to_dict()
-        st["last_step"] = obs.step
-        st["probe"], st["knob"], st["raw"], st["filtered"] = spec.probe, spec.knob, raw, filtered
-        st["baseline"] = baseline
+        baseline = filtered if st.baseline is None else st.baseline
+        pid = self._pid(spec, knob, obs.step, st.setpoint_override, baseline)  # before any state moves
+        st.error = None
+        prev_filtered, prev_components = st.filtered, st.components
+        st.filter = fstate.to_dict()
+        st.last_step = obs.step
+        st.probe, st.knob, st.raw, st.filtered, st.baseline = spec.probe, spec.knob, raw, filtered, baseline
         cfg = pid.config
-        st["setpoint"] = cfg.setpoint
+        st.setpoint = cfg.setpoint
         # Act from the value really in effect (the agent reports it: an operator, a rollback or a
         # custom setter may have moved it since our last decision), clamped into bounds. The
         # learning-rate knob is a LambdaLR schedule's peak, so a schedule's own warm-up and decay
         # never show up here as knob changes for the PID to undo.
         reported = obs.knobs.get(spec.knob)
-        current = float(reported if reported is not None else knob["value"])
+        current = float(reported if reported is not None else knob.value)
         current = min(max(current, cfg.out_min), cfg.out_max)
         if cfg.scale == "integer":
             current = float(round(current))
-        knob["value"] = current
-        pstate = PIDState.from_dict(st["pid"]) if st["pid"] else None
-        if knob.get("override") is not None or spec.knob in taken:
+        knob.value = current
+        pstate = st.pid
+        if knob.override is not None or spec.knob in taken:
             # Manual override in force, or another controller moved the knob: track it.
-            st["pid"] = pid.bumpless(current, filtered, pstate).to_dict()
-            st.pop("reset", None)
+            st.pid = pid.bumpless(current, filtered, pstate)
+            st.reset = False
             return
-        if st.pop("reset", False):
+        if st.reset:
+            st.reset = False
             # Control handed back (release, resume, policy move, guardrail damping): restart
             # bumplessly from the value in effect; this update outputs it unchanged.
             pstate = pid.bumpless(current, filtered, pstate)
         out = pid.update(filtered, dt, current, pstate)
-        st["pid"] = out.state.to_dict()
-        st["components"] = {"p": out.p, "i": out.i, "d": out.d, "error": out.error}
-        result.controller_outputs[spec.name] = st["components"]
+        st.pid = out.state
+        st.components = {"p": out.p, "i": out.i, "d": out.d, "error": out.error}
+        result.controller_outputs[spec.name] = st.components
         if not out.changed:
             return
         taken.add(spec.knob)

@@ -9,12 +9,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .engine import DecisionDraft, RunContext
 from .policy import PolicyDocument
+from .run_state import ControllerState, RunContext
+from .schemas import Decision
 
 __all__ = ["override_knob", "release_knob", "set_setpoint", "pause", "resume"]
 
-Result = tuple[list[DecisionDraft], list[dict[str, Any]]]
+Result = tuple[list[Decision], list[dict[str, Any]]]
 
 
 def _step(run: Any) -> int:
@@ -26,20 +27,21 @@ def override_knob(ctx: RunContext, run: Any, knob: str, value: float, note: str 
     spec = ctx.knobs.get(knob)
     if spec is None:
         raise ValueError(f"knob: the run has no knob {knob!r} (knobs: {sorted(ctx.knobs)})")
-    if not math.isfinite(value) or not spec["min"] <= value <= spec["max"]:
-        raise ValueError(f"value: {value} is outside {knob}'s bounds [{spec['min']}, {spec['max']}]")
-    if spec.get("scale") == "integer" and value != int(value):
+    if not math.isfinite(value) or not spec.min <= value <= spec.max:
+        raise ValueError(f"value: {value} is outside {knob}'s bounds [{spec.min}, {spec.max}]")
+    if spec.scale == "integer" and value != int(value):
         raise ValueError(f"value: {knob} is an integer knob")
-    old = float(spec["value"])
-    spec["override"] = float(value)
-    spec["value"] = float(value)
+    old = float(spec.value)
+    spec.override = float(value)
+    spec.value = float(value)
     ev = {"kind": "override", "step": run.last_step, "knob": knob, "old": old, "new": value, "note": note}
     drafts = []
     if value != old:
         ctx.decision_count += 1
-        drafts.append(DecisionDraft(ctx.decision_count, _step(run), knob, old, float(value),
-                                    f"manual override of {knob}: {old:.4g} -> {value:.4g}" + (f" ({note})" if note else ""),
-                                    None, {}, {"override": True, "note": note}))
+        reason = f"manual override of {knob}: {old:.4g} -> {value:.4g}" + (f" ({note})" if note else "")
+        drafts.append(Decision(number=ctx.decision_count, step=_step(run), knob=knob, old_value=old,
+                               new_value=float(value), reason=reason, controller=None, components={},
+                               inputs={"override": True, "note": note}))
     return drafts, [ev]
 
 
@@ -48,22 +50,22 @@ def release_knob(ctx: RunContext, run: Any, knob: str, policy: PolicyDocument) -
     spec = ctx.knobs.get(knob)
     if spec is None:
         raise ValueError(f"knob: the run has no knob {knob!r}")
-    if spec.get("override") is None:
+    if spec.override is None:
         raise ValueError(f"knob: {knob} is not overridden")
-    spec["override"] = None
+    spec.override = None
     for c in policy.controllers:
         if c.knob == knob and c.name in ctx.controllers:
-            ctx.controllers[c.name]["reset"] = True
-    return [], [{"kind": "override_released", "step": run.last_step, "knob": knob, "value": spec["value"]}]
+            ctx.controllers[c.name].reset = True
+    return [], [{"kind": "override_released", "step": run.last_step, "knob": knob, "value": spec.value}]
 
 
 def set_setpoint(ctx: RunContext, run: Any, controller: str, setpoint: Any, policy: PolicyDocument) -> Result:
     names = {c.name for c in policy.controllers}
     if controller not in names:
         raise ValueError(f"controller: the policy has no controller {controller!r} (controllers: {sorted(names)})")
-    st = ctx.controllers.setdefault(controller, {"pid": None, "filter": None, "last_step": None})
-    old = st.get("setpoint_override")
-    st["setpoint_override"] = setpoint
+    st = ctx.controllers.setdefault(controller, ControllerState())
+    old = st.setpoint_override
+    st.setpoint_override = setpoint
     return [], [{"kind": "setpoint", "step": run.last_step, "controller": controller, "old": old, "new": setpoint}]
 
 
@@ -79,5 +81,5 @@ def resume(ctx: RunContext, run: Any) -> Result:
         raise ValueError(f"state: run is {ctx.state}; only a paused run can be resumed")
     ctx.state = "running"
     for st in ctx.controllers.values():
-        st["reset"] = True  # bumpless: start again from the values in effect
+        st.reset = True  # bumpless: start again from the values in effect
     return [], [{"kind": "control_resumed", "step": run.last_step}]

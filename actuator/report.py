@@ -10,6 +10,10 @@ from typing import Any
 
 __all__ = ["build_report", "render_png", "render_html"]
 
+# The decision record's fields a report lists (the audit trail's components and inputs stay in
+# GET /v1/runs/{id}/decisions).
+_DECISION_FIELDS = ("number", "step", "knob", "old_value", "new_value", "reason")
+
 
 def build_report(run: Any, observations: list[Any], decisions: list[Any], events: list[Any],
                  policy: Any) -> dict[str, Any]:
@@ -24,19 +28,21 @@ def build_report(run: Any, observations: list[Any], decisions: list[Any], events
         for k, v in o.metrics.items():
             metrics.setdefault(k, []).append([o.step, v])
     from .policy import relative
+    from .run_state import RunContext
 
+    ctx = RunContext.from_json(run.knobs, run.controllers, run.guardrails)
     setpoints: dict[str, Any] = {}
     for c in policy.controllers:
         sp: Any = c.setpoint
         if isinstance(sp, str):
-            baseline = run.controllers.get(c.name, {}).get("baseline")
-            sp = relative(sp, baseline) if baseline is not None else None
+            st = ctx.controllers.get(c.name)
+            sp = relative(sp, st.baseline) if st is not None and st.baseline is not None else None
         if sp is not None:
             setpoints[c.probe] = sp
-    for name, st in run.controllers.items():
-        if st.get("setpoint_override") is not None and st.get("probe"):
-            setpoints[st["probe"]] = st["setpoint_override"]
-    thresholds = {st["probe"]: st["threshold"] for st in run.guardrails.values() if st.get("threshold") is not None}
+    for st in ctx.controllers.values():
+        if st.setpoint_override is not None and st.probe:
+            setpoints[st.probe] = st.setpoint_override
+    thresholds = {g.probe: g.threshold for g in ctx.guardrails.values() if g.threshold is not None}
     return {
         "run": {"id": run.id, "name": run.name, "state": run.state, "policy": f"{run.policy_name}@{run.policy_version}",
                 "last_step": run.last_step},
@@ -45,8 +51,7 @@ def build_report(run: Any, observations: list[Any], decisions: list[Any], events
         "metrics": metrics,
         "setpoints": setpoints,
         "thresholds": thresholds,
-        "decisions": [{"number": d.number, "step": d.step, "knob": d.knob, "old": d.old_value, "new": d.new_value,
-                       "reason": d.reason} for d in decisions],
+        "decisions": [{name: getattr(d, name) for name in _DECISION_FIELDS} for d in decisions],
         "events": [{"kind": e.kind, "step": e.step, "payload": e.payload} for e in events],
     }
 
@@ -98,7 +103,7 @@ def render_html(report: dict[str, Any]) -> str:
     png = base64.b64encode(render_png(report)).decode()
     rows = "".join(
         f"<tr><td>{d['number']}</td><td>{d['step']}</td><td>{html.escape(d['knob'])}</td>"
-        f"<td>{d['old']:.4g} → {d['new']:.4g}</td><td>{html.escape(d['reason'])}</td></tr>"
+        f"<td>{d['old_value']:.4g} → {d['new_value']:.4g}</td><td>{html.escape(d['reason'])}</td></tr>"
         for d in report["decisions"])
     r = report["run"]
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>Actuator run {html.escape(r['name'])}</title>"

@@ -6,6 +6,7 @@ Every number that reaches the engine is finite: NaN and infinities are refused a
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -25,6 +26,7 @@ __all__ = [
     "ObservationCreate",
     "ObservationBatch",
     "Action",
+    "Decision",
     "DecisionPublic",
     "DecisionPage",
     "IngestResult",
@@ -161,19 +163,45 @@ class Action(_Model):
     decision: int | None = None
 
 
-class DecisionPublic(_Model):
-    id: int
-    run_id: str
+def _finite_inputs(value: Any, loc: str) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{loc}: {value} is not finite (the store holds finite numbers only)")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _finite_inputs(v, f"{loc}.{k}")
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _finite_inputs(v, f"{loc}.{i}")
+
+
+class Decision(_Model):
+    """A knob change the controller, a guardrail or an operator orders: the one decision record
+    the engine makes, the store keeps (as :class:`DecisionPublic`), the API returns and the
+    report lists. Every number in it is finite: JSON and Postgres hold no others."""
+
     number: int = Field(description="Per-run decision number, 1, 2, ...")
     step: int = Field(description="The step from which the new value applies.")
     knob: str
-    old_value: float
-    new_value: float
+    old_value: FiniteFloat
+    new_value: FiniteFloat
     reason: str
-    controller: str | None
-    policy_version: int
-    components: dict[str, float | None] = Field(description="P, I, D, error of the control law.")
+    controller: str | None = Field(description="The controller that decided (None: a guardrail or an operator).")
+    components: dict[str, FiniteFloat | None] = Field(description="P, I, D, error of the control law.")
     inputs: dict[str, Any] = Field(description="Raw and filtered probe value, setpoint, limits applied.")
+
+    @field_validator("inputs")
+    @classmethod
+    def _finite(cls, v: dict[str, Any]) -> dict[str, Any]:
+        _finite_inputs(v, "inputs")
+        return v
+
+
+class DecisionPublic(Decision):
+    """A decision as stored: the record plus what the store assigns."""
+
+    id: int
+    run_id: str
+    policy_version: int
     created_at: datetime
 
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .engine import Engine, RunContext
+from .engine import Engine
 from .policy import PolicyDocument
+from .run_state import RunContext
 from .schemas import ObservationCreate
 
 __all__ = ["simulate"]
@@ -18,7 +19,7 @@ __all__ = ["simulate"]
 
 def simulate(policy: PolicyDocument, knobs: dict[str, dict[str, Any]], observations: list[Any]) -> dict[str, Any]:
     engine = Engine(policy, 0)
-    ctx = RunContext(knobs={k: dict(v) for k, v in knobs.items()})
+    ctx = RunContext.from_json(knobs)
     decisions: list[dict[str, Any]] = []
     actions: list[dict[str, Any]] = []
     events: list[dict[str, Any]] = []
@@ -27,11 +28,11 @@ def simulate(policy: PolicyDocument, knobs: dict[str, dict[str, Any]], observati
         if ctx.state in ("halted", "finished"):
             break
         obs = ObservationCreate(seq=o.seq, step=o.step, probes=o.probes, metrics=o.metrics,
-                                knobs={k: float(v["value"]) for k, v in ctx.knobs.items()})
+                                knobs={k: float(v.value) for k, v in ctx.knobs.items()})
         result = engine.observe(ctx, obs)
-        decisions.extend(d.__dict__ for d in result.decisions)
+        decisions.extend(d.model_dump() for d in result.decisions)
         actions.extend({**a.model_dump(), "step": o.step} for a in result.actions)
         events.extend(result.events)
-        trace.append({"step": o.step, "knobs": {k: float(v["value"]) for k, v in ctx.knobs.items()}})
+        trace.append({"step": o.step, "knobs": {k: float(v.value) for k, v in ctx.knobs.items()}})
     return {"decisions": decisions, "actions": actions, "events": events, "trace": trace,
             "final_state": ctx.state, "observations": len(observations)}

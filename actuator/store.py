@@ -50,12 +50,13 @@ from sqlalchemy.engine import Engine as SAEngine
 from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 
-from .engine import Engine, RunContext
+from .engine import Engine
 from .models import DecisionRow, EventRow, ObservationRow, PolicyRow, RunRow, utcnow
 from .policy import PolicyDocument
-from .schemas import Action, ObservationBatch, ObservationCreate, RunCreate
+from .run_state import ControllerState, RunContext
+from .schemas import Action, Decision, DecisionPublic, ObservationBatch, ObservationCreate, RunCreate
 
-__all__ = ["Store", "IngestOutcome", "ObservationRefused", "RunTokenRefused", "RunSnapshot", "StoredDecision",
+__all__ = ["Store", "IngestOutcome", "ObservationRefused", "RunTokenRefused", "RunSnapshot",
            "hash_token", "new_token", "make_engine", "MAX_NAMES"]
 
 # Distinct probe, metric and knob names one run may report over its life: each becomes a key of
@@ -78,15 +79,16 @@ _LOCK_RUN = (select(_RUNS.c.id, _RUNS.c.policy_id, _RUNS.c.policy_version, _RUNS
 _TOKEN_HASH = select(_RUNS.c.token_hash).where(_RUNS.c.id == bindparam("run_id"))
 _STORED_SEQS = select(_OBS.c.seq).where(_OBS.c.run_id == bindparam("run_id"),
                                         _OBS.c.seq.in_(bindparam("seqs", expanding=True)))
-_DECISIONS_BETWEEN = (select(_DEC.c.id, _DEC.c.run_id, _DEC.c.number, _DEC.c.step, _DEC.c.knob, _DEC.c.old_value,
-                             _DEC.c.new_value, _DEC.c.reason, _DEC.c.controller, _DEC.c.policy_version,
-                             _DEC.c.components, _DEC.c.inputs, _DEC.c.created_at)  # StoredDecision's fields
+_DECISIONS_BETWEEN = (select(*(_DEC.c[name] for name in DecisionPublic.model_fields))  # the record's fields
                       .where(_DEC.c.run_id == bindparam("run_id"), _DEC.c.number > bindparam("after"),
                              _DEC.c.number <= bindparam("up_to"))
                       .order_by(_DEC.c.number))
 _DECISION_IDS = select(_DEC.c.number, _DEC.c.id).where(_DEC.c.run_id == bindparam("run_id"),
                                                        _DEC.c.number >= bindparam("first"))
-_dumps = json.dumps  # what SQLAlchemy's JSON type writes too: stored text compares equal
+# What SQLAlchemy's JSON type writes too (stored text compares equal), but refusing NaN and
+# infinities: every backend holds finite numbers only (Postgres' JSON has no others), so a
+# non-finite value is the same error on SQLite as on Postgres, never stored on one of them only.
+_dumps = functools.partial(json.dumps, allow_nan=False)
 
 
 def _json(value: Any) -> str:
@@ -205,32 +207,13 @@ class RunSnapshot:
     knobs_in_effect: dict[str, Any]
 
 
-@dataclass(slots=True, eq=False)
-class StoredDecision:
-    """A decision as stored (the fields of ``DecisionRow``, without an ORM object per row)."""
-
-    id: int
-    run_id: str
-    number: int
-    step: int
-    knob: str
-    old_value: float
-    new_value: float
-    reason: str
-    controller: str | None
-    policy_version: int
-    components: dict[str, Any]
-    inputs: dict[str, Any]
-    created_at: datetime
-
-
 @dataclass
 class IngestOutcome:
     accepted: int
     duplicates: int
     new_observations: list[ObservationCreate]
-    decisions: list[StoredDecision]  # every decision after the agent's last_decision (to apply)
-    created: list[StoredDecision]  # the decisions this request created
+    decisions: list[DecisionPublic]  # every decision after the agent's last_decision (to apply)
+    created: list[DecisionPublic]  # the decisions this request created
     actions: list[Action]
     events: list[dict[str, Any]]
     run: RunSnapshot
@@ -417,16 +400,10 @@ class Store:
             return run
 
     @staticmethod
-    def _context(run: RunRow) -> RunContext:
-        return RunContext(
-            knobs={k: dict(v) for k, v in run.knobs.items()},
-            controllers={k: dict(v) for k, v in run.controllers.items()},
-            guardrails={k: dict(v) for k, v in run.guardrails.items()},
-            state=run.state,
-            decision_count=run.decision_count,
-        )
+    def _context(run: RunRow | RunSnapshot) -> RunContext:
+        return RunContext.from_json(run.knobs, run.controllers, run.guardrails, run.state, run.decision_count)
 
-    def mutate(self, run_id: str, op: Any) -> tuple[RunRow, list[StoredDecision], list[dict[str, Any]]] | None:
+    def mutate(self, run_id: str, op: Any) -> tuple[RunRow, list[DecisionPublic], list[dict[str, Any]]] | None:
         """Apply an operator action ``op(ctx, run) -> (decision drafts, events)`` under the run's
         lock, persisting the context, decisions and audit events in one transaction. ``op`` may
         raise ``ValueError`` to refuse (nothing is stored then)."""
@@ -440,7 +417,9 @@ class Store:
             if ctx.state != run.state:
                 rows.append({"kind": "state", "step": run.last_step, "payload": {"from": run.state, "to": ctx.state}})
             decisions = self._persist(s.connection(), run.id, now, drafts, run.policy_version, rows)
-            run.knobs, run.controllers, run.guardrails = ctx.knobs, ctx.controllers, ctx.guardrails
+            columns = ctx.to_json()
+            _dumps(columns)  # finite, or refused here as by the hot path
+            run.knobs, run.controllers, run.guardrails = columns["knobs"], columns["controllers"], columns["guardrails"]
             run.state, run.decision_count = ctx.state, ctx.decision_count
             run.updated_at = now
             s.flush()
@@ -454,7 +433,10 @@ class Store:
                 return None
             old = f"{run.policy_name}@{run.policy_version}"
             run.policy_id, run.policy_name, run.policy_version = policy.id, policy.name, policy.version
-            run.controllers = {k: {**v, "reset": True} for k, v in run.controllers.items()}
+            reset = {k: ControllerState.from_dict(v) for k, v in run.controllers.items()}
+            for st in reset.values():
+                st.reset = True
+            run.controllers = {k: st.to_dict() for k, st in reset.items()}
             run.updated_at = utcnow()
             s.add(EventRow(run_id=run_id, kind="policy_moved", step=run.last_step,
                            payload={"from": old, "to": f"{policy.name}@{policy.version}", "reason": reason}))
@@ -482,10 +464,9 @@ class Store:
             new = self._new_observations(conn, run, batch)
             self._check_new(conn, run, batch, new)
             engine = engine or self.policy_engine(run.policy_id, conn)
-            ctx = RunContext(knobs=run.knobs, controllers=run.controllers, guardrails=run.guardrails,
-                             state=run.state, decision_count=run.decision_count)
+            ctx = self._context(run)
             before = (run.state, run.decision_count, run.last_step, run.last_seq)
-            drafts: list[Any] = []
+            drafts: list[Decision] = []
             actions: list[Action] = []
             events: list[dict[str, Any]] = []
             outputs: dict[str, dict[str, Any]] = {}
@@ -515,9 +496,10 @@ class Store:
                 if len(names) > MAX_NAMES:
                     raise ObservationRefused(f"observations.{field_name}",
                                              f"a run reports at most {MAX_NAMES} distinct {field_name} names")
-            run.knobs, run.controllers, run.guardrails = ctx.knobs, ctx.controllers, ctx.guardrails
+            columns = ctx.to_json()
+            run.knobs, run.controllers, run.guardrails = columns["knobs"], columns["controllers"], columns["guardrails"]
             run.state, run.decision_count = ctx.state, ctx.decision_count
-            created: list[StoredDecision] = []
+            created: list[DecisionPublic] = []
             if new:  # a batch of duplicates changes nothing
                 changes = {name: value for name, old, value in zip(
                     ("state", "decision_count", "last_step", "last_seq"), before,
@@ -535,7 +517,7 @@ class Store:
                                         observations, changes)
             pending = [d for d in created if d.number > batch.last_decision]
             if batch.last_decision < before[1]:  # decisions from earlier requests the agent has not applied
-                pending[:0] = [StoredDecision(*row) for row in conn.execute(
+                pending[:0] = [DecisionPublic.model_construct(**row._mapping) for row in conn.execute(
                     _DECISIONS_BETWEEN, {"run_id": run_id, "after": batch.last_decision, "up_to": before[1]})]
         return IngestOutcome(len(new), len(batch.observations) - len(new), new, pending, created, actions, events,
                              run, outputs)
@@ -553,19 +535,17 @@ class Store:
     def _event_rows(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [{"kind": ev["kind"], "step": ev.get("step"), "payload": ev} for ev in events]
 
-    def _persist(self, conn: Connection, run_id: str, now: datetime, drafts: list[Any], policy_version: int,
+    def _persist(self, conn: Connection, run_id: str, now: datetime, drafts: list[Decision], policy_version: int,
                  events: list[dict[str, Any]], observations: list[dict[str, Any]] | None = None,
-                 changes: dict[str, Any] | None = None) -> list[StoredDecision]:
-        """Write decisions (from the engine's drafts), events, observations and the run's changed
-        columns (JSON ones already encoded); the decisions as stored."""
-        decisions = [{"number": d.number, "step": d.step, "knob": d.knob, "old_value": d.old_value,
-                      "new_value": d.new_value, "reason": d.reason, "controller": d.controller,
-                      "policy_version": policy_version, "components": d.components, "inputs": d.inputs}
-                     for d in drafts]
+                 changes: dict[str, Any] | None = None) -> list[DecisionPublic]:
+        """Write decisions (the engine's or an operator's), events, observations and the run's
+        changed columns (JSON ones already encoded); the decisions as stored."""
+        decisions = [{**d.model_dump(), "policy_version": policy_version} for d in drafts]
         ids = self._write(conn, run_id, now, observations or [], decisions, events, changes or {})
         # what the database gives back for the timestamp (SQLite keeps no time zone)
         created_at = now.replace(tzinfo=None) if self.is_sqlite else now
-        return [StoredDecision(ids[d["number"]], run_id, created_at=created_at, **d) for d in decisions]
+        return [DecisionPublic.model_construct(id=ids[d["number"]], run_id=run_id, created_at=created_at, **d)
+                for d in decisions]
 
     @staticmethod
     def _write_postgres(conn: Connection, run_id: str, now: datetime, observations: list[dict[str, Any]],

@@ -34,12 +34,10 @@ def run_state(run: RunRow) -> RunState:
     )
 
 
-def decision_public(d: DecisionRow) -> DecisionPublic:
-    return DecisionPublic(
-        id=d.id, run_id=d.run_id, number=d.number, step=d.step, knob=d.knob, old_value=d.old_value,
-        new_value=d.new_value, reason=d.reason, controller=d.controller, policy_version=d.policy_version,
-        components=d.components, inputs=d.inputs, created_at=d.created_at,
-    )
+def decision_public(d: DecisionPublic | DecisionRow) -> DecisionPublic:
+    """The stored decision record (the store's hot path returns it already; a table row is read
+    field by field of the record)."""
+    return d if isinstance(d, DecisionPublic) else DecisionPublic.model_validate(d, from_attributes=True)
 
 
 def policy_public(p: PolicyRow) -> dict:

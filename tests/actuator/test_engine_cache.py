@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from actuator.engine import Engine, RunContext
+from actuator.run_state import KnobState
 from actuator.policy import PolicyDocument
 from actuator.schemas import ObservationCreate
 
@@ -43,30 +44,30 @@ def _operator(ctx: RunContext, i: int) -> None:
     """What operators and the store change in a run between two observations."""
     lr, beta = ctx.knobs["learning_rate"], ctx.knobs["kl_beta"]
     if i == 10:
-        lr["max"] = 2e-4  # bounds tightened below the value in effect
+        lr.max = 2e-4  # bounds tightened below the value in effect
     if i == 15:
-        lr["max"] = 3e-3
-        beta["min"], beta["max"] = 0, 1  # int bounds (JSON "1" is not 1.0)
+        lr.max = 3e-3
+        beta.min, beta.max = 0, 1  # int bounds (JSON "1" is not 1.0)
     if i == 16:
-        beta["min"], beta["max"] = 0.0, 1.0
+        beta.min, beta.max = 0.0, 1.0
     if i == 20:
-        ctx.controllers["sched"]["setpoint_override"] = 0.25
+        ctx.controllers["sched"].setpoint_override = 0.25
     if i == 25:
-        ctx.controllers["beta"]["setpoint_override"] = 0.0
+        ctx.controllers["beta"].setpoint_override = 0.0
     if i == 26:
-        ctx.controllers["beta"]["setpoint_override"] = -0.0  # same value, other float
+        ctx.controllers["beta"].setpoint_override = -0.0  # same value, other float
     if i == 30:
-        ctx.controllers["sched"]["setpoint_override"] = None
-        lr["max_step"] = 0.1
+        ctx.controllers["sched"].setpoint_override = None
+        lr.max_step = 0.1
     if i == 35:
-        beta["min"], beta["scale"] = 0.05, "log"
+        beta.min, beta.scale = 0.05, "log"
     if i == 40:
-        ctx.controllers["rel"]["baseline"] = 12.0  # a new reference for the relative setpoint
+        ctx.controllers["rel"].baseline = 12.0  # a new reference for the relative setpoint
 
 
 def _replay(fresh_each_time: bool, n: int = 60) -> str:
     shared = Engine(POLICY)
-    ctx = RunContext(knobs=copy.deepcopy(KNOBS))
+    ctx = RunContext.from_json(KNOBS)
     out: list[Any] = []
     for i in range(1, n):
         _operator(ctx, i)
@@ -80,29 +81,29 @@ def _replay(fresh_each_time: bool, n: int = 60) -> str:
 def test_a_long_lived_engine_decides_as_a_fresh_one_per_observation() -> None:
     cached = _replay(fresh_each_time=False)
     assert cached == _replay(fresh_each_time=True)
-    assert "setpoint_override" in cached and "guardrail_breach" in cached  # the scenario reached them
+    assert "setpoint_override=-0.0" in cached and "guardrail_breach" in cached  # the scenario reached them
 
 
 def test_a_changed_law_is_used_at_once() -> None:
     engine = Engine(POLICY)
-    ctx = RunContext(knobs=copy.deepcopy(KNOBS))
+    ctx = RunContext.from_json(KNOBS)
     for i in range(1, 10):
         engine.observe(ctx, _obs(i))
-    ctx.knobs["learning_rate"]["max"] = 2e-4
-    ctx.controllers["beta"]["setpoint_override"] = 0.5
+    ctx.knobs["learning_rate"].max = 2e-4
+    ctx.controllers["beta"].setpoint_override = 0.5
     r = engine.observe(ctx, _obs(10))
-    assert ctx.knobs["learning_rate"]["value"] <= 2e-4
+    assert ctx.knobs["learning_rate"].value <= 2e-4
     assert all(d.inputs["bounds"][1] == 2e-4 for d in r.decisions if d.knob == "learning_rate")
-    assert ctx.controllers["beta"]["setpoint"] == 0.5
+    assert ctx.controllers["beta"].setpoint == 0.5
 
 
 def test_runs_with_different_bounds_share_an_engine() -> None:
     other = copy.deepcopy(KNOBS)
     other["learning_rate"].update(min=1e-5, max=5e-4, max_step=0.2)
     shared = Engine(POLICY)
-    a, b = RunContext(knobs=copy.deepcopy(KNOBS)), RunContext(knobs=copy.deepcopy(other))
+    a, b = RunContext.from_json(KNOBS), RunContext.from_json(other)
     alone_a, alone_b = Engine(POLICY), Engine(POLICY)
-    ra, rb = RunContext(knobs=copy.deepcopy(KNOBS)), RunContext(knobs=copy.deepcopy(other))
+    ra, rb = RunContext.from_json(KNOBS), RunContext.from_json(other)
     for i in range(1, 40):
         assert repr(shared.observe(a, _obs(i))) == repr(alone_a.observe(ra, _obs(i)))
         assert repr(shared.observe(b, _obs(i))) == repr(alone_b.observe(rb, _obs(i)))
@@ -114,9 +115,9 @@ def test_the_cached_law_is_the_config_the_run_makes(lo: Any) -> None:
     engine = Engine(POLICY)
     spec = POLICY.controllers[2]  # beta, linear
     for bound in (0.0, -0.0, 0, 1e-3, 1, 1.0, lo):  # every other key first
-        knob = {"value": 0.5, "min": bound, "max": 2.0, "scale": "linear"}
+        knob = KnobState("kl_beta", value=0.5, min=bound, max=2.0, scale="linear")
         engine._pid(spec, knob, 1, None, None)
-    knob = {"value": 0.5, "min": lo, "max": 2.0, "scale": "linear"}
+    knob = KnobState("kl_beta", value=0.5, min=lo, max=2.0, scale="linear")
     cfg = engine._pid(spec, knob, 1, None, None).config
     assert repr(cfg) == repr(engine.pid_config(spec, knob, 1))
     assert type(cfg.out_min) is type(lo) and math.copysign(1, cfg.out_min) == math.copysign(1, lo)
@@ -125,7 +126,7 @@ def test_the_cached_law_is_the_config_the_run_makes(lo: Any) -> None:
 def test_an_invalid_law_is_refused_every_time() -> None:
     engine = Engine(POLICY)
     spec = POLICY.controllers[2]
-    knob = {"value": 0.5, "min": 2.0, "max": 1.0, "scale": "linear"}
+    knob = KnobState("kl_beta", value=0.5, min=2.0, max=1.0, scale="linear")
     for _ in range(2):
         with pytest.raises(ValueError, match="out_min"):
             engine._pid(spec, knob, 1, None, None)

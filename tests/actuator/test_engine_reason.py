@@ -18,12 +18,12 @@ POLICY = {
 
 def _run(drifts: list[float]) -> list:
     engine = Engine(PolicyDocument.model_validate(POLICY))
-    ctx = RunContext(knobs={"learning_rate": {"value": 3e-5, "min": 3e-7, "max": 3e-5, "scale": "log",
-                                              "max_step": 1.0}})
+    ctx = RunContext.from_json({"learning_rate": {"value": 3e-5, "min": 3e-7, "max": 3e-5, "scale": "log",
+                                                  "max_step": 1.0}})
     decisions = []
     for k, drift in enumerate(drifts):
         obs = ObservationCreate(seq=k, step=2 * k, probes={"kl_drift": drift},
-                                knobs={"learning_rate": ctx.knobs["learning_rate"]["value"]})
+                                knobs={"learning_rate": ctx.knobs["learning_rate"].value})
         decisions.extend(engine.observe(ctx, obs).decisions)
     return decisions
 

@@ -129,7 +129,7 @@ def test_controller_killed_and_restarted_mid_run(tmp_path, char_tokenizer, fast_
 
         # -- state restored from the store: the decisions are those of a controller that never stopped
         engine = Engine(PolicyDocument.model_validate(POLICY))
-        ctx = RunContext(knobs={k: dict(v) for k, v in registered.payload["knobs"].items()})
+        ctx = RunContext.from_json(registered.payload["knobs"])
         replayed = []
         for o in observations:
             replayed.extend(engine.observe(ctx, ObservationCreate(seq=o.seq, step=o.step, probes=o.probes,
@@ -138,7 +138,7 @@ def test_controller_killed_and_restarted_mid_run(tmp_path, char_tokenizer, fast_
         for got, want in zip(decisions, replayed):
             assert got.new_value == pytest.approx(want.new_value, rel=1e-12)
             assert got.old_value == pytest.approx(want.old_value, rel=1e-12)
-        assert run.controllers["drift"]["pid"] == pytest.approx(ctx.controllers["drift"]["pid"])
+        assert run.controllers["drift"]["pid"] == pytest.approx(ctx.to_json()["controllers"]["drift"]["pid"])
 
         # -- bumpless across the restart -----------------------------------------------------------
         def naive(t: datetime) -> datetime:

@@ -1,0 +1,140 @@
+"""A run's control state, typed: its knobs, each controller's memory, each guardrail's.
+
+The store keeps them as three JSON columns of the run (``knobs``, ``controllers``,
+``guardrails``); :class:`RunContext` is what the engine and the operator actions work on, decoded
+from those columns by :meth:`RunContext.from_json` and encoded back by :meth:`RunContext.to_json`.
+The encoding keeps the stored shape (the API's run state shows it as is): a field that was never
+set is left out rather than written as ``null``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .controllers import PIDState
+
+__all__ = ["KnobState", "ControllerState", "GuardrailState", "RunContext"]
+
+Json = dict[str, Any]
+
+
+def _set(d: Json, **optional: Any) -> Json:
+    """``d`` with the optional fields that are set."""
+    d.update((k, v) for k, v in optional.items() if v is not None)
+    return d
+
+
+@dataclass
+class KnobState:
+    """A knob of the run: ``value`` is the controller's target; ``override`` an operator's pinned
+    value (controllers track it while it is set). Numbers are kept as stored (an int bound stays
+    an int), so a law is rebuilt from exactly what was stored."""
+
+    name: str
+    value: float
+    min: float
+    max: float
+    scale: str = "linear"
+    max_step: float | None = None
+    override: float | None = None
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], name: str | None = None) -> KnobState:
+        return cls(name=d.get("name", name or ""), value=d["value"], min=d["min"], max=d["max"],
+                   scale=d.get("scale", "linear"), max_step=d.get("max_step"), override=d.get("override"))
+
+    def to_dict(self) -> Json:
+        return _set({"name": self.name, "value": self.value, "min": self.min, "max": self.max, "scale": self.scale,
+                     "max_step": self.max_step}, override=self.override)
+
+
+@dataclass
+class ControllerState:
+    """What a controller remembers between observations for one run.
+
+    ``baseline`` is the first filtered value (the reference of a relative setpoint such as
+    '+10%'); ``setpoint_override`` an operator's setpoint for this run; ``reset`` asks the next
+    update to restart bumplessly from the value in effect (control handed back); ``error`` says
+    why the controller cannot run on this run's knobs (it is skipped until that changes)."""
+
+    pid: PIDState | None = None
+    filter: Json | None = None  # the filter's own state (its kind decodes it)
+    last_step: int | None = None
+    probe: str | None = None
+    knob: str | None = None
+    raw: float | None = None
+    filtered: float | None = None
+    baseline: float | None = None
+    setpoint: float | None = None
+    components: dict[str, float] | None = None
+    setpoint_override: Any = None  # a number or a schedule [[step, value], ...]
+    reset: bool = False
+    error: str | None = None
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ControllerState:
+        pid = d.get("pid")
+        return cls(pid=PIDState.from_dict(pid) if pid else None, filter=d.get("filter") or None,
+                   last_step=d.get("last_step"), probe=d.get("probe"), knob=d.get("knob"), raw=d.get("raw"),
+                   filtered=d.get("filtered"), baseline=d.get("baseline"), setpoint=d.get("setpoint"),
+                   components=d.get("components"), setpoint_override=d.get("setpoint_override"),
+                   reset=bool(d.get("reset", False)), error=d.get("error"))
+
+    def to_dict(self) -> Json:
+        return _set({"pid": None if self.pid is None else self.pid.to_dict(), "filter": self.filter,
+                     "last_step": self.last_step},
+                    probe=self.probe, knob=self.knob, raw=self.raw, filtered=self.filtered, baseline=self.baseline,
+                    setpoint=self.setpoint, components=self.components, setpoint_override=self.setpoint_override,
+                    reset=self.reset or None, error=self.error)
+
+
+@dataclass
+class GuardrailState:
+    """A guardrail's memory for one run: ``baseline`` is the probe's first value (the reference
+    of a relative threshold), ``breaches`` the consecutive breaches, ``active`` whether it has
+    fired and not cleared; ``probe``, ``threshold`` and ``value`` what it last compared."""
+
+    baseline: float | None = None
+    breaches: int = 0
+    active: bool = False
+    probe: str | None = None
+    threshold: float | None = None
+    value: float | None = None
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> GuardrailState:
+        return cls(baseline=d.get("baseline"), breaches=int(d.get("breaches", 0)), active=bool(d.get("active", False)),
+                   probe=d.get("probe"), threshold=d.get("threshold"), value=d.get("value"))
+
+    def to_dict(self) -> Json:
+        return _set({"baseline": self.baseline, "breaches": self.breaches, "active": self.active},
+                    probe=self.probe, threshold=self.threshold, value=self.value)
+
+
+@dataclass
+class RunContext:
+    """The mutable part of a run the engine and the operator actions read and write."""
+
+    knobs: dict[str, KnobState]
+    controllers: dict[str, ControllerState] = field(default_factory=dict)
+    guardrails: dict[str, GuardrailState] = field(default_factory=dict)
+    state: str = "running"
+    decision_count: int = 0
+
+    @classmethod
+    def from_json(cls, knobs: Mapping[str, Mapping[str, Any]], controllers: Mapping[str, Mapping[str, Any]] | None = None,
+                  guardrails: Mapping[str, Mapping[str, Any]] | None = None, state: str = "running",
+                  decision_count: int = 0) -> RunContext:
+        """From the run's stored JSON columns (nothing of them is shared: they may be reused)."""
+        return cls(knobs={k: KnobState.from_dict(v, k) for k, v in knobs.items()},
+                   controllers={k: ControllerState.from_dict(v) for k, v in (controllers or {}).items()},
+                   guardrails={k: GuardrailState.from_dict(v) for k, v in (guardrails or {}).items()},
+                   state=state, decision_count=decision_count)
+
+    def to_json(self) -> dict[str, Json]:
+        """The run's ``knobs``, ``controllers`` and ``guardrails`` columns."""
+        return {"knobs": {k: v.to_dict() for k, v in self.knobs.items()},
+                "controllers": {k: v.to_dict() for k, v in self.controllers.items()},
+                "guardrails": {k: v.to_dict() for k, v in self.guardrails.items()}}
