@@ -6,7 +6,6 @@ Every number that reaches the engine is finite: NaN and infinities are refused a
 
 from __future__ import annotations
 
-import math
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -163,15 +162,20 @@ class Action(_Model):
     decision: int | None = None
 
 
-def _finite_inputs(value: Any, loc: str) -> None:
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"{loc}: {value} is not finite (the store holds finite numbers only)")
-    if isinstance(value, dict):
-        for k, v in value.items():
-            _finite_inputs(v, f"{loc}.{k}")
-    elif isinstance(value, (list, tuple)):
-        for i, v in enumerate(value):
-            _finite_inputs(v, f"{loc}.{i}")
+def _all_finite(value: Any) -> bool:
+    """Whether every float in ``value`` (through dicts and lists) is finite."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        t = type(v)
+        if t is float:
+            if v - v != 0.0:  # NaN for NaN and infinities
+                return False
+        elif t is dict:
+            stack.extend(v.values())
+        elif t is list or t is tuple:
+            stack.extend(v)
+    return True
 
 
 class Decision(_Model):
@@ -192,7 +196,8 @@ class Decision(_Model):
     @field_validator("inputs")
     @classmethod
     def _finite(cls, v: dict[str, Any]) -> dict[str, Any]:
-        _finite_inputs(v, "inputs")
+        if not _all_finite(v):
+            raise ValueError("every number must be finite (the store holds finite numbers only)")
         return v
 
 

@@ -49,6 +49,7 @@ Why the pieces are the way they are:
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -79,6 +80,7 @@ _DEADBAND_TOLERANCE = 1e-12
 # A recomputed value this close to the current one is the current one: avoids "changed" decisions
 # that only move the last bit of a float after a log/exp round trip.
 _SAME_VALUE_RTOL = 1e-12
+_FLOAT_MAX = sys.float_info.max
 
 
 @dataclass(frozen=True)
@@ -253,10 +255,10 @@ class PID:
     @staticmethod
     def _finite(x: float, limits: set[str]) -> float:
         """``x``, saturated at the largest finite float (noted in ``limits`` when it was not)."""
-        s = saturate(x)
-        if s != x:
-            limits.add("overflow")
-        return s
+        if -_FLOAT_MAX <= x <= _FLOAT_MAX:  # false for infinities and NaN; the common case, kept cheap
+            return x
+        limits.add("overflow")
+        return saturate(x)
 
     # -- law -----------------------------------------------------------------------------------
 
