@@ -276,89 +276,85 @@ class Engine:
             result.actions.append(Action(type=g.action, reason=reason,
                                          decision=ctx.decision_count if g.action == "rollback" else None))
 
-    def _controllers(self, ctx: RunContext, obs: ObservationCreate, values: dict[str, float], result: EngineResult) -> None:
-        # Highest priority first; a knob changed by one controller this observation is not
-        # changed again by a lower-priority one (which instead tracks the new value bumplessly).
-        taken: set[str] = set()
-        for spec in self._ordered:
-            try:
-                self._control(ctx, spec, obs, values, result, taken)
-            except ParameterError as exc:
-                # A stored policy whose law cannot run on this run's knobs (validation against the
-                # knobs prevents it; runs and policies stored before it may still meet it): the
-                # controller is reported unusable and skipped, never a failed observation.
-                self._unusable(ctx, spec, obs.step, str(exc), result)
-
     @staticmethod
-    def _unusable(ctx: RunContext, spec: ControllerSpec, step: int, message: str, result: EngineResult) -> None:
-        st = ctx.controllers.setdefault(spec.name, ControllerState())
+    def _unusable(st: ControllerState, spec: ControllerSpec, step: int, message: str, result: EngineResult) -> None:
         if st.error != message:  # one event per new problem, not one per observation
             result.events.append({"kind": "controller_unusable", "step": step, "controller": spec.name,
                                   "knob": spec.knob, "reason": message})
         st.error = message
 
-    def _control(self, ctx: RunContext, spec: ControllerSpec, obs: ObservationCreate, values: dict[str, float],
-                 result: EngineResult, taken: set[str]) -> None:
-        knob = ctx.knobs.get(spec.knob)
-        raw = values.get(spec.probe)
-        if knob is None or raw is None or not math.isfinite(raw):
-            return
-        st = ctx.controllers.setdefault(spec.name, ControllerState())
-        last = st.last_step
-        if last is not None and obs.step <= last:
-            return  # stale or repeated step: never act twice on old data
-        dt = float(obs.step - last) if last is not None else 1.0
-        filt = self._filter(spec)
-        filtered, fstate = filt.update(raw, filt.state_from_dict(st.filter) if st.filter else None)
-        # the reference for relative setpoints ('+10%'): the first filtered value
-        baseline = filtered if st.baseline is None else st.baseline
-        pid = self._pid(spec, knob, obs.step, st.setpoint_override, baseline)  # before any state moves
-        st.error = None
-        prev_filtered, prev_components = st.filtered, st.components
-        st.filter = fstate.to_dict()
-        st.last_step = obs.step
-        st.probe, st.knob, st.raw, st.filtered, st.baseline = spec.probe, spec.knob, raw, filtered, baseline
-        cfg = pid.config
-        st.setpoint = cfg.setpoint
-        # Act from the value really in effect (the agent reports it: an operator, a rollback or a
-        # custom setter may have moved it since our last decision), clamped into bounds. The
-        # learning-rate knob is a LambdaLR schedule's peak, so a schedule's own warm-up and decay
-        # never show up here as knob changes for the PID to undo.
-        reported = obs.knobs.get(spec.knob)
-        current = float(reported if reported is not None else knob.value)
-        current = min(max(current, cfg.out_min), cfg.out_max)
-        if cfg.scale == "integer":
-            current = float(round(current))
-        knob.value = current
-        pstate = st.pid
-        if knob.override is not None or spec.knob in taken:
-            # Manual override in force, or another controller moved the knob: track it.
-            st.pid = pid.bumpless(current, filtered, pstate)
-            st.reset = False
-            return
-        if st.reset:
-            st.reset = False
-            # Control handed back (release, resume, policy move, guardrail damping): restart
-            # bumplessly from the value in effect; this update outputs it unchanged.
-            pstate = pid.bumpless(current, filtered, pstate)
-        out = pid.update(filtered, dt, current, pstate)
-        st.pid = out.state
-        st.components = {"p": out.p, "i": out.i, "d": out.d, "error": out.error}
-        result.controller_outputs[spec.name] = st.components
-        if not out.changed:
-            return
-        taken.add(spec.knob)
-        if spec.kind == "constraint":
-            reason = _constraint_reason(spec.name, spec.probe, filtered, prev_filtered, cfg.setpoint, spec.bound,
-                                        spec.knob, current, out)
-        else:
-            reason = _reason(spec.probe, filtered, prev_filtered, cfg.setpoint, spec.knob, current, out,
-                             prev_components)
-        self._decide(
-            ctx, result, step=obs.step + 1, knob=spec.knob, new=out.value, reason=reason,
-            controller=spec.name,
-            components={"p": out.p, "i": out.i, "d": out.d, "error": out.error},
-            inputs={"probe": spec.probe, "raw": raw, "filtered": filtered, "setpoint": cfg.setpoint,
-                    "dt": dt, "unclamped": out.unclamped, "limited_by": list(out.limited_by),
-                    "bounds": [cfg.out_min, cfg.out_max], "max_step": cfg.max_step, "scale": cfg.scale},
-        )
+    def _controllers(self, ctx: RunContext, obs: ObservationCreate, values: dict[str, float], result: EngineResult) -> None:
+        # Highest priority first; a knob changed by one controller this observation is not
+        # changed again by a lower-priority one (which instead tracks the new value bumplessly).
+        taken: set[str] = set()
+        for spec in self._ordered:
+            knob = ctx.knobs.get(spec.knob)
+            raw = values.get(spec.probe)
+            if knob is None or raw is None or not math.isfinite(raw):
+                continue
+            st = ctx.controllers.setdefault(spec.name, ControllerState())
+            last = st.last_step
+            if last is not None and obs.step <= last:
+                continue  # stale or repeated step: never act twice on old data
+            dt = float(obs.step - last) if last is not None else 1.0
+            filt = self._filter(spec)
+            filtered, fstate = filt.update(raw, filt.state_from_dict(st.filter) if st.filter else None)
+            # the reference for relative setpoints ('+10%'): the first filtered value
+            baseline = filtered if st.baseline is None else st.baseline
+            try:
+                pid = self._pid(spec, knob, obs.step, st.setpoint_override, baseline)  # before any state moves
+            except ParameterError as exc:
+                # A stored policy whose law cannot run on this run's knobs (validation against the
+                # knobs prevents it; runs and policies stored before it may still meet it): the
+                # controller is reported unusable and skipped, never a failed observation.
+                self._unusable(st, spec, obs.step, str(exc), result)
+                continue
+            st.error = None
+            prev_filtered, prev_components = st.filtered, st.components
+            st.filter = fstate.to_dict()
+            st.last_step = obs.step
+            st.probe, st.knob, st.raw, st.filtered, st.baseline = spec.probe, spec.knob, raw, filtered, baseline
+            cfg = pid.config
+            st.setpoint = cfg.setpoint
+            # Act from the value really in effect (the agent reports it: an operator, a rollback or a
+            # custom setter may have moved it since our last decision), clamped into bounds. The
+            # learning-rate knob is a LambdaLR schedule's peak, so a schedule's own warm-up and decay
+            # never show up here as knob changes for the PID to undo.
+            reported = obs.knobs.get(spec.knob)
+            current = float(reported if reported is not None else knob.value)
+            current = min(max(current, cfg.out_min), cfg.out_max)
+            if cfg.scale == "integer":
+                current = float(round(current))
+            knob.value = current
+            pstate = st.pid
+            if knob.override is not None or spec.knob in taken:
+                # Manual override in force, or another controller moved the knob: track it.
+                st.pid = pid.bumpless(current, filtered, pstate)
+                st.reset = False
+                continue
+            if st.reset:
+                # Control handed back (release, resume, policy move, guardrail damping): restart
+                # bumplessly from the value in effect; this update outputs it unchanged.
+                st.reset = False
+                pstate = pid.bumpless(current, filtered, pstate)
+            out = pid.update(filtered, dt, current, pstate)
+            st.pid = out.state
+            st.components = {"p": out.p, "i": out.i, "d": out.d, "error": out.error}
+            result.controller_outputs[spec.name] = st.components
+            if not out.changed:
+                continue
+            taken.add(spec.knob)
+            if spec.kind == "constraint":
+                reason = _constraint_reason(spec.name, spec.probe, filtered, prev_filtered, cfg.setpoint, spec.bound,
+                                            spec.knob, current, out)
+            else:
+                reason = _reason(spec.probe, filtered, prev_filtered, cfg.setpoint, spec.knob, current, out,
+                                 prev_components)
+            self._decide(
+                ctx, result, step=obs.step + 1, knob=spec.knob, new=out.value, reason=reason,
+                controller=spec.name,
+                components={"p": out.p, "i": out.i, "d": out.d, "error": out.error},
+                inputs={"probe": spec.probe, "raw": raw, "filtered": filtered, "setpoint": cfg.setpoint,
+                        "dt": dt, "unclamped": out.unclamped, "limited_by": list(out.limited_by),
+                        "bounds": [cfg.out_min, cfg.out_max], "max_step": cfg.max_step, "scale": cfg.scale},
+            )
