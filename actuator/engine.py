@@ -33,6 +33,14 @@ def _fmt(x: float) -> str:
     return f"{x:.4g}"
 
 
+def _limits(out: Any) -> str:
+    """What held a law's output back, for a decision's reason."""
+    text = f", limited by {', '.join(out.limited_by)}" if out.limited_by else ""
+    if "overflow" in out.limited_by:
+        text += " (a term of the law passed the float range: clamped to the largest finite value)"
+    return text
+
+
 def _reason(probe: str, filtered: float, prev: float | None, setpoint: float, knob: str, current: float,
             out: Any, prev_components: dict[str, float] | None) -> str:
     """One line a person can check: where the probe is, where it is heading, what moved the knob.
@@ -43,9 +51,7 @@ def _reason(probe: str, filtered: float, prev: float | None, setpoint: float, kn
     """
     side = "above" if filtered > setpoint else "below" if filtered < setpoint else "at"
     trend = "" if prev is None or filtered == prev else (" and rising" if filtered > prev else " and falling")
-    limits = f", limited by {', '.join(out.limited_by)}" if out.limited_by else ""
-    if "overflow" in out.limited_by:
-        limits += " (a term of the law passed the float range: clamped to the largest finite value)"
+    limits = _limits(out)
     terms = ""
     if prev_components:
         moves = [(name, getattr(out, name) - float(prev_components.get(name, 0.0))) for name in ("p", "i", "d")]
@@ -63,7 +69,7 @@ def _constraint_reason(name: str, probe: str, filtered: float, prev: float | Non
     sign = (">" if bound == "upper" else "<") if violated else ("<=" if bound == "upper" else ">=")
     trend = "" if prev is None or filtered == prev else (" and rising" if filtered > prev else " and falling")
     terms = " ".join(f"{n.upper()} {getattr(out, n):+.3g}" for n in ("p", "i", "d") if getattr(out, n))
-    limits = f", limited by {', '.join(out.limited_by)}" if out.limited_by else ""
+    limits = _limits(out)
     state = "active" if violated else ("slack, releasing" if out.value < current else "slack")
     return (f"constraint {name} {state}: {probe} {_fmt(filtered)} {sign} budget {_fmt(budget)}{trend}: "
             f"{knob} {_fmt(current)} -> {_fmt(out.value)}" + (f" ({terms})" if terms else "") + limits)
@@ -141,12 +147,15 @@ class Engine:
         key = (id(spec), *map(_exact, law))
         pid = self._pids.get(key)
         if pid is None:
-            law_cls = PIDLagrangian if spec.kind == "constraint" else PID
-            pid = law_cls(self._config(spec, *law))  # validates: an invalid law is never kept
+            pid = self._law_class(spec)(self._config(spec, *law))  # validates: an invalid law is never kept
             if len(self._pids) >= _PID_CACHE_SIZE:
                 self._pids.clear()
             self._pids[key] = pid
         return pid
+
+    @staticmethod
+    def _law_class(spec: ControllerSpec) -> type[PID] | type[PIDLagrangian]:
+        return PIDLagrangian if spec.kind == "constraint" else PID
 
     def knob_errors(self, knobs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, str]]:
         """Why this policy cannot drive these knobs (name -> knob spec as a run stores it), each
@@ -170,7 +179,7 @@ class Engine:
             knob = KnobState.from_dict(stored, spec.knob)
             cfg = self.pid_config(spec, knob, 0, None, baseline=1.0)
             try:
-                cfg.validate()
+                self._law_class(spec)(cfg)  # validates, as at every observation
             except ParameterError as exc:
                 field = {"out_min": "min", "out_max": "max"}.get(exc.field, exc.field)
                 where = f"knob {spec.knob!r} [{knob.min}, {knob.max}]"

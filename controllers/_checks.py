@@ -18,6 +18,7 @@ __all__ = [
     "json_float",
     "float_from_json",
     "saturate",
+    "finite_term",
 ]
 
 
@@ -69,6 +70,18 @@ def saturate(x: float) -> float:
     if math.isfinite(x):
         return x
     return math.copysign(sys.float_info.max, x)
+
+
+_FLOAT_MAX = sys.float_info.max
+
+
+def finite_term(x: float, limits: set[str]) -> float:
+    """A term of a control law, saturated (:func:`saturate`); ``"overflow"`` is added to the
+    law's ``limits`` when it had to be, so the decision says so."""
+    if -_FLOAT_MAX <= x <= _FLOAT_MAX:  # false for infinities and NaN; the common case, kept cheap
+        return x
+    limits.add("overflow")
+    return saturate(x)
 
 
 def json_float(x: float | None) -> float | None:

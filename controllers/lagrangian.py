@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 
-from ._checks import ParameterError, require_finite, require_positive
+from ._checks import ParameterError, finite_term, require_finite, require_positive, saturate
 from .pid import PIDConfig, PIDOutput, PIDState, limited
 
 __all__ = ["PIDLagrangian", "lagrangian_config"]
@@ -98,13 +98,15 @@ class PIDLagrangian:
         dt = require_positive("dt", dt)
         cur = require_finite("current", current)
         st = state if state is not None else PIDState()
-        delta = self.violation(y)
-        p = cfg.kp * delta
+        limits: set[str] = set()
+        fin = finite_term  # every term saturates at the largest float, as in the PID ("overflow")
+        delta = fin(self.violation(y), limits)
+        p = fin(cfg.kp * delta, limits)
         d = 0.0
         if st.last_measurement is not None and cfg.kd:
-            d = cfg.kd * max(0.0, delta - self.violation(st.last_measurement)) / dt
+            rise = fin(delta - fin(self.violation(st.last_measurement), limits), limits)
+            d = fin(cfg.kd * max(0.0, rise) / dt, limits)
         since = st.since_change + dt
-        limits: set[str] = set()
         first = st.last_output is None
         hold: str | None = None
         if cfg.deadband > 0 and abs(delta) <= cfg.deadband:
@@ -113,33 +115,33 @@ class PIDLagrangian:
             hold = "cooldown"
 
         if first:
-            integral = self._seed(cur, p + d)
-            raw = p + integral + d
+            integral = self._seed(cur, fin(p + d, limits))
+            raw = fin(fin(p + integral, limits) + d, limits)
             value = self._limited(raw, cur, limits)
         elif hold is not None:
             integral = st.integral
-            raw = p + integral + d
+            raw = fin(fin(p + integral, limits) + d, limits)
             limits.add(hold)
             value = self._bounded(cur, limits)
         else:
             integral, raw = self._integrate(st.integral, p, d, delta, dt, cur, limits)
-            value = self._limited(p + integral + d, cur, limits)
+            value = self._limited(fin(fin(p + integral, limits) + d, limits), cur, limits)
         if math.isclose(value, cur, rel_tol=_SAME_VALUE_RTOL, abs_tol=0.0):
             value = cur
         changed = value != cur
         new_state = PIDState(integral=integral, last_measurement=y, last_output=value,
                              since_change=0.0 if changed else since, updates=st.updates + 1)
-        order = ("bounds", "rate", "deadband", "cooldown")
-        return PIDOutput(value=value, changed=changed, error=cfg.setpoint - y, p=p, i=integral, d=d,
-                         unclamped=raw if math.isfinite(raw) else math.copysign(1e300, raw),
-                         limited_by=tuple(r for r in order if r in limits), state=new_state)
+        order = ("bounds", "rate", "deadband", "cooldown", "overflow")
+        return PIDOutput(value=value, changed=changed, error=fin(cfg.setpoint - y, limits), p=p, i=integral, d=d,
+                         unclamped=raw, limited_by=tuple(r for r in order if r in limits), state=new_state)
 
     def bumpless(self, current: float, measurement: float, state: PIDState | None = None) -> PIDState:
         """State for handing control back at weight ``current`` (see :meth:`PID.bumpless`)."""
         y = require_finite("measurement", measurement)
         cur = require_finite("current", current)
         st = state if state is not None else PIDState()
-        return PIDState(integral=self._seed(cur, self.config.kp * self.violation(y)), last_measurement=y,
+        return PIDState(integral=self._seed(cur, saturate(self.config.kp * saturate(self.violation(y)))),
+                        last_measurement=y,
                         last_output=None, since_change=st.since_change, updates=st.updates)
 
     # -- helpers -------------------------------------------------------------------------------
@@ -148,7 +150,7 @@ class PIDLagrangian:
         constraint must not bank its slack (which would charge weight before any violation)."""
         if cur <= self.config.out_min:
             return 0.0
-        return self._project(cur - pd)
+        return self._project(saturate(cur - pd))
 
     def _project(self, integral: float) -> float:
         return min(max(integral, 0.0), self._i_max())
@@ -156,19 +158,21 @@ class PIDLagrangian:
     def _integrate(self, integral: float, p: float, d: float, delta: float, dt: float, cur: float,
                    limits: set[str]) -> tuple[float, float]:
         """Projected integration with conditional anti-windup at the top (as the PID's)."""
-        asked = integral + self.config.ki * delta * dt
+        fin = finite_term
+        asked = fin(integral + fin(fin(self.config.ki * delta, limits) * dt, limits), limits)
         candidate = self._project(asked)
-        raw = p + asked + d
+        raw = fin(fin(p + asked, limits) + d, limits)
         if candidate < asked:
             limits.add("bounds")  # the integral is capped at the largest multiplier
         if candidate <= integral:
             return candidate, raw  # falling (or projected at 0): no limit is in the way
         held: set[str] = set()
-        applied = self._limited(p + candidate + d, cur, held)
-        if applied >= p + candidate + d:
+        wanted = fin(fin(p + candidate, limits) + d, limits)
+        applied = self._limited(wanted, cur, held)
+        if applied >= wanted:
             return candidate, raw
         limits.update(held)
-        return max(integral, min(candidate, applied - p - d)), raw
+        return max(integral, min(candidate, fin(fin(applied - p, limits) - d, limits))), raw
 
     def _bounded(self, w: float, limits: set[str]) -> float:
         if w > self.config.out_max:

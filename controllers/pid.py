@@ -49,12 +49,12 @@ Why the pieces are the way they are:
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from ._checks import (
     ParameterError,
+    finite_term,
     float_from_json,
     json_float,
     require_finite,
@@ -80,7 +80,6 @@ _DEADBAND_TOLERANCE = 1e-12
 # A recomputed value this close to the current one is the current one: avoids "changed" decisions
 # that only move the last bit of a float after a log/exp round trip.
 _SAME_VALUE_RTOL = 1e-12
-_FLOAT_MAX = sys.float_info.max
 
 
 @dataclass(frozen=True)
@@ -252,13 +251,7 @@ class PID:
                 return math.inf
         return s
 
-    @staticmethod
-    def _finite(x: float, limits: set[str]) -> float:
-        """``x``, saturated at the largest finite float (noted in ``limits`` when it was not)."""
-        if -_FLOAT_MAX <= x <= _FLOAT_MAX:  # false for infinities and NaN; the common case, kept cheap
-            return x
-        limits.add("overflow")
-        return saturate(x)
+    _finite = staticmethod(finite_term)
 
     # -- law -----------------------------------------------------------------------------------
 

@@ -59,17 +59,17 @@ CONSTRAINT = {
 
 def test_a_constraint_raises_its_multiplier_only_while_violated_and_says_which_is_active() -> None:
     engine = Engine(PolicyDocument.model_validate(CONSTRAINT))
-    ctx = RunContext(knobs={"kl_weight": {"value": 0.0, "min": 0.0, "max": 10.0, "scale": "linear", "max_step": 5.0},
-                            "learning_rate": {"value": 1e-4, "min": 1e-6, "max": 1e-4, "scale": "log",
-                                              "max_step": 1.0}})
+    ctx = RunContext.from_json({"kl_weight": {"value": 0.0, "min": 0.0, "max": 10.0, "scale": "linear", "max_step": 5.0},
+                                "learning_rate": {"value": 1e-4, "min": 1e-6, "max": 1e-4, "scale": "log",
+                                                  "max_step": 1.0}})
     weights, reasons = [], []
     for k, drift in enumerate([0.2, 0.6, 0.9, 1.4, 1.2, 0.7, 0.4]):
         obs = ObservationCreate(seq=k, step=k + 1, probes={"kl_drift": drift, "perplexity": 21.0},
-                                knobs={n: v["value"] for n, v in ctx.knobs.items()})
+                                knobs={n: v.value for n, v in ctx.knobs.items()})
         for d in engine.observe(ctx, obs).decisions:
             if d.knob == "kl_weight":
                 reasons.append(d.reason)
-        weights.append(ctx.knobs["kl_weight"]["value"])
+        weights.append(ctx.knobs["kl_weight"].value)
     # slack while drift rises to the budget: no weight at all
     assert weights[:3] == [0.0, 0.0, 0.0]
     # violated at 1.4: P = 2 * 0.4, I = 1 * 0.4
@@ -80,4 +80,4 @@ def test_a_constraint_raises_its_multiplier_only_while_violated_and_says_which_i
     assert weights[-1] == 0.0
     assert "slack, releasing" in reasons[-1]
     # the lr controller (another probe, lower priority) still acts on the same run
-    assert ctx.knobs["learning_rate"]["value"] < 1e-4
+    assert ctx.knobs["learning_rate"].value < 1e-4

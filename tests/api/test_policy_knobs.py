@@ -14,6 +14,7 @@ from actuator.store import Store
 LR = {"name": "learning_rate", "value": 1e-3, "min": 1e-6, "max": 1e-2, "scale": "log", "max_step": 0.5}
 LAMBDA = {"name": "distill_lambda", "value": 0.5, "min": 0.0, "max": 1.0, "scale": "linear"}
 DROPOUT = {"name": "custom.mix", "value": 0.5, "min": 0.2, "max": 0.8, "scale": "linear"}
+SIGNED = {"name": "custom.w", "value": 0.0, "min": -1.0, "max": 1.0, "scale": "linear"}
 
 
 def _policy(name: str, knob: str, **controller) -> dict:
@@ -26,6 +27,8 @@ BAD = [
     pytest.param(_policy("disjoint", "learning_rate", min=0.1, max=0.2), LR, "controllers.0.min", id="disjoint-bounds"),
     pytest.param(_policy("log-at-zero", "distill_lambda", scale="log"), LAMBDA, "controllers.0.scale", id="log-min-0"),
     pytest.param(_policy("no-integer", "custom.mix", scale="integer"), DROPOUT, "controllers.0.scale", id="no-integer"),
+    pytest.param(_policy("neg-multiplier", "custom.w", kind="constraint"), SIGNED, "controllers.0.min",
+                 id="constraint-below-0"),
 ]
 
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from actuator.controllers import EMA, PID, Median, PIDConfig, PIDState
+from actuator.controllers import EMA, PID, Median, PIDConfig, PIDLagrangian, PIDState, lagrangian_config
 
 BIG = sys.float_info.max
 
@@ -56,3 +56,17 @@ def test_filters_stay_finite_near_the_float_range():
         fm, m = median.update(x, m)
         assert math.isfinite(fe) and math.isfinite(fm)
     assert median.update(BIG, median.update(BIG)[1])[0] == BIG
+
+
+@pytest.mark.parametrize("bound", ["upper", "lower"])
+def test_the_constraint_law_stays_finite(bound):
+    law = PIDLagrangian(lagrangian_config(budget=-1e308, kp=1e9, ki=1e9, kd=1e9, bound=bound, out_max=10.0))
+    state: PIDState | None = None
+    cur = 0.0
+    for y, dt in [(BIG, 1.0), (-BIG, 1e-300), (BIG, 1e300), (1.0, 1.0), (BIG, 5.0)]:
+        out = law.update(y, dt, cur, state)
+        assert _finite(out), out
+        assert 0.0 <= out.value <= 10.0
+        state, cur = out.state, out.value
+    assert "overflow" in law.update(BIG, 1.0, cur, state).limited_by
+    assert all(math.isfinite(v) for v in law.bumpless(cur, -BIG, state).to_dict().values() if v is not None)
