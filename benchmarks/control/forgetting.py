@@ -245,6 +245,7 @@ def run_arm(setup: ForgettingSetup, arm: dict[str, Any], a: argparse.Namespace, 
         # The adapters merged into the same base modules: a plain model again (the next arm's
         # reset loads the start weights into it, strictly).
         setup.model = trainer.model = trainer.model.merge_and_unload()
+        setup.model.requires_grad_(True)  # PEFT froze the base weights; the next arm trains them all
     final = setup.capability(trainer)
     steps_run = trainer.state.global_step
     result = {"arm": arm["name"], "kind": kind, "constraint": {"probe": key, "budget": a.budget, "ceiling": ceiling}, "lr": arm["lr"], "w": arm.get("w"), "seed": seed, "trace": trace,
