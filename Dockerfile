@@ -24,7 +24,10 @@ RUN pip install -c requirements/constraints.txt . \
 USER actuator
 
 # Several workers need prometheus_client's multiprocess mode: a directory, emptied on start.
+# `actuator serve` closes a connection whose request headers take longer than
+# ACTUATOR_HEADER_TIMEOUT seconds (uvicorn itself has no such timeout: slowloris).
 ENV ACTUATOR_WORKERS=2 \
+    ACTUATOR_HEADER_TIMEOUT=10 \
     PROMETHEUS_MULTIPROC_DIR=/tmp/actuator-metrics
 
 EXPOSE 8000

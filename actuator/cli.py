@@ -36,9 +36,15 @@ def serve(
     redis_url: Annotated[Optional[str], typer.Option(help="Redis URL (default: in-process).")] = None,
     workers: Annotated[int, typer.Option(min=1, help="uvicorn worker processes.")] = 1,
     log_level: str = "info",
+    header_timeout: Annotated[float, typer.Option(
+        min=0.1, envvar="ACTUATOR_HEADER_TIMEOUT",
+        help="Seconds a client has to send a request's headers; then the connection is closed "
+             "(slowloris).")] = 10.0,
 ) -> None:
     """Run the controller service (migrations are applied on start)."""
     import uvicorn
+
+    from actuator.api.protocol import protocol_class
 
     if database_url:
         os.environ["ACTUATOR_DATABASE_URL"] = database_url
@@ -57,7 +63,7 @@ def serve(
         upgrade(Settings().database_url)
         os.environ["ACTUATOR_MIGRATE_ON_START"] = "false"
     uvicorn.run("actuator.api.app:create_app", factory=True, host=host, port=port, workers=workers,
-                log_level=log_level)
+                log_level=log_level, http=protocol_class(header_timeout))
 
 
 def _client(url: str, token: str | None):  # type: ignore[no-untyped-def]

@@ -122,13 +122,17 @@ class Service:
     env: dict[str, str]
     proc: subprocess.Popen | None = None
     log_path: str = ""
+    serve_args: list[str] | None = None  # run `actuator serve` with these (as the Dockerfile does)
 
     def start(self, timeout: float = 60.0) -> Service:
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "--factory", "actuator.api.app:create_app",
-             "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"],
-            env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        if self.serve_args is not None:
+            actuator = shutil.which("actuator", path=os.path.dirname(sys.executable)) or "actuator"
+            argv = [actuator, "serve", "--port", str(self.port), "--log-level", "warning", *self.serve_args]
+        else:
+            argv = [sys.executable, "-m", "uvicorn", "--factory", "actuator.api.app:create_app",
+                    "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"]
+        self.proc = subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         _wait(lambda: httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200, timeout, "actuator service")
         return self
 
@@ -150,7 +154,10 @@ class Service:
 
 
 def make_service(database_url: str, *, redis_url: str | None = None, admin_token: str | None = None,
-                 port: int | None = None, log_dir: str | None = None) -> Service:
+                 port: int | None = None, log_dir: str | None = None, serve_args: list[str] | None = None,
+                 extra_env: dict[str, str] | None = None) -> Service:
+    """``serve_args``: start it with ``actuator serve`` and these options instead of plain uvicorn;
+    ``extra_env``: more environment (ACTUATOR_* settings)."""
     port = port or free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("ACTUATOR_")}
     env["ACTUATOR_DATABASE_URL"] = database_url
@@ -158,5 +165,6 @@ def make_service(database_url: str, *, redis_url: str | None = None, admin_token
         env["ACTUATOR_REDIS_URL"] = redis_url
     if admin_token:
         env["ACTUATOR_ADMIN_TOKEN"] = admin_token
+    env.update(extra_env or {})
     log_path = os.path.join(log_dir or tempfile.mkdtemp(prefix="actuator-svc-"), f"service-{port}.log")
-    return Service(f"http://127.0.0.1:{port}", port, env, log_path=log_path)
+    return Service(f"http://127.0.0.1:{port}", port, env, log_path=log_path, serve_args=serve_args)
