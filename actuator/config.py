@@ -30,6 +30,23 @@ class Settings(BaseSettings):
     max_batch: int = Field(1000, ge=1, description="Most observations accepted in one request.")
     max_body_bytes: int = Field(1_000_000, ge=1024, description="Largest request body accepted.")
     log_level: str = "info"
+    # Bounds on the work one request may cause (README, "Limits"). A run can hold 100k+
+    # observations and decisions: no answer is allowed to grow with them. (The header timeout
+    # is an option of `actuator serve`, ACTUATOR_HEADER_TIMEOUT: it belongs to the server.)
+    max_pending_decisions: int = Field(
+        1000, ge=1, description="Most decisions one ingest answer carries; `more_decisions` says there are more.")
+    report_points: int = Field(1000, ge=10, description="Most points per series in a report (downsampled).")
+    report_total_points: int = Field(100_000, ge=1000, description="Most points over all series of a report.")
+    report_decisions: int = Field(1000, ge=1, description="Most decisions (the latest) listed in a report.")
+    report_events: int = Field(1000, ge=1, description="Most events (the latest) listed in a report.")
+    report_panels: int = Field(12, ge=1, description="Most panels (probes, then knobs) in a PNG or HTML report.")
+    simulate_observations: int = Field(
+        5000, ge=1, description="Most observations a simulation replays; a longer run is refused (422).")
+    policy_page_bytes: int = Field(
+        4_000_000, ge=1_000_000, description="A page of GET /v1/policies ends before its documents exceed this.")
+    metrics_retire_after: float = Field(
+        300.0, ge=0, description="Seconds a finished or halted run's Prometheus series stay exported (so a "
+        "scrape sees their final values); then they are removed.")
 
     @field_validator("database_url")
     @classmethod

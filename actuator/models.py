@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import (JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text,
+                        UniqueConstraint)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 __all__ = ["Base", "PolicyRow", "RunRow", "ObservationRow", "DecisionRow", "EventRow", "utcnow"]
@@ -49,7 +50,7 @@ class RunRow(Base):
     knobs_in_effect: Mapped[dict[str, Any]]
     run_metadata: Mapped[dict[str, Any]]
     last_step: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    last_seq: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    last_seq: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # seq is 64-bit (0002)
     decision_count: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -61,7 +62,7 @@ class ObservationRow(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
-    seq: Mapped[int] = mapped_column(Integer)
+    seq: Mapped[int] = mapped_column(BigInteger)
     step: Mapped[int] = mapped_column(Integer)
     probes: Mapped[dict[str, Any]]
     metrics: Mapped[dict[str, Any]]

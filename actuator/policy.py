@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from ._exceptions import PolicyError
-from .schemas import MAX_INT, FiniteFloat, Name, Scale
+from .schemas import MAX_INT, MAX_SETPOINT_POINTS, FiniteFloat, Name, Scale
 
 __all__ = [
     "KNOWN_PROBES",
@@ -118,7 +118,8 @@ class ProbeSpec(_Model):
 # and every term of the law would only sit at its overflow limit.
 MAX_GAIN = 1e9
 
-SetpointPoints = Annotated[list[tuple[Annotated[int, Field(ge=0)], FiniteFloat]], Field(min_length=1)]
+SetpointPoints = Annotated[list[tuple[Annotated[int, Field(ge=0)], FiniteFloat]],
+                          Field(min_length=1, max_length=MAX_SETPOINT_POINTS)]
 
 
 class ControllerSpec(_Model):

@@ -1,14 +1,30 @@
 """Run reports: the series of probes, setpoints, thresholds and knob values over steps, with
-decisions marked — as JSON, a PNG (matplotlib) and a self-contained HTML page."""
+decisions marked — as JSON, a PNG (matplotlib) and a self-contained HTML page.
+
+A report is bounded whatever the run's length: the caller passes observations already
+downsampled (``sampling`` says how), and only the latest decisions and events (the number left
+out is reported). Rendering is bounded too: at most ``max_panels`` panels, decision marks drawn
+as one collection per panel, one render at a time per process (a matplotlib figure of a long run
+is tens of MB).
+"""
 
 from __future__ import annotations
 
 import base64
 import html
 import io
+import threading
 from typing import Any
 
-__all__ = ["build_report", "render_png", "render_html"]
+__all__ = ["build_report", "render_png", "render_html", "RendererBusy"]
+
+# One figure at a time per process; a request that waits longer than this is told to retry.
+_RENDER = threading.BoundedSemaphore(1)
+RENDER_WAIT_SECONDS = 10.0
+
+
+class RendererBusy(RuntimeError):
+    """Another report is being drawn in this process; retry shortly."""
 
 # The decision record's fields a report lists (the audit trail's components and inputs stay in
 # GET /v1/runs/{id}/decisions).
@@ -16,7 +32,11 @@ _DECISION_FIELDS = ("number", "step", "knob", "old_value", "new_value", "reason"
 
 
 def build_report(run: Any, observations: list[Any], decisions: list[Any], events: list[Any],
-                 policy: Any) -> dict[str, Any]:
+                 policy: Any, *, sampling: dict[str, Any] | None = None, decisions_total: int | None = None,
+                 events_total: int | None = None) -> dict[str, Any]:
+    """The report's data. ``sampling``: how ``observations`` were picked (``{"observations": n,
+    "every": k}``); ``decisions_total``/``events_total``: how many the run has, when only the
+    latest were passed (the rest are counted as omitted)."""
     probes: dict[str, list[list[float]]] = {}
     knobs: dict[str, list[list[float]]] = {}
     metrics: dict[str, list[list[float]]] = {}
@@ -53,54 +73,81 @@ def build_report(run: Any, observations: list[Any], decisions: list[Any], events
         "thresholds": thresholds,
         "decisions": [{name: getattr(d, name) for name in _DECISION_FIELDS} for d in decisions],
         "events": [{"kind": e.kind, "step": e.step, "payload": e.payload} for e in events],
+        "sampling": sampling or {"observations": len(observations), "every": 1},
+        "decisions_omitted": max(0, (decisions_total or 0) - len(decisions)),
+        "events_omitted": max(0, (events_total or 0) - len(events)),
     }
 
 
-def render_png(report: dict[str, Any]) -> bytes:
-    import matplotlib
+def render_png(report: dict[str, Any], *, max_panels: int = 12) -> bytes:
+    """The report as a PNG: one panel per probe (with setpoint and guardrail threshold), then one
+    per knob (decisions marked), at most ``max_panels``. Raises :class:`RendererBusy` when
+    another render holds this process's renderer for longer than ``RENDER_WAIT_SECONDS``."""
+    if not _RENDER.acquire(timeout=RENDER_WAIT_SECONDS):
+        raise RendererBusy("another report is being drawn; retry in a few seconds")
+    try:
+        return _draw(report, max_panels)
+    finally:
+        _RENDER.release()
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+
+def _draw(report: dict[str, Any], max_panels: int) -> bytes:
+    # The object API, not pyplot: no global figure registry shared by the server's threads.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     from .policy import setpoint_at
 
     panels = list(report["probes"]) + [f"knob:{k}" for k in report["knobs"]]
-    n = max(1, len(panels))
-    fig, axes = plt.subplots(n, 1, figsize=(9, 2.4 * n), sharex=True, squeeze=False)
-    for ax, panel in zip(axes[:, 0], panels):
+    shown, hidden = panels[:max_panels], len(panels) - max_panels
+    n = max(1, len(shown))
+    fig = Figure(figsize=(9, 2.4 * n))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(n, 1, sharex=True, squeeze=False)
+    for ax, panel in zip(axes[:, 0], shown):
         if panel.startswith("knob:"):
             name = panel[5:]
             pts = report["knobs"][name]
             ax.step([p[0] for p in pts], [p[1] for p in pts], where="post", color="tab:green", label=name)
-            for d in report["decisions"]:
-                if d["knob"] == name:
-                    ax.axvline(d["step"], color="tab:red", alpha=0.25, lw=1)
-            if name in ("learning_rate", "kl_beta") and all(p[1] > 0 for p in pts):
+            marks = [d["step"] for d in report["decisions"] if d["knob"] == name]
+            if marks:  # one collection, not an artist per decision
+                ax.vlines(marks, 0, 1, transform=ax.get_xaxis_transform(), color="tab:red", alpha=0.25, lw=1)
+            if name in ("learning_rate", "kl_beta") and pts and all(p[1] > 0 for p in pts):
                 ax.set_yscale("log")
         else:
             pts = report["probes"][panel]
             steps = [p[0] for p in pts]
-            ax.plot(steps, [p[1] for p in pts], marker=".", color="tab:blue", label=panel)
+            ax.plot(steps, [p[1] for p in pts], marker="." if len(pts) <= 200 else None, color="tab:blue",
+                    label=panel)
             if panel in report["setpoints"] and steps:
                 sp = report["setpoints"][panel]
                 ax.plot(steps, [setpoint_at(sp, s) for s in steps], ls="--", color="black", label="setpoint")
             if panel in report["thresholds"]:
                 ax.axhline(report["thresholds"][panel], ls=":", color="tab:red", label="guardrail")
         ax.set_ylabel(panel.removeprefix("knob:"), fontsize=8)
-        ax.legend(fontsize=7, loc="best")
+        ax.legend(fontsize=7, loc="upper right")
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("step")
     r = report["run"]
-    fig.suptitle(f"{r['name']} ({r['id'][:8]}) — {r['policy']} — {len(report['decisions'])} decisions", fontsize=10)
+    decided = len(report["decisions"]) + report.get("decisions_omitted", 0)
+    title = f"{r['name']} ({r['id'][:8]}) — {r['policy']} — {decided} decisions"
+    sampling = report.get("sampling") or {}
+    if sampling.get("every", 1) > 1:
+        title += f" — every {sampling['every']}th of {sampling['observations']} observations"
+    if hidden > 0:
+        title += f" — {hidden} more series not drawn"
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90)
-    plt.close(fig)
     return buf.getvalue()
 
 
-def render_html(report: dict[str, Any]) -> str:
-    png = base64.b64encode(render_png(report)).decode()
+def render_html(report: dict[str, Any], *, max_panels: int = 12) -> str:
+    png = base64.b64encode(render_png(report, max_panels=max_panels)).decode()
+    omitted = report.get("decisions_omitted", 0)
+    earlier = (f"<p>{omitted} earlier decisions are not listed (GET /v1/runs/{report['run']['id']}/decisions "
+               "pages through all of them).</p>") if omitted else ""
     rows = "".join(
         f"<tr><td>{d['number']}</td><td>{d['step']}</td><td>{html.escape(d['knob'])}</td>"
         f"<td>{d['old_value']:.4g} → {d['new_value']:.4g}</td><td>{html.escape(d['reason'])}</td></tr>"
@@ -111,5 +158,5 @@ def render_html(report: dict[str, Any]) -> str:
             "font-size:13px;text-align:left}</style></head><body>"
             f"<h1>{html.escape(r['name'])}</h1><p>run {r['id']} · {html.escape(r['policy'])} · state {r['state']} · "
             f"last step {r['last_step']}</p><img alt='probes and knobs' src='data:image/png;base64,{png}'>"
-            f"<h2>Decisions</h2><table><tr><th>#</th><th>step</th><th>knob</th><th>change</th><th>why</th></tr>{rows}"
+            f"<h2>Decisions</h2>{earlier}<table><tr><th>#</th><th>step</th><th>knob</th><th>change</th><th>why</th></tr>{rows}"
             "</table></body></html>")

@@ -13,6 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_vali
 
 __all__ = [
     "MAX_INT",
+    "MAX_SEQ",
+    "MAX_SEQ_GAP",
+    "MAX_SETPOINT_POINTS",
     "Name",
     "FiniteFloat",
     "Scale",
@@ -44,6 +47,13 @@ _MAX_VALUES = 256  # probes / metrics / knobs per observation
 # SQLite refuses ints past 64 bits: a larger number is refused here (a 422 at the service, a
 # ValidationError in the client), never a database error.
 MAX_INT = 2**31 - 1
+# Sequence numbers live in 64-bit columns: an agent counting from 0 never runs out. A seq may
+# run at most MAX_SEQ_GAP ahead of the run's last one (the store refuses a larger leap, 422), so
+# no single observation can leave a run without room to append.
+MAX_SEQ = 2**63 - 1
+MAX_SEQ_GAP = 2**32
+# Points of a setpoint schedule: the engine reads the schedule on every observation.
+MAX_SETPOINT_POINTS = 1000
 
 
 class _Model(BaseModel):
@@ -131,7 +141,8 @@ class RunState(RunPublic):
 class ObservationCreate(_Model):
     """What the agent sends: probe values, training metrics and the knob values in effect."""
 
-    seq: int = Field(ge=0, le=MAX_INT, description="Per-run sequence number; (run, seq) is idempotent.")
+    seq: int = Field(ge=0, le=MAX_SEQ, description="Per-run sequence number; (run, seq) is idempotent. At most "
+                     f"{MAX_SEQ_GAP} past the run's last seq.")
     step: int = Field(ge=0, le=MAX_INT, description="Optimizer step the values were taken at.")
     probes: dict[Name, FiniteFloat] = Field(default_factory=dict, max_length=_MAX_VALUES)
     metrics: dict[Name, FiniteFloat] = Field(default_factory=dict, max_length=_MAX_VALUES)
@@ -220,7 +231,11 @@ class DecisionPage(_Model):
 class IngestResult(_Model):
     accepted: int = Field(description="Observations stored by this request.")
     duplicates: int = Field(description="Observations already stored (same run and seq): ignored.")
-    decisions: list[DecisionPublic] = Field(description="Decisions after the agent's last_decision.")
+    decisions: list[DecisionPublic] = Field(
+        description="Decisions after the agent's last_decision, oldest first; at most ACTUATOR_MAX_PENDING_DECISIONS.")
+    more_decisions: bool = Field(
+        False, description="True: more decisions follow the last one here; post again with last_decision set to "
+        "its number to get them.")
     actions: list[Action] = Field(default_factory=list)
     state: RunStateName
     knobs: dict[str, float] = Field(description="Knob values the controller wants in effect now.")

@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 import pydantic_core
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Float,
     Integer,
     String,
@@ -54,7 +55,7 @@ from .engine import Engine
 from .models import DecisionRow, EventRow, ObservationRow, PolicyRow, RunRow, utcnow
 from .policy import PolicyDocument
 from .run_state import ControllerState, RunContext
-from .schemas import Action, Decision, DecisionPublic, ObservationBatch, ObservationCreate, RunCreate
+from .schemas import MAX_SEQ_GAP, Action, Decision, DecisionPublic, ObservationBatch, ObservationCreate, RunCreate
 
 __all__ = ["Store", "IngestOutcome", "ObservationRefused", "RunTokenRefused", "RunSnapshot",
            "hash_token", "new_token", "make_engine", "MAX_NAMES"]
@@ -212,12 +213,13 @@ class IngestOutcome:
     accepted: int
     duplicates: int
     new_observations: list[ObservationCreate]
-    decisions: list[DecisionPublic]  # every decision after the agent's last_decision (to apply)
+    decisions: list[DecisionPublic]  # decisions after the agent's last_decision (to apply), oldest first
     created: list[DecisionPublic]  # the decisions this request created
     actions: list[Action]
     events: list[dict[str, Any]]
     run: RunSnapshot
     controller_outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    more_decisions: bool = False  # ``decisions`` stopped at the cap: more follow the last one
 
 
 class Store:
@@ -264,12 +266,27 @@ class Store:
             return s.get(PolicyRow, policy_id)
 
     @_retry_on_disconnect
-    def list_policies(self, include_archived: bool = False) -> list[PolicyRow]:
+    def list_policies(self, include_archived: bool = False, *, offset: int = 0, limit: int | None = None,
+                      max_bytes: int | None = None) -> list[PolicyRow]:
+        """Policy versions by name and version, ``limit`` from ``offset``. ``max_bytes``: the page
+        ends before its documents' stored size passes it (one document at least), so a page of
+        large documents is never loaded whole; the next page starts at offset + len(page)."""
         with self.sessions() as s:
-            q = select(PolicyRow).order_by(PolicyRow.name, PolicyRow.version)
+            ids = select(PolicyRow.id).order_by(PolicyRow.name, PolicyRow.version).offset(offset).limit(limit)
             if not include_archived:
-                q = q.where(PolicyRow.archived.is_(False))
-            return list(s.scalars(q))
+                ids = ids.where(PolicyRow.archived.is_(False))
+            if max_bytes is None:
+                chosen = list(s.scalars(ids))
+            else:
+                sizes = s.execute(ids.add_columns(func.length(cast(PolicyRow.document, Text)))).all()
+                chosen, total = [], 0
+                for policy_id, size in sizes:
+                    total += size or 0
+                    if chosen and total > max_bytes:
+                        break
+                    chosen.append(policy_id)
+            rows = {r.id: r for r in s.scalars(select(PolicyRow).where(PolicyRow.id.in_(chosen)))} if chosen else {}
+            return [rows[i] for i in chosen]
 
     def policy_engine(self, policy_id: int, conn: Connection | None = None) -> Engine:
         """The engine of a policy version, built once per process (versions are immutable).
@@ -451,10 +468,11 @@ class Store:
 
     # -- observations: the hot path ----------------------------------------------------------
     def ingest(self, run_id: str, batch: ObservationBatch, engine: Engine | None = None, *,
-               token_hash: str | None = None) -> IngestOutcome | None:
+               token_hash: str | None = None, max_pending: int | None = None) -> IngestOutcome | None:
         """Store a batch and run the engine on its new observations (None: no such run).
         ``engine``: the run's policy engine (default: the one of the policy the locked row names);
-        ``token_hash``: refuse (:class:`RunTokenRefused`) unless it is the run's token's hash."""
+        ``token_hash``: refuse (:class:`RunTokenRefused`) unless it is the run's token's hash;
+        ``max_pending``: most decisions after ``batch.last_decision`` to return (None: all)."""
         now = utcnow()
         with self._locked_snapshot(run_id) as (conn, run, stored):
             if run is None:
@@ -516,11 +534,20 @@ class Store:
                 created = self._persist(conn, run_id, now, drafts, engine.policy_version, event_rows,
                                         observations, changes)
             pending = [d for d in created if d.number > batch.last_decision]
-            if batch.last_decision < before[1]:  # decisions from earlier requests the agent has not applied
+            # Decisions from earlier requests the agent has not applied: numbers are gapless, so
+            # how many there are is known without counting them. At most ``max_pending`` are
+            # answered (the oldest first); the agent asks again from the last one it got.
+            earlier = max(0, before[1] - batch.last_decision)
+            room = earlier if max_pending is None else min(earlier, max_pending)
+            if room:
+                query = _DECISIONS_BETWEEN if room == earlier else _DECISIONS_BETWEEN.limit(room)
                 pending[:0] = [DecisionPublic.model_construct(**row._mapping) for row in conn.execute(
-                    _DECISIONS_BETWEEN, {"run_id": run_id, "after": batch.last_decision, "up_to": before[1]})]
+                    query, {"run_id": run_id, "after": batch.last_decision, "up_to": before[1]})]
+            more = max_pending is not None and earlier + len(pending) - room > max_pending
+            if more:
+                del pending[max_pending:]
         return IngestOutcome(len(new), len(batch.observations) - len(new), new, pending, created, actions, events,
-                             run, outputs)
+                             run, outputs, more_decisions=more)
 
     @staticmethod
     def _new_observations(conn: Connection, run: RunSnapshot, batch: ObservationBatch) -> list[ObservationCreate]:
@@ -610,6 +637,11 @@ class Store:
             if unknown:
                 raise refuse(obs, f"knobs.{unknown[0]}", f"the run has no knob {unknown[0]!r} "
                              f"(knobs: {sorted(run.knobs)})", 422)
+        base = run.last_seq if run.last_seq is not None else 0
+        for obs in new:
+            if obs.seq > base + MAX_SEQ_GAP:
+                raise refuse(obs, "seq", f"seq {obs.seq} leaps more than {MAX_SEQ_GAP} past the run's last seq "
+                             f"({run.last_seq}); number observations consecutively", 422)
         for prev, obs in zip(new, new[1:]):
             if obs.step < prev.step:
                 raise refuse(obs, "step", f"step {obs.step} (seq {obs.seq}) is lower than step {prev.step} "
@@ -651,10 +683,50 @@ class Store:
             return list(s.scalars(q))
 
     @_retry_on_disconnect
-    def list_events(self, run_id: str, *, limit: int = 1000) -> list[EventRow]:
+    def list_events(self, run_id: str, *, limit: int = 1000, after: int | None = None,
+                    latest: bool = False) -> list[EventRow]:
+        """A run's events in id order: the first ``limit`` with id > ``after``, or with
+        ``latest`` the last ``limit``."""
         with self.sessions() as s:
-            q = select(EventRow).where(EventRow.run_id == run_id).order_by(EventRow.id).limit(limit)
+            q = select(EventRow).where(EventRow.run_id == run_id)
+            if after is not None:
+                q = q.where(EventRow.id > after)
+            if latest:
+                return list(reversed(s.scalars(q.order_by(EventRow.id.desc()).limit(limit)).all()))
+            return list(s.scalars(q.order_by(EventRow.id).limit(limit)))
+
+    @_retry_on_disconnect
+    def first_event(self, run_id: str, kind: str) -> EventRow | None:
+        with self.sessions() as s:
+            q = select(EventRow).where(EventRow.run_id == run_id, EventRow.kind == kind).order_by(EventRow.id)
+            return s.scalars(q.limit(1)).first()
+
+    @_retry_on_disconnect
+    def count_for_run(self, table: type, run_id: str) -> int:
+        """How many rows of ``table`` (ObservationRow, DecisionRow, EventRow) the run has."""
+        t = table.__table__  # type: ignore[attr-defined]
+        with self.engine.connect() as conn:
+            return conn.scalar(select(func.count()).select_from(t).where(t.c.run_id == run_id)) or 0
+
+    @_retry_on_disconnect
+    def sample_observations(self, run_id: str, every: int, total: int) -> list[ObservationRow]:
+        """Every ``every``-th of a run's ``total`` observations in seq order, and the last one: a
+        downsampled series read without loading the rest (they are ranked in the database)."""
+        if every <= 1:
+            return self.list_observations(run_id, limit=max(total, 1))
+        ranked = (select(_OBS.c.id, func.row_number().over(order_by=_OBS.c.seq).label("rn"))
+                  .where(_OBS.c.run_id == run_id).subquery())
+        picked = select(ranked.c.id).where(((ranked.c.rn - 1) % every == 0) | (ranked.c.rn == total))
+        with self.sessions() as s:
+            q = select(ObservationRow).where(ObservationRow.id.in_(picked)).order_by(ObservationRow.seq)
             return list(s.scalars(q))
+
+    @_retry_on_disconnect
+    def latest_decisions(self, run_id: str, limit: int) -> list[DecisionRow]:
+        """The run's last ``limit`` decisions, oldest first."""
+        with self.sessions() as s:
+            q = select(DecisionRow).where(DecisionRow.run_id == run_id).order_by(DecisionRow.number.desc())
+            return list(reversed(s.scalars(q.limit(limit)).all()))
 
     @_retry_on_disconnect
     def count(self, table: type) -> int:
@@ -668,7 +740,7 @@ class _RowTable:
     arrive as one JSON array (``json_to_recordset``); on SQLite, one executemany whose JSON
     columns arrive as text."""
 
-    _PG_TYPES = ((JSON, "json"), (Integer, "integer"), (Float, "float8"), (String, "text"))
+    _PG_TYPES = ((JSON, "json"), (BigInteger, "bigint"), (Integer, "integer"), (Float, "float8"), (String, "text"))
 
     def __init__(self, table: Any, stamp: str, cte: str, returning: str = "") -> None:
         columns = [c for c in table.columns if c.name not in ("id", "run_id", stamp)]

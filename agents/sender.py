@@ -71,6 +71,9 @@ class BackgroundSender:
         self.max_buffer = max_buffer
         self.initial_backoff, self.max_backoff = initial_backoff, max_backoff
         self.last_decision = 0  # highest decision number applied; written by the callback
+        # Highest decision number the service has answered (in the inbox, so applied at the next
+        # step boundary): asked from here on, so a capped answer's rest comes next, not its start.
+        self._received = 0
         self.stats = SenderStats()
         # After a batch is refused (4xx), its observations go one per request, so that only the
         # ones the service refuses are dropped, not the good ones batched with them.
@@ -176,8 +179,7 @@ class BackgroundSender:
         size = 1 if self._isolate else min(self.batch_size, len(self._pending))
         batch = [self._pending[i] for i in range(size)]
         start = time.perf_counter()
-        result = self.client.post_observations(
-            self.run_id, ObservationBatch(observations=batch, last_decision=self.last_decision), token=self.token)
+        result = self._post(batch)
         self.stats.latencies.append(time.perf_counter() - start)
         for _ in batch:
             self._pending.popleft()
@@ -188,6 +190,22 @@ class BackgroundSender:
                 log.warning("actuator: controller reachable again; %d buffered observations delivered",
                             len(batch))
             self.stats.connected = True
+        self._deliver(result)
+        while result.more_decisions and result.decisions and not self._stop.is_set():
+            # The answer stopped at the service's cap on decisions: ask for the rest now rather
+            # than one page per observation. The batch's last observation again is a duplicate
+            # (stored once, idempotent on seq); the answer carries the decisions after ours.
+            result = self._post(batch[-1:])
+            self._deliver(result)
+
+    def _post(self, batch: list[ObservationCreate]) -> IngestResult:
+        last = max(self.last_decision, self._received)
+        return self.client.post_observations(
+            self.run_id, ObservationBatch(observations=batch, last_decision=last), token=self.token)
+
+    def _deliver(self, result: IngestResult) -> None:
+        if result.decisions:
+            self._received = max(self._received, max(d.number for d in result.decisions))
         self._inbox.put(result)
 
     def _outage(self, exc: Exception) -> None:

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from actuator import operations as ops
 from actuator.policy import ControllerSpec, PolicyDocument
-from actuator.schemas import FiniteFloat, Name, RunState
+from actuator.schemas import MAX_SETPOINT_POINTS, FiniteFloat, Name, RunState
 
 from ..deps import MAX_INT, AdminDep, RunId, Services, ServicesDep, policy_ref
 from ..views import decision_public, run_state
@@ -33,7 +33,8 @@ class OverrideBody(BaseModel):
 
 class SetpointBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    setpoint: FiniteFloat | list[tuple[Annotated[int, Field(ge=0, le=MAX_INT)], FiniteFloat]]
+    setpoint: FiniteFloat | Annotated[list[tuple[Annotated[int, Field(ge=0, le=MAX_INT)], FiniteFloat]],
+                                      Field(min_length=1, max_length=MAX_SETPOINT_POINTS)]
 
 
 class MoveBody(BaseModel):
@@ -135,27 +136,50 @@ def move_policy(run_id: RunId, body: MoveBody, _: AdminDep, services: ServicesDe
     return run_state(moved)
 
 
-@router.get("/{run_id}/events", summary="The run's audit events (breaches, overrides, moves, state)")
-def events(run_id: RunId, services: ServicesDep) -> list[dict[str, Any]]:
+@router.get("/{run_id}/events", summary="The run's audit events (breaches, overrides, moves, state), paged")
+def events(run_id: RunId, services: ServicesDep,
+           after: Annotated[int | None, Query(ge=0, le=MAX_INT, description="Only events with id > after "
+                                              "(the last id of the previous page)")] = None,
+           limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> list[dict[str, Any]]:
     _run(services, run_id)
     return [{"id": e.id, "kind": e.kind, "step": e.step, "payload": e.payload, "created_at": e.created_at}
-            for e in services.store.list_events(run_id)]
+            for e in services.store.list_events(run_id, after=after, limit=limit)]
 
 
 @router.get("/{run_id}/report", summary="Run report: JSON, or a plot (format=png) or page (format=html)",
-            responses={200: {"content": {"application/json": {}, "image/png": {}, "text/html": {}}}})
+            description="Bounded whatever the run's length: each series is downsampled to at most "
+                        "ACTUATOR_REPORT_POINTS points (every k-th observation and the last; `sampling` says "
+                        "which), only the latest ACTUATOR_REPORT_DECISIONS decisions and "
+                        "ACTUATOR_REPORT_EVENTS events are listed (`decisions_omitted`, `events_omitted` "
+                        "count the rest), a plot draws at most ACTUATOR_REPORT_PANELS panels.",
+            responses={200: {"content": {"application/json": {}, "image/png": {}, "text/html": {}}},
+                       503: {"description": "Another plot is being drawn in this process; retry (Retry-After)."}})
 def report(run_id: RunId, services: ServicesDep,
            format: Annotated[str, Query(pattern="^(json|png|html)$")] = "json") -> Any:
-    from actuator.report import build_report, render_html, render_png
+    from actuator.models import EventRow, ObservationRow
+    from actuator.report import RendererBusy, build_report, render_html, render_png
 
+    settings = services.settings
     run = _run(services, run_id)
-    decisions, _ = services.store.list_decisions(run_id, limit=100_000)
-    data = build_report(run, services.store.list_observations(run_id, limit=1_000_000), decisions,
-                        services.store.list_events(run_id), _policy(services, run))
-    if format == "png":
-        return Response(render_png(data), media_type="image/png")
-    if format == "html":
-        return HTMLResponse(render_html(data))
+    store = services.store
+    total = store.count_for_run(ObservationRow, run_id)
+    # Points per series, and the total over all series (a run may report hundreds of names).
+    series = max(1, len(run.latest_probes) + len(run.latest_metrics) + len(run.knobs))
+    rows = max(10, min(settings.report_points, settings.report_total_points // series))
+    every = max(1, -(-total // rows))
+    data = build_report(run, store.sample_observations(run_id, every, total),
+                        store.latest_decisions(run_id, settings.report_decisions),
+                        store.list_events(run_id, limit=settings.report_events, latest=True), _policy(services, run),
+                        sampling={"observations": total, "every": every, "max_points": rows},
+                        decisions_total=run.decision_count,
+                        events_total=store.count_for_run(EventRow, run_id))
+    try:
+        if format == "png":
+            return Response(render_png(data, max_panels=settings.report_panels), media_type="image/png")
+        if format == "html":
+            return HTMLResponse(render_html(data, max_panels=settings.report_panels))
+    except RendererBusy as exc:
+        raise HTTPException(503, str(exc), headers={"Retry-After": "5"}) from exc
     return data
 
 

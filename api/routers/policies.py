@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, HTTPException, Path, status
+from fastapi import APIRouter, Body, HTTPException, Path, Query, status
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from actuator._exceptions import PolicyError
 from actuator.engine import Engine
+from actuator.models import ObservationRow
 from actuator.policy import PolicyDocument, list_presets, load_policy, load_preset, policy_errors
 from actuator.schemas import RunCreate
 from actuator.simulate import simulate
@@ -81,6 +82,9 @@ class SimulateBody(BaseModel):
     policy: str | dict[str, Any] = Field(description="A stored policy (name or name@version) or a document.")
     run_id: str = Field(max_length=64, pattern=r"^[A-Za-z0-9\-]+$",
                         description="The run whose recorded observations are replayed.")
+    limit: int | None = Field(None, ge=1, le=MAX_INT, description="Replay only the run's first `limit` "
+                              "observations (at most ACTUATOR_SIMULATE_OBSERVATIONS). Without it, a run with more "
+                              "observations than that is refused (422).")
 
 
 @router.post("/simulate", summary="Replay a run's observations through a policy: the decisions it would take")
@@ -97,13 +101,22 @@ def simulate_policy(body: SimulateBody, services: ServicesDep) -> dict[str, Any]
     run = services.store.get_run(body.run_id)
     if run is None:
         raise HTTPException(404, f"run {body.run_id!r} not found")
-    registered = next((e for e in services.store.list_events(run.id) if e.kind == "run_registered"), None)
+    cap = services.settings.simulate_observations
+    if body.limit is not None and body.limit > cap:
+        raise HTTPException(422, {"message": f"limit: a simulation replays at most {cap} observations",
+                                  "errors": [{"loc": "body.limit", "msg": f"at most {cap} (ACTUATOR_SIMULATE_OBSERVATIONS)"}]})
+    total = services.store.count_for_run(ObservationRow, run.id)
+    if body.limit is None and total > cap:
+        message = (f"run_id: the run has {total} observations; a simulation replays at most {cap} "
+                   f"(ACTUATOR_SIMULATE_OBSERVATIONS): pass limit (<= {cap}) to replay the first ones")
+        raise HTTPException(422, {"message": message, "errors": [{"loc": "body.run_id", "msg": message}]})
+    registered = services.store.first_event(run.id, "run_registered")
     knobs = (registered.payload.get("knobs") if registered else None) or run.knobs
     errors = [{"loc": f"body.policy.{e['loc']}", "msg": e["msg"]} for e in Engine(doc).knob_errors(knobs)]
     if errors:
         raise HTTPException(422, {"message": "; ".join(f"{e['loc']}: {e['msg']}" for e in errors), "errors": errors})
-    observations = services.store.list_observations(run.id, limit=1_000_000)
-    return simulate(doc, knobs, observations)
+    observations = services.store.list_observations(run.id, limit=min(body.limit or cap, cap))
+    return {**simulate(doc, knobs, observations), "observations_total": total}
 
 
 @router.put("/{name}", status_code=201, summary="Update a policy: stores a new version")
@@ -127,9 +140,16 @@ def archive_policy(_: AdminDep, services: ServicesDep,
     return {"name": name, "archived_versions": n}
 
 
-@router.get("", summary="List policies (every version)")
-def list_policies(services: ServicesDep, include_archived: bool = False) -> list[dict[str, Any]]:
-    return [policy_public(p) for p in services.store.list_policies(include_archived)]
+@router.get("", summary="List policies (every version), paged",
+            description="Versions by name, then version, `limit` from `offset`. A page also ends before its "
+                        "documents pass ACTUATOR_POLICY_PAGE_BYTES (one document at least): the next page "
+                        "starts at offset + the number of items; an empty page is the end.")
+def list_policies(services: ServicesDep, include_archived: bool = False,
+                  offset: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
+                  limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> list[dict[str, Any]]:
+    rows = services.store.list_policies(include_archived, offset=offset, limit=limit,
+                                        max_bytes=services.settings.policy_page_bytes)
+    return [policy_public(p) for p in rows]
 
 
 PolicyName = Path(pattern=r"^[A-Za-z_][A-Za-z0-9_.\-]{0,63}$")

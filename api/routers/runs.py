@@ -130,7 +130,8 @@ def post_observations(batch: ObservationBatch, run: RunAuthDep, services: Servic
     if len(batch.observations) > services.settings.max_batch:
         raise _unprocessable(f"observations: at most {services.settings.max_batch} per request")
     try:
-        out = services.store.ingest(run.id, batch, token_hash=run.token_hash)
+        out = services.store.ingest(run.id, batch, token_hash=run.token_hash,
+                                    max_pending=services.settings.max_pending_decisions)
     except ObservationRefused as exc:  # nothing of the batch was stored
         raise HTTPException(exc.status, {"message": str(exc),
                                          "errors": [{"loc": f"body.{exc.loc}", "msg": exc.message}]}) from exc
@@ -143,7 +144,8 @@ def post_observations(batch: ObservationBatch, run: RunAuthDep, services: Servic
     _export(services, out)
     result = IngestResult(
         accepted=out.accepted, duplicates=out.duplicates,
-        decisions=[decision_public(d) for d in out.decisions], actions=out.actions,
+        decisions=[decision_public(d) for d in out.decisions], more_decisions=out.more_decisions,
+        actions=out.actions,
         state=out.run.state,  # type: ignore[arg-type]
         knobs={k: float(v["value"]) for k, v in out.run.knobs.items()},
         breached=sorted(name for name, st in out.run.guardrails.items() if st.get("active")),

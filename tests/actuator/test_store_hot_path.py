@@ -15,6 +15,7 @@ from actuator.models import DecisionRow, EventRow, ObservationRow
 from actuator.policy import load_policy
 from actuator.schemas import (
     MAX_INT,
+    MAX_SEQ,
     KnobSpec,
     ObservationBatch,
     ObservationCreate,
@@ -170,15 +171,15 @@ def test_a_restarted_postgres_costs_no_request(monkeypatch):
 
 
 def test_the_store_range_is_validated_before_the_store():
-    """What the store's 32-bit columns cannot hold is refused by the wire models and the policy
-    parser (the client gets the same errors as the service)."""
+    """What the store's columns (32-bit, 64-bit for seq) cannot hold is refused by the wire models
+    and the policy parser (the client gets the same errors as the service)."""
     with pytest.raises(ValidationError, match="seq"):
-        ObservationCreate(seq=MAX_INT + 1, step=1)
+        ObservationCreate(seq=MAX_SEQ + 1, step=1)
     with pytest.raises(ValidationError, match="step"):
         ObservationCreate(seq=1, step=MAX_INT + 1)
     with pytest.raises(ValidationError, match="last_decision"):
         ObservationBatch(observations=[obs(0, 1)], last_decision=MAX_INT + 1)
-    assert ObservationCreate(seq=MAX_INT, step=MAX_INT).seq == MAX_INT
+    assert ObservationCreate(seq=MAX_SEQ, step=MAX_INT).seq == MAX_SEQ
     huge = {**POLICY["controllers"][0], "cooldown": 10**40, "setpoint": [[0, 0.1], [10**400, 0.2]]}
     with pytest.raises(PolicyError) as err:
         load_policy({"name": "p", "controllers": [huge], "probes": [{"name": "kl_drift", "every": MAX_INT + 1}]})
