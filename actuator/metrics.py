@@ -38,29 +38,44 @@ free text (a run's *name* is user text, so it is not a label). Stale agents are
 Counters a run can increment are created at zero when the run is first seen, so ``rate()``,
 ``increase()`` and ``changes()`` see its first decision or breach (a series born at 1 looks flat).
 
+A run's series end with it: once the run is finished or halted (both final), they stay
+``retire_after`` seconds (so Prometheus scrapes their final values) and are then removed from
+``/metrics``; nothing is exported for the run after that. Without this the ``run`` label's
+cardinality grows with every run the service has ever seen.
+
 Several worker processes: when ``PROMETHEUS_MULTIPROC_DIR`` is set (before the process starts;
 prometheus_client picks its value store at import), values live in per-process files in that
 directory, every gauge aggregates as ``mostrecent`` (the last write across workers wins), and
 ``registry`` exposes the merge of all workers' files through a ``MultiProcessCollector``. Empty
 the directory before the workers start. The registry is injected so tests get a fresh one.
+prometheus_client cannot delete a series from those files, so there a run is retired by a line
+in ``retired-runs`` in the same directory (any worker may write it) and the collector leaves the
+run's samples out; the files keep them until the service restarts and empties the directory.
 """
 
 from __future__ import annotations
 
 import collections
 import os
+import threading
+import time
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
-__all__ = ["Metrics", "RUN_STATES", "DECISION_REASONS", "GUARDRAIL_ACTIONS", "BACKENDS"]
+__all__ = ["Metrics", "RUN_STATES", "FINAL_STATES", "DECISION_REASONS", "GUARDRAIL_ACTIONS", "BACKENDS"]
 
 _NS = "actuator"
 RUN_STATES = ("running", "paused", "halted", "finished")
+FINAL_STATES = ("halted", "finished")  # no way back to running: the run's series can go
 DECISION_REASONS = ("controller", "guardrail", "operator")
 GUARDRAIL_ACTIONS = ("alert", "adjust", "halt", "rollback")
 BACKENDS = ("store", "redis")
+# Retired runs remembered so that nothing of theirs is exported again (a run forgotten past this
+# and observed again is retired again: its series come back for retire_after seconds, then go).
+_GONE_REMEMBERED = 10_000
 # Per-run gauges: one writer at a time per run, so across workers the latest write is the truth.
 _GAUGE_MODE = "mostrecent"
 
@@ -73,12 +88,18 @@ class Metrics:
     ``registry`` holds only the collector that merges them.
     """
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, *, retire_after: float = 300.0) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+        self.retire_after = retire_after
+        self._retiring: dict[str, float] = {}  # run -> when its series go (in order: retire_after is fixed)
+        self._retire_lock = threading.Lock()
+        self._gone: dict[str, None] = {}  # runs whose series were removed, oldest first (bounded)
         r: CollectorRegistry | None = self.registry
         if self.multiprocess_dir:
-            MultiProcessCollector(self.registry, path=self.multiprocess_dir)
+            self._retired_log = _RetiredLog(os.path.join(self.multiprocess_dir, "retired-runs"))
+            self.registry.register(_WithoutRetired(MultiProcessCollector(None, path=self.multiprocess_dir),
+                                                   self._retired_log))
             r = None  # registering the live objects too would expose this worker twice
 
         def gauge(name: str, doc: str, labels: list[str]) -> Gauge:
@@ -106,6 +127,9 @@ class Metrics:
                                       "Unix time of the run's last stored observation "
                                       "(stale agents: time() - this).", ["run"])
         self.training_step = gauge("run_step", "Latest optimizer step observed.", ["run"])
+        self._per_run = (self.knob_value, self.knob_target, self.probe_value, self.probe_filtered, self.setpoint,
+                         self.threshold, self.pid_component, self.decisions, self.breaches, self.run_state,
+                         self.last_observation, self.training_step)
         # service
         self.observations = counter("observations_ingested", "Observations stored.")
         self.duplicates = counter("observations_duplicate", "Observations ignored as already stored.")
@@ -119,7 +143,43 @@ class Metrics:
 
     def render(self) -> tuple[bytes, str]:
         """The exposition body and its content type, for ``GET /metrics``."""
+        self._remove_retired()
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+    # -- the end of a run's series ------------------------------------------------------------
+    def _exported(self, run: str) -> bool:
+        """Whether the run's series are still written (False once they were retired)."""
+        if run in self._gone:
+            return False
+        when = self._retiring.get(run)
+        return when is None or time.time() < when
+
+    def _retire(self, run: str) -> None:
+        """The run reached a final state: its series go ``retire_after`` seconds from now."""
+        with self._retire_lock:
+            if run in self._retiring:
+                return
+            self._retiring[run] = when = time.time() + self.retire_after
+        if self.multiprocess_dir:
+            self._retired_log.add(run, when)
+        self._remove_retired()
+
+    def _remove_retired(self) -> None:
+        """Remove the series of runs whose time is up (in this process; in multiprocess mode the
+        collector leaves them out for every worker)."""
+        now = time.time()
+        with self._retire_lock:
+            due = [run for run, when in self._retiring.items() if when <= now]
+            for run in due:
+                del self._retiring[run]
+                self._gone[run] = None  # a late observation of the run does not bring them back
+            while len(self._gone) > _GONE_REMEMBERED:
+                del self._gone[next(iter(self._gone))]
+        if self.multiprocess_dir:
+            return  # the files cannot forget a series; _WithoutRetired hides them
+        for run in due:
+            for metric in self._per_run:
+                metric.remove_by_labels({"run": run})
 
     def _init_run(self, run: str, knobs: Any = ()) -> None:
         """Create the run's counters at zero (idempotent)."""
@@ -132,9 +192,11 @@ class Metrics:
     def observe_ingest(self, out: Any) -> None:
         """Export what one ingest (a store ``IngestOutcome``) changed."""
         run = out.run
-        self._init_run(run.id, run.knobs)
         self.observations.inc(out.accepted)
         self.duplicates.inc(out.duplicates)
+        if not self._exported(run.id):
+            return
+        self._init_run(run.id, run.knobs)
         if out.accepted:
             self.last_observation.labels(run.id).set_to_current_time()
             self.training_step.labels(run.id).set(run.last_step or 0)
@@ -166,6 +228,8 @@ class Metrics:
     def observe_control(self, run: Any, decisions: Any = ()) -> None:
         """Export an operator action (pause/resume, manual override, setpoint, policy change): the
         run's state, knob targets and setpoints, and the decisions it made (reason ``operator``)."""
+        if not self._exported(run.id):
+            return
         self._init_run(run.id, run.knobs)
         for knob, spec in run.knobs.items():
             self.knob_target.labels(run.id, knob).set(spec["value"])
@@ -177,7 +241,64 @@ class Metrics:
         self.set_state(run.id, run.state)
 
     def set_state(self, run: str, state: str) -> None:
-        """The run's state (called at registration too, which is when its counters start at 0)."""
+        """The run's state (called at registration too, which is when its counters start at 0).
+        A final state starts the countdown to the removal of the run's series."""
+        if not self._exported(run):
+            return
         self._init_run(run)
         for s in RUN_STATES:
             self.run_state.labels(run, s).set(1.0 if s == state else 0.0)
+        if state in FINAL_STATES:
+            self._retire(run)
+
+
+class _RetiredLog:
+    """Runs retired by any worker: one ``<run> <unix time>`` line each, appended (a single small
+    write with O_APPEND: lines from several workers never interleave). Read incrementally."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._offset = 0
+        self._when: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def add(self, run: str, when: float) -> None:
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, f"{run} {when:.3f}\n".encode())
+        finally:
+            os.close(fd)
+
+    def gone(self) -> set[str]:
+        """The runs whose series are due to be hidden now."""
+        with self._lock:
+            try:
+                with open(self.path, "rb") as fh:
+                    fh.seek(self._offset)
+                    chunk = fh.read()
+            except FileNotFoundError:
+                chunk = b""
+            end = chunk.rfind(b"\n") + 1  # a line still being written is read next time
+            self._offset += end
+            for line in chunk[:end].decode(errors="replace").splitlines():
+                run, _, when = line.partition(" ")
+                try:
+                    self._when[run] = min(float(when), self._when.get(run, float("inf")))
+                except ValueError:
+                    continue
+            now = time.time()
+            return {run for run, when in self._when.items() if when <= now}
+
+
+class _WithoutRetired:
+    """The multiprocess collector without the samples of retired runs."""
+
+    def __init__(self, inner: MultiProcessCollector, log: _RetiredLog) -> None:
+        self.inner, self.log = inner, log
+
+    def collect(self) -> Iterator[Any]:
+        gone = self.log.gone()
+        for family in self.inner.collect():
+            if gone:
+                family.samples = [s for s in family.samples if s.labels.get("run") not in gone]
+            yield family

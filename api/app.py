@@ -153,7 +153,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         live.close()
 
     app = FastAPI(title="Actuator", version=__version__, description=DESCRIPTION, lifespan=lifespan)
-    app.state.metrics = Metrics()
+    app.state.metrics = Metrics(retire_after=settings.metrics_retire_after)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
