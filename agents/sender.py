@@ -195,7 +195,14 @@ class BackgroundSender:
             # The answer stopped at the service's cap on decisions: ask for the rest now rather
             # than one page per observation. The batch's last observation again is a duplicate
             # (stored once, idempotent on seq); the answer carries the decisions after ours.
-            result = self._post(batch[-1:])
+            try:
+                result = self._post(batch[-1:])
+            except RequestRejected as exc:
+                if exc.status_code in (401, 403, 404):
+                    raise  # the run is gone or the token wrong: _rejected turns control off
+                log.warning("actuator: asking for the rest of the decisions was refused (%s); they come with "
+                            "the next observation", exc)
+                return  # not the next observation's fault: nothing queued is dropped
             self._deliver(result)
 
     def _post(self, batch: list[ObservationCreate]) -> IngestResult:
