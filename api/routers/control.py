@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Path, Query, Request, Response, status
-from fastapi.responses import HTMLResponse, StreamingResponse
-from starlette.concurrency import run_in_threadpool
+from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Response, status
+from fastapi.responses import HTMLResponse
+from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from actuator import operations as ops
@@ -183,22 +181,35 @@ def report(run_id: RunId, services: ServicesDep,
     return data
 
 
-@router.get("/{run_id}/stream", summary="Server-Sent Events: the run's observations, decisions and breaches live",
-            response_class=StreamingResponse)
-async def stream(run_id: RunId, request: Request, services: ServicesDep,
-                 max_seconds: Annotated[float, Query(gt=0, le=86400)] = 3600.0) -> StreamingResponse:
-    if await run_in_threadpool(services.store.get_run, run_id) is None:
+def _streamed_run(run_id: RunId, services: ServicesDep) -> str:
+    # A dependency, not the generator's first step: a 404 must be answered before the stream starts.
+    if services.store.get_run(run_id) is None:
         raise HTTPException(404, f"run {run_id!r} not found")
-    last = request.headers.get("last-event-id", "0")
-    after = int(last) if last.isascii() and last.isdigit() else 0
+    return run_id
 
-    async def events() -> AsyncIterator[str]:
-        nonlocal after
-        deadline = time.monotonic() + max_seconds
-        yield "retry: 2000\n\n"
-        while time.monotonic() < deadline and not await request.is_disconnected():
+
+@router.get("/{run_id}/stream", response_class=EventSourceResponse,
+            summary="Server-Sent Events: the run's observations, decisions and breaches live",
+            description="Each event's `id` is its number in the run (1, 2, 3, ...). Reconnecting with "
+                        "`Last-Event-ID` resumes exactly after that event; events no longer kept (about the "
+                        "last 1,000 are) come back as one `gap` event naming their numbers. Without it, the "
+                        "stream starts with the kept events. Idle streams get a keep-alive comment every 15 s.")
+async def stream(run_id: Annotated[str, Depends(_streamed_run)], services: ServicesDep,
+                 last_event_id: Annotated[str | None, Header(description="Resume after this event id")] = None,
+                 max_seconds: Annotated[float, Query(gt=0, le=86400)] = 3600.0) -> AsyncIterator[ServerSentEvent]:
+    # Anything but a plain event number (at most 18 digits: Redis ids are 64-bit) starts afresh.
+    valid = last_event_id is not None and last_event_id.isascii() and last_event_id.isdigit() and len(last_event_id) <= 18
+    after = int(last_event_id) if valid and last_event_id is not None else None
+    deadline = asyncio.get_running_loop().time() + max_seconds
+    yield ServerSentEvent(retry=2000)
+    events = services.live.follow(run_id, after)
+    try:
+        while True:
             try:
-                recent = await run_in_threadpool(services.live.recent, run_id, after)
+                async with asyncio.timeout_at(deadline):
+                    ev = await anext(events)
+            except TimeoutError:
+                return
             except Exception as exc:  # noqa: BLE001 - the response has started: no 503 possible now
                 # Live state unreachable: end the stream cleanly; the client reconnects after the
                 # retry interval sent above (instead of a traceback and a cut connection).
@@ -206,10 +217,6 @@ async def stream(run_id: RunId, request: Request, services: ServicesDep,
                     services.metrics.backend_errors.labels("redis").inc()
                 log.warning("live events unavailable for a stream: %s", type(exc).__name__)
                 return
-            for eid, ev in recent:
-                after = eid
-                yield f"id: {eid}\nevent: {ev.get('kind', 'message')}\ndata: {json.dumps(ev, default=str)}\n\n"
-            await asyncio.sleep(0.2)
-
-    return StreamingResponse(events(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            yield ServerSentEvent(id=str(ev.id), event=ev.kind, raw_data=ev.data)
+    finally:
+        await events.aclose()
