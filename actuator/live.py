@@ -141,7 +141,10 @@ class MemoryLive:
                 ring.append(LiveEvent(self._ids[run_id], kind, data))
             waiters = list(self._waiters.get(run_id, ()))
         for loop, woken in waiters:
-            loop.call_soon_threadsafe(woken.set)
+            try:
+                loop.call_soon_threadsafe(woken.set)
+            except RuntimeError:  # that follower's loop closed as we published: nobody to wake
+                pass
 
     def _after(self, run_id: str, after: int) -> list[LiveEvent]:
         with self._lock:
