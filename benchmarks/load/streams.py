@@ -176,14 +176,13 @@ def main() -> None:
     pg = start_postgres_durable(fsync=not args.no_fsync)
     rds = start_redis()
     r = redis.Redis.from_url(rds.url)
-    svc = start_service(pg.create_database(f"streams_{int(time.time() * 1000)}"), redis_url=rds.url,
-                        workers=args.workers)
-    groups = {"service": svc.pids, "postgres": lambda: postgres_pids(pg)}
+    svc: Service | None = None
     phases: dict[str, Any] = {}
     streams: IdleStreams | None = None
 
     def paced(name: str, agents: list[Any]) -> None:
         print(f"== {name} ...", flush=True)
+        assert svc is not None
         calls = redis_calls(r)
         with CpuMeter(groups) as meter:
             row = run_paced(agents, svc.port, seconds=args.seconds, rate=args.rate)
@@ -194,6 +193,9 @@ def main() -> None:
         phases[name] = row
 
     try:
+        svc = start_service(pg.create_database(f"streams_{int(time.time() * 1000)}"), redis_url=rds.url,
+                            workers=args.workers)
+        groups = {"service": svc.pids, "postgres": lambda: postgres_pids(pg)}
         followed = register_agents(svc.url, args.stream_runs)
         print(f"posting {args.history} observations to each of {len(followed)} followed runs ...", flush=True)
         post_history(svc, followed, args.history)
@@ -227,7 +229,8 @@ def main() -> None:
     finally:
         if streams is not None:
             streams.close()
-        svc.stop()
+        if svc is not None:
+            svc.stop()
         r.close()
         rds.stop()
         pg.stop()
