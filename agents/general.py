@@ -2,7 +2,7 @@
 
 - ``PROBE_PROMPTS`` (8 general chat questions) and ``PROBE_TEXTS`` (8 sentences): held-out sets
   for drift, embedding-drift and perplexity probes.
-- ``ANCHOR_PROMPTS`` (40 other general chat questions) and ``ANCHOR_TEXTS`` (20 other plain
+- ``ANCHOR_PROMPTS`` (52 other general chat requests, 12 of them acting on a quoted word) and ``ANCHOR_TEXTS`` (20 other plain
   sentences): for a KL anchor (:class:`actuator.agents.anchor.KLAnchor`), the prompts with the
   starting model's own answers (:func:`self_answers`; :func:`anchor_set` builds both). Disjoint
   from the probe sets, so a controller holding a probe cannot pass it by anchoring on the
@@ -51,6 +51,15 @@ ANCHOR_PROMPTS = [
     "What color do you get by mixing blue and yellow?", "Name a musical instrument with strings.",
     "What is the capital of Italy?", "Why is exercise good for the heart?", "What is a group of wolves called?",
     "Give one tip for saving money.", "What gas do humans breathe out?",
+    # Instructions that act on a quoted word or phrase: the neighbourhood a narrow word-level task
+    # (spelling, reversing, formatting) spills into first. An anchor that leaves it out lets the
+    # task's output format take over such prompts while general chat looks untouched.
+    "Write the word 'house' in capital letters.", "Give the plural of 'mouse'.",
+    "What is the past tense of 'run'?", "Use the word 'bright' in a short sentence.",
+    "Translate 'thank you' into German.", "What rhymes with 'light'?",
+    "How many letters are in the word 'cat'?", "Define the word 'brave'.",
+    "Spell the word 'friend' letter by letter.", "Say 'see you later' in Italian.",
+    "Turn 'i like tea' into a proper sentence with capitals.", "Give an antonym of 'early'.",
 ]
 # Plain general sentences for the anchor (a model forgets plain text too, not only chat).
 ANCHOR_TEXTS = [

@@ -71,7 +71,7 @@ class Job:
     """The model, data, probes and the capability evaluation both arms share."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        from actuator.agents.general import PROBE_PROMPTS, PROBE_TEXTS, anchor_set, chat
+        from actuator.agents.general import ANCHOR_PROMPTS, ANCHOR_TEXTS, PROBE_PROMPTS, PROBE_TEXTS, anchor_set, chat
         from actuator.agents.models import load_smollm2
         from actuator.agents.probes import EmbeddingDrift, HotpotQA, KLDrift, Perplexity
 
@@ -83,7 +83,7 @@ class Job:
         self.train_ds = build_dataset(self.tok, 400, args.seed)
         self.eval_ds = build_dataset(self.tok, 32, args.seed + 1)
         self.drift_prompts = [chat(self.tok, q) for q in PROBE_PROMPTS]
-        with console.status("anchor set: the starting model's own answers to 40 general prompts, and 20 plain sentences…"):
+        with console.status(f"anchor set: the starting model's own answers to {len(ANCHOR_PROMPTS)} general prompts, and {len(ANCHOR_TEXTS)} plain sentences…"):
             self.anchor_texts = anchor_set(self.model, self.tok)
         import copy
 

@@ -11,7 +11,8 @@ pass a probe by anchoring on it):
 - general-text perplexity (8 sentences);
 - HotpotQA EM/F1 and gold-answer log-prob (the shipped official-format records);
 - embedding drift of greedy answers to the 8 general prompts (all-MiniLM-L6-v2).
-The anchor set is 40 *other* general chat prompts with the starting model's own greedy answers
+The anchor set is 52 *other* general chat prompts (12 of them act on a quoted word: the task's
+neighbourhood) with the starting model's own greedy answers
 (self-distillation data, generated once at set-up).
 
 Arms (same data, seed and probes): open loop at three learning rates; ReduceLROnPlateau and early
@@ -45,7 +46,7 @@ from benchmarks.control.sft_drift import GENERAL_PROMPTS, Setup, make_trainer
 
 import torch  # noqa: E402
 
-from actuator.agents.general import anchor_set  # noqa: E402
+from actuator.agents.general import ANCHOR_PROMPTS, ANCHOR_TEXTS, anchor_set  # noqa: E402
 
 SCENARIO = "forgetting"
 
@@ -59,7 +60,7 @@ class ForgettingSetup(Setup):
 
         self.embedding = EmbeddingDrift(GENERAL_PROMPTS, self.tok, every=None, max_new_tokens=24,
                                         reference=self._base_model())
-        with console.status("anchor set: the starting model's own answers to 40 general prompts, and 20 plain sentences…"):
+        with console.status(f"anchor set: the starting model's own answers to {len(ANCHOR_PROMPTS)} general prompts, and {len(ANCHOR_TEXTS)} plain sentences…"):
             self.anchor_texts = anchor_set(self.model, self.tok)
 
     def drift_probe(self, every: int | None, reference: Any = None) -> Any:
@@ -267,27 +268,31 @@ def wise_ft(setup: ForgettingSetup, end_state: dict[str, torch.Tensor], a: argpa
     def load(alpha: float) -> None:
         setup.model.load_state_dict({k: setup.base[k] + alpha * (end_state[k] - setup.base[k]) for k in setup.base})
 
+    ceiling, _ = limit(a)
+
     def drift_at(alpha: float) -> float:
+        """The budgeted probe (``--constraint``) at θ(α)."""
         load(alpha)
-        suite = ProbeSuite([setup.drift_probe(None, setup._base_model())], budget_share=1.0)
+        suite = ProbeSuite([setup.controlled_probe(a, None)], budget_share=1.0)
         suite.setup(setup.model)
-        return suite.run(setup.model, 0, force=True).values["kl_drift"]
+        return suite.run(setup.model, 0, force=True).values[a.constraint]
 
     t0 = time.time()
     lo, hi = 0.0, 1.0
-    if drift_at(1.0) <= a.budget:
+    if drift_at(1.0) <= ceiling:
         lo = 1.0
     else:
         for _ in range(6):
             mid = (lo + hi) / 2
-            if drift_at(mid) <= a.budget:
+            if drift_at(mid) <= ceiling:
                 lo = mid
             else:
                 hi = mid
     load(lo)
     trainer = make_trainer(setup, "wise", a.lr, 1, seed, a.out)
     final = setup.capability(trainer)
-    return {"arm": "WiSE-FT", "kind": "wise", "lr": a.lr, "alpha": lo, "seed": seed, "trace": [], "final": final,
+    return {"arm": label(a, "WiSE-FT"), "kind": "wise", "constraint": {"probe": a.constraint, "budget": a.budget,
+                                                                        "ceiling": ceiling}, "lr": a.lr, "alpha": lo, "seed": seed, "trace": [], "final": final,
             "seconds": time.time() - t0, "steps": a.steps, "decisions": None}
 
 
@@ -305,8 +310,12 @@ def arms_for(a: argparse.Namespace) -> list[dict[str, Any]]:
         {"name": label(a, "lr PID"), "kind": "lr-pid", "lr": lr},
         {"name": label(a, "Actuator"), "kind": "actuator", "lr": lr},
     ]
-    if a.arms:  # in the order given: the arms that matter most first
-        arms = sorted((arm for arm in arms if arm["kind"] in a.arms), key=lambda arm: a.arms.index(arm["kind"]))
+    if a.arms:  # in the order given, the arms that matter most first; "wise" (re-)runs the open loop at lr
+        def rank(arm: dict[str, Any]) -> int:
+            return a.arms.index("wise" if arm.get("keep_end") and "open" not in a.arms else arm["kind"])
+
+        arms = sorted((arm for arm in arms if arm["kind"] in a.arms or ("wise" in a.arms and arm.get("keep_end"))),
+                      key=rank)
     return arms
 
 
