@@ -443,9 +443,10 @@ def protect_policy(
 
 # The constraint law's default gains, per unit of budget (so they carry across probes and
 # budgets): a violation the size of the budget asks for CONSTRAINT_KP of weight at once and adds
-# CONSTRAINT_KI per step while it lasts. Chosen on the forgetting scenario (BENCHMARKS.md).
-CONSTRAINT_KP = 4.0
-CONSTRAINT_KI = 1.0
+# CONSTRAINT_KI per step while it lasts. Picked on seed 0 of the forgetting scenario among three
+# sets (BENCHMARKS.md): larger gains answer Adam's lagging rise with a weight that undoes the task.
+CONSTRAINT_KP = 0.5
+CONSTRAINT_KI = 0.05
 
 
 def constraint_controller(name: str, probe: str, budget: float, *, bound: str = "upper", knob: str = "kl_weight",

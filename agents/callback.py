@@ -60,8 +60,9 @@ def default_knob_spec(name: str, value: float) -> dict[str, Any]:
     if name in ("kl_beta", "gkd_beta") and value > 0:
         return {"min": value / 100.0, "max": value * 10.0, "scale": "log", "max_step": 0.7}
     if name == "kl_weight":
-        # A Lagrange multiplier: 0 is "anchor off"; 10 already outweighs a typical task loss.
-        return {"min": 0.0, "max": 10.0, "scale": "linear", "max_step": 1.0}
+        # A Lagrange multiplier: 0 is "anchor off"; at 2 the anchor already outweighs a typical
+        # task loss (forgetting benchmark: w = 3 costs a third of the task); 0.25 per decision.
+        return {"min": 0.0, "max": 2.0, "scale": "linear", "max_step": 0.25}
     if name == "distill_lambda":
         return {"min": 0.0, "max": 1.0, "scale": "linear", "max_step": 0.2}
     if name == "rank":

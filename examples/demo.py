@@ -140,7 +140,7 @@ class Job:
 
 def policy(args: argparse.Namespace, start: dict[str, float]) -> dict[str, Any]:
     """A constraint on the chosen probe, driving ``kl_weight``; gains per unit of allowed change
-    (as ``benchmarks/control/forgetting.py``): kp 4/margin, ki 1/margin per step."""
+    (as ``benchmarks/control/forgetting.py``): kp/margin, ki/margin per step."""
     if args.constraint == "perplexity":
         ceiling, margin = start["perplexity"] * (1 + args.budget / 100), start["perplexity"] * args.budget / 100
     else:
@@ -193,6 +193,10 @@ class Lines:
             self.progress.__exit__(*exc)
 
 
+# The constraint law's gains per unit of allowed change, and the knob's range and rate limit: as
+# picked on seed 0 of benchmarks/control/forgetting.py and ``preset:protect-capability``.
+KP, KI, W_MAX, W_STEP = 0.5, 0.05, 2.0, 0.25
+
 PROBE_NAME = ["perplexity"]  # what the progress lines show: the controlled probe
 
 
@@ -223,7 +227,8 @@ def run_arm(job: Job, name: str, *, controlled: bool, url: str, start: dict[str,
         trainer = anchor_trainer(Trainer)(kl_anchor=anchor, **common)
         # The demo shows the loop, so the drift probe is never skipped for budget (a real run keeps
         # the default 10% budget). kl_weight comes with the policy: the trainer has an anchor.
-        cb = ActuatorCallback(policy(args, start), url=url, probes=[probe], run_name=f"demo-{name}", budget_share=1.0)
+        cb = ActuatorCallback(policy(args, start), url=url, probes=[probe], run_name=f"demo-{name}", budget_share=1.0,
+                              knobs={"kl_weight": {"min": 0.0, "max": args.w_max, "max_step": args.w_step}})
         cb.attach(trainer)
     else:
         trainer = Trainer(**common)
@@ -313,8 +318,10 @@ def main() -> None:
                     help="the held-out probe the budget is stated on")
     ap.add_argument("--budget", type=float, default=10.0,
                     help="how far it may move: perplexity rise in percent, or KL drift in nats/token")
-    ap.add_argument("--kp", type=float, default=4.0, help="constraint kp x budget")
-    ap.add_argument("--ki", type=float, default=1.0, help="constraint ki x budget, per step")
+    ap.add_argument("--kp", type=float, default=KP, help="constraint kp x budget (weight per budget of violation)")
+    ap.add_argument("--ki", type=float, default=KI, help="constraint ki x budget, per step")
+    ap.add_argument("--w-max", type=float, default=W_MAX, help="largest kl_weight")
+    ap.add_argument("--w-step", type=float, default=W_STEP, help="largest change of kl_weight per decision")
     ap.add_argument("--probe-every", type=int, default=2)
     ap.add_argument("--hotpot", type=int, default=4, help="HotpotQA records in the capability check")
     ap.add_argument("--seed", type=int, default=0)
