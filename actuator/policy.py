@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from ._exceptions import PolicyError
-from .schemas import MAX_INT, MAX_SETPOINT_POINTS, FiniteFloat, Name, Scale
+from .schemas import MAX_INT, MAX_SETPOINT_POINTS, FiniteFloat, Name, PositiveFinite, Scale
 
 __all__ = [
     "KNOWN_PROBES",
@@ -157,7 +157,7 @@ class ControllerSpec(_Model):
     min: FiniteFloat | None = Field(None, description="Tighter lower bound than the run's knob.")
     max: FiniteFloat | None = Field(None, description="Tighter upper bound than the run's knob.")
     scale: Scale | None = Field(None, description="Override of the knob's scale.")
-    max_step: FiniteFloat | None = Field(None, gt=0, description="Largest change per decision (scale units).")
+    max_step: PositiveFinite | None = Field(None, description="Largest change per decision (scale units).")
     deadband: FiniteFloat = Field(0.0, ge=0)
     cooldown: int = Field(0, ge=0, description="Optimizer steps between two changes.")
     priority: int = Field(0, description="When two controllers drive one knob, the higher priority acts.")

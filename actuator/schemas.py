@@ -9,7 +9,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 __all__ = [
     "MAX_INT",
@@ -18,6 +19,9 @@ __all__ = [
     "MAX_SETPOINT_POINTS",
     "Name",
     "FiniteFloat",
+    "PositiveFinite",
+    "WireInt",
+    "PositiveWireInt",
     "Scale",
     "RunStateName",
     "KnobSpec",
@@ -32,12 +36,38 @@ __all__ = [
     "DecisionPublic",
     "DecisionPage",
     "IngestResult",
+    "ErrorItem",
+    "ErrorDetail",
+    "ErrorPublic",
+    "HealthPublic",
+    "PolicyPublic",
+    "PolicyArchived",
+    "PolicyValidation",
+    "SimulationPublic",
+    "EventPublic",
+    "ControlResult",
+    "ReportSampling",
+    "ReportPublic",
 ]
 
 # Probe, knob, metric and run names: short identifiers, dots allowed for namespacing
 # ("hotpotqa.gold_logprob"). Bounded so they are safe as Prometheus label values.
 Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_.\-]{0,63}$")]
-FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+
+
+def _not_a_bool(value: Any) -> Any:
+    """JSON true is not a number, though pydantic's lax mode takes it as 1. (Numeric strings stay
+    accepted: YAML reads ``1e-6`` as a string.)"""
+    if isinstance(value, bool):
+        raise PydanticCustomError("number_type", "Input should be a number, not a boolean")
+    return value
+
+
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False), BeforeValidator(_not_a_bool)]
+# A bound on FiniteFloat | None outside the annotation would not reach the JSON Schema (the
+# validator hides the number type): such bounds go inside, as here.
+PositiveFinite = Annotated[float, Field(gt=0, allow_inf_nan=False), BeforeValidator(_not_a_bool)]
+WireInt = Annotated[int, BeforeValidator(_not_a_bool)]
 Scale = Literal["log", "linear", "integer"]
 RunStateName = Literal["running", "paused", "halted", "finished"]
 
@@ -54,6 +84,8 @@ MAX_SEQ = 2**63 - 1
 MAX_SEQ_GAP = 2**32
 # Points of a setpoint schedule: the engine reads the schedule on every observation.
 MAX_SETPOINT_POINTS = 1000
+# A count in a request body (1 .. MAX_INT; the bounds inside the type, as for PositiveFinite).
+PositiveWireInt = Annotated[int, Field(ge=1, le=MAX_INT), BeforeValidator(_not_a_bool)]
 
 
 class _Model(BaseModel):
@@ -68,9 +100,8 @@ class KnobSpec(_Model):
     min: FiniteFloat
     max: FiniteFloat
     scale: Scale = "linear"
-    max_step: FiniteFloat | None = Field(
+    max_step: PositiveFinite | None = Field(
         None,
-        gt=0,
         description="Largest change per decision in the knob's scale (log units for 'log': "
         "0.5 allows at most x1.65 per decision). None = unlimited.",
     )
@@ -141,9 +172,9 @@ class RunState(RunPublic):
 class ObservationCreate(_Model):
     """What the agent sends: probe values, training metrics and the knob values in effect."""
 
-    seq: int = Field(ge=0, le=MAX_SEQ, description="Per-run sequence number; (run, seq) is idempotent. At most "
-                     f"{MAX_SEQ_GAP} past the run's last seq.")
-    step: int = Field(ge=0, le=MAX_INT, description="Optimizer step the values were taken at.")
+    seq: WireInt = Field(ge=0, le=MAX_SEQ, description="Per-run sequence number; (run, seq) is idempotent. At most "
+                         f"{MAX_SEQ_GAP} past the run's last seq.")
+    step: WireInt = Field(ge=0, le=MAX_INT, description="Optimizer step the values were taken at.")
     probes: dict[Name, FiniteFloat] = Field(default_factory=dict, max_length=_MAX_VALUES)
     metrics: dict[Name, FiniteFloat] = Field(default_factory=dict, max_length=_MAX_VALUES)
     knobs: dict[Name, FiniteFloat] = Field(default_factory=dict, max_length=_MAX_VALUES)
@@ -152,7 +183,7 @@ class ObservationCreate(_Model):
 
 class ObservationBatch(_Model):
     observations: list[ObservationCreate] = Field(min_length=1, max_length=1000)
-    last_decision: int = Field(
+    last_decision: WireInt = Field(
         0, ge=0, le=MAX_INT,
         description="Highest decision number the agent has applied; decisions after it are returned.",
     )
@@ -242,3 +273,113 @@ class IngestResult(_Model):
     breached: list[str] = Field(default_factory=list,
                                 description="Guardrails in breach after this batch (empty: every guardrail holds).")
     last_step: int | None = Field(None, description="Latest step the service has observed for this run.")
+
+
+class _Public(BaseModel):
+    """What the service answers that is built from a dict: keys beyond the declared fields are
+    dropped, never an error (a response that fails its own model would be a 500)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class ErrorItem(_Model):
+    """One thing wrong with a request: where (``body.observations.0.seq``, ``path.run_id``,
+    ``query.limit``, ``header.authorization``) and what."""
+
+    loc: str
+    msg: str
+    type: str | None = Field(None, description="Machine-readable kind (pydantic's error type), when known.")
+
+
+class ErrorDetail(_Model):
+    message: str = Field(description="Every problem in one line, each naming its field.")
+    errors: list[ErrorItem] = Field(default_factory=list, description="One entry per problem (may be empty).")
+
+
+class ErrorPublic(_Model):
+    """Every 4xx and 5xx answer of the service: ``{"detail": {"message": ..., "errors": [...]}}``."""
+
+    detail: ErrorDetail
+
+
+class HealthPublic(_Model):
+    status: Literal["ok", "degraded"]
+    checks: dict[str, str] = Field(description="Per backend: 'ok' or 'error: <kind>'.")
+
+
+class PolicyPublic(_Public):
+    """One stored version of a policy."""
+
+    id: int
+    name: str
+    version: int
+    archived: bool
+    created_at: datetime
+    document: dict[str, Any] = Field(description="The policy document (see GET /v1/policies/schema).")
+
+
+class PolicyArchived(_Public):
+    name: str
+    archived_versions: int = Field(description="How many versions were archived.")
+
+
+class PolicyValidation(_Public):
+    valid: bool
+    errors: list[ErrorItem] = Field(description="Every error with its path in the document (empty when valid).")
+
+
+class SimulationPublic(_Public):
+    """What a policy would have done on a run's recorded observations."""
+
+    decisions: list[dict[str, Any]]
+    actions: list[dict[str, Any]]
+    events: list[dict[str, Any]]
+    trace: list[dict[str, Any]] = Field(description="Knob values after each replayed observation.")
+    final_state: RunStateName
+    observations: int = Field(description="Observations replayed.")
+    observations_total: int = Field(description="Observations the run has (more than replayed: `limit` or "
+                                    "ACTUATOR_SIMULATE_OBSERVATIONS cut the replay).")
+
+
+class EventPublic(_Public):
+    """An audit event of a run: breach, override, policy move, state change."""
+
+    id: int
+    kind: str
+    step: int | None
+    payload: dict[str, Any]
+    created_at: datetime
+
+
+class ControlResult(_Public):
+    """The answer of an operator action: the run after it, the decisions and events it caused."""
+
+    run: RunState
+    decisions: list[DecisionPublic]
+    events: list[dict[str, Any]]
+
+
+class ReportSampling(_Public):
+    """How a report's series were downsampled: every k-th observation and the last."""
+
+    observations: int = Field(description="Observations the run has.")
+    every: int = Field(description="k: one observation in k is in the series (1: all).")
+    max_points: int | None = Field(None, description="Points per series at most (ACTUATOR_REPORT_POINTS, fewer "
+                                   "when the run reports many series).")
+
+
+class ReportPublic(_Public):
+    """A run's report as JSON: series as ``[step, value]`` pairs, decisions and events."""
+
+    run: dict[str, Any]
+    probes: dict[str, list[list[float]]]
+    knobs: dict[str, list[list[float]]]
+    metrics: dict[str, list[list[float]]]
+    setpoints: dict[str, Any]
+    thresholds: dict[str, float]
+    decisions: list[dict[str, Any]] = Field(description="The latest ACTUATOR_REPORT_DECISIONS decisions.")
+    events: list[dict[str, Any]] = Field(description="The latest ACTUATOR_REPORT_EVENTS events.")
+    sampling: ReportSampling
+    decisions_omitted: int = Field(description="Earlier decisions not listed (GET /v1/runs/{id}/decisions pages "
+                                   "through all).")
+    events_omitted: int = Field(description="Earlier events not listed (GET /v1/runs/{id}/events pages through all).")

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import hmac
+import re
 import threading
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import Depends, HTTPException, Path, Request, status
+from fastapi import Depends, Path, Request, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BeforeValidator, Field
+from pydantic_core import PydanticCustomError
 from starlette.concurrency import run_in_threadpool
 
 from actuator.config import Settings
@@ -18,8 +22,27 @@ from actuator.models import RunRow
 from actuator.schemas import MAX_INT
 from actuator.store import Store, hash_token, tokens_match
 
+from .errors import ApiError
+
 __all__ = ["Services", "ServicesDep", "AdminDep", "RunAuth", "RunAuthDep", "RunOrAdminDep", "get_services",
-           "MAX_INT", "policy_ref"]
+           "MAX_INT", "Offset", "PageSize", "Version", "policy_ref", "admin_bearer", "agent_bearer",
+           "forbidden_run_token", "run_not_found"]
+
+
+def _decimal(value: Any) -> Any:
+    """A query or path integer is ASCII digits with an optional sign: pydantic's lax parsing also
+    takes '1_000', ' 5' and '5.0', which the OpenAPI document (type integer) does not allow."""
+    if isinstance(value, str) and not _DECIMAL.fullmatch(value):
+        raise PydanticCustomError("int_parsing", "Input should be a valid integer")
+    return value
+
+
+_DECIMAL = re.compile(r"[+-]?[0-9]+")
+# Query and path integers. The bounds sit inside the type: on a parameter (Query(ge=...)) they
+# would not reach the OpenAPI document through the validator.
+Offset = Annotated[int, Field(ge=0, le=MAX_INT), BeforeValidator(_decimal)]
+PageSize = Annotated[int, Field(ge=1, le=1000), BeforeValidator(_decimal)]
+Version = Annotated[int, Field(ge=1, le=MAX_INT), BeforeValidator(_decimal)]
 
 
 def policy_ref(ref: str) -> tuple[str, int | None, bool]:
@@ -82,18 +105,22 @@ async def get_services(request: Request) -> Services:
 ServicesDep = Annotated[Services, Depends(get_services)]
 
 
-def _bearer(request: Request) -> str | None:
-    header = request.headers.get("authorization")
-    if not header:
-        return None
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        return None
-    return token.strip()
+# Two bearer schemes in the OpenAPI document (same header): which token an operation takes.
+# auto_error=False: the dependencies below answer 401/403 with their own messages.
+admin_bearer = HTTPBearer(scheme_name="AdminToken", auto_error=False,
+                          description="ACTUATOR_ADMIN_TOKEN (admin endpoints are open when it is unset).")
+agent_bearer = HTTPBearer(scheme_name="AgentToken", auto_error=False,
+                          description="A run's agent token, returned once by POST /v1/runs.")
+AdminCredentials = Annotated[HTTPAuthorizationCredentials | None, Depends(admin_bearer)]
+AgentCredentials = Annotated[HTTPAuthorizationCredentials | None, Depends(agent_bearer)]
 
 
-def _unauthorized(msg: str) -> HTTPException:
-    return HTTPException(status.HTTP_401_UNAUTHORIZED, msg, headers={"WWW-Authenticate": "Bearer"})
+def _token(credentials: HTTPAuthorizationCredentials | None) -> str | None:
+    return credentials.credentials if credentials is not None else None
+
+
+def _unauthorized(msg: str) -> ApiError:
+    return ApiError(status.HTTP_401_UNAUTHORIZED, msg, headers={"WWW-Authenticate": "Bearer"})
 
 
 def _is_admin(services: Services, token: str | None) -> bool:
@@ -101,22 +128,22 @@ def _is_admin(services: Services, token: str | None) -> bool:
     return admin is not None and token is not None and hmac.compare_digest(token, admin.get_secret_value())
 
 
-async def require_admin(request: Request, services: ServicesDep) -> None:
+async def require_admin(credentials: AdminCredentials, services: ServicesDep) -> None:
     """Admin endpoints (policies, registration). Open when no admin token is configured
     (embedded single-user mode)."""
     if services.settings.admin_token is None:
         return
-    token = _bearer(request)
+    token = _token(credentials)
     if token is None:
         raise _unauthorized("missing bearer token: this endpoint needs the admin token")
     if not _is_admin(services, token):
-        raise HTTPException(status.HTTP_403_FORBIDDEN, "this token is not the admin token")
+        raise ApiError(status.HTTP_403_FORBIDDEN, "this token is not the admin token")
 
 
 def _load_run(services: Services, run_id: str) -> RunRow:
     run = services.store.get_run(run_id)
     if run is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"run {run_id!r} not found")
+        raise run_not_found(run_id)
     return run
 
 
@@ -131,30 +158,35 @@ class RunAuth:
     token_hash: str
 
 
-def forbidden_run_token() -> HTTPException:
-    return HTTPException(status.HTTP_403_FORBIDDEN, "this token does not grant access to this run")
+def forbidden_run_token() -> ApiError:
+    return ApiError(status.HTTP_403_FORBIDDEN, "this token does not grant access to this run")
 
 
-async def require_run_token(request: Request, services: ServicesDep, run_id: RunId) -> RunAuth:
+def run_not_found(run_id: str) -> ApiError:
+    return ApiError(status.HTTP_404_NOT_FOUND, f"run {run_id!r} not found")
+
+
+async def require_run_token(credentials: AgentCredentials, services: ServicesDep, run_id: RunId) -> RunAuth:
     """The run's own agent token: 401 without a token, 404 unknown run, 403 another run's token.
     A token already verified for the run is not looked up again (see :class:`VerifiedTokens`)."""
-    token = _bearer(request)
+    token = _token(credentials)
     if token is None:
         raise _unauthorized("missing bearer token: post with the run's agent token")
     digest = hash_token(token)
     if not services.tokens.holds(run_id, digest):
         stored = await run_in_threadpool(services.store.run_token_hash, run_id)
         if stored is None:
-            raise HTTPException(status.HTTP_404_NOT_FOUND, f"run {run_id!r} not found")
+            raise run_not_found(run_id)
         if not hmac.compare_digest(digest, stored):
             raise forbidden_run_token()
         services.tokens.remember(run_id, stored)
     return RunAuth(run_id, digest)
 
 
-def require_run_or_admin(request: Request, services: ServicesDep, run_id: RunId) -> RunRow:
-    """Run control (halt, pause, ...): the run's token or the admin token."""
-    token = _bearer(request)
+def require_run_or_admin(admin: AdminCredentials, agent: AgentCredentials, services: ServicesDep,
+                         run_id: RunId) -> RunRow:
+    """Run control (halt, finish): the run's token or the admin token (either scheme: one header)."""
+    token = _token(admin or agent)
     if services.settings.admin_token is None and token is None:
         return _load_run(services, run_id)
     if token is None:
@@ -162,7 +194,7 @@ def require_run_or_admin(request: Request, services: ServicesDep, run_id: RunId)
     run = _load_run(services, run_id)
     if _is_admin(services, token) or tokens_match(token, run.token_hash):
         return run
-    raise HTTPException(status.HTTP_403_FORBIDDEN, "this token grants neither this run nor admin")
+    raise ApiError(status.HTTP_403_FORBIDDEN, "this token grants neither this run nor admin")
 
 
 AdminDep = Annotated[None, Depends(require_admin)]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from actuator.models import DecisionRow, PolicyRow, RunRow
-from actuator.schemas import DecisionPublic, KnobSpec, RunPublic, RunState
+from actuator.schemas import DecisionPublic, KnobSpec, PolicyPublic, RunPublic, RunState
 
 __all__ = ["run_public", "run_state", "decision_public", "policy_public"]
 
@@ -40,6 +40,6 @@ def decision_public(d: DecisionPublic | DecisionRow) -> DecisionPublic:
     return d if isinstance(d, DecisionPublic) else DecisionPublic.model_validate(d, from_attributes=True)
 
 
-def policy_public(p: PolicyRow) -> dict:
-    return {"id": p.id, "name": p.name, "version": p.version, "archived": p.archived,
-            "created_at": p.created_at, "document": p.document}
+def policy_public(p: PolicyRow) -> PolicyPublic:
+    return PolicyPublic(id=p.id, name=p.name, version=p.version, archived=p.archived,
+                        created_at=p.created_at, document=p.document)

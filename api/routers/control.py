@@ -7,19 +7,32 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Response, status
+from fastapi import APIRouter, Depends, Header, Path, Query, Response
 from fastapi.responses import HTMLResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from actuator import operations as ops
 from actuator.policy import ControllerSpec, PolicyDocument
-from actuator.schemas import MAX_SETPOINT_POINTS, FiniteFloat, Name, RunState
+from actuator.schemas import (
+    MAX_SETPOINT_POINTS,
+    ControlResult,
+    ErrorPublic,
+    EventPublic,
+    FiniteFloat,
+    Name,
+    ReportPublic,
+    RunState,
+)
 
-from ..deps import MAX_INT, AdminDep, RunId, Services, ServicesDep, policy_ref
+from ..deps import MAX_INT, AdminDep, Offset, PageSize, RunId, Services, ServicesDep, policy_ref, run_not_found
+from ..errors import ApiError, error_responses
 from ..views import decision_public, run_state
 
-router = APIRouter(prefix="/v1/runs", tags=["control"])
+# Every route here names a run (404, 422 for a malformed id) and reads the store (503).
+router = APIRouter(prefix="/v1/runs", tags=["control"], responses=error_responses(404, 422, 503))
+_CONTROL_ERRORS = error_responses(401, 403)
+_CONTROL_BODY_ERRORS = error_responses(400, 401, 403, 413)
 log = logging.getLogger("actuator.api")
 
 
@@ -45,58 +58,62 @@ def _policy(services: Services, run: Any) -> PolicyDocument:
     return services.engine_for(run.policy_id).policy
 
 
-def _act(services: Services, run_id: str, op: Any) -> dict[str, Any]:
+def _act(services: Services, run_id: str, op: Any) -> ControlResult:
     try:
         out = services.store.mutate(run_id, op)
     except ValueError as exc:
         field, _, msg = str(exc).partition(": ")
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY,
-                            {"message": str(exc), "errors": [{"loc": f"body.{field}", "msg": msg or str(exc)}]}) from exc
+        raise ApiError(422, str(exc), [{"loc": f"body.{field}", "msg": msg or str(exc)}]) from exc
     if out is None:
-        raise HTTPException(404, f"run {run_id!r} not found")
+        raise run_not_found(run_id)
     run, rows, events = out
     services.metrics.observe_control(run, rows)
     services.live.publish_many(run.id, events)
-    return {"run": run_state(run), "decisions": [decision_public(d) for d in rows], "events": events}
+    return ControlResult(run=run_state(run), decisions=[decision_public(d) for d in rows], events=events)
 
 
 def _run(services: Services, run_id: str) -> Any:
     run = services.store.get_run(run_id)
     if run is None:
-        raise HTTPException(404, f"run {run_id!r} not found")
+        raise run_not_found(run_id)
     return run
 
 
-@router.post("/{run_id}/pause", summary="Pause control (the run trains on; knobs hold)")
-def pause(run_id: RunId, _: AdminDep, services: ServicesDep) -> dict[str, Any]:
+@router.post("/{run_id}/pause", response_model=ControlResult, responses=_CONTROL_ERRORS,
+             summary="Pause control (the run trains on; knobs hold)")
+def pause(run_id: RunId, _: AdminDep, services: ServicesDep) -> ControlResult:
     _run(services, run_id)
     return _act(services, run_id, ops.pause)
 
 
-@router.post("/{run_id}/resume", summary="Resume control (bumpless from the values in effect)")
-def resume(run_id: RunId, _: AdminDep, services: ServicesDep) -> dict[str, Any]:
+@router.post("/{run_id}/resume", response_model=ControlResult, responses=_CONTROL_ERRORS,
+             summary="Resume control (bumpless from the values in effect)")
+def resume(run_id: RunId, _: AdminDep, services: ServicesDep) -> ControlResult:
     _run(services, run_id)
     return _act(services, run_id, ops.resume)
 
 
-@router.post("/{run_id}/knobs/{knob}/override", summary="Pin a knob to a value (controllers track it)")
+@router.post("/{run_id}/knobs/{knob}/override", response_model=ControlResult, responses=_CONTROL_BODY_ERRORS,
+             summary="Pin a knob to a value (controllers track it)")
 def override(run_id: RunId, knob: Annotated[str, Path(max_length=64)], body: OverrideBody, _: AdminDep,
-             services: ServicesDep) -> dict[str, Any]:
+             services: ServicesDep) -> ControlResult:
     _run(services, run_id)
     return _act(services, run_id, lambda ctx, run: ops.override_knob(ctx, run, knob, body.value, body.note))
 
 
-@router.delete("/{run_id}/knobs/{knob}/override", summary="Hand a knob back to control (bumpless)")
+@router.delete("/{run_id}/knobs/{knob}/override", response_model=ControlResult, responses=_CONTROL_ERRORS,
+               summary="Hand a knob back to control (bumpless)")
 def release(run_id: RunId, knob: Annotated[str, Path(max_length=64)], _: AdminDep,
-            services: ServicesDep) -> dict[str, Any]:
+            services: ServicesDep) -> ControlResult:
     run = _run(services, run_id)
     policy = _policy(services, run)
     return _act(services, run_id, lambda ctx, r: ops.release_knob(ctx, r, knob, policy))
 
 
-@router.put("/{run_id}/controllers/{controller}/setpoint", summary="Change a controller's setpoint for this run")
+@router.put("/{run_id}/controllers/{controller}/setpoint", response_model=ControlResult,
+            responses=_CONTROL_BODY_ERRORS, summary="Change a controller's setpoint for this run")
 def setpoint(run_id: RunId, controller: Annotated[str, Path(max_length=64)], body: SetpointBody, _: AdminDep,
-             services: ServicesDep) -> dict[str, Any]:
+             services: ServicesDep) -> ControlResult:
     run = _run(services, run_id)
     policy = _policy(services, run)
     sp = body.setpoint if not isinstance(body.setpoint, list) else [list(p) for p in body.setpoint]
@@ -109,49 +126,52 @@ def setpoint(run_id: RunId, controller: Annotated[str, Path(max_length=64)], bod
         except ValidationError as exc:
             errors = [{"loc": "body.setpoint", "msg": str(e["msg"]).removeprefix("Value error, ")}
                       for e in exc.errors()]
-            raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY,
-                                {"message": "; ".join(f"{e['loc']}: {e['msg']}" for e in errors),
-                                 "errors": errors}) from exc
+            raise ApiError(422, None, errors) from exc
     return _act(services, run_id, lambda ctx, r: ops.set_setpoint(ctx, r, controller, sp, policy))
 
 
-@router.post("/{run_id}/policy", response_model=RunState, summary="Move a live run to another policy version (audited)")
+@router.post("/{run_id}/policy", response_model=RunState, responses=_CONTROL_BODY_ERRORS,
+             summary="Move a live run to another policy version (audited)")
 def move_policy(run_id: RunId, body: MoveBody, _: AdminDep, services: ServicesDep) -> RunState:
     run = _run(services, run_id)
     name, version, ok = policy_ref(body.policy)
     row = services.store.get_policy(name, version) if ok else None
     if row is None:
-        raise HTTPException(422, {"message": f"policy: {body.policy!r} not found",
-                                  "errors": [{"loc": "body.policy", "msg": "not found"}]})
+        raise ApiError(422, f"policy: {body.policy!r} not found", [{"loc": "body.policy", "msg": "not found"}])
     # The new policy against the run's knobs: what would fail at every observation is refused now.
     errors = [{"loc": f"body.policy.{e['loc']}", "msg": f"{row.name}@{row.version}: {e['msg']}"}
               for e in services.engine_for(row.id).knob_errors(run.knobs)]
     if errors:
-        raise HTTPException(422, {"message": "; ".join(f"{e['loc']}: {e['msg']}" for e in errors), "errors": errors})
+        raise ApiError(422, None, errors)
     moved = services.store.move_policy(run_id, row, body.reason)
     assert moved is not None
     services.live.publish(run_id, {"kind": "policy_moved", "to": f"{row.name}@{row.version}"})
     return run_state(moved)
 
 
-@router.get("/{run_id}/events", summary="The run's audit events (breaches, overrides, moves, state), paged")
+@router.get("/{run_id}/events", response_model=list[EventPublic],
+            summary="The run's audit events (breaches, overrides, moves, state), paged")
 def events(run_id: RunId, services: ServicesDep,
-           after: Annotated[int | None, Query(ge=0, le=MAX_INT, description="Only events with id > after "
-                                              "(the last id of the previous page)")] = None,
-           limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> list[dict[str, Any]]:
+           after: Annotated[Offset | None, Query(description="Only events with id > after "
+                                                 "(the last id of the previous page)")] = None,
+           limit: Annotated[PageSize, Query()] = 100) -> list[EventPublic]:
     _run(services, run_id)
-    return [{"id": e.id, "kind": e.kind, "step": e.step, "payload": e.payload, "created_at": e.created_at}
+    return [EventPublic(id=e.id, kind=e.kind, step=e.step, payload=e.payload, created_at=e.created_at)
             for e in services.store.list_events(run_id, after=after, limit=limit)]
 
 
-@router.get("/{run_id}/report", summary="Run report: JSON, or a plot (format=png) or page (format=html)",
+@router.get("/{run_id}/report", response_model=ReportPublic,
+            summary="Run report: JSON, or a plot (format=png) or page (format=html)",
             description="Bounded whatever the run's length: each series is downsampled to at most "
                         "ACTUATOR_REPORT_POINTS points (every k-th observation and the last; `sampling` says "
                         "which), only the latest ACTUATOR_REPORT_DECISIONS decisions and "
                         "ACTUATOR_REPORT_EVENTS events are listed (`decisions_omitted`, `events_omitted` "
                         "count the rest), a plot draws at most ACTUATOR_REPORT_PANELS panels.",
-            responses={200: {"content": {"application/json": {}, "image/png": {}, "text/html": {}}},
-                       503: {"description": "Another plot is being drawn in this process; retry (Retry-After)."}})
+            responses={200: {"content": {"image/png": {"schema": {"type": "string", "format": "binary"}},
+                                         "text/html": {"schema": {"type": "string"}}}},
+                       503: {"model": ErrorPublic,
+                             "description": "Store or live state unavailable, or another plot is being drawn in "
+                                            "this process: retry after Retry-After seconds"}})
 def report(run_id: RunId, services: ServicesDep,
            format: Annotated[str, Query(pattern="^(json|png|html)$")] = "json") -> Any:
     from actuator.models import EventRow, ObservationRow
@@ -177,18 +197,19 @@ def report(run_id: RunId, services: ServicesDep,
         if format == "html":
             return HTMLResponse(render_html(data, max_panels=settings.report_panels))
     except RendererBusy as exc:
-        raise HTTPException(503, str(exc), headers={"Retry-After": "5"}) from exc
+        raise ApiError(503, str(exc), headers={"Retry-After": "5"}) from exc
     return data
 
 
 def _streamed_run(run_id: RunId, services: ServicesDep) -> str:
     # A dependency, not the generator's first step: a 404 must be answered before the stream starts.
     if services.store.get_run(run_id) is None:
-        raise HTTPException(404, f"run {run_id!r} not found")
+        raise run_not_found(run_id)
     return run_id
 
 
 @router.get("/{run_id}/stream", response_class=EventSourceResponse,
+            responses=error_responses(404, 422, 503, by_reference=True),
             summary="Server-Sent Events: the run's observations, decisions and breaches live",
             description="Each event's `id` is its number in the run (1, 2, 3, ...). Reconnecting with "
                         "`Last-Event-ID` resumes exactly after that event; events no longer kept (about the "

@@ -5,12 +5,15 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 
+from actuator.schemas import HealthPublic
+
 from ..deps import ServicesDep
 
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz", summary="Service health: store and live state reachable")
+@router.get("/healthz", response_model=HealthPublic, summary="Service health: store and live state reachable",
+            responses={503: {"model": HealthPublic, "description": "A backend is unreachable (Retry-After)"}})
 def healthz(services: ServicesDep) -> JSONResponse:
     checks: dict[str, str] = {}
     ok = True
@@ -23,8 +26,9 @@ def healthz(services: ServicesDep) -> JSONResponse:
             checks[name] = f"error: {type(exc).__name__}"
             services.metrics.backend_errors.labels(backend).inc()
             ok = False
-    return JSONResponse({"status": "ok" if ok else "degraded", "checks": checks},
-                        status_code=200 if ok else 503, headers={} if ok else {"Retry-After": "2"})
+    health = HealthPublic(status="ok" if ok else "degraded", checks=checks)
+    return JSONResponse(health.model_dump(), status_code=200 if ok else 503,
+                        headers={} if ok else {"Retry-After": "2"})
 
 
 @router.get("/metrics", summary="Prometheus metrics", include_in_schema=False)

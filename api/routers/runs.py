@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Query, Response, status
+from fastapi import APIRouter, Query, Response
 
 from actuator._exceptions import PolicyError
 from actuator.engine import Engine
@@ -25,6 +25,8 @@ from actuator.store import ObservationRefused, RunTokenRefused
 from ..deps import (
     MAX_INT,
     AdminDep,
+    Offset,
+    PageSize,
     RunAuthDep,
     RunId,
     RunOrAdminDep,
@@ -32,15 +34,16 @@ from ..deps import (
     ServicesDep,
     forbidden_run_token,
     policy_ref,
+    run_not_found,
 )
+from ..errors import ApiError, error_responses
 from ..views import decision_public, run_public, run_state
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
 
 
-def _unprocessable(message: str, errors: list[dict[str, Any]] | None = None) -> HTTPException:
-    return HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY,
-                         {"message": message, "errors": errors or [{"loc": "body", "msg": message}]})
+def _unprocessable(message: str, errors: list[dict[str, Any]] | None = None) -> ApiError:
+    return ApiError(422, message, errors or [{"loc": "body", "msg": message}])
 
 
 def _resolve_policy(services: Services, body: RunCreate) -> tuple[PolicyRow | None, PolicyDocument]:
@@ -73,7 +76,7 @@ def _check_knobs(doc: PolicyDocument, body: RunCreate) -> None:
     knobs = {k.name: k.model_dump(mode="json") for k in body.knobs}
     errors = [{"loc": f"body.policy.{e['loc']}", "msg": e["msg"]} for e in Engine(doc).knob_errors(knobs)]
     if errors:
-        raise _unprocessable("; ".join(f"{e['loc']}: {e['msg']}" for e in errors), errors)
+        raise ApiError(422, None, errors)
 
 
 def _check_storable(body: RunCreate) -> None:
@@ -88,10 +91,11 @@ def _check_storable(body: RunCreate) -> None:
         elif "\x00" in key or (isinstance(value, str) and "\x00" in value):
             errors.append({"loc": f"body.metadata.{key}", "msg": "must not contain NUL characters"})
     if errors:
-        raise _unprocessable("; ".join(f"{e['loc']}: {e['msg']}" for e in errors), errors)
+        raise ApiError(422, None, errors)
 
 
-@router.post("", status_code=201, response_model=RunCreated, summary="Register a run")
+@router.post("", status_code=201, response_model=RunCreated, responses=error_responses(400, 401, 403, 413, 422, 503),
+             summary="Register a run")
 def register_run(body: RunCreate, _: AdminDep, services: ServicesDep) -> RunCreated:
     _check_storable(body)
     row, doc = _resolve_policy(services, body)
@@ -105,26 +109,28 @@ def register_run(body: RunCreate, _: AdminDep, services: ServicesDep) -> RunCrea
     return RunCreated(**run_public(run).model_dump(), token=token, policy=row.document)
 
 
-@router.get("", response_model=list[RunPublic], summary="List runs")
+@router.get("", response_model=list[RunPublic], responses=error_responses(422, 503), summary="List runs")
 def list_runs(
     services: ServicesDep,
     state: Annotated[str | None, Query(pattern="^(running|paused|halted|finished)$")] = None,
     name: Annotated[str | None, Query(max_length=128, pattern=r"^[^\x00]*$")] = None,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
+    limit: Annotated[PageSize, Query()] = 100,
+    offset: Annotated[Offset, Query()] = 0,
 ) -> list[RunPublic]:
     return [run_public(r) for r in services.store.list_runs(state=state, name=name, limit=limit, offset=offset)]
 
 
-@router.get("/{run_id}", response_model=RunState, summary="A run's state: knobs, probes, controllers")
+@router.get("/{run_id}", response_model=RunState, responses=error_responses(404, 422, 503),
+            summary="A run's state: knobs, probes, controllers")
 def get_run(run_id: RunId, services: ServicesDep) -> RunState:
     run = services.store.get_run(run_id)
     if run is None:
-        raise HTTPException(404, f"run {run_id!r} not found")
+        raise run_not_found(run_id)
     return run_state(run)
 
 
 @router.post("/{run_id}/observations", response_model=IngestResult,
+             responses=error_responses(400, 401, 403, 404, 409, 413, 422, 503),
              summary="Post a batch of observations; returns the decisions to apply")
 def post_observations(batch: ObservationBatch, run: RunAuthDep, services: ServicesDep) -> Response:
     if len(batch.observations) > services.settings.max_batch:
@@ -133,14 +139,13 @@ def post_observations(batch: ObservationBatch, run: RunAuthDep, services: Servic
         out = services.store.ingest(run.id, batch, token_hash=run.token_hash,
                                     max_pending=services.settings.max_pending_decisions)
     except ObservationRefused as exc:  # nothing of the batch was stored
-        raise HTTPException(exc.status, {"message": str(exc),
-                                         "errors": [{"loc": f"body.{exc.loc}", "msg": exc.message}]}) from exc
+        raise ApiError(exc.status, str(exc), [{"loc": f"body.{exc.loc}", "msg": exc.message}]) from exc
     except RunTokenRefused as exc:  # the run's token changed since it was verified
         services.tokens.forget(run.id)
         raise forbidden_run_token() from exc
     if out is None:  # gone since auth
         services.tokens.forget(run.id)
-        raise HTTPException(404, f"run {run.id!r} not found")
+        raise run_not_found(run.id)
     _export(services, out)
     result = IngestResult(
         accepted=out.accepted, duplicates=out.duplicates,
@@ -169,16 +174,17 @@ def _export(services: Services, out: Any) -> None:
     services.live.publish_many(run.id, events, touch=(run.last_step or 0) if out.accepted else None)
 
 
-@router.get("/{run_id}/decisions", response_model=DecisionPage, summary="Decisions of a run, paged")
+@router.get("/{run_id}/decisions", response_model=DecisionPage, responses=error_responses(404, 422, 503),
+            summary="Decisions of a run, paged")
 def list_decisions(
     run_id: RunId,
     services: ServicesDep,
-    offset: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    after: Annotated[int | None, Query(ge=0, le=MAX_INT, description="Only decisions with number > after")] = None,
+    offset: Annotated[Offset, Query()] = 0,
+    limit: Annotated[PageSize, Query()] = 100,
+    after: Annotated[Offset | None, Query(description="Only decisions with number > after")] = None,
 ) -> DecisionPage:
     if services.store.get_run(run_id) is None:
-        raise HTTPException(404, f"run {run_id!r} not found")
+        raise run_not_found(run_id)
     rows, total = services.store.list_decisions(run_id, offset=offset, limit=limit, after=after)
     return DecisionPage(items=[decision_public(d) for d in rows], total=total, offset=offset, limit=limit)
 
@@ -186,9 +192,9 @@ def list_decisions(
 def _transition(services: Services, run_id: str, to: str, allowed: tuple[str, ...], reason: str) -> RunPublic:
     run = services.store.get_run(run_id)
     if run is None:
-        raise HTTPException(404, f"run {run_id!r} not found")
+        raise run_not_found(run_id)
     if run.state not in allowed:
-        raise HTTPException(409, f"run is {run.state}; cannot move to {to}")
+        raise ApiError(409, f"run is {run.state}; cannot move to {to}")
     row = services.store.set_state(run_id, to, reason)
     assert row is not None
     services.metrics.set_state(run_id, to)
@@ -196,11 +202,13 @@ def _transition(services: Services, run_id: str, to: str, allowed: tuple[str, ..
     return run_public(row)
 
 
-@router.post("/{run_id}/halt", response_model=RunPublic, summary="Halt a run (the agent stops training cleanly)")
+@router.post("/{run_id}/halt", response_model=RunPublic, responses=error_responses(401, 403, 404, 409, 422, 503),
+             summary="Halt a run (the agent stops training cleanly)")
 def halt_run(run: RunOrAdminDep, services: ServicesDep) -> RunPublic:
     return _transition(services, run.id, "halted", ("running", "paused"), "halted by request")
 
 
-@router.post("/{run_id}/finish", response_model=RunPublic, summary="Mark a run finished (the agent does at train end)")
+@router.post("/{run_id}/finish", response_model=RunPublic, responses=error_responses(401, 403, 404, 409, 422, 503),
+             summary="Mark a run finished (the agent does at train end)")
 def finish_run(run: RunOrAdminDep, services: ServicesDep) -> RunPublic:
     return _transition(services, run.id, "finished", ("running", "paused", "halted"), "training ended")
