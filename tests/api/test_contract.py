@@ -96,11 +96,13 @@ def test_bearer_security_is_declared(spec):
 
 def test_every_operation_declares_a_response_schema(spec):
     for method, path, op in _operations(spec):
-        if path.endswith("/stream"):  # Server-Sent Events: declared by its EventSourceResponse
-            continue
         ok = {s: r for s, r in op["responses"].items() if s.startswith("2")}
         assert len(ok) == 1, (method, path, ok)
         (response,) = ok.values()
+        if path.endswith("/stream"):  # Server-Sent Events (EventSourceResponse): no JSON body, each event's fields
+            assert set(response["content"]) == {"text/event-stream"}, (method, path, response)
+            assert {"id", "event", "data"} <= set(response["content"]["text/event-stream"]["itemSchema"]["properties"])
+            continue
         schema = response["content"]["application/json"]["schema"]
         if (method, path) in FREE_FORM:
             assert schema.get("type") == "object", (method, path, schema)
@@ -123,7 +125,10 @@ def test_real_error_answers_validate_against_the_document(svc, spec, run):
         ("POST", "/v1/policies", {"json": POLICY, "headers": _auth("not-the-admin")}),
         ("GET", "/v1/runs/{run_id}", {"path": {"run_id": "no-such-run"}}),
         ("GET", "/v1/policies/{name}", {"path": {"name": "no_such_policy"}}),
+        ("GET", "/v1/runs/{run_id}/stream", {"path": {"run_id": "no-such-run"}}),  # JSON, not an event stream
         # 422: FastAPI's validation and the service's own rules
+        ("GET", "/v1/runs/{run_id}/stream", {"params": {"max_seconds": "0"}}),
+        ("GET", "/v1/runs/{run_id}/events", {"params": {"after": "1_000"}}),
         ("POST", "/v1/runs/{run_id}/observations", {"json": {"observations": []}, "headers": _auth(run["token"])}),
         ("GET", "/v1/runs", {"params": {"limit": "0"}}),
         ("POST", "/v1/runs", {"json": {"policy": "no-such-policy"}, "headers": _auth(ADMIN)}),
@@ -163,8 +168,16 @@ def test_real_answers_of_every_read_validate(svc, spec, run):
         resp = httpx.get(svc.url + path.format(run_id=rid, name="contract"), timeout=30)
         assert resp.status_code == 200, (path, resp.text[:300])
         _assert_conforms(spec, "GET", path, resp)
-    sim = httpx.post(f"{svc.url}/v1/policies/simulate", json={"policy": "contract", "run_id": rid})
+    sim = httpx.post(f"{svc.url}/v1/policies/simulate", json={"policy": "contract", "run_id": rid, "limit": 2})
     _assert_conforms(spec, "POST", "/v1/policies/simulate", sim)
+    assert (sim.json()["observations"], sim.json()["observations_total"]) == (2, 3)
+    report = httpx.get(f"{svc.url}/v1/runs/{rid}/report", timeout=30).json()
+    assert report["sampling"]["observations"] == 3 and report["decisions_omitted"] == 0, report
+    stream = httpx.get(f"{svc.url}/v1/runs/{rid}/stream", params={"max_seconds": 0.5}, timeout=30)
+    assert stream.status_code == 200, stream.text[:300]
+    assert stream.headers["content-type"].startswith("text/event-stream")
+    assert "text/event-stream" in spec["paths"]["/v1/runs/{run_id}/stream"]["get"]["responses"]["200"]["content"]
+    assert "event: observation" in stream.text, stream.text[:300]
     for action in ("pause", "resume"):
         resp = httpx.post(f"{svc.url}/v1/runs/{rid}/{action}", headers=_auth(ADMIN))
         _assert_conforms(spec, "POST", "/v1/runs/{run_id}/" + action, resp)

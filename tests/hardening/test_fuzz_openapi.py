@@ -5,7 +5,9 @@ the strictest) with an admin token. Every operation in the schema gets generated
 ones and, on purpose, invalid ones (negative mode), in schemathesis's examples, coverage and
 fuzzing phases — with the tokens that let them past auth (a schemathesis auth provider: the
 admin token, and the run's own token for the agent's endpoint), on real runs, so the handlers and
-the store run instead of stopping at 401/404.
+the store run instead of stopping at 401/404. The live event stream (Server-Sent Events) is
+fuzzed too: a valid request's ``max_seconds`` is cut to ``STREAM_SECONDS`` and the stream read to
+its end, so its events are checked against the declared ``text/event-stream`` item schema.
 
 Every response goes through **all** of schemathesis's checks: no 5xx, status codes and content
 types the schema declares, bodies and headers that conform to the declared schemas, invalid data
@@ -48,6 +50,8 @@ MIN_REQUESTS = 1000
 EXAMPLES_PER_OPERATION = 40
 FUZZ_TIME_LIMIT = 600.0  # a safety net beside the example budget: ~45 s on 2 idle cores, several x that under load
 MAX_RESPONSE_SECONDS = 30.0  # a hang detector, not a latency target (2 shared cores)
+STREAM_SECONDS = 0.2  # how long a valid request to the Server-Sent Events stream is kept open
+STREAM_EVENTS = 10_000
 
 # Operations where a schema-valid request may be refused with 422, and the rule that refuses it.
 BEYOND_SCHEMA = {
@@ -112,6 +116,9 @@ def _config() -> SchemathesisConfig:
     valid data only where ``BEYOND_SCHEMA`` says why."""
     return SchemathesisConfig.from_dict({
         "checks": {"max_response_time": MAX_RESPONSE_SECONDS},
+        # Read a stream to its end (the server ends it after STREAM_SECONDS) rather than hang up
+        # after schemathesis's default number of events: a run keeps about 1,000.
+        "max-stream-events": STREAM_EVENTS,
         "generation": {"mode": "all", "max-examples": EXAMPLES_PER_OPERATION},
         "operations": [{"include-name": name,
                         "checks": {"positive_data_acceptance": {"expected-statuses": [*_ACCEPTED, "422"]}}}
@@ -120,7 +127,7 @@ def _config() -> SchemathesisConfig:
 
 
 SPEC = _spec()
-schema = schemathesis.openapi.from_dict(SPEC, config=_config()).exclude(path_regex=r".*/stream$")
+schema = schemathesis.openapi.from_dict(SPEC, config=_config())
 
 
 @schema.auth(refresh_interval=None)
@@ -136,12 +143,23 @@ class Tokens:
         case.headers = {**(case.headers or {}), **bearer(token)}
 
 
+def _valid_seconds(value: Any) -> bool:
+    try:
+        return 0 < float(value) <= 86400
+    except (TypeError, ValueError):
+        return False
+
+
 def _use_real_resources(case: Any) -> None:
     """Real runs and names, so generated data reaches the handlers and the store instead of
     stopping at 404. Never where the generated value is the invalid part (negative mode), and one
     case in five keeps what was generated (unknown ids and names)."""
     if (case.headers or {}).get("Authorization") == f"Bearer {AGENT}":
         case.headers["Authorization"] = f"Bearer {ENV.agent_run['token']}"
+    if case.operation.path.endswith("/stream") and _valid_seconds((case.query or {}).get("max_seconds", 1)):
+        # A valid stream lasts max_seconds (an hour by default): cut short, so the server ends it
+        # (a client timing out would cut it instead). An invalid max_seconds stays: it is the case.
+        case.query = {**(case.query or {}), "max_seconds": STREAM_SECONDS}
     params = case.path_parameters or {}
     keep = zlib.crc32(repr(sorted(params.items())).encode() + repr(case.body).encode()) % 5 == 0
     if keep or case.meta is None:
@@ -185,7 +203,7 @@ def test_enough_requests_every_operation(fuzz_service):
     assert not any(s >= 500 for s in STATUSES), STATUSES
     spec = httpx.get(f"{ENV.url}/openapi.json").json()
     assert spec == SPEC, "the fuzzed schema is not the one the service serves"
-    ops = {f"{m.upper()} {p}" for p, item in spec["paths"].items() for m in item if not p.endswith("/stream")}
+    ops = {f"{m.upper()} {p}" for p, item in spec["paths"].items() for m in item}
     assert ops <= set(BY_OPERATION), sorted(ops - set(BY_OPERATION))
     assert set(BEYOND_SCHEMA) <= ops, sorted(set(BEYOND_SCHEMA) - ops)
     for op, statuses in sorted(BY_OPERATION.items()):
