@@ -191,6 +191,23 @@ def test_an_undeclared_method_is_405_allowing_every_declared_one(svc, spec):
         assert resp.json()["detail"]["message"] == "Method Not Allowed"
 
 
+def test_a_body_over_the_limit_is_counted_as_rejected_either_way(svc, run):
+    """As the hand-written limit did: a declared Content-Length (FastAPI's text/plain 413, given
+    the envelope outside the app) and a chunked body (the handlers' 413) both count."""
+    def rejected() -> float:
+        metrics = httpx.get(f"{svc.url}/metrics").text
+        line = next((m for m in metrics.splitlines() if m.startswith('actuator_requests_rejected_total{reason="413"}')), None)
+        return float(line.split()[-1]) if line else 0.0
+
+    big = b'{"observations": [' + b" " * 2_000_000 + b"]}"
+    url, headers = f"{svc.url}/v1/runs/{run['id']}/observations", _auth(run["token"])
+    before = rejected()
+    assert httpx.post(url, content=big, headers=headers, timeout=30).status_code == 413
+    assert rejected() == before + 1
+    assert httpx.post(url, content=iter([big[:600_000], big[600_000:]]), headers=headers, timeout=30).status_code == 413
+    assert rejected() == before + 2
+
+
 def test_the_body_limit_is_fastapis():
     from actuator.api.app import create_app
     from actuator.config import Settings
