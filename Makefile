@@ -42,7 +42,12 @@ system-deps:
 	@-$(SUDO) service redis-server stop >/dev/null 2>&1 || true
 	@-$(SUDO) service prometheus stop >/dev/null 2>&1 || true
 
-test: setup system-deps
+# ruff and mypy (configured in pyproject.toml) before the tests: a finding fails the target.
+lint: setup
+	$(PY) -m ruff check .
+	$(PY) -m mypy
+
+test: setup system-deps lint
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 demo: setup

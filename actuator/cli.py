@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from ._exceptions import ClientError, PolicyError
+
+if TYPE_CHECKING:
+    from .client import ActuatorClient
 
 app = typer.Typer(help="Actuator: closed-loop control of LLM post-training.", no_args_is_help=True,
                   add_completion=False)
@@ -66,7 +69,7 @@ def serve(
                 log_level=log_level, http=protocol_class(header_timeout))
 
 
-def _client(url: str, token: str | None):  # type: ignore[no-untyped-def]
+def _client(url: str, token: str | None) -> ActuatorClient:
     from .client import ActuatorClient
 
     return ActuatorClient(url, token=token)

@@ -19,10 +19,10 @@ import threading
 import time
 import uuid
 from collections import defaultdict, deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from dataclasses import dataclass
 from itertools import islice
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 __all__ = ["LiveEvent", "LiveState", "MemoryLive", "RedisLive", "make_live"]
 
@@ -96,9 +96,10 @@ class LiveState(Protocol):
     def last_seen(self, run_id: str) -> float | None: ...
     def publish(self, run_id: str, event: dict[str, Any]) -> None: ...
     def publish_many(self, run_id: str, events: Iterable[dict[str, Any]], *, touch: int | None = None) -> None: ...
-    def follow(self, run_id: str, after: int | None = None) -> AsyncIterator[LiveEvent]:
+    def follow(self, run_id: str, after: int | None = None) -> AsyncGenerator[LiveEvent, None]:
         """The run's events after number ``after`` (``None``: every kept event), then new ones as
-        they are published, until the caller stops. Raises if the backend fails."""
+        they are published, until the caller stops (and closes it: ``aclose()``). Raises if the
+        backend fails."""
         ...
     def close(self) -> None: ...
     async def aclose(self) -> None: ...
@@ -154,7 +155,7 @@ class MemoryLive:
             start = max(0, after - ring[0].id + 1)  # ids in a ring are contiguous
             return list(islice(ring, start, start + _CHUNK))
 
-    def follow(self, run_id: str, after: int | None = None) -> AsyncIterator[LiveEvent]:
+    def follow(self, run_id: str, after: int | None = None) -> AsyncGenerator[LiveEvent, None]:
         return _follow_memory(self, run_id, after)
 
     def close(self) -> None:
@@ -185,7 +186,7 @@ class _MemoryFollower:
             await self.woken.wait()
 
 
-async def _follow_memory(live: MemoryLive, run_id: str, after: int | None) -> AsyncIterator[LiveEvent]:
+async def _follow_memory(live: MemoryLive, run_id: str, after: int | None) -> AsyncGenerator[LiveEvent, None]:
     follower = _MemoryFollower(live, run_id)
     waiter = (asyncio.get_running_loop(), follower.woken)
     with live._lock:
@@ -247,7 +248,7 @@ class RedisLive:
         if len(pipe):
             pipe.execute()
 
-    def follow(self, run_id: str, after: int | None = None) -> AsyncIterator[LiveEvent]:
+    def follow(self, run_id: str, after: int | None = None) -> AsyncGenerator[LiveEvent, None]:
         if self._hub is None:  # built on first use, on the serving event loop
             self._hub = _RedisHub(self._url)
         return self._hub.follow(self._key(run_id), after)
@@ -259,6 +260,12 @@ class RedisLive:
         if self._hub is not None:
             await self._hub.aclose()
             self._hub = None
+
+
+# Stream replies as these clients get them (no decode_responses, RESP2). redis-py types every
+# reply for either setting (bytes | str | None ...), hence the casts where they are read.
+_Entries = list[tuple[bytes, dict[bytes, bytes]]]
+_ReadReply = list[tuple[bytes, _Entries]] | None
 
 
 def _entry(eid: bytes, fields: dict[bytes, bytes]) -> LiveEvent:
@@ -281,11 +288,11 @@ class _RedisFollower:
         self.arrived.set()
 
     async def read(self, after: int) -> list[LiveEvent]:
-        return [_entry(eid, f) for eid, f in
-                await self.hub.client.xrange(self.key, min=f"(0-{after}", max="+", count=_CHUNK)]
+        entries = cast(_Entries, await self.hub.client.xrange(self.key, min=f"(0-{after}", max="+", count=_CHUNK))
+        return [_entry(eid, f) for eid, f in entries]
 
     async def last_id(self) -> int:
-        last = await self.hub.client.xrevrange(self.key, count=1)
+        last = cast(_Entries, await self.hub.client.xrevrange(self.key, count=1))
         return _entry(*last[0]).id if last else 0
 
     async def wait(self, cursor: int) -> list[LiveEvent]:
@@ -332,7 +339,7 @@ class _RedisHub:
         self._woken = False  # a wake is on its way and the read has not re-armed since
         self._task: asyncio.Task[None] | None = None
 
-    async def follow(self, key: str, after: int | None) -> AsyncIterator[LiveEvent]:
+    async def follow(self, key: str, after: int | None) -> AsyncGenerator[LiveEvent, None]:
         follower = _RedisFollower(self, key)
         try:
             async for ev in _follow(follower, after):
@@ -367,7 +374,7 @@ class _RedisHub:
             streams: dict[Any, Any] = {self._wake: self._wake_seen}
             streams.update((k, f"0-{c}") for k, c in self._cursors.items())
             try:
-                reply = await self._reader.xread(streams, count=_CHUNK, block=_BLOCK_MS)
+                reply = cast(_ReadReply, await self._reader.xread(streams, count=_CHUNK, block=_BLOCK_MS))
             except Exception as exc:  # noqa: BLE001 - every follower ends with it; the clients reconnect
                 self._fail(exc)
                 return

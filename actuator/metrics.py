@@ -60,7 +60,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
@@ -77,7 +77,7 @@ BACKENDS = ("store", "redis")
 # and observed again is retired again: its series come back for retire_after seconds, then go).
 _GONE_REMEMBERED = 10_000
 # Per-run gauges: one writer at a time per run, so across workers the latest write is the truth.
-_GAUGE_MODE = "mostrecent"
+_GAUGE_MODE: Literal["mostrecent"] = "mostrecent"
 
 
 class Metrics:

@@ -11,7 +11,7 @@ __all__ = ["alembic_config", "upgrade"]
 
 
 def alembic_config(url: str) -> Config:
-    from actuator import migrations
+    from actuator import migrations  # type: ignore[attr-defined]  # migrations/, installed as actuator.migrations
 
     cfg = Config()
     cfg.set_main_option("script_location", str(Path(migrations.__file__).parent))

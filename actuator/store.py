@@ -36,6 +36,7 @@ from sqlalchemy import (
     Float,
     Integer,
     String,
+    Table,
     Text,
     bindparam,
     cast,
@@ -52,7 +53,7 @@ from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 
 from .engine import Engine
-from .models import DecisionRow, EventRow, ObservationRow, PolicyRow, RunRow, utcnow
+from .models import Base, DecisionRow, EventRow, ObservationRow, PolicyRow, RunRow, utcnow
 from .policy import PolicyDocument
 from .run_state import ControllerState, RunContext
 from .schemas import MAX_SEQ_GAP, Action, Decision, DecisionPublic, ObservationBatch, ObservationCreate, RunCreate
@@ -65,8 +66,17 @@ __all__ = ["Store", "IngestOutcome", "ObservationRefused", "RunTokenRefused", "R
 MAX_NAMES = 1024
 
 _T = TypeVar("_T")
-_RUNS, _OBS, _DEC, _EV, _POL = (RunRow.__table__, ObservationRow.__table__, DecisionRow.__table__,
-                                EventRow.__table__, PolicyRow.__table__)
+
+
+def _table(row: type[Base]) -> Table:
+    """A mapped class's table (declarative classes type ``__table__`` as any FromClause)."""
+    table = row.__table__
+    assert isinstance(table, Table)
+    return table
+
+
+_RUNS, _OBS, _DEC, _EV, _POL = (_table(RunRow), _table(ObservationRow), _table(DecisionRow), _table(EventRow),
+                                _table(PolicyRow))
 # The run's JSON columns an ingest reads and may write (run_metadata is never touched by one).
 _STATE_JSON = ("knobs", "controllers", "guardrails", "latest_probes", "latest_metrics", "knobs_in_effect")
 # The run row under its lock; the JSON columns as their stored text, so an ingest can tell which
@@ -519,7 +529,7 @@ class Store:
             run.state, run.decision_count = ctx.state, ctx.decision_count
             created: list[DecisionPublic] = []
             if new:  # a batch of duplicates changes nothing
-                changes = {name: value for name, old, value in zip(
+                changes: dict[str, Any] = {name: value for name, old, value in zip(
                     ("state", "decision_count", "last_step", "last_seq"), before,
                     (run.state, run.decision_count, run.last_step, run.last_seq)) if value != old}
                 for name in _STATE_JSON:
@@ -702,9 +712,9 @@ class Store:
             return s.scalars(q.limit(1)).first()
 
     @_retry_on_disconnect
-    def count_for_run(self, table: type, run_id: str) -> int:
+    def count_for_run(self, table: type[Base], run_id: str) -> int:
         """How many rows of ``table`` (ObservationRow, DecisionRow, EventRow) the run has."""
-        t = table.__table__  # type: ignore[attr-defined]
+        t = _table(table)
         with self.engine.connect() as conn:
             return conn.scalar(select(func.count()).select_from(t).where(t.c.run_id == run_id)) or 0
 

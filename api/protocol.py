@@ -21,6 +21,13 @@ import functools
 import logging
 from typing import Any
 
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+try:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+except ImportError:  # pragma: no cover - uvicorn[standard] installs httptools
+    HttpToolsProtocol = None  # type: ignore[assignment,misc]
+
 __all__ = ["protocol_class", "HeaderTimeoutHttpTools", "HeaderTimeoutH11"]
 
 log = logging.getLogger("actuator.api")
@@ -39,8 +46,8 @@ class _HeaderDeadline:
         self.header_timeout = header_timeout
         self._head_timer: asyncio.TimerHandle | None = None
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)  # type: ignore[misc]
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:  # asyncio.BaseProtocol's signature
+        super().connection_made(transport)  # type: ignore[misc]  # the uvicorn protocol after this mixin
         self._arm()
 
     def data_received(self, data: bytes) -> None:
@@ -69,13 +76,6 @@ class _HeaderDeadline:
         if not self.transport.is_closing():
             log.debug("closing a connection that sent no complete request head within %ss", self.header_timeout)
             self.transport.close()
-
-
-try:
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-except ImportError:  # pragma: no cover - uvicorn[standard] installs httptools
-    HttpToolsProtocol = None  # type: ignore[assignment,misc]
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 
 class HeaderTimeoutH11(_HeaderDeadline, H11Protocol):

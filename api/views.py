@@ -15,7 +15,7 @@ def _knobs(run: RunRow) -> dict[str, KnobSpec]:
 
 def run_public(run: RunRow) -> RunPublic:
     return RunPublic(
-        id=run.id, name=run.name, state=run.state, policy_name=run.policy_name,  # type: ignore[arg-type]
+        id=run.id, name=run.name, state=run.state, policy_name=run.policy_name,
         policy_version=run.policy_version, knobs=_knobs(run), last_step=run.last_step,
         last_seq=run.last_seq, created_at=run.created_at, updated_at=run.updated_at,
     )

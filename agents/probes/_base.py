@@ -38,7 +38,7 @@ class Probe(ABC):
         self.every = every
         self.on_evaluate = bool(on_evaluate)
 
-    def setup(self, model: Any) -> None:
+    def setup(self, model: Any) -> None:  # noqa: B027 - an optional hook, not abstract
         """Called once at train begin with the model being trained. Default: nothing."""
 
     def due(self, step: int) -> bool:

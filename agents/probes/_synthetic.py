@@ -143,7 +143,7 @@ class _World:
         for founder in founders:
             suffix, kind = rng.choice(_ORG_KINDS)
             self.orgs.append(
-                _Org(fresh(lambda: f"{_word(rng, 2)} {suffix}"), kind,
+                _Org(fresh(lambda suffix=suffix: f"{_word(rng, 2)} {suffix}"), kind,
                      founder.year + rng.randrange(22, 50), founder, rng.choice(self.cities))
             )
         self.by_title = {e.title: e for e in [*self.cities, *self.people, *self.orgs]}

@@ -20,7 +20,6 @@ from actuator.schemas import (
     ErrorPublic,
     EventPublic,
     FiniteFloat,
-    Name,
     ReportPublic,
     RunState,
 )

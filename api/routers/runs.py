@@ -23,7 +23,6 @@ from actuator.schemas import (
 from actuator.store import ObservationRefused, RunTokenRefused
 
 from ..deps import (
-    MAX_INT,
     AdminDep,
     Offset,
     PageSize,
@@ -151,7 +150,7 @@ def post_observations(batch: ObservationBatch, run: RunAuthDep, services: Servic
         accepted=out.accepted, duplicates=out.duplicates,
         decisions=[decision_public(d) for d in out.decisions], more_decisions=out.more_decisions,
         actions=out.actions,
-        state=out.run.state,  # type: ignore[arg-type]
+        state=out.run.state,
         knobs={k: float(v["value"]) for k, v in out.run.knobs.items()},
         breached=sorted(name for name, st in out.run.guardrails.items() if st.get("active")),
         last_step=out.run.last_step,

@@ -177,14 +177,14 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
         t_final = max(2, round(a.steps * a.t_final))
         schedule = FixedSchedule.cubic(full, arm["final_rank"], a.t_init, t_final, integer=True)
 
-    def record(step: int, ppl: float) -> None:
+    def record(step: int, ppl: float, model: Any) -> None:
         trace.append({"step": step, "perplexity": ppl, "rank": knob.read(), "params": setup.params_at(model)})
 
     class Trace(TrainerCallback):
         def on_train_begin(self, args, state, control, model=None, **kw):  # noqa: ANN001
             if suite is not None:
                 suite.setup(model)
-                record(0, suite.run(model, 0, force=True).values["perplexity"])
+                record(0, suite.run(model, 0, force=True).values["perplexity"], model)
 
         def on_step_end(self, args, state, control, model=None, **kw):  # noqa: ANN001
             step = state.global_step
@@ -194,12 +194,12 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
                                   "params": setup.params_at(model)})
                 h = cb.history[-1] if cb.history else None
                 if h is not None and h["step"] == step and step > 0 and "perplexity" in h["probes"]:
-                    record(step, h["probes"]["perplexity"])
+                    record(step, h["probes"]["perplexity"], model)
             else:
                 # Measure first (the rank the last step trained with), then move to the schedule.
                 rep = suite.run(model, step)
                 if rep is not None and "perplexity" in rep.values:
-                    record(step, rep.values["perplexity"])
+                    record(step, rep.values["perplexity"], model)
                 knob.apply(schedule.value_at(step))
             advance()
 

@@ -413,7 +413,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 setattr(la, key, value)
         configs[loss] = la
     results = []
-    for loss, la in configs.items():
+    for la in configs.values():
         names = {"fixed": f"fixed beta {la.beta:g}", "ziegler": "Ziegler adaptive KL", "actuator": "actuator PID"}
         for seed in a.seeds:
             for kind in a.arms:

@@ -65,13 +65,14 @@ def main() -> None:
             try:
                 agents = register_agents(f"http://127.0.0.1:{port}", args.agents)
                 run_closed_loop(agents, port, seconds=2, batch=1)  # warm-up
-                for phase, res in (
-                    ("unbatched", lambda: run_closed_loop(agents, port, seconds=args.seconds, batch=1)),
-                    ("batched", lambda: run_closed_loop(agents, port, seconds=args.seconds, batch=args.batch)),
-                    ("paced", lambda: run_paced(agents, port, seconds=args.seconds, rate=args.rate)),
+                for phase, load, options in (
+                    ("unbatched", run_closed_loop, {"batch": 1}),
+                    ("batched", run_closed_loop, {"batch": args.batch}),
+                    ("paced", run_paced, {"rate": args.rate}),
                 ):
                     print(f"== {n} replica(s): {phase} ...", flush=True)
-                    results.append({"replicas": n, "phase": phase, **res()})
+                    results.append({"replicas": n, "phase": phase,
+                                    **load(agents, port, seconds=args.seconds, **options)})
             finally:
                 lb.terminate()
                 lb.wait(10)

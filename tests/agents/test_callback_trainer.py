@@ -7,7 +7,6 @@ import time
 
 import httpx
 import pytest
-import torch
 from transformers import TrainerCallback
 
 from actuator.agents.callback import ActuatorCallback

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from actuator.agents.distill import DistillationTrainer, DistillLambdaKnob, GKDBetaKnob

@@ -24,7 +24,6 @@ from dash import (
     all_expressions,
     all_variables,
     expressions,
-    load,
     parse_variable_query,
     regex_value,
     substitute,
