@@ -46,6 +46,7 @@ KNOWN_PROBES = frozenset(
     {
         "perplexity",
         "kl_drift",
+        "policy_kl",
         "embedding_drift",
         "answer_agreement",
         "hotpotqa.em",
@@ -62,6 +63,7 @@ KNOWN_KNOBS = frozenset({"learning_rate", "kl_beta", "distill_lambda", "rank", "
 PROBE_RANGES: dict[str, tuple[float, float]] = {
     "perplexity": (1.0, math.inf),
     "kl_drift": (0.0, math.inf),
+    "policy_kl": (0.0, math.inf),
     "embedding_drift": (0.0, 2.0),
     "answer_agreement": (0.0, 1.0),
     "hotpotqa.em": (0.0, 1.0),
@@ -385,7 +387,7 @@ def load_preset(name: str) -> PolicyDocument:
 
 # Probes where higher is better get a lower bound; drift-like probes an upper bound.
 _HIGHER_IS_BETTER = ("hotpotqa.", "draft.", "answer_agreement")
-_DRIFT = ("kl_drift", "embedding_drift")
+_DRIFT = ("kl_drift", "policy_kl", "embedding_drift")
 
 
 def protect_policy(

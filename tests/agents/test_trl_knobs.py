@@ -309,3 +309,75 @@ def test_trainers_without_a_verified_kl_beta_are_refused(tmp_path):
 
     with pytest.raises(KnobNotSupported, match="GKDBetaKnob"):
         KLBetaKnob(GKDTrainer(model=tiny_llama(seed=0), args=args))
+
+
+# -- GRPO / RLOO under the controller: the beta each generation or loss really used ------------
+RL_POLICY = {
+    "name": "test-rl-kl",
+    "controllers": [{"name": "kl-beta", "probe": "policy_kl", "knob": "kl_beta", "setpoint": 0.0,
+                     "kp": 50.0, "ki": 5.0, "direction": "reverse"}],
+}
+
+
+def make_rl_recording(kind: str, tmp_path, tokenizer, model_dir: str, steps: int):
+    """A real GRPO or RLOO run of ``steps`` steps that records, per optimizer step, the beta TRL
+    really used: RLOO folds ``beta`` into the rewards while it generates, right after calling the
+    reward functions (so the reward function reads ``trainer.beta`` as that generation uses it);
+    GRPO multiplies its per-token KL by ``self.beta`` inside ``compute_loss`` (read there)."""
+    from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
+
+    used: dict[int, float] = {}
+    box: dict[str, object] = {}
+
+    def reward(completions, trainer_state=None, **kwargs):
+        if kind == "rloo":
+            used[trainer_state.global_step + 1] = float(box["trainer"].beta)
+        return [float(len(c)) for c in completions]
+
+    class GRPORecording(GRPOTrainer):
+        def compute_loss(self, model, inputs, *args, **kwargs):
+            used[self.state.global_step + 1] = float(self.beta)
+            return super().compute_loss(model, inputs, *args, **kwargs)
+
+    config, trainer_cls = {"grpo": (GRPOConfig, GRPORecording), "rloo": (RLOOConfig, RLOOTrainer)}[kind]
+    args = config(output_dir=str(tmp_path / kind), max_steps=steps, per_device_train_batch_size=4,
+                  num_generations=2, max_completion_length=4, beta=0.05, learning_rate=5e-3,
+                  lr_scheduler_type="constant", use_cpu=True, report_to=[], save_strategy="no", bf16=False,
+                  disable_tqdm=True, logging_steps=1, seed=0)
+    prompts = datasets.Dataset.from_dict({"prompt": [f"{i}+{i}=" for i in range(8)]})
+    trainer = trainer_cls(model=model_dir, reward_funcs=reward, args=args, train_dataset=prompts,
+                          processing_class=tokenizer)
+    box["trainer"] = trainer
+    return trainer, used
+
+
+@pytest.mark.parametrize("kind", ["grpo", "rloo"])
+def test_controller_moves_the_beta_rl_trainers_really_use(kind, tmp_path, char_tokenizer, tiny_model_dir,
+                                                         sqlite_service):
+    from actuator.agents.probes import PolicyKL
+    from transformers import AutoModelForCausalLM
+
+    steps = 8
+    trainer, used = make_rl_recording(kind, tmp_path, char_tokenizer, tiny_model_dir, steps)
+    reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()  # the starting weights
+    probe = PolicyKL(HELD_OUT, char_tokenizer, reference=reference, every=2, max_new_tokens=4, samples=2,
+                     use_chat_template=False)
+    cb = ActuatorCallback(RL_POLICY, url=sqlite_service.url, setters=[KLBetaKnob(trainer)],
+                          knobs={"kl_beta": {"min": 0.01, "max": 5.0, "max_step": 0.5}}, probes=[probe],
+                          budget_share=1.0).attach(trainer)
+    trainer.add_callback(SlowSteps())
+    trainer.train()
+
+    assert sorted(used) == list(range(1, steps + 1))  # every step's generation (RLOO) or loss (GRPO)
+    assert used[1] == pytest.approx(0.05)
+    decisions = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}/decisions").json()["items"]
+    by_number = {d["number"]: d for d in decisions}
+    assert len(cb.applied) >= 2, cb.applied
+    for entry in cb.applied:
+        assert entry["applied"] == pytest.approx(by_number[entry["number"]]["new_value"], rel=1e-12)
+        if entry["step"] < steps:  # applied at the end of step s: step s + 1 used exactly that beta
+            assert used[entry["step"] + 1] == pytest.approx(entry["applied"], rel=1e-12), (entry, used)
+    assert all("above setpoint" in d["reason"] for d in decisions)  # reverse acting: KL > 0 raises beta
+    assert used[steps] > 0.05
+    observed = [h["probes"]["policy_kl"] for h in cb.history if "policy_kl" in h["probes"]]
+    assert observed and observed[-1] > 0

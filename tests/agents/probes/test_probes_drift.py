@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 
 import numpy as np
 import pytest
@@ -135,3 +136,63 @@ def test_default_embedder_is_minilm_from_the_package():
     vectors = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
     assert vectors.shape == (3, 384)
     assert vectors[0] @ vectors[1] > vectors[0] @ vectors[2] + 0.2
+
+
+# -- PolicyKL: KL(current ‖ reference) on the current model's own sampled answers ---------------
+def _constant_lm(first_logit: float):
+    """A tiny Llama whose next-token distribution is the same at every position: softmax of
+    (first_logit, 0, 0, ...), whatever the input (final norm zeroed, lm_head a bias)."""
+    from actuator.agents.models import tiny_llama
+
+    model = tiny_llama(vocab_size=128)
+    with torch.no_grad():
+        model.model.norm.weight.zero_()
+        head = torch.nn.Linear(model.config.hidden_size, 128, bias=True)
+        head.weight.zero_()
+        head.bias.zero_()
+        head.bias[0] = first_logit  # token 0 is <pad>: never an end token, so answers run full length
+    model.lm_head = head
+    return model.eval()
+
+
+def test_policy_kl_is_exact_and_in_the_current_to_reference_direction(char_tokenizer):
+    from actuator.agents.probes import PolicyKL
+
+    v, ln3 = 128, math.log(3.0)
+    p0, rest = 3 / (v + 2), 1 / (v + 2)  # softmax(ln3, 0, ..., 0) over 128 tokens
+    forward = p0 * math.log(p0 * v) + (v - 1) * rest * math.log(rest * v)  # KL(p ‖ uniform)
+    backward = (1 / v) * math.log(1 / (v * p0)) + ((v - 1) / v) * math.log(1 / (v * rest))  # KL(uniform ‖ p)
+    peaked, uniform = _constant_lm(ln3), _constant_lm(0.0)
+    probe = PolicyKL(PROMPTS, char_tokenizer, reference=uniform, max_new_tokens=5, samples=3, every=1,
+                     use_chat_template=False)
+    assert probe.measure(peaked)["policy_kl"] == pytest.approx(forward, rel=1e-4)  # float32 logits
+    swapped = PolicyKL(PROMPTS, char_tokenizer, reference=peaked, max_new_tokens=5, samples=3, every=1,
+                       use_chat_template=False)
+    assert swapped.measure(uniform)["policy_kl"] == pytest.approx(backward, rel=1e-4)
+    assert abs(forward - backward) > 1e-3  # the two directions differ here: the test tells them apart
+
+
+def test_policy_kl_is_zero_for_the_reference_repeatable_and_leaves_the_rng_alone(tiny_model, char_tokenizer):
+    from actuator.agents.probes import PolicyKL
+
+    probe = PolicyKL(PROMPTS, char_tokenizer, max_new_tokens=6, samples=2, every=1, use_chat_template=False)
+    probe.setup(tiny_model)
+    assert probe.measure(tiny_model)["policy_kl"] == pytest.approx(0.0, abs=1e-7)
+    torch.manual_seed(0)
+    _perturb(tiny_model)
+    torch.manual_seed(123)
+    expected_next = torch.rand(3)
+    torch.manual_seed(123)
+    first = probe.measure(tiny_model)["policy_kl"]
+    assert torch.equal(torch.rand(3), expected_next)  # the run's RNG stream is untouched
+    assert first > 1e-3
+    assert probe.measure(tiny_model)["policy_kl"] == first  # a fixed seed per measurement
+
+
+def test_policy_kl_refuses_bad_settings(char_tokenizer):
+    from actuator.agents.probes import PolicyKL
+
+    with pytest.raises(ValueError, match="samples"):
+        PolicyKL(PROMPTS, char_tokenizer, samples=0)
+    with pytest.raises(ProbeDataError):
+        PolicyKL([], char_tokenizer)

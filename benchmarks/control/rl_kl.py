@@ -1,0 +1,543 @@
+"""rl-kl: online RL (TRL ``RLOOTrainer``, ``GRPOTrainer``) of the real SmolLM2-135M-Instruct, holding
+the policy's KL to the starting model at a target by moving the KL coefficient beta (``kl_beta``).
+
+Why here and not in DPO (see ``benchmarks/control/dpo_kl.py``): with a KL penalty in an RL
+objective the optimum is π* ∝ π_ref·exp(r/β), whose KL falls monotonically as β grows, so β is a
+restoring force and integral action can settle. RLOO folds ``-β·KL`` into each sequence's
+reward when it generates; GRPO adds ``β·KL`` (Schulman's k3 estimate) to its per-token loss.
+
+Task (no reward model, nothing downloaded): short factual and arithmetic questions; the reward
+is +1 when the gold answer appears in the completion, minus ``--length-cost`` per completion
+token. The starting model rambles, so the reward pulls towards short exact answers: the policy
+moves away from the reference, and the KL grows until β holds it.
+
+The KL is the probe ``PolicyKL`` (``policy_kl``): KL(policy ‖ starting model) computed exactly
+over the full vocabulary at every token of the policy's own sampled answers (T = 1, a fixed
+seed per measurement) to held-out questions never trained on, every ``--probe-every`` steps, the
+same in every arm. It is not the trainer's one-sample estimate.
+
+Arms (one invocation per seed, same data, learning rate, probe and starting β):
+- fixed β over a sweep (``--betas``; open loop);
+- Ziegler et al. 2019's adaptive KL controller (``actuator.controllers.AdaptiveKLController``:
+  ``β *= 1 + clip(KL/target − 1, ±0.2)·n/horizon``, n = samples since the last update) fed the
+  same probe. Its horizon (10 000 samples in the paper, for runs of millions of episodes) is
+  rescaled to this run: ``--horizon`` defaults to the samples of one probe interval, so every
+  update moves β by up to the paper's ±20 % clip — the fastest the rule allows;
+- early stopping: the fixed-β run at the starting β, stopped at the first measurement at or
+  above the target (derived from that arm's trace: the same seed gives the same run up to there);
+- **Actuator**: a reverse-acting PID on log β through the real controller service
+  (``ActuatorCallback`` + ``KLBetaKnob`` + the ``policy_kl`` probe), gains from the rule below.
+
+Gain rule (no per-seed tuning). At the optimum, for small β changes, KL ≈ Var_π(r)/(2β²), so
+d log KL / d log β ≈ −2 (static gain g = −2 in log-log). Measured in relative error
+e = (KL − target)/target ≈ Δ log KL, a proportional move of Δ log β = e/|g| would close the
+error in one step of a static plant. The policy follows β with a lag of τ steps (Adam at a
+fixed learning rate) plus a dead time of one probe interval θ, so with SIMC (Skogestad 2003,
+τc = θ): kp = τ / (|g|·(τc + θ)) = τ/(4θ) per relative error, and the integral time
+τI = min(τ, 8θ). τ is read off the fixed-β traces (the steps the KL takes to cover 63 % of its
+move), here ≈ 2 probe intervals, which gives kp ≈ 0.5 and ki = kp/τI ≈ 0.5/(2θ) per step,
+both per unit of target (``--kp``, ``--ki``; divided by the target in the policy). The rate limit
+(``--max-step``, log-β units per decision) and the bounds [β0/10, β0·100] are the knob's.
+
+Reported per arm and seed: settling step (first step from which every measurement stays within
+±``--band`` of the target), overshoot (% above target at the peak), steady-state error (mean
+|KL − target|/target over the last three measurements), the final KL, the task reward at the end
+(mean over the last ``--tail`` steps, without the KL penalty) and general-text perplexity.
+
+    python -m benchmarks.control.rl_kl [--trainer rloo grpo] [--steps 40] [--seeds 0 1 2] [--quick]
+    python -m benchmarks.control.rl_kl --aggregate      # the per-seed files → rl-kl.json/png
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.control._common import (
+    RESULTS,
+    arm_progress, command_line, console, figure, pick_threads, record_targets, save_results,
+    scenario_args, start_controller,
+)
+
+import torch  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from benchmarks.control.dpo_kl import control_quality, prompt_text  # noqa: E402
+from benchmarks.control.sft_drift import GENERAL_TEXT  # noqa: E402
+
+SCENARIO = "rl-kl"
+
+FACTS = [
+    ("What is the capital of France?", "Paris"), ("How many legs does a spider have?", "8|eight"),
+    ("Which planet is known as the Red Planet?", "Mars"), ("What gas do plants absorb from the air?", "carbon dioxide|CO2"),
+    ("How many days are in a leap year?", "366"), ("Who wrote Romeo and Juliet?", "Shakespeare"),
+    ("What is the largest ocean on Earth?", "Pacific"), ("What is the chemical symbol for gold?", "Au"),
+    ("How many continents are there?", "7|seven"), ("Which organ pumps blood through the body?", "heart"),
+    ("What language is spoken in Brazil?", "Portuguese"), ("How many sides does a hexagon have?", "6|six"),
+    ("What is the tallest mountain in the world?", "Everest"), ("What is the capital of Japan?", "Tokyo"),
+    ("Who painted the Mona Lisa?", "Leonardo|da Vinci"), ("What is the largest planet in the solar system?", "Jupiter"),
+    ("How many hours are in a day?", "24|twenty-four"), ("What is the capital of Canada?", "Ottawa"),
+    ("Which gas do humans need to breathe?", "oxygen"), ("What is the freezing point of water in Celsius?", "0|zero"),
+]
+HELD_OUT = [  # KL probe only, never trained on
+    "What do bees make?", "Which animal is known as the king of the jungle?",
+    "What color do you get by mixing blue and yellow?", "What is the capital of Italy?",
+    "What is 12 + 9?", "What is 7 times 6?", "How many wheels does a bicycle have?", "What is the opposite of hot?",
+]
+
+
+def task_rows(seed: int, n_sums: int) -> dict[str, list[str]]:
+    """Prompts (SmolLM2's chat format without the system prompt) and gold answers ("a|b": any)."""
+    rng = random.Random(1000 + seed)
+    rows: dict[str, list[str]] = {"prompt": [], "gold": []}
+    for q, a in FACTS:
+        rows["prompt"].append(prompt_text(q))
+        rows["gold"].append(a)
+    for _ in range(n_sums):
+        x, y = rng.randint(2, 49), rng.randint(2, 49)
+        rows["prompt"].append(prompt_text(f"What is {x} + {y}?"))
+        rows["gold"].append(str(x + y))
+    order = list(range(len(rows["prompt"])))
+    rng.shuffle(order)
+    return {k: [v[i] for i in order] for k, v in rows.items()}
+
+
+def is_correct(completion: str, gold: str) -> bool:
+    text = completion.lower()
+    return any(g.lower() in text for g in gold.split("|"))
+
+
+class TaskReward:
+    """The reward function (TRL's ``reward_funcs`` signature): +1 for the gold answer anywhere in
+    the completion, minus ``length_cost`` per completion token. Records the mean task reward and
+    accuracy of every generation batch by step (what the arms report: no KL penalty in it)."""
+
+    __name__ = "task_reward"
+
+    def __init__(self, length_cost: float) -> None:
+        self.length_cost = length_cost
+        self.log: list[dict[str, float]] = []
+
+    def __call__(self, prompts: list[str], completions: list[str], completion_ids: list[list[int]],
+                 gold: list[str], trainer_state: Any = None, **_: Any) -> list[float]:
+        hits = [is_correct(c, g) for c, g in zip(completions, gold)]
+        rewards = [float(h) - self.length_cost * len(ids) for h, ids in zip(hits, completion_ids)]
+        step = getattr(trainer_state, "global_step", 0) if trainer_state is not None else 0
+        self.log.append({"step": step, "reward": statistics.fmean(rewards), "accuracy": statistics.fmean(hits),
+                         "length": statistics.fmean(len(i) for i in completion_ids)})
+        return rewards
+
+
+class Setup:
+    """The model (saved once as a plain transformers checkpoint: TRL's RL trainers build their
+    reference from the policy's path), the probes' reference and data every arm shares."""
+
+    def __init__(self, a: argparse.Namespace) -> None:
+        from datasets import disable_progress_bars
+
+        from actuator.agents.models import load_smollm2
+        from actuator.agents.probes import Perplexity
+
+        disable_progress_bars()
+        with console.status("loading SmolLM2-135M-Instruct (offline)…"):
+            model, self.tok = load_smollm2()
+        self.path = a.out / "smollm2-135m-instruct"
+        if not (self.path / "config.json").is_file():
+            model.save_pretrained(self.path)
+            self.tok.save_pretrained(self.path)
+        self.ref = model.eval().requires_grad_(False)
+        self.kl_prompts = [prompt_text(q) for q in HELD_OUT]
+        self.ppl = Perplexity(GENERAL_TEXT, self.tok, every=None, batch_size=4)
+
+    def kl_probe(self, a: argparse.Namespace, seed: int) -> Any:
+        from actuator.agents.probes import PolicyKL
+
+        return PolicyKL(self.kl_prompts, self.tok, reference=self.ref, every=a.probe_every,
+                        max_new_tokens=a.max_new_tokens, samples=a.probe_samples, seed=seed,
+                        use_chat_template=False, batch_size=8)
+
+    def perplexity(self, model: Any) -> float:
+        from actuator.agents.probes import ProbeSuite
+
+        suite = ProbeSuite([self.ppl], budget_share=1.0)
+        suite.setup(model)
+        return suite.run(model, 0, force=True).values["perplexity"]
+
+
+def make_trainer(setup: Setup, kind: str, name: str, beta: float, reward: TaskReward, a: argparse.Namespace,
+                 seed: int) -> Any:
+    from datasets import Dataset
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+    from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
+
+    config_cls, trainer_cls = {"rloo": (RLOOConfig, RLOOTrainer), "grpo": (GRPOConfig, GRPOTrainer)}[kind]
+    torch.manual_seed(seed)
+    config = config_cls(
+        output_dir=str(a.out / f"{kind}-{name}-{seed}"), max_steps=a.steps, learning_rate=a.lr,
+        lr_scheduler_type="constant", per_device_train_batch_size=a.prompts * a.samples, num_generations=a.samples,
+        max_completion_length=a.max_new_tokens, temperature=1.0, beta=beta, use_cpu=True, bf16=False,
+        report_to=[], logging_steps=1, save_strategy="no", disable_tqdm=True, seed=seed, dataloader_num_workers=0,
+        weight_decay=0.0, gradient_checkpointing=False, model_init_kwargs={"dtype": torch.float32},
+    )
+    train = Dataset.from_dict(task_rows(seed, a.n_sums))
+    trainer = trainer_cls(model=str(setup.path), reward_funcs=reward, args=config, train_dataset=train,
+                          processing_class=setup.tok)
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
+    return trainer
+
+
+def pid_policy(a: argparse.Namespace) -> dict[str, Any]:
+    """The Actuator arm's policy: reverse-acting PID on log β (gains per unit of target, see the
+    module docstring for the rule)."""
+    sp = a.target
+    return {
+        "name": "bench-rl-kl",
+        "probes": [{"name": "policy_kl", "every": a.probe_every}],
+        "controllers": [{"name": "kl-beta", "probe": "policy_kl", "knob": "kl_beta", "setpoint": sp,
+                         "kp": a.kp / sp, "ki": a.ki / sp, "kd": 0.0, "direction": "reverse"}],
+        "guardrails": [{"name": "kl-cap", "probe": "policy_kl", "bound": "upper", "threshold": 10 * sp,
+                        "action": "alert", "consecutive": 3}],
+    }
+
+
+def run_arm(setup: Setup, kind: str, arm: dict[str, Any], a: argparse.Namespace, url: str, seed: int) -> dict[str, Any]:
+    from transformers import TrainerCallback
+
+    from actuator.agents.callback import ActuatorCallback
+    from actuator.agents.probes import ProbeSuite
+    from actuator.agents.trl_knobs import KLBetaKnob
+    from actuator.controllers import AdaptiveKLController
+
+    reward = TaskReward(a.length_cost)
+    trainer = make_trainer(setup, kind, arm["kind"] + (f"-{arm['beta']:g}" if "beta" in arm else ""),
+                           arm.get("beta", a.beta), reward, a, seed)
+    knob = KLBetaKnob(trainer)
+    probe = setup.kl_probe(a, seed)
+    trace: list[dict[str, float]] = []
+    cb = None
+    suite = None
+    if arm["kind"] == "actuator":
+        cb = ActuatorCallback(
+            pid_policy(a), url=url, probes=[probe], budget_share=1.0, run_name=f"bench-{SCENARIO}-{kind}-{seed}",
+            setters=[knob], knobs={"kl_beta": {"min": a.beta, "max": a.beta * 100, "max_step": a.max_step}})
+        cb.attach(trainer)
+    else:
+        suite = ProbeSuite([probe], budget_share=1.0)
+    ziegler = AdaptiveKLController(a.beta, a.target, a.horizon) if arm["kind"] == "ziegler" else None
+    zstate: Any = None
+    last_update = 0
+    samples_per_step = a.prompts * a.samples
+
+    class Trace(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kw):  # noqa: ANN001
+            if suite is not None:
+                suite.setup(model)
+                trace.append({"step": 0, "policy_kl": suite.run(model, 0, force=True).values["policy_kl"],
+                              "beta": knob.read()})
+
+        def on_step_end(self, args, state, control, model=None, **kw):  # noqa: ANN001
+            nonlocal zstate, last_update
+            step = state.global_step
+            value = None
+            if cb is not None:
+                if not trace and cb.history and "policy_kl" in cb.history[0]["probes"]:
+                    trace.append({"step": 0, "policy_kl": cb.history[0]["probes"]["policy_kl"], "beta": a.beta})
+                for h in cb.history:
+                    if h["step"] == step and "policy_kl" in h["probes"]:
+                        value = h["probes"]["policy_kl"]
+            else:
+                rep = suite.run(model, step)
+                value = rep.values.get("policy_kl") if rep is not None else None
+            if value is not None:
+                if ziegler is not None:
+                    beta, zstate = ziegler.update(value, (step - last_update) * samples_per_step, zstate)
+                    knob.apply(beta)
+                    last_update = step
+                trace.append({"step": step, "policy_kl": value, "beta": knob.read()})
+                if not console.is_terminal:  # a log file gets one line per measurement
+                    last = reward.log[-1] if reward.log else {"reward": math.nan, "accuracy": math.nan}
+                    console.print(f"  {kind} {arm['name']} seed {seed} step {step}: policy_kl {value:.4f} "
+                                  f"beta {knob.read():.4g} reward {last['reward']:+.3f} acc {last['accuracy']:.2f}")
+            advance()
+
+    with arm_progress(f"{kind} {arm['name']}", a.steps, 26) as advance:
+        trainer.add_callback(Trace())
+        t0 = time.time()
+        trainer.train()
+        seconds = time.time() - t0
+    ppl = setup.perplexity(trainer.model)
+    tail = reward.log[-a.tail:]
+    r = {"arm": arm["name"], "kind": arm["kind"], "trainer": kind, "seed": seed, "start_beta": arm.get("beta", a.beta),
+         "trace": trace, "rewards": reward.log, "final_beta": knob.read(), "final_perplexity": ppl,
+         "reward": statistics.fmean(t["reward"] for t in tail), "accuracy": statistics.fmean(t["accuracy"] for t in tail),
+         "length": statistics.fmean(t["length"] for t in tail), "seconds": seconds,
+         "decisions": len(cb.applied) if cb is not None else None}
+    r.update(quality(trace, a))
+    del trainer
+    return r
+
+
+def quality(trace: list[dict[str, float]], a: argparse.Namespace) -> dict[str, Any]:
+    q = control_quality([{"step": t["step"], "kl_drift": t["policy_kl"]} for t in trace], a.target, a.band)
+    q["abs_error"] = abs(q["final_kl"] - a.target)
+    return q
+
+
+def early_stop(fixed: dict[str, Any], a: argparse.Namespace) -> dict[str, Any]:
+    """The fixed-β run at the starting β, stopped at the first measurement at or above the target."""
+    trace = fixed["trace"]
+    stop = next((i for i, t in enumerate(trace) if t["policy_kl"] >= a.target), len(trace) - 1)
+    kept = trace[: stop + 1]
+    step = kept[-1]["step"]
+    log = [t for t in fixed["rewards"] if t["step"] <= step] or fixed["rewards"][:1]
+    tail = log[-a.tail:]
+    r = {"arm": "early stopping", "kind": "early_stop", "trainer": fixed["trainer"], "seed": fixed["seed"],
+         "start_beta": fixed["start_beta"], "trace": kept, "rewards": log, "final_beta": fixed["start_beta"],
+         "final_perplexity": None, "stopped_at": step,
+         "reward": statistics.fmean(t["reward"] for t in tail), "accuracy": statistics.fmean(t["accuracy"] for t in tail),
+         "length": statistics.fmean(t["length"] for t in tail), "seconds": None, "decisions": None}
+    q = control_quality([{"step": t["step"], "kl_drift": t["policy_kl"]} for t in kept], a.target, a.band)
+    q["final_kl"] = kept[-1]["policy_kl"]  # the model it stops with
+    q["abs_error"] = abs(q["final_kl"] - a.target)
+    r.update(q)
+    return r
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    target, band = result["target"], result["band"]
+    trainers = sorted({r["trainer"] for r in result["arms"]})
+    with figure(path, nrows=len(trainers)) as (fig, axes):
+        for row, kind in zip(axes, trainers):
+            ax1, ax2, ax3 = row
+            for arm in (r for r in result["arms"] if r["trainer"] == kind and r["kind"] != "early_stop"):
+                if len(result["seeds"]) > 1 and arm["seed"] != result["seeds"][0]:
+                    continue  # one seed per panel keeps it readable; the table has all
+                steps = [t["step"] for t in arm["trace"]]
+                label = arm["arm"]
+                line, = ax1.plot(steps, [t["policy_kl"] for t in arm["trace"]], marker=".", label=label)
+                ax2.step(steps, [t["beta"] for t in arm["trace"]], where="post", color=line.get_color(), label=label)
+                ax3.plot([t["step"] for t in arm["rewards"]], [t["reward"] for t in arm["rewards"]],
+                         color=line.get_color(), alpha=0.8, label=label)
+            ax1.axhline(target, ls="--", color="black", label="target")
+            ax1.axhspan(target * (1 - band), target * (1 + band), color="grey", alpha=0.15)
+            ax1.set_title(f"[{kind}] KL(policy ‖ start), held-out, exact per token (seed {result['seeds'][0]})")
+            ax1.set_xlabel("step")
+            ax1.legend(fontsize=7)
+            ax2.set_yscale("log")
+            ax2.set_title(f"[{kind}] beta in effect")
+            ax2.set_xlabel("step")
+            ax3.set_title(f"[{kind}] task reward (no KL penalty)")
+            ax3.set_xlabel("step")
+        fig.suptitle(f"rl-kl — SmolLM2-135M-Instruct, {result['steps']} steps, lr {result['lr']:g}, "
+                     f"target {target}", fontsize=10)
+
+
+def mean_sd(values: list[float]) -> tuple[float, float]:
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    if not vals:
+        return math.nan, math.nan
+    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else 0.0)
+
+
+def fmt(values: list[float], spec: str = ".3f") -> str:
+    m, s = mean_sd(values)
+    return "-" if math.isnan(m) else f"{m:{spec}} ± {s:{spec}}"
+
+
+def summarise(results: list[dict[str, Any]], a: argparse.Namespace) -> dict[str, Any]:
+    """Per trainer: mean ± sd per arm over seeds; the fixed β picked on the first seed (closest
+    final KL to the target) evaluated on the others, the best in hindsight; the targets."""
+    seeds = sorted({r["seed"] for r in results})
+    summary: dict[str, Any] = {}
+    targets: dict[str, Any] = {}
+    for kind in sorted({r["trainer"] for r in results}):
+        rs = [r for r in results if r["trainer"] == kind]
+        arms = sorted({r["arm"] for r in rs}, key=lambda n: [x["arm"] for x in rs].index(n))
+        table = {}
+        for name in arms:
+            sel = [r for r in rs if r["arm"] == name]
+            settle = [(r["settling_step"] if r["settling_step"] is not None else a.steps + 1) for r in sel]
+            table[name] = {
+                "seeds": [r["seed"] for r in sel], "settling_step": mean_sd(settle), "settled": sum(
+                    r["settling_step"] is not None for r in sel),
+                "overshoot_pct": mean_sd([r["overshoot_pct"] for r in sel]),
+                "abs_error": mean_sd([r["abs_error"] for r in sel]), "final_kl": mean_sd([r["final_kl"] for r in sel]),
+                "reward": mean_sd([r["reward"] for r in sel]), "accuracy": mean_sd([r["accuracy"] for r in sel]),
+                "perplexity": mean_sd([r["final_perplexity"] for r in sel]),
+            }
+        fixed = [n for n in arms if n.startswith("fixed")]
+        pick_seed = seeds[0]
+        picked = min(fixed, key=lambda n: next(r["abs_error"] for r in rs if r["arm"] == n and r["seed"] == pick_seed),
+                     default=None)
+        hindsight = min(fixed, key=lambda n: table[n]["abs_error"][0], default=None)
+        summary[kind] = {"arms": table, "fixed_picked_on_seed": pick_seed, "fixed_picked": picked,
+                         "fixed_best_in_hindsight": hindsight}
+        pid = table.get("actuator PID")
+        zie = table.get("Ziegler adaptive KL")
+        if pid and zie and picked:
+            later = [s for s in seeds if s != pick_seed] or seeds
+            def on(name: str, key: str, rs: list[dict[str, Any]] = rs, later: list[int] = later) -> list[float]:
+                return [r[key] for r in rs if r["arm"] == name and r["seed"] in later]
+            closest = min(fixed, key=lambda n: table[n]["abs_error"][0])
+            targets[kind] = {
+                "settles_in_half_ziegler_steps": pid["settling_step"][0] <= zie["settling_step"][0] / 2,
+                "pid_settling_step": pid["settling_step"], "ziegler_settling_step": zie["settling_step"],
+                "overshoot_at_most_15pct": pid["overshoot_pct"][0] <= 15.0, "pid_overshoot_pct": pid["overshoot_pct"],
+                "abs_error_at_most_picked_fixed": mean_sd(on("actuator PID", "abs_error"))[0]
+                <= mean_sd(on(picked, "abs_error"))[0],
+                "pid_abs_error_later_seeds": mean_sd(on("actuator PID", "abs_error")),
+                "picked_fixed_abs_error_later_seeds": mean_sd(on(picked, "abs_error")),
+                "abs_error_at_most_hindsight_fixed": pid["abs_error"][0] <= table[hindsight]["abs_error"][0],
+                "reward_within_one_sd_of_closest_fixed": abs(pid["reward"][0] - table[closest]["reward"][0])
+                <= max(table[closest]["reward"][1], 1e-9),
+                "closest_fixed": closest, "pid_reward": pid["reward"], "closest_fixed_reward": table[closest]["reward"],
+            }
+    return {"summary": summary, "targets": targets}
+
+
+def print_tables(results: list[dict[str, Any]], summary: dict[str, Any], a: argparse.Namespace) -> None:
+    table = Table(title=f"{SCENARIO} — SmolLM2-135M-Instruct, {a.steps} steps, KL target {a.target} "
+                        f"(±{a.band:.0%}), lr {a.lr:g}, per seed")
+    for col in ("trainer", "arm", "seed", "settling", "overshoot %", "final KL", "|err|", "final β", "reward",
+                "accuracy", "ppl", "decisions", "s"):
+        table.add_column(col, justify="right")
+    for r in results:
+        table.add_row(r["trainer"], r["arm"], str(r["seed"]),
+                      "-" if r["settling_step"] is None else str(r["settling_step"]), f"{r['overshoot_pct']:.0f}",
+                      f"{r['final_kl']:.4f}", f"{r['abs_error']:.4f}", f"{r['final_beta']:.3g}", f"{r['reward']:+.3f}",
+                      f"{r['accuracy']:.2f}", "-" if r["final_perplexity"] is None else f"{r['final_perplexity']:.2f}",
+                      "-" if r["decisions"] is None else str(r["decisions"]),
+                      "-" if r["seconds"] is None else f"{r['seconds']:.0f}")
+    console.print(table)
+    for kind, s in summary.items():
+        t = Table(title=f"{SCENARIO} [{kind}] mean ± sd over seeds {sorted({r['seed'] for r in results})} "
+                        f"(fixed β picked on seed {s['fixed_picked_on_seed']}: {s['fixed_picked']}; "
+                        f"best in hindsight: {s['fixed_best_in_hindsight']})")
+        for col in ("arm", "settling step", "settled", "overshoot %", "final KL", "|KL − target|", "reward", "accuracy",
+                    "perplexity"):
+            t.add_column(col, justify="right")
+        for name, v in s["arms"].items():
+            def f(key: str, spec: str = ".3f", v: dict[str, Any] = v) -> str:
+                m, sd = v[key]
+                return "-" if m is None or (isinstance(m, float) and math.isnan(m)) else f"{m:{spec}} ± {sd:{spec}}"
+            t.add_row(name, f("settling_step", ".1f"), f"{v['settled']}/{len(v['seeds'])}", f("overshoot_pct", ".0f"),
+                      f("final_kl", ".4f"), f("abs_error", ".4f"), f("reward"), f("accuracy", ".2f"), f("perplexity", ".2f"))
+        console.print(t)
+
+
+def seed_file(seed: int, trainer: str) -> Path:
+    return RESULTS / f"{SCENARIO}-{trainer}-seed{seed}.json"
+
+
+def aggregate(a: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
+    results: list[dict[str, Any]] = []
+    meta: dict[str, Any] = {}
+    for path in sorted(RESULTS.glob(f"{SCENARIO}-*-seed*.json")):
+        part = json.loads(path.read_text())
+        results.extend(part["arms"])
+        meta = {k: v for k, v in part.items() if k != "arms"}
+    if not results:
+        raise SystemExit(f"no {SCENARIO}-*-seed*.json in {RESULTS}: run the seeds first")
+    ns = copy.copy(a)
+    for key in ("steps", "target", "band", "lr"):
+        setattr(ns, key, meta[key])
+    s = summarise(results, ns)
+    print_tables(results, s["summary"], ns)
+    out = {**meta, "seeds": sorted({r["seed"] for r in results}), "arms": results, "summary": s["summary"],
+           "command": command_line("rl_kl", argv), "parts": sorted(p.name for p in RESULTS.glob(f"{SCENARIO}-*-seed*.json"))}
+    out.pop("wall_seconds", None)
+    record_targets(out, s["targets"])
+    save_results(SCENARIO, out, plot)
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    scenario_args(ap, SCENARIO, steps=24, quick="12 steps, the Actuator arm and one fixed beta")
+    ap.add_argument("--trainer", nargs="+", choices=["rloo", "grpo"], default=["rloo"])
+    ap.add_argument("--beta", type=float, default=0.1, help="starting beta of Ziegler, early stopping and the PID")
+    ap.add_argument("--betas", type=float, nargs="+", default=[0.1, 0.5, 2.5], help="the fixed-beta sweep")
+    ap.add_argument("--target", type=float, default=0.04, help="KL target, nats per token (policy_kl)")
+    ap.add_argument("--band", type=float, default=0.10)
+    ap.add_argument("--lr", type=float, default=3e-5)
+    ap.add_argument("--prompts", type=int, default=4, help="prompts per step")
+    ap.add_argument("--samples", type=int, default=4, help="completions per prompt (num_generations)")
+    ap.add_argument("--max-new-tokens", type=int, default=16)
+    ap.add_argument("--length-cost", type=float, default=0.02, help="reward per completion token (subtracted)")
+    ap.add_argument("--n-sums", type=int, default=20, help="arithmetic prompts next to the factual ones")
+    ap.add_argument("--probe-every", type=int, default=2)
+    ap.add_argument("--probe-samples", type=int, default=2, help="sampled answers per held-out prompt")
+    ap.add_argument("--horizon", type=float, default=None, help="Ziegler horizon in samples (default: one probe "
+                    "interval's samples, so an update moves beta by up to the paper's ±20%%)")
+    ap.add_argument("--kp", type=float, default=1.0, help="PID kp in log-beta per relative KL error (× 1/target)")
+    ap.add_argument("--ki", type=float, default=0.1, help="PID ki per step (× 1/target)")
+    ap.add_argument("--max-step", type=float, default=1.0, help="rate limit, log-beta units per decision")
+    ap.add_argument("--tail", type=int, default=5, help="steps averaged for the reward at the end")
+    ap.add_argument("--arms", nargs="+", default=["actuator", "ziegler", "fixed"])
+    ap.add_argument("--aggregate", action="store_true", help="combine the per-seed result files")
+    a = ap.parse_args(argv)
+    if a.aggregate:
+        return aggregate(a, argv)
+    if a.quick:
+        a.steps = min(a.steps, 12)
+        a.betas = [a.beta]
+        a.arms = [x for x in a.arms if x != "ziegler"]
+    if a.horizon is None:
+        a.horizon = float(a.probe_every * a.prompts * a.samples)
+    a.out.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(pick_threads(a.threads))
+    url = start_controller(a.out)
+    setup = Setup(a)
+    base_ppl = setup.perplexity(setup.ref)
+    console.print(f"start: general-text perplexity {base_ppl:.2f}; KL target {a.target} nats/token, lr {a.lr:g}, "
+                  f"{a.prompts}×{a.samples} completions/step, Ziegler horizon {a.horizon:g} samples")
+    out: dict[str, Any] = {}
+    for kind in a.trainer:
+        for seed in a.seeds:
+            t_start = time.time()
+            results = []
+            for arm_kind in a.arms:
+                arms = ([{"name": f"fixed β {b:g}", "kind": "fixed", "beta": b} for b in a.betas]
+                        if arm_kind == "fixed" else
+                        [{"name": {"ziegler": "Ziegler adaptive KL", "actuator": "actuator PID"}[arm_kind],
+                          "kind": arm_kind}])
+                for arm in arms:
+                    r = run_arm(setup, kind, arm, a, url, seed)
+                    r["perplexity_increase_pct"] = 100 * (r["final_perplexity"] / base_ppl - 1)
+                    results.append(r)
+                    out = save_seed(kind, seed, results, a, argv, base_ppl, t_start)  # each arm as it ends
+    return out
+
+
+def save_seed(kind: str, seed: int, results: list[dict[str, Any]], a: argparse.Namespace, argv: list[str] | None,
+              base_ppl: float, t_start: float) -> dict[str, Any]:
+    """Write the seed's result file with the arms so far (plus early stopping once the fixed arm at
+    the starting beta is in), so a stopped run keeps what it measured."""
+    arms = list(results)
+    start_fixed = next((r for r in arms if r["kind"] == "fixed" and r["start_beta"] == a.beta), None)
+    if start_fixed is not None:
+        arms.append(early_stop(start_fixed, a))
+    s = summarise(arms, a)
+    print_tables(arms, s["summary"], a)
+    out = {"scenario": SCENARIO, "trainer": kind, "steps": a.steps, "seeds": [seed], "target": a.target,
+           "band": a.band, "lr": a.lr, "prompts": a.prompts, "samples": a.samples,
+           "max_new_tokens": a.max_new_tokens, "length_cost": a.length_cost, "probe_every": a.probe_every,
+           "ziegler_horizon": a.horizon, "start_beta": a.beta, "betas": a.betas,
+           "pid": pid_policy(a)["controllers"][0], "max_step": a.max_step,
+           "kl_beta_bounds": [a.beta, a.beta * 100], "start_perplexity": base_ppl, "arms": arms,
+           "command": command_line("rl_kl", argv), "wall_seconds": time.time() - t_start}
+    save_results(f"{SCENARIO}-{kind}-seed{seed}" if not a.quick else f"{SCENARIO}-quick", out, plot)
+    return out
+    return out
+
+
+if __name__ == "__main__":
+    main()
