@@ -65,8 +65,11 @@ def default_knob_spec(name: str, value: float) -> dict[str, Any]:
     """
     if name == "learning_rate" and value > 0:
         return {"min": value / 100.0, "max": value, "scale": "log", "max_step": 0.7}
-    if name in ("kl_beta", "gkd_beta") and value > 0:
+    if name == "kl_beta" and value > 0:
         return {"min": value / 100.0, "max": value * 10.0, "scale": "log", "max_step": 0.7}
+    if name == "gkd_beta":
+        # GKD's beta interpolates forward and reverse KL (a share in [0, 1]), not a multiplier.
+        return {"min": 0.0, "max": 1.0, "scale": "linear", "max_step": 0.2}
     if name == "kl_weight":
         # A Lagrange multiplier: 0 is "anchor off"; at 2 the anchor already outweighs a typical
         # task loss (forgetting benchmark: w = 3 costs a third of the task); 0.25 per decision.
@@ -334,7 +337,8 @@ class ActuatorCallback(TrainerCallback, ExportableState):
             if name == "rank":
                 return _rank_setter(model if model is not None else getattr(trainer, "model", None))
         except KnobNotSupported as exc:
-            raise ConfigError(f"knobs.{name}: {exc}") from exc
+            hint = f" (the setter the callback tried: {_SETTERS[name]})" if name in _SETTERS else ""
+            raise ConfigError(f"knobs.{name}: {exc}{hint}") from exc
         raise ConfigError(f"knobs.{name}: no setter for this knob; pass setters=[...] with an object that has "
                           "name, read() and apply(value) (the KnobSetter protocol, actuator.agents.knobs)")
 
