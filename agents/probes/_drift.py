@@ -17,9 +17,12 @@ from ._common import (
     chunks,
     encode,
     forward_logits,
+    forward_under,
     greedy_generate,
     model_device,
+    observe_precision,
     pad_batch,
+    precision_of,
     probe_mode,
 )
 from ._errors import ProbeDataError, ProbeError
@@ -94,10 +97,12 @@ class KLDrift(Probe):
         total, count = 0.0, 0
         for batch in chunks(selected, self.batch_size):
             ids, mask = pad_batch(batch, 0, side="right", device=device)
+            with observe_precision(model) as seen:
+                cur_logits = forward_logits(model, ids, mask)
+            # the reference in the precision the model ran in (it may live on another device; for a
+            # PEFT model it is the same model with its adapters disabled, so it runs after)
             with self.reference_holder.view(model) as reference:
-                ref_device = model_device(reference)  # a given reference may live elsewhere
-                ref_logits = forward_logits(reference, ids.to(ref_device), mask.to(ref_device)).to(device)
-            cur_logits = forward_logits(model, ids, mask)
+                ref_logits = forward_under(seen[0], reference, ids, mask)
             kl = token_kl(ref_logits, cur_logits)
             keep = mask.bool()
             total += float(kl[keep].double().sum())
@@ -242,7 +247,8 @@ class EmbeddingDrift(Probe):
         missing = [i for i in indices if i not in self._ref_answers]
         if not missing:
             return
-        with self.reference_holder.view(model) as reference:
+        precision = precision_of(model)  # the reference answers in the precision the model answers in
+        with self.reference_holder.view(model) as reference, precision.context(model_device(reference).type):
             answers = greedy_generate(
                 reference,
                 self.tokenizer,
