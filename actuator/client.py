@@ -86,7 +86,7 @@ class ActuatorClient:
         """``timeout`` overrides the client's for this request (registration stores a policy and
         the run: slower than an ingest, and worth a longer wait than a retry of it)."""
         payload = body.model_dump(mode="json") if isinstance(body, RunCreate) else body
-        extra = {} if timeout is None else {"timeout": timeout}
+        extra: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
         return RunCreated.model_validate(self._request("POST", "/v1/runs", json=payload, **extra).json())
 
     def list_runs(self, **params: Any) -> list[RunPublic]:
