@@ -20,15 +20,37 @@ app = typer.Typer(help="Actuator: closed-loop control of LLM post-training.", no
                   add_completion=False)
 policy_app = typer.Typer(help="Policy documents.", no_args_is_help=True)
 app.add_typer(policy_app, name="policy")
-bench_app = typer.Typer(help="Benchmarks (run from a checkout of the repository).", no_args_is_help=True)
+bench_app = typer.Typer(help="Benchmarks: scripts in the source repository's benchmarks/ folder, which the package "
+                             "does not install (run them inside a clone).", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 
 SCENARIOS = ("plants", "sft-drift", "dpo-kl", "draft-distill", "compress-rank")
 console = Console()
+err_console = Console(stderr=True)  # errors go to stderr, so `actuator runs > runs.txt` keeps them visible
 
 UrlOpt = Annotated[str, typer.Option("--url", envvar="ACTUATOR_URL", help="Controller service URL.")]
 TokenOpt = Annotated[Optional[str], typer.Option("--token", envvar="ACTUATOR_TOKEN", help="Bearer token.")]
 DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    """Print ``error: message`` on stderr; return the Exit to raise."""
+    err_console.print(f"[red]error:[/red] {message}")
+    return typer.Exit(code)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from . import __version__
+
+        console.print(f"actuator {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True, help="Print the version and exit.")] = False) -> None:
+    """Actuator: closed-loop control of LLM post-training."""
 
 
 @app.command()
@@ -84,8 +106,7 @@ def runs(url: UrlOpt = DEFAULT_URL, token: TokenOpt = None,
         with _client(url, token) as c:
             items = c.list_runs(state=state, limit=limit)
     except ClientError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(1) from exc
+        raise _fail(f"{url}: {exc}") from exc
     table = Table("id", "name", "state", "policy", "step", "knobs")
     for r in items:
         knobs = ", ".join(f"{k}={v.value:.4g}" for k, v in r.knobs.items())
@@ -104,8 +125,7 @@ def decisions(run: Annotated[str, typer.Argument(help="Run id.")], url: UrlOpt =
         with _client(url, token) as c:
             page = c.list_decisions(run, limit=limit)
     except ClientError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(1) from exc
+        raise _fail(f"{url}: {exc}") from exc
     if explain:
         for d in page.items:
             console.rule(f"decision {d.number} · step {d.step} · {d.knob}")
@@ -140,7 +160,7 @@ def policy_validate(path: Annotated[Path, typer.Argument(exists=True, dir_okay=F
         doc = load_policy(path)
     except PolicyError as exc:
         for e in exc.errors or [{"loc": "(document)", "msg": str(exc)}]:
-            console.print(f"[red]{e['loc']}[/red]: {e['msg']}")
+            err_console.print(f"[red]{e['loc']}[/red]: {e['msg']}")
         raise typer.Exit(1) from exc
     console.print(f"[green]valid[/green]: {doc.name} ({len(doc.controllers)} controllers, "
                   f"{len(doc.guardrails)} guardrails)")
@@ -152,6 +172,16 @@ def policy_schema() -> None:
     from .policy import PolicyDocument
 
     console.print_json(json.dumps(PolicyDocument.model_json_schema()))
+
+
+def _checkout() -> Path | None:
+    """The source checkout holding benchmarks/control/: the working directory or one of its parents,
+    else the checkout an editable install points at (the folder above this package)."""
+    here = Path(__file__).resolve().parent.parent
+    for folder in (Path.cwd(), *Path.cwd().parents, here):
+        if (folder / "benchmarks" / "control").is_dir():
+            return folder
+    return None
 
 
 @bench_app.command("control")
@@ -166,19 +196,21 @@ def bench_control(
     import subprocess
     import sys
 
-    root = next((p for p in (Path.cwd(), *Path.cwd().parents) if (p / "benchmarks" / "control").is_dir()), None)
+    root = _checkout()
     if root is None:
-        console.print("[red]error:[/red] run this from a checkout of the actuator repository (benchmarks/ not found)")
-        raise typer.Exit(2)
+        raise _fail(
+            "the benchmarks are scripts in the repository's benchmarks/ folder, which installing the actuator "
+            "package does not bring. Run this command inside a clone of the Actuator source repository "
+            f"(searched {Path.cwd()} and its parents, and beside the installed package at "
+            f"{Path(__file__).resolve().parent}), or there: python -m benchmarks.control.<scenario>", 2)
     names = SCENARIOS if scenario == "all" else (scenario,)
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
-        console.print(f"[red]error:[/red] unknown scenario {unknown[0]!r}; choose from {', '.join(SCENARIOS)}")
-        raise typer.Exit(2)
+        raise _fail(f"unknown scenario {unknown[0]!r}; choose from {', '.join(SCENARIOS)}", 2)
     for name in names:
         module = root / "benchmarks" / "control" / f"{name.replace('-', '_')}.py"
         if not module.exists():
-            console.print(f"[yellow]{name}: not available in this checkout ({module.name} missing)[/yellow]")
+            err_console.print(f"[yellow]{name}: not available in this checkout ({module.name} missing)[/yellow]")
             continue
         args = [sys.executable, "-m", f"benchmarks.control.{name.replace('-', '_')}"]
         if quick:

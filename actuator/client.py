@@ -82,9 +82,12 @@ class ActuatorClient:
         return self._request("POST", "/v1/policies/validate", json=document).json()
 
     # -- runs --------------------------------------------------------------------------------
-    def register_run(self, body: RunCreate | dict[str, Any]) -> RunCreated:
+    def register_run(self, body: RunCreate | dict[str, Any], *, timeout: float | None = None) -> RunCreated:
+        """``timeout`` overrides the client's for this request (registration stores a policy and
+        the run: slower than an ingest, and worth a longer wait than a retry of it)."""
         payload = body.model_dump(mode="json") if isinstance(body, RunCreate) else body
-        return RunCreated.model_validate(self._request("POST", "/v1/runs", json=payload).json())
+        extra: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+        return RunCreated.model_validate(self._request("POST", "/v1/runs", json=payload, **extra).json())
 
     def list_runs(self, **params: Any) -> list[RunPublic]:
         params = {k: v for k, v in params.items() if v is not None}

@@ -1,21 +1,27 @@
 """ActuatorCallback: one callback that puts a Hugging Face ``Trainer`` (or a TRL trainer, which
 subclasses it) under closed-loop control.
 
-    trainer = Trainer(...)
-    ActuatorCallback(policy="sft-drift", probes=[KLDrift(prompts, tok)]).attach(trainer)
+    trainer = DPOTrainer(..., callbacks=[ActuatorCallback("preset:dpo-kl", probes=[KLDrift(prompts, tok)])])
     trainer.train()
 
+``Trainer(callbacks=[cb])`` and ``cb.attach(trainer)`` are the same: the callback finds its trainer
+at ``on_init_end`` and puts itself before the ``report_to`` loggers.
+
 What happens, step by step (see DESIGN.md, "The loop"):
-1. ``on_train_begin``: the policy is validated locally, knob setters are bound (the learning
-   rate from the trainer's optimizer and scheduler, others given by the user), probes are set
-   up (the drift reference is snapshotted here), and a background sender is started. The run is
-   registered with the service from that thread: training never waits on the network.
+1. ``on_train_begin``: the policy is resolved (a stored one is fetched) and brings its knobs; each
+   knob's setter is found from the trainer (learning rate: optimizer and scheduler; ``kl_beta``:
+   TRL DPO/GRPO/RLOO; ``distill_lambda`` / ``gkd_beta``: distillation and GKD trainers; ``rank``:
+   factorised layers or LoRA; ``kl_weight``: the KL anchor) unless ``setters`` gives one; the run
+   is registered (one request). A refusal (4xx: a bad policy, knob or token) raises
+   :class:`~actuator.ConfigError` before the first step; an unreachable service lets training
+   start without control, and the background sender registers the run when it answers. Then
+   probes are set up (the drift reference is snapshotted here) and the sender is started.
 2. ``on_step_end`` (a step boundary): results that came back are applied — knob decisions are
    clamped to the run's bounds and rate limit on this side too, then written through the
    setters, and the value read back is what the next observation reports. Then due probes run,
-   and the observation is handed to the sender.
-3. Distributed runs: rank 0 talks to the service; decisions are broadcast so every rank applies
-   the same values at the same step.
+   and the observation is handed to the sender: training never waits on the network.
+3. Distributed runs: rank 0 talks to the service; its configuration, refusals and decisions are
+   broadcast so every rank applies the same values at the same step.
 4. The service down: training continues with the last values; one warning per outage.
 """
 
@@ -26,14 +32,16 @@ import math
 import os
 import re
 import time
+import weakref
 from typing import Any
 
-from actuator._exceptions import ConfigError, RequestRejected, ServiceUnavailable
+from actuator._exceptions import ConfigError, NotFound, RequestRejected, ServiceUnavailable
 from actuator.client import ActuatorClient
 from actuator.policy import PolicyDocument, load_policy, load_preset, protect_policy
 from actuator.schemas import DecisionPublic, KnobSpec, ObservationCreate, RunCreate
 
-from .knobs import KnobSetter, LearningRateKnob
+from ._hf_compat import find_trainer, load_checkpoint, rollback_unsupported, run_before_loggers
+from .knobs import KnobNotSupported, KnobSetter, LearningRateKnob
 from .sender import BackgroundSender
 
 __all__ = ["ActuatorCallback", "default_knob_spec"]
@@ -57,8 +65,11 @@ def default_knob_spec(name: str, value: float) -> dict[str, Any]:
     """
     if name == "learning_rate" and value > 0:
         return {"min": value / 100.0, "max": value, "scale": "log", "max_step": 0.7}
-    if name in ("kl_beta", "gkd_beta") and value > 0:
+    if name == "kl_beta" and value > 0:
         return {"min": value / 100.0, "max": value * 10.0, "scale": "log", "max_step": 0.7}
+    if name == "gkd_beta":
+        # GKD's beta interpolates forward and reverse KL (a share in [0, 1]), not a multiplier.
+        return {"min": 0.0, "max": 1.0, "scale": "linear", "max_step": 0.2}
     if name == "kl_weight":
         # A Lagrange multiplier: 0 is "anchor off"; at 2 the anchor already outweighs a typical
         # task loss (forgetting benchmark: w = 3 costs a third of the task); 0.25 per decision.
@@ -87,6 +98,49 @@ def _unwrap_scheduler(sched: Any) -> Any:
     return sched
 
 
+# Every ActuatorCallback alive, so that one transformers rebuilt from a checkpoint can find the one
+# the script configured (see ActuatorCallback._predecessor).
+_LIVE: weakref.WeakSet[ActuatorCallback] = weakref.WeakSet()
+
+# The setter each knob gets from the trainer, as the error messages name it.
+_SETTERS = {
+    "kl_beta": "actuator.agents.trl_knobs.KLBetaKnob(trainer)",
+    "distill_lambda": "actuator.agents.distill.DistillLambdaKnob(trainer)",
+    "gkd_beta": "actuator.agents.distill.GKDBetaKnob(trainer)",
+    "rank": "actuator.agents.compression.RankKnob(model)",
+    "kl_weight": "actuator.agents.anchor.KLAnchorKnob(anchor)",
+}
+
+
+def _rank_setter(model: Any) -> KnobSetter:
+    """``rank``: the factorised layers' active rank (compression.factorize), else PEFT LoRA masks."""
+    from .compression import LoraRankKnob, RankKnob, lowrank_layers
+    from .probes._common import is_peft_model
+
+    if model is not None and lowrank_layers(model):
+        return RankKnob(model)
+    if model is not None and is_peft_model(model):
+        return LoraRankKnob(model)
+    raise KnobNotSupported(
+        "the model has no LowRankLinear layers and is not a PEFT LoRA model; call "
+        "actuator.agents.compression.factorize(model, ...) before building the trainer (or pass "
+        "setters=[actuator.agents.compression.LoraRankKnob(peft_model)] / AdaLoraBudgetKnob for adapters)")
+
+
+def _json_safe(value: Any) -> Any:
+    """``value`` with only JSON types (trainer_state.json is written with json.dumps)."""
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    try:
+        return float(value)  # numpy and torch scalars
+    except (TypeError, ValueError):
+        return str(value)
+
+
 class ActuatorCallback(TrainerCallback, ExportableState):
     """Stream probes to the controller service and apply its decisions at step boundaries.
 
@@ -108,6 +162,8 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         run_name: a name for the run (default: the trainer's ``run_name`` / output dir).
         budget_share: the largest share of wall time probes may take (default 10%).
         timeout: HTTP timeout of one request, in seconds (the sender's, never training's).
+        register_timeout: how long ``train()`` may wait at its start for the registration's answer
+            (a refusal stops training there; no answer in time lets it start without control).
         flush_timeout: seconds to wait at train end for buffered observations.
         report_every: also send training metrics every N steps without probes (0: only with probes).
     """
@@ -127,6 +183,7 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         run_name: str | None = None,
         budget_share: float = 0.10,
         timeout: float = 2.0,
+        register_timeout: float = 10.0,
         flush_timeout: float = 10.0,
         report_every: int = 0,
         metadata: dict[str, Any] | None = None,
@@ -147,7 +204,7 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         self.knob_bounds = dict(knobs or {"learning_rate": {}})
         self.extra_setters = {s.name: s for s in (setters or [])}
         self.run_name = run_name
-        self.timeout, self.flush_timeout = timeout, flush_timeout
+        self.timeout, self.flush_timeout, self.register_timeout = timeout, flush_timeout, register_timeout
         self.report_every = report_every
         self.metadata = dict(metadata or {})
         self.suite = self._make_suite(probes, budget_share)
@@ -172,6 +229,14 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         self._metrics: dict[str, float] = {}
         self._log_extra: dict[str, float] = {}
         self._is_main = True
+        self._started = False  # on_train_begin ran
+        self._unreachable: ServiceUnavailable | None = None  # at train begin
+        self.budget_share = budget_share
+        _LIVE.add(self)
+
+    # Set through transformers' ExportableState restore (``state()["attributes"]``): this instance
+    # was rebuilt from a checkpoint and should hand over to the one the user configured.
+    _from_checkpoint = False
 
     @staticmethod
     def _make_suite(probes: Any, budget_share: float) -> Any:
@@ -185,51 +250,104 @@ class ActuatorCallback(TrainerCallback, ExportableState):
 
     # -- binding ---------------------------------------------------------------------------
     def attach(self, trainer: Any) -> ActuatorCallback:
-        """Bind to ``trainer`` (callbacks are not given the trainer object) and register."""
-        self.trainer = trainer
-        # Right after DefaultFlowCallback, so our on_log runs before TensorBoard/W&B/printer
-        # callbacks and the knob values we add to the logs reach them.
-        callbacks = trainer.callback_handler.callbacks
-        if self not in callbacks:
-            callbacks.insert(min(1, len(callbacks)), self)
+        """Bind to ``trainer`` and add the callback to it: the same as ``Trainer(callbacks=[cb])``,
+        which finds its trainer by itself (``on_init_end``)."""
+        self._bind(trainer)
         return self
 
+    def _bind(self, trainer: Any) -> None:
+        self.trainer = trainer
+        # Right after DefaultFlowCallback, so our on_log runs before TensorBoard/W&B/MLflow's and
+        # the knob values we add to the logs reach them (transformers puts `callbacks=[...]` last).
+        run_before_loggers(trainer, self)
+
+    def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.trainer is None:
+            trainer = find_trainer(self)
+            if trainer is not None:
+                self._bind(trainer)
+
+    def _policy_knobs(self) -> set[str]:
+        """The knobs the policy drives (controllers) or scales (guardrails' adjust / rollback)."""
+        doc = self.policy_doc
+        if doc is None:
+            return set()
+        return {c.knob for c in doc.controllers} | {g.knob for g in doc.guardrails if g.knob}
+
     def _add_policy_knobs(self) -> None:
-        """A policy that drives ``kl_weight`` brings its knob when the trainer has a KL anchor
-        (``preset:protect-capability`` works with ``knobs`` left alone), and ``protect={...}``
-        holds its absolute budgets with the anchor's weight when there is one."""
-        if getattr(self.trainer, "kl_anchor", None) is None:
-            return
-        if self._protect is not None and self.run_id is None:
+        """A policy brings its knobs: ``preset:dpo-kl`` declares ``kl_beta``, ``preset:compress-ppl``
+        ``rank``, ... with default bounds unless ``knobs`` gives them; their setters are found from
+        the trainer (:meth:`_setter_for`). ``protect={...}`` holds its absolute budgets with the KL
+        anchor's weight when the trainer has one."""
+        if getattr(self.trainer, "kl_anchor", None) is not None and self._protect is not None and self.run_id is None:
             protect, on_drift, on_breach = self._protect
             self.policy = self.policy_doc = protect_policy(protect, on_drift=on_drift, on_breach=on_breach,
                                                            anchor=True)
-        if self.policy_doc is None:
-            return
-        if any(c.knob == "kl_weight" for c in self.policy_doc.controllers):
-            self.knob_bounds.setdefault("kl_weight", {})
+        for name in sorted(self._policy_knobs()):
+            self.knob_bounds.setdefault(name, {})
 
-    def _bind_setters(self, optimizer: Any, lr_scheduler: Any) -> None:
-        for name in self.knob_bounds:
-            if name in self.extra_setters:
-                self.setters[name] = self.extra_setters[name]
-            elif name == "kl_weight":
-                anchor = getattr(self.trainer, "kl_anchor", None)
+    def _resolve_policy(self) -> None:
+        """A stored policy's document, so that its knobs are declared before registration. Not
+        found: ConfigError. Service unreachable: left to the registration (retried later)."""
+        if not isinstance(self.policy, str) or self.policy_doc is not None or self.client is None:
+            return
+        name, _, version = self.policy.partition("@")
+        try:
+            stored = self.client.get_policy(name, int(version) if version.isdigit() else None)
+        except NotFound as exc:
+            raise ConfigError(f"policy: the controller at {self.url} has no stored policy {self.policy!r} "
+                              "(create it with POST /v1/policies, or pass a document or preset:NAME)") from exc
+        except (ServiceUnavailable, RequestRejected):
+            return
+        self.policy_doc = PolicyDocument.model_validate(stored["document"])
+        self._schedule_pending = True
+
+    def _setter_for(self, name: str, optimizer: Any, lr_scheduler: Any, model: Any) -> KnobSetter:
+        """The setter of a knob, found from the trainer (see ``_SETTERS`` for what each knob needs)."""
+        trainer = self.trainer
+        try:
+            if name == "learning_rate":
+                if optimizer is None:
+                    raise ConfigError("knobs.learning_rate: the trainer has no optimizer yet")
+                return LearningRateKnob(optimizer, _unwrap_scheduler(lr_scheduler))
+            if trainer is None and name in _SETTERS:
+                raise ConfigError(f"knobs.{name}: the callback could not find its trainer; attach it with "
+                                  f".attach(trainer), or pass setters=[{_SETTERS[name]}]")
+            if name == "kl_weight":
+                anchor = getattr(trainer, "kl_anchor", None)
                 if anchor is None:
                     raise ConfigError("knobs.kl_weight: the trainer has no KL anchor; build it with "
                                       "actuator.agents.anchor.anchor_trainer(YourTrainer)(..., kl_anchor=KLAnchor(texts, "
-                                      "tokenizer)) and attach with .attach(trainer), or pass "
-                                      "setters=[KLAnchorKnob(anchor)] for your own loop")
+                                      "tokenizer)), or pass setters=[KLAnchorKnob(anchor)] for your own loop")
                 from .anchor import KLAnchorKnob
 
-                self.setters[name] = KLAnchorKnob(anchor)
-            elif name == "learning_rate":
-                if optimizer is None:
-                    raise ConfigError("learning_rate: the trainer has no optimizer yet")
-                self.setters[name] = LearningRateKnob(optimizer, _unwrap_scheduler(lr_scheduler))
+                return KLAnchorKnob(anchor)
+            if name == "kl_beta":
+                from .trl_knobs import KLBetaKnob
+
+                return KLBetaKnob(trainer)
+            if name == "distill_lambda":
+                from .distill import DistillLambdaKnob
+
+                return DistillLambdaKnob(trainer)
+            if name == "gkd_beta":
+                from .distill import GKDBetaKnob
+
+                return GKDBetaKnob(trainer)
+            if name == "rank":
+                return _rank_setter(model if model is not None else getattr(trainer, "model", None))
+        except KnobNotSupported as exc:
+            hint = f" (the setter the callback tried: {_SETTERS[name]})" if name in _SETTERS else ""
+            raise ConfigError(f"knobs.{name}: {exc}{hint}") from exc
+        raise ConfigError(f"knobs.{name}: no setter for this knob; pass setters=[...] with an object that has "
+                          "name, read() and apply(value) (the KnobSetter protocol, actuator.agents.knobs)")
+
+    def _bind_setters(self, optimizer: Any, lr_scheduler: Any, model: Any = None) -> None:
+        for name in self.knob_bounds:
+            if name in self.extra_setters:
+                self.setters[name] = self.extra_setters[name]
             else:
-                raise ConfigError(f"knobs.{name}: no setter for this knob; pass setters=[...] "
-                                  f"(e.g. actuator.agents.knobs for kl_beta, compression.RankKnob for rank)")
+                self.setters[name] = self._setter_for(name, optimizer, lr_scheduler, model)
         for name, setter in self.extra_setters.items():
             self.setters.setdefault(name, setter)
         for name, setter in self.setters.items():
@@ -245,8 +363,9 @@ class ActuatorCallback(TrainerCallback, ExportableState):
             except ValueError as exc:
                 raise ConfigError(f"knobs.{name}: {exc}") from exc
 
-    # -- registration (runs in the sender thread) ----------------------------------------------
+    # -- registration ---------------------------------------------------------------------------
     def _register(self) -> tuple[str, str]:
+        """Register the run (at train begin; again from the sender's thread while unreachable)."""
         assert self.client is not None
         policy = self.policy if isinstance(self.policy, str) else self.policy.model_dump(mode="json")
         body = RunCreate(name=self.run_name or "run", policy=policy, knobs=list(self.specs.values()),
@@ -254,7 +373,7 @@ class ActuatorCallback(TrainerCallback, ExportableState):
                                    if isinstance(v, (str, int, float, bool)) or v is None})
         if self.run_id is not None and self.run_token is not None:
             return self.run_id, self.run_token  # resumed from a checkpoint: the same run continues
-        created = self.client.register_run(body)
+        created = self.client.register_run(body, timeout=max(self.timeout, self.register_timeout))
         self.run_id, self.run_token = created.id, created.token
         self.policy_doc = PolicyDocument.model_validate(created.policy)
         self._schedule_pending = True
@@ -262,25 +381,113 @@ class ActuatorCallback(TrainerCallback, ExportableState):
                  created.policy_version)
         return created.id, created.token
 
+    def _register_at_start(self) -> ConfigError | None:
+        """Register now (one request, at most ``register_timeout`` seconds). A refusal (4xx) is the
+        user's configuration and is returned, to stop ``train()`` before its first step; an
+        unreachable service only means training starts without control (the sender registers
+        the run when the service answers)."""
+        self._unreachable = None
+        try:
+            self._register()
+        except ServiceUnavailable as exc:
+            self._unreachable = exc
+        except RequestRejected as exc:
+            error = ConfigError(
+                f"the controller refused to register this run: {exc}. Fix the policy or knobs given to "
+                "ActuatorCallback; training was not started (only an unreachable controller lets training run "
+                "without control)")
+            error.__cause__ = exc
+            return error
+        return None
+
     # -- trainer events --------------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
-                       optimizer: Any = None, lr_scheduler: Any = None, **kwargs: Any) -> None:
+                       optimizer: Any = None, lr_scheduler: Any = None, **kwargs: Any) -> Any:
+        if self.trainer is None:
+            trainer = find_trainer(self)
+            predecessor = self._predecessor(trainer) if trainer is not None and self._from_checkpoint else None
+            if predecessor is not None:
+                return self._hand_back(predecessor, trainer, args, state, control, model=model, optimizer=optimizer,
+                                       lr_scheduler=lr_scheduler, **kwargs)
+            if trainer is not None:
+                self._bind(trainer)
+        else:
+            run_before_loggers(self.trainer, self)  # a resume may have re-added us last
+        self._started = True
         trainer = self.trainer
         optimizer = optimizer if optimizer is not None else getattr(trainer, "optimizer", None)
         lr_scheduler = lr_scheduler if lr_scheduler is not None else getattr(trainer, "lr_scheduler", None)
         self._is_main = bool(getattr(state, "is_world_process_zero", True))
-        self._add_policy_knobs()
-        self._bind_setters(optimizer, lr_scheduler)
+        failure: ConfigError | None = None
+        if self._is_main:
+            self.client = ActuatorClient(self.url, token=self.token, timeout=self.timeout)
+            try:
+                self._resolve_policy()
+                self._add_policy_knobs()
+            except ConfigError as exc:
+                failure = exc
+        shared = self._from_rank0({"knobs": self.knob_bounds, "error": str(failure) if failure else None})
+        if shared["error"] is not None:
+            raise failure or ConfigError(shared["error"])
+        self.knob_bounds = dict(shared["knobs"])
+        self._bind_setters(optimizer, lr_scheduler, model)
         self._restore(args, state)
         if self.run_name is None:
             self.run_name = (getattr(args, "run_name", None) or os.path.basename(str(args.output_dir)) or "run")[:128]
+        failure = self._register_at_start() if self._is_main else None
+        error = self._from_rank0(str(failure) if failure else None)
+        if error is not None:
+            self._close_client()
+            raise failure or ConfigError(error)
+        if any(g.action == "rollback" for g in (self.policy_doc.guardrails if self.policy_doc else [])):
+            reason = rollback_unsupported(trainer)
+            if reason:
+                log.warning("actuator: the policy may order a rollback, which would halt instead: %s", reason)
         if self.suite is not None and model is not None:
             self.suite.setup(model)
         if self._is_main:
-            self.client = ActuatorClient(self.url, token=self.token, timeout=self.timeout)
-            self.sender = BackgroundSender(self.client, register=self._register)
+            self.sender = BackgroundSender(self.client, run_id=self.run_id, token=self.run_token,
+                                           register=self._register)
+            if self._unreachable is not None:
+                self.sender.report_outage(self._unreachable)
             if self.suite is not None and model is not None:
                 self._observe(state.global_step, model, force=True)  # the baseline at step 0
+        return None
+
+    # -- resume with restore_callback_states_from_checkpoint=True ------------------------------
+    def _predecessor(self, trainer: Any) -> ActuatorCallback | None:
+        """The callback HF replaced by this one (rebuilt from a checkpoint's ``state()``): the live
+        one bound to the same trainer and no longer in its callbacks, or the only unbound one."""
+        handler = trainer.callback_handler.callbacks
+        candidates = [cb for cb in list(_LIVE) if cb is not self and not cb._from_checkpoint and not cb._started
+                      and type(cb) is type(self) and not any(cb is h for h in handler)
+                      and cb.trainer in (None, trainer)]
+        bound = [cb for cb in candidates if cb.trainer is trainer]
+        if len(bound) == 1:
+            return bound[0]
+        if len(candidates) == 1:
+            return candidates[0]
+        if candidates:
+            log.warning("actuator: resuming with restore_callback_states_from_checkpoint: %d ActuatorCallbacks could "
+                        "be the one replaced; continuing with the one rebuilt from the checkpoint (no probes). "
+                        "Attach the callback with .attach(trainer) to avoid this", len(candidates))
+        return None
+
+    def _hand_back(self, predecessor: ActuatorCallback, trainer: Any, args: Any, state: Any, control: Any,
+                   **kwargs: Any) -> Any:
+        """Put the user's callback back where transformers put this rebuilt one, and start it.
+
+        With ``restore_callback_states_from_checkpoint=True`` transformers replaces every callback
+        with one built from the checkpoint (``type(cb)(**state["args"])`` plus its attributes).
+        Probes, setters and tokens cannot travel through JSON, so the rebuilt callback hands the
+        trainer back to the callback the user configured, which restores the same state from the
+        checkpoint itself (``_restore``): one run continues, with its probes."""
+        callbacks = trainer.callback_handler.callbacks
+        del callbacks[next(i for i, cb in enumerate(callbacks) if cb is self)]
+        predecessor._bind(trainer)  # before our old place: call_event still reaches everyone once
+        log.info("actuator: resumed with restore_callback_states_from_checkpoint: the configured callback "
+                 "continues run %s", self.run_id)
+        return predecessor.on_train_begin(args, state, control, **kwargs)
 
     def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         self._apply_results(args, state, control)
@@ -332,13 +539,30 @@ class ActuatorCallback(TrainerCallback, ExportableState):
 
     # -- checkpointed state (transformers' ExportableState) ----------------------------------
     def state(self) -> dict[str, Any]:
-        """Saved by Trainer into the checkpoint's trainer_state.json; restored by us on resume
-        (leave ``restore_callback_states_from_checkpoint`` off: this callback holds probes and
-        setters that cannot be rebuilt from JSON)."""
-        return {"args": {}, "attributes": {
-            "run_id": self.run_id, "seq": self.seq, "last_decision": self.last_decision,
-            "knobs": self.knob_values() if self.setters else {}, "last_ok_step": self.last_ok_step,
-        }}
+        """Saved by Trainer into each checkpoint's trainer_state.json (JSON).
+
+        ``args`` rebuild an equivalent callback (``ActuatorCallback(**args)``: policy, service URL,
+        knob bounds, run name, budgets), which is what transformers does on resume when
+        ``restore_callback_states_from_checkpoint=True``; the rebuilt one then hands over to the
+        callback configured in the script, with its probes and setters (see :meth:`_hand_back`).
+        ``attributes`` are where the run was: its id (the token is kept in an owner-only file
+        beside the checkpoint, never in this JSON), sequence number, last decision, knob values
+        and the last step at which every guardrail held. Without that flag the configured callback
+        restores the same attributes itself (:meth:`_restore`)."""
+        policy = self.policy if isinstance(self.policy, str) else self.policy.model_dump(mode="json")
+        return {
+            "args": _json_safe({
+                "policy": policy, "url": self.url, "knobs": self.knob_bounds, "run_name": self.run_name,
+                "budget_share": self.budget_share, "timeout": self.timeout, "flush_timeout": self.flush_timeout,
+                "register_timeout": self.register_timeout,
+                "report_every": self.report_every, "metadata": self.metadata,
+            }),
+            "attributes": {
+                "run_id": self.run_id, "seq": self.seq, "last_decision": self.last_decision,
+                "saved_knobs": self.knob_values() if self.setters else {}, "last_ok_step": self.last_ok_step,
+                "_from_checkpoint": True,
+            },
+        }
 
     def _restore(self, args: Any, state: Any) -> None:
         saved = (getattr(state, "stateful_callbacks", None) or {}).get(type(self).__name__)
@@ -350,7 +574,8 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         self.seq = int(attrs.get("seq", 0))
         self.last_decision = int(attrs.get("last_decision", 0))
         self.last_ok_step = attrs.get("last_ok_step")
-        for name, value in (attrs.get("knobs") or {}).items():
+        knobs = attrs.get("saved_knobs", attrs.get("knobs")) or {}  # "knobs": checkpoints before 0.1.1
+        for name, value in knobs.items():
             setter = self.setters.get(name)
             if setter is not None and name != "learning_rate":
                 # The lr lives in the optimizer/scheduler state the Trainer restores itself.
@@ -360,7 +585,11 @@ class ActuatorCallback(TrainerCallback, ExportableState):
             with open(token_file) as fh:
                 self.run_id, self.run_token = attrs["run_id"], fh.read().strip()
         log.info("actuator: resumed at step %d (seq %d, last decision %d, knobs %s)", state.global_step,
-                 self.seq, self.last_decision, attrs.get("knobs"))
+                 self.seq, self.last_decision, knobs)
+
+    def _close_client(self) -> None:
+        if self.client is not None:
+            self.client.close()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.sender is None:
@@ -374,7 +603,7 @@ class ActuatorCallback(TrainerCallback, ExportableState):
                 self.client.finish(self.run_id, token=self.run_token)
             except (ServiceUnavailable, RequestRejected) as exc:
                 log.warning("actuator: could not mark the run finished: %s", exc)
-        self.client.close() if self.client is not None else None
+        self._close_client()
 
     # -- the loop ----------------------------------------------------------------------------
     def knob_values(self) -> dict[str, float]:
@@ -436,14 +665,13 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         """Restore the last checkpoint at which every guardrail held; False if there is none."""
         healthy = [(s, p) for s, p in self.checkpoints if self.last_ok_step is not None and s <= self.last_ok_step
                    and os.path.isdir(p)]
-        if self.trainer is None or not healthy:
+        unsupported = rollback_unsupported(self.trainer)
+        if unsupported or not healthy:
             log.error("actuator: rollback ordered at step %d but %s; halting instead", state.global_step,
-                      "the callback is not attached to a trainer (use .attach(trainer))" if self.trainer is None
-                      else "no checkpoint was saved while every guardrail held")
+                      unsupported or "no checkpoint was saved while every guardrail held")
             return False
         step, path = healthy[-1]
-        self.trainer._load_from_checkpoint(path)  # weights, in place
-        self.trainer._load_optimizer_and_scheduler(path)  # moments and schedule of that step
+        load_checkpoint(self.trainer, path)  # weights in place; optimizer moments and schedule of that step
         self.rollbacks.append({"at_step": state.global_step, "to_step": step, "checkpoint": path})
         self._log_extra["actuator/rollback_to_step"] = float(step)
         log.warning("actuator: guardrail breach: rolled back to %s (step %d) at step %d; training continues",
@@ -453,15 +681,21 @@ class ActuatorCallback(TrainerCallback, ExportableState):
     def _broadcast(self, decisions: list[dict[str, Any]], halt: bool,
                    rollback: bool) -> tuple[list[dict[str, Any]], bool, bool]:
         """Every rank applies rank 0's decisions at the same step boundary."""
+        payload = self._from_rank0({"decisions": decisions, "halt": halt, "rollback": rollback})
+        return payload["decisions"], payload["halt"], payload["rollback"]
+
+    @staticmethod
+    def _from_rank0(value: Any) -> Any:
+        """``value`` as rank 0 has it, on every rank (itself when not distributed)."""
         try:
             import torch.distributed as dist
         except ImportError:  # pragma: no cover
-            return decisions, halt, rollback
+            return value
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-            return decisions, halt, rollback
-        payload = [{"decisions": decisions, "halt": halt, "rollback": rollback}]
+            return value
+        payload = [value]
         dist.broadcast_object_list(payload, src=0)
-        return payload[0]["decisions"], payload[0]["halt"], payload[0]["rollback"]
+        return payload[0]
 
     def _apply_probe_schedule(self) -> None:
         """The policy names probes and how often they run: the service's word wins over the

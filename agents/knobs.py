@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
+from ._hf_compat import sync_last_lr
+
 __all__ = ["KnobSetter", "KnobNotSupported", "LearningRateKnob"]
 
 
@@ -93,6 +95,6 @@ class LearningRateKnob:
                 group["lr"] = value * shape
                 if "initial_lr" in group:
                     group["initial_lr"] = value
-        if sched is not None and hasattr(sched, "_last_lr"):
-            sched._last_lr = [float(g["lr"]) for g in self.optimizer.param_groups]
+        if sched is not None:
+            sync_last_lr(sched, self.optimizer)  # get_last_lr() (the trainer's logged lr) says the new value
         return self.read()

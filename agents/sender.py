@@ -97,6 +97,11 @@ class BackgroundSender:
             self._queue.put(obs)
         self._wake.set()
 
+    def report_outage(self, exc: Exception) -> None:
+        """The caller found the service unreachable (before the first submit): that is this
+        outage's one warning, and the thread will not warn again until it has reconnected."""
+        self._outage(exc)
+
     def results(self) -> list[IngestResult]:
         out = []
         while True:

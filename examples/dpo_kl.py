@@ -36,6 +36,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # examples/demo.py: start_service
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/control/_common.py: precision
 
 import torch  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
@@ -46,6 +47,7 @@ from actuator.agents.models import load_smollm2  # noqa: E402
 from actuator.agents.probes import KLDrift  # noqa: E402
 from actuator.agents.trl_knobs import KLBetaKnob  # noqa: E402
 from actuator.client import ActuatorClient  # noqa: E402
+from benchmarks.control._common import native_precision, precision_args  # noqa: E402
 
 FACTS = [
     ("What is the capital of France?", "Paris."),
@@ -164,7 +166,10 @@ def main() -> None:
     ap.add_argument("--setpoint", type=float, default=0.05, help="KL drift to hold (inline policy)")
     ap.add_argument("--probe-every", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--precision", choices=["bf16", "fp32"], default=None,
+                    help="training precision (default: bf16 where the machine has it natively, else fp32)")
     args = ap.parse_args()
+    args.precision = args.precision or native_precision()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("actuator.agents").setLevel(logging.INFO)  # one line per decision applied
     torch.manual_seed(args.seed)
@@ -192,9 +197,10 @@ def main() -> None:
         output_dir=str(workdir / "dpo"), max_steps=args.steps, per_device_train_batch_size=2, learning_rate=args.lr,
         lr_scheduler_type="constant", beta=args.beta, max_length=80, use_cpu=True, report_to=[], logging_steps=1,
         save_strategy="no", disable_tqdm=True, seed=args.seed, dataloader_num_workers=0,
-        # bf16 autocast (TRL's default, even on CPU) is kept: on this CPU (avx512_bf16) it makes DPO
-        # steps ~1.5x cheaper, and the probe's reference is DPO's own ref_model, which accelerate
-        # wraps in the same autocast, so policy and reference are compared at the same precision.
+        # TRL defaults to bf16 even on CPU, where only AVX512-BF16 / AMX CPUs compute it natively
+        # (elsewhere a step is several times slower): bf16 where native, else fp32. The drift probe
+        # runs its reference in the precision the policy runs in, either way.
+        **precision_args(args.precision),
     )
     trainer = DPOTrainer(model=model, ref_model=ref_model, args=config, train_dataset=preference_dataset(),
                          processing_class=tok)

@@ -39,6 +39,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # examples/demo.py: start_service
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/control/_common.py: precision
 
 import torch  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
@@ -48,6 +49,7 @@ from actuator.agents.callback import ActuatorCallback  # noqa: E402
 from actuator.agents.models import load_smollm2  # noqa: E402
 from actuator.agents.probes import HotpotQA, KLDrift, builtin_hotpotqa_path  # noqa: E402
 from actuator.client import ActuatorClient  # noqa: E402
+from benchmarks.control._common import native_precision, precision_args  # noqa: E402
 
 WORDS = ("apple river candle mountain window garden silver rocket planet forest violin marble tiger lemon "
          "castle harbor pencil meadow thunder island copper velvet falcon lantern orchid glacier compass "
@@ -124,7 +126,10 @@ def main() -> None:
                          "probes at step 0 dominate it)")
     ap.add_argument("--save-steps", type=int, default=0, help="checkpoint every N steps (rollback guardrails)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--precision", choices=["bf16", "fp32"], default=None,
+                    help="training precision (default: bf16 where the machine has it natively, else fp32)")
     args = ap.parse_args()
+    args.precision = args.precision or native_precision()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("actuator.agents").setLevel(logging.INFO)  # decisions applied, guardrail alerts
     torch.manual_seed(args.seed)
@@ -151,9 +156,9 @@ def main() -> None:
         learning_rate=args.lr, lr_scheduler_type="constant", max_length=64, use_cpu=True, report_to=[],
         logging_steps=1, disable_tqdm=True, seed=args.seed, dataloader_num_workers=0, weight_decay=0.0,
         save_strategy="steps" if args.save_steps else "no", save_steps=args.save_steps or 500,
-        # TRL configs default to bf16=True even on CPU; the drift reference is float32, and bf16
-        # autocast alone would read as drift (~1e-3 here). Train in float32 like the reference.
-        bf16=False,
+        # TRL configs default to bf16=True even on CPU, where only AVX512-BF16 / AMX CPUs compute it
+        # natively: bf16 where native, else fp32 (the probes compare in the precision training uses).
+        **precision_args(args.precision),
     )
     trainer = SFTTrainer(model=model, args=config, train_dataset=narrow_task(400, args.seed), processing_class=tok)
     trainer.remove_callback(PrinterCallback)

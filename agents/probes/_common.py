@@ -11,6 +11,7 @@ import logging
 import random
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -31,6 +32,11 @@ __all__ = [
     "context_length",
     "model_device",
     "forward_logits",
+    "Precision",
+    "observe_precision",
+    "precision_of",
+    "forward_under",
+    "forward_alike",
     "greedy_generate",
     "is_peft_model",
 ]
@@ -216,6 +222,77 @@ def forward_logits(model: Any, input_ids: torch.Tensor, attention_mask: torch.Te
     if logits is None:
         logits = output[0]
     return logits.float()
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The autocast state a forward pass ran under (``enabled`` False: none)."""
+
+    device_type: str
+    enabled: bool
+    dtype: torch.dtype
+
+    @classmethod
+    def current(cls, device_type: str) -> Precision:
+        if hasattr(torch, "get_autocast_dtype"):  # torch >= 2.4
+            return cls(device_type, torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type))
+        if device_type == "cpu":  # pragma: no cover - older torch
+            return cls("cpu", torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype())
+        return cls(device_type, torch.is_autocast_enabled(), torch.get_autocast_gpu_dtype())  # pragma: no cover
+
+    def context(self, device_type: str | None = None) -> Any:
+        """The same autocast, entered explicitly (on ``device_type`` if the other model lives elsewhere)."""
+        return torch.autocast(device_type or self.device_type, dtype=self.dtype, enabled=self.enabled)
+
+
+@contextmanager
+def observe_precision(model: Any) -> Iterator[list[Precision]]:
+    """Inside, the first forward of ``model`` records (in the yielded list) the autocast its
+    layers run under: whatever its forward enters itself (accelerate's mixed-precision wrapper
+    under ``bf16=True``, a user's wrapper) and whatever surrounds the call."""
+    seen: list[Precision] = []
+    device_type = model_device(model).type
+
+    def record(module: Any, args: Any) -> None:
+        if not seen:
+            seen.append(Precision.current(device_type))
+
+    children = list(model.children()) if hasattr(model, "children") else []
+    handles = [child.register_forward_pre_hook(record) for child in children]
+    try:
+        yield seen
+    finally:
+        for handle in handles:
+            handle.remove()
+        if not seen:  # no submodule ran (a bare function): the ambient state is all there is
+            seen.append(Precision.current(device_type))
+
+
+def precision_of(model: Any) -> Precision:
+    """The autocast ``model``'s forward runs under, from a one-token forward (no grad)."""
+    ids = torch.zeros((1, 1), dtype=torch.long, device=model_device(model))
+    with torch.no_grad(), observe_precision(model) as seen:
+        model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
+    return seen[0]
+
+
+def forward_under(precision: Precision, model: Any, input_ids: torch.Tensor,
+                  attention_mask: torch.Tensor) -> torch.Tensor:
+    """Float32 logits of ``model`` (moved to its device and back) under ``precision``'s autocast."""
+    device = model_device(model)
+    with precision.context(device.type):
+        logits = forward_logits(model, input_ids.to(device), attention_mask.to(device))
+    return logits.to(input_ids.device)
+
+
+def forward_alike(model: Any, other: Any, input_ids: torch.Tensor,
+                  attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float32 logits of ``model`` and of ``other`` (a reference, a teacher) on the same batch,
+    ``other`` under the autocast ``model``'s forward ran under: compared like with like, so
+    precision alone never reads as a difference."""
+    with observe_precision(model) as seen:
+        logits = forward_logits(model, input_ids, attention_mask)
+    return logits, forward_under(seen[0], other, input_ids, attention_mask)
 
 
 def is_peft_model(model: Any) -> bool:

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from ._base import Probe
-from ._common import check_texts, chunks, encode, forward_logits, logger, model_device, pad_batch
+from ._common import check_texts, chunks, encode, forward_alike, logger, model_device, pad_batch
 from ._errors import ProbeDataError
 
 __all__ = ["DraftAcceptance", "acceptance_rate", "expected_tokens_per_call"]
@@ -83,13 +83,11 @@ class DraftAcceptance(Probe):
 
     def _measure(self, model: Any, *, max_examples: int | None) -> dict[str, float]:
         device = model_device(model)
-        teacher_device = model_device(self.teacher)
         selected = [self._ids[i] for i in self._selection(len(self._ids), max_examples)]
         total, count = 0.0, 0
         for batch in chunks(selected, self.batch_size):
             ids, mask = pad_batch(batch, 0, side="right", device=device)
-            teacher_logits = forward_logits(self.teacher, ids.to(teacher_device), mask.to(teacher_device)).to(device)
-            draft_logits = forward_logits(model, ids, mask)
+            draft_logits, teacher_logits = forward_alike(model, self.teacher, ids, mask)
             if teacher_logits.shape[-1] != draft_logits.shape[-1] and not self._warned_vocab:
                 logger.warning(
                     "draft acceptance: teacher has %d logits, draft %d; comparing the common %d",

@@ -18,10 +18,13 @@ from ._common import (
     encode,
     eos_token_ids,
     forward_logits,
+    forward_under,
     greedy_generate,
     model_device,
+    observe_precision,
     pad_batch,
     pad_token_id,
+    precision_of,
     probe_mode,
 )
 from ._errors import ProbeDataError, ProbeError
@@ -96,10 +99,12 @@ class KLDrift(Probe):
         total, count = 0.0, 0
         for batch in chunks(selected, self.batch_size):
             ids, mask = pad_batch(batch, 0, side="right", device=device)
+            with observe_precision(model) as seen:
+                cur_logits = forward_logits(model, ids, mask)
+            # the reference in the precision the model ran in (it may live on another device; for a
+            # PEFT model it is the same model with its adapters disabled, so it runs after)
             with self.reference_holder.view(model) as reference:
-                ref_device = model_device(reference)  # a given reference may live elsewhere
-                ref_logits = forward_logits(reference, ids.to(ref_device), mask.to(ref_device)).to(device)
-            cur_logits = forward_logits(model, ids, mask)
+                ref_logits = forward_under(seen[0], reference, ids, mask)
             kl = token_kl(ref_logits, cur_logits)
             keep = mask.bool()
             total += float(kl[keep].double().sum())
@@ -195,10 +200,10 @@ class PolicyKL(Probe):
             rows = [list(batch[i // self.samples]) + answer for i, answer in enumerate(answers)]
             starts = [len(batch[i // self.samples]) for i in range(len(answers))]
             ids, mask = pad_batch(rows, 0, side="right", device=device)
-            cur_logits = forward_logits(model, ids, mask)
-            with self.reference_holder.view(model) as reference:
-                ref_device = model_device(reference)
-                ref_logits = forward_logits(reference, ids.to(ref_device), mask.to(ref_device)).to(device)
+            with observe_precision(model) as seen:
+                cur_logits = forward_logits(model, ids, mask)
+            with self.reference_holder.view(model) as reference:  # in the precision the model ran in
+                ref_logits = forward_under(seen[0], reference, ids, mask)
             kl = token_kl(cur_logits, ref_logits)  # KL(current ‖ reference) at every position
             # position t predicts token t + 1: the answer tokens are predicted at start-1 .. len-2
             keep = torch.zeros_like(mask, dtype=torch.bool)
@@ -348,7 +353,8 @@ class EmbeddingDrift(Probe):
         missing = [i for i in indices if i not in self._ref_answers]
         if not missing:
             return
-        with self.reference_holder.view(model) as reference:
+        precision = precision_of(model)  # the reference answers in the precision the model answers in
+        with self.reference_holder.view(model) as reference, precision.context(model_device(reference).type):
             answers = greedy_generate(
                 reference,
                 self.tokenizer,

@@ -58,7 +58,8 @@ from typing import Any
 from benchmarks.control._common import (
     scenario_args,
     arm_label, figure, record_targets,
-    command_line, console, arm_progress, pick_threads, save_results, start_controller,
+    command_line, console, arm_progress, native_precision, pick_threads, precision_args, save_results,
+    start_controller,
 )
 
 import torch  # noqa: E402
@@ -203,7 +204,7 @@ def make_trainer(setup: Setup, model: Any, name: str, a: argparse.Namespace, see
     config = DPOConfig(
         output_dir=str(a.out / name), max_steps=a.steps, per_device_train_batch_size=a.batch_size,
         learning_rate=a.lr, lr_scheduler_type="constant", beta=a.beta, loss_type=[a.loss_type], max_length=80,
-        use_cpu=True, report_to=[],
+        use_cpu=True, report_to=[], **precision_args(a.precision),
         logging_steps=1, save_strategy="no", disable_tqdm=True, seed=seed, dataloader_num_workers=0,
         weight_decay=0.0, gradient_checkpointing=False,  # TRL defaults it on: memory is not short here, time is
     )
@@ -389,7 +390,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--max-step", type=float, default=1.5, help="PID rate limit, log-beta units per decision")
     ap.add_argument("--n-sums", type=int, default=0, help="hard pairs: right vs wrong sums (default none)")
     ap.add_argument("--arms", nargs="+", default=["fixed", "ziegler", "actuator"])
+    ap.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
+                    help="training precision (auto: bf16 where the machine has it natively, else fp32)")
     a = ap.parse_args(argv)
+    if a.precision == "auto":
+        a.precision = native_precision()
     if a.quick:
         a.steps = min(a.steps, 24)
     if a.horizon is None:
@@ -437,6 +442,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {
         "scenario": SCENARIO, "steps": a.steps, "seeds": a.seeds, "target": a.target, "band": a.band,
         "lr": a.lr, "batch_size": a.batch_size, "probe_every": a.probe_every, "ziegler_horizon": a.horizon,
+        "precision": a.precision,
         "configs": {loss: {"beta": la.beta, "pid": pid_policy(la)["controllers"][0],
                            "kl_beta_bounds": [la.beta / 4, la.beta * la.beta_cap], "max_step": la.max_step}
                     for loss, la in configs.items()},

@@ -1,10 +1,20 @@
-"""The typer CLI against a real service: runs, decisions (--explain), policy validate."""
+"""The typer CLI against a real service: runs, decisions (--explain), policy validate; errors on
+stderr, --version, bench outside a checkout; the package data it ships."""
 
 from __future__ import annotations
+
+import importlib.metadata
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
 
 import httpx
 from typer.testing import CliRunner
 
+import actuator
 from actuator.cli import app
 
 POLICY = {"name": "cli-policy", "controllers": [{"name": "drift", "probe": "kl_drift", "knob": "learning_rate",
@@ -52,3 +62,48 @@ def test_policy_validate(tmp_path):
     out = runner.invoke(app, ["policy", "validate", str(bad)], env={"COLUMNS": "200"})
     assert out.exit_code == 1
     assert "controllers.0.knob" in out.output and "controllers.0.kp" in out.output
+
+
+def _cli(*args: str, cwd: str | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """The real command line, in a child process: what a user's shell sees on stdout and stderr."""
+    return subprocess.run([sys.executable, "-m", "actuator.cli", *args], capture_output=True, text=True,
+                          timeout=120, cwd=cwd, env={**os.environ, "COLUMNS": "200", **(env or {})})
+
+
+def test_errors_go_to_stderr():
+    out = _cli("runs", "--url", "http://127.0.0.1:9")
+    assert out.returncode == 1
+    assert "error" in out.stderr and "127.0.0.1:9" in out.stderr
+    assert out.stdout == ""  # `actuator runs > runs.txt` leaves the error on the terminal, not in the file
+
+
+def test_version():
+    out = _cli("--version")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"actuator {importlib.metadata.version('actuator')}"
+
+
+def test_bench_outside_a_checkout_explains_itself(tmp_path):
+    """An installed (non-editable) package has no benchmarks/ beside it: the command says where the
+    benchmarks are and how to run them, on stderr, with exit code 2."""
+    site = tmp_path / "site"
+    shutil.copytree(Path(actuator.__file__).parent, site / "actuator")  # the package as pip would install it
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    out = _cli("bench", "control", "plants", cwd=str(work), env={"PYTHONPATH": str(site)})
+    assert out.returncode == 2, out
+    assert out.stdout == ""
+    text = " ".join(out.stderr.split())
+    assert "benchmarks/" in text and "clone" in text and "python -m benchmarks.control" in text, text
+    assert str(work) in text
+
+
+def test_package_data_globs_all_match_files():
+    """Every package-data pattern in pyproject.toml names at least one file of the package it is for."""
+    root = Path(__file__).resolve().parents[2]
+    config = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    dirs = config["package-dir"]
+    for package, patterns in config["package-data"].items():
+        folder = root / dirs.get(package, package.replace(".", "/"))
+        for pattern in patterns:
+            assert list(folder.glob(pattern)), f"package-data {package}: {pattern!r} matches nothing in {folder}"

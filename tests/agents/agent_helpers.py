@@ -8,6 +8,7 @@ import time
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from actuator.agents.models import tiny_llama
+from actuator.agents.probes import Probe
 
 
 def make_char_tokenizer():
@@ -50,14 +51,18 @@ class SlowSteps(TrainerCallback):
         time.sleep(self.seconds)
 
 
-def make_trainer(tmp_path, tokenizer, *, steps: int, scheduler: str = "linear", lr: float = 5e-3):
+def make_trainer(tmp_path, tokenizer, *, steps: int, scheduler: str = "linear", lr: float = 5e-3, callbacks=None,
+                 **overrides):
+    """A tiny Trainer; ``overrides`` replace TrainingArguments fields, ``callbacks`` go to Trainer()."""
     model = tiny_llama(seed=0)
-    args = TrainingArguments(
+    fields = dict(
         output_dir=str(tmp_path / "out"), max_steps=steps, per_device_train_batch_size=4, learning_rate=lr,
         lr_scheduler_type=scheduler, warmup_steps=2, logging_steps=1, save_strategy="no", report_to=[],
         use_cpu=True, seed=0, dataloader_num_workers=0, disable_tqdm=True,
     )
-    return Trainer(model=model, args=args, train_dataset=lm_dataset(tokenizer, NARROW_TASK))
+    fields.update(overrides)
+    return Trainer(model=model, args=TrainingArguments(**fields), train_dataset=lm_dataset(tokenizer, NARROW_TASK),
+                   callbacks=callbacks)
 
 
 def record_lr_used(trainer) -> list[float]:
@@ -66,3 +71,16 @@ def record_lr_used(trainer) -> list[float]:
     trainer.create_optimizer()
     trainer.optimizer.register_step_pre_hook(lambda opt, args, kwargs: used.append(opt.param_groups[0]["lr"]))
     return used
+
+
+class Canary(Probe):
+    """A probe whose value is scripted by step: healthy (0.0) until ``bad_from``, then 1.0."""
+
+    name = "canary"
+
+    def __init__(self, trainer, bad_from: int) -> None:
+        self._init_schedule(1, False)
+        self.trainer, self.bad_from = trainer, bad_from
+
+    def _measure(self, model, *, max_examples=None):
+        return {"custom.canary": 1.0 if self.trainer.state.global_step >= self.bad_from else 0.0}

@@ -9,6 +9,7 @@ import httpx
 import pytest
 from transformers import TrainerCallback
 
+from actuator import ConfigError
 from actuator.agents.callback import ActuatorCallback
 from actuator.agents.probes import KLDrift
 
@@ -127,17 +128,17 @@ def test_probe_schedule_comes_from_the_policy(tmp_path, char_tokenizer, sqlite_s
     assert len(steps) >= 8 and all(s % 2 == 0 for s in steps)
 
 
-def test_unknown_stored_policy_does_not_break_training(tmp_path, char_tokenizer, sqlite_service, caplog):
+def test_unknown_stored_policy_fails_loudly_at_train_start(tmp_path, char_tokenizer, sqlite_service):
+    """A policy name the service does not have is the user's mistake, not an outage: train() stops
+    before its first step with an error that names the policy."""
     trainer = make_trainer(tmp_path, char_tokenizer, steps=6, scheduler="constant")
     cb = ActuatorCallback("no-such-policy", url=sqlite_service.url,
                           probes=[KLDrift(HELD_OUT, char_tokenizer, every=2, max_length=32)]).attach(trainer)
-    with caplog.at_level(logging.ERROR, logger="actuator.agents"):
+    with pytest.raises(ConfigError, match=r"policy: .*no stored policy 'no-such-policy'"):
         trainer.train()
-    assert trainer.state.global_step == 6
-    assert cb.run_id is None
-    assert "registration refused" in (cb.sender.stats.disabled_reason or "")
-    errors = [r.getMessage() for r in caplog.records if "no-such-policy" in r.getMessage()]
-    assert len(errors) == 1, errors  # said once, not once per batch
+    assert trainer.state.global_step == 0
+    assert cb.run_id is None and cb.sender is None
+    assert httpx.get(f"{sqlite_service.url}/v1/runs").json() == []
 
 
 RAISE_POLICY = {
@@ -167,3 +168,36 @@ def test_default_bounds_never_raise_the_lr_above_the_configured_value(tmp_path, 
         assert max(used) <= lr * (1 + 1e-9) and not cb.applied
     else:  # the same policy with room above does raise it: the default is what held it
         assert cb.applied and max(used) > lr * 1.05
+
+
+def test_refused_registration_fails_loudly_at_train_start(tmp_path, char_tokenizer, sqlite_service):
+    """A configuration the service refuses (here: a controller whose bounds miss its knob's) stops
+    train() before the first step, with the service's message naming the field; nothing is stored."""
+    trainer = make_trainer(tmp_path, char_tokenizer, steps=6, scheduler="constant")
+    used = record_lr_used(trainer)
+    policy = {"name": "miss-the-knob", "controllers": [
+        {"name": "drift", "probe": "kl_drift", "knob": "learning_rate", "setpoint": 0.1, "kp": 1.0,
+         "min": 1.0, "max": 2.0}]}  # the learning rate's bounds are [5e-5, 5e-3]
+    cb = ActuatorCallback(policy, url=sqlite_service.url,
+                          probes=[KLDrift(HELD_OUT, char_tokenizer, every=2, max_length=32)]).attach(trainer)
+    with pytest.raises(ConfigError, match=r"refused to register.*422.*controllers\.0\.(min|max)") as info:
+        trainer.train()
+    assert info.value.__cause__ is not None and info.value.__cause__.status_code == 422
+    assert trainer.state.global_step == 0 and used == []
+    assert cb.run_id is None and cb.sender is None
+    assert httpx.get(f"{sqlite_service.url}/v1/runs").json() == []
+
+
+def test_unreachable_service_at_train_start_trains_without_control(tmp_path, char_tokenizer, caplog):
+    """Only an unreachable service means 'train on without control': one warning, every step runs."""
+    from servers import free_port
+
+    trainer = make_trainer(tmp_path, char_tokenizer, steps=8, scheduler="constant")
+    cb = ActuatorCallback(POLICY, url=f"http://127.0.0.1:{free_port()}", flush_timeout=0.5,
+                          probes=[KLDrift(HELD_OUT, char_tokenizer, every=2, max_length=32)]).attach(trainer)
+    with caplog.at_level(logging.WARNING, logger="actuator.agents"):
+        trainer.train()
+    assert trainer.state.global_step == 8
+    assert cb.run_id is None and cb.sender is not None and cb.sender.backlog == len(cb.history) > 0
+    warnings = [r.getMessage() for r in caplog.records if "controller unreachable" in r.getMessage()]
+    assert len(warnings) == 1, warnings

@@ -140,7 +140,8 @@ def test_distill_lambda_knob_bounds_and_refusals(tmp_path) -> None:
         _trainer(tmp_path, lam=1.2)
 
 
-def test_gkd_knobs_set_what_trl_reads_each_step(tmp_path, monkeypatch) -> None:
+def make_gkd(tmp_path, monkeypatch, trainer_cls=None, *, steps: int = 3, callbacks=None):
+    """A TRL GKDTrainer (lmbda 0, beta 0.5) on tiny random models, word-level data."""
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     pytest.importorskip("trl")
     from datasets import Dataset
@@ -162,6 +163,23 @@ def test_gkd_knobs_set_what_trl_reads_each_step(tmp_path, monkeypatch) -> None:
             "prompts": ids[:, :4], "prompt_attention_mask": torch.ones_like(ids[:, :4]),
         }
 
+    g = torch.Generator().manual_seed(0)
+    data = Dataset.from_list([{"input_ids": torch.randint(3, 128, (10,), generator=g).tolist()} for _ in range(8)])
+    args = GKDConfig(
+        output_dir=str(tmp_path), max_steps=steps, per_device_train_batch_size=2, lmbda=0.0, beta=0.5,
+        max_new_tokens=3, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True,
+    )
+    return (trainer_cls or GKDTrainer)(
+        model=tiny_llama(seed=0), teacher_model=tiny_llama(seed=1), args=args, train_dataset=data,
+        processing_class=tokenizer, data_collator=collate, callbacks=callbacks,
+    )
+
+
+def test_gkd_knobs_set_what_trl_reads_each_step(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    pytest.importorskip("trl")
+    from trl.experimental.gkd import GKDTrainer
+
     betas: list[tuple[int, float]] = []
     on_policy: list[int] = []
 
@@ -174,16 +192,8 @@ def test_gkd_knobs_set_what_trl_reads_each_step(tmp_path, monkeypatch) -> None:
             on_policy.append(self.state.global_step)
             return GKDTrainer.generate_on_policy_outputs(model, inputs, generation_config)
 
-    g = torch.Generator().manual_seed(0)
-    data = Dataset.from_list([{"input_ids": torch.randint(3, 128, (10,), generator=g).tolist()} for _ in range(8)])
-    args = GKDConfig(
-        output_dir=str(tmp_path), max_steps=3, per_device_train_batch_size=2, lmbda=0.0, beta=0.5,
-        max_new_tokens=3, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True,
-    )
-    trainer = Recording(
-        model=tiny_llama(seed=0), teacher_model=tiny_llama(seed=1), args=args, train_dataset=data,
-        processing_class=tokenizer, data_collator=collate,
-    )
+    trainer = make_gkd(tmp_path, monkeypatch, Recording)
+    args = trainer.args
     lam_knob, beta_knob = DistillLambdaKnob(trainer), GKDBetaKnob(trainer)
     assert lam_knob.attr == "lmbda" and lam_knob.read() == 0.0 and beta_knob.read() == 0.5
 
@@ -200,3 +210,21 @@ def test_gkd_knobs_set_what_trl_reads_each_step(tmp_path, monkeypatch) -> None:
     assert args.lmbda == 0.0 and args.beta == 0.5  # args are not what the loss reads
     with pytest.raises(ValueError):
         beta_knob.apply(2.0)
+
+
+def test_a_gkd_trainer_brings_its_knobs_to_the_callback(tmp_path, monkeypatch, sqlite_service) -> None:
+    """A policy on distill_lambda and gkd_beta: the callback finds both setters on a GKDTrainer."""
+    from actuator.agents.callback import ActuatorCallback
+
+    policy = {"name": "gkd-knobs", "controllers": [
+        {"name": "lam", "probe": "train.loss", "knob": "distill_lambda", "setpoint": 0.0, "kp": 0.01},
+        {"name": "jsd", "probe": "train.loss", "knob": "gkd_beta", "setpoint": 0.0, "kp": 0.01}]}
+    cb = ActuatorCallback(policy, url=sqlite_service.url, report_every=1)
+    trainer = make_gkd(tmp_path, monkeypatch, steps=2, callbacks=[cb])
+    trainer.train()
+    assert isinstance(cb.setters["distill_lambda"], DistillLambdaKnob) and cb.setters["distill_lambda"].attr == "lmbda"
+    assert isinstance(cb.setters["gkd_beta"], GKDBetaKnob)
+    import httpx
+
+    knobs = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}").json()["knobs"]
+    assert knobs["distill_lambda"]["value"] == 0.0 and knobs["gkd_beta"]["value"] == 0.5

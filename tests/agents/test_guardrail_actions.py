@@ -12,22 +12,7 @@ from safetensors.torch import load_file
 from transformers import TrainerCallback
 
 from actuator.agents.callback import ActuatorCallback
-from actuator.agents.probes import Probe
-
-from agent_helpers import SlowSteps, make_trainer, record_lr_used
-
-
-class Canary(Probe):
-    """A probe whose value is scripted by step: healthy (0.0) until ``bad_from``, then 1.0."""
-
-    name = "canary"
-
-    def __init__(self, trainer, bad_from: int) -> None:
-        self._init_schedule(1, False)
-        self.trainer, self.bad_from = trainer, bad_from
-
-    def _measure(self, model, *, max_examples=None):
-        return {"custom.canary": 1.0 if self.trainer.state.global_step >= self.bad_from else 0.0}
+from agent_helpers import Canary, SlowSteps, make_trainer, record_lr_used
 
 
 def test_halt_stops_training_and_leaves_a_checkpoint(tmp_path, char_tokenizer, sqlite_service):

@@ -32,7 +32,7 @@ def preference_dataset(n: int = 36):
                                        "rejected": [r for _, _, r in pairs]})
 
 
-def make_dpo(tmp_path, tokenizer, *, steps: int, beta: float = 0.1, n: int = 36, lr: float = 5e-3):
+def make_dpo(tmp_path, tokenizer, *, steps: int, beta: float = 0.1, n: int = 36, lr: float = 5e-3, callbacks=None):
     from trl import DPOConfig, DPOTrainer
 
     args = DPOConfig(
@@ -45,7 +45,7 @@ def make_dpo(tmp_path, tokenizer, *, steps: int, beta: float = 0.1, n: int = 36,
         precompute_ref_log_probs=True,
     )
     return DPOTrainer(model=tiny_llama(seed=0), ref_model=tiny_llama(seed=1), args=args,
-                      train_dataset=preference_dataset(n), processing_class=tokenizer)
+                      train_dataset=preference_dataset(n), processing_class=tokenizer, callbacks=callbacks)
 
 
 class BetaUsedByLoss:

@@ -1,0 +1,82 @@
+"""Presets bring their knobs: ActuatorCallback("preset:dpo-kl") on a DPOTrainer declares kl_beta and
+finds its setter (actuator.agents.trl_knobs.KLBetaKnob) from the trainer, with no knobs= or
+setters= given; a knob the trainer cannot have fails at train() start naming the setter's module."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from transformers import Trainer, TrainerCallback, TrainingArguments
+
+from actuator import ConfigError
+from actuator.agents.callback import ActuatorCallback
+from actuator.agents.knobs import LearningRateKnob
+from actuator.agents.models import tiny_llama
+from actuator.agents.probes import KLDrift
+from actuator.agents.trl_knobs import KLBetaKnob
+
+from agent_helpers import HELD_OUT, NARROW_TASK, SlowSteps, lm_dataset
+from test_trl_knobs import BetaUsedByLoss, make_dpo
+
+pytest.importorskip("trl")
+
+
+class OverrideAt(TrainerCallback):
+    """An operator pins kl_beta through the REST API at a step boundary (a real decision)."""
+
+    def __init__(self, cb: ActuatorCallback, url: str, step: int, value: float) -> None:
+        self.cb, self.url, self.step, self.value = cb, url, step, value
+
+    def on_step_end(self, args, state, control, **kw):
+        if state.global_step == self.step:
+            r = httpx.post(f"{self.url}/v1/runs/{self.cb.run_id}/knobs/kl_beta/override",
+                           json={"value": self.value, "note": "test"})
+            assert r.status_code == 200, r.text
+
+
+def test_dpo_preset_needs_no_knobs_or_setters(tmp_path, char_tokenizer, sqlite_service):
+    # The README's one line, on a TRL DPOTrainer: nothing but the preset and a probe.
+    cb = ActuatorCallback("preset:dpo-kl", url=sqlite_service.url, report_every=1,
+                          probes=[KLDrift(HELD_OUT, char_tokenizer, max_length=32, reference=tiny_llama(seed=0))])
+    trainer = make_dpo(tmp_path, char_tokenizer, steps=14, beta=0.1, callbacks=[cb])
+    probe = BetaUsedByLoss(trainer)
+    trainer.add_callback(OverrideAt(cb, sqlite_service.url, step=3, value=0.18))  # within the default rate limit (x2 per decision)
+    trainer.add_callback(SlowSteps())
+    trainer.train()
+
+    assert isinstance(cb.setters["kl_beta"], KLBetaKnob) and isinstance(cb.setters["learning_rate"], LearningRateKnob)
+    run = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}").json()
+    assert run["policy_name"] == "dpo-kl"
+    kl_beta = run["knobs"]["kl_beta"]
+    assert kl_beta["value"] == pytest.approx(0.18)  # the override moved it from the trainer's 0.1
+    assert (kl_beta["min"], kl_beta["max"], kl_beta["scale"]) == (pytest.approx(1e-3), pytest.approx(1.0), "log")
+    # The decision came back, was applied at a step boundary, and the DPO loss used it from then on.
+    applied = [e for e in cb.applied if e["knob"] == "kl_beta"]
+    assert applied and applied[0]["applied"] == pytest.approx(0.18), cb.applied
+    used = probe.used()
+    k = applied[0]["step"]
+    assert 3 <= k < len(used)
+    assert used[:3] == pytest.approx([0.1] * 3, rel=1e-3)
+    assert used[k:] == pytest.approx([0.18] * (len(used) - k), rel=1e-3)
+    assert run["knobs_in_effect"]["kl_beta"] == pytest.approx(0.18)
+
+
+def _plain_trainer(tmp_path, tokenizer) -> Trainer:
+    return Trainer(model=tiny_llama(seed=0), train_dataset=lm_dataset(tokenizer, NARROW_TASK), args=TrainingArguments(
+        output_dir=str(tmp_path), max_steps=2, use_cpu=True, report_to=[], disable_tqdm=True))
+
+
+@pytest.mark.parametrize(("policy", "message"), [
+    ("preset:dpo-kl", r"knobs\.kl_beta: .*Trainer has no `beta`.*actuator\.agents\.trl_knobs\.KLBetaKnob"),
+    ("preset:compress-ppl", r"knobs\.rank: .*no LowRankLinear layers.*actuator\.agents\.compression\.factorize"),
+    ("preset:draft-distill", r"knobs\.distill_lambda: .*actuator\.agents\.distill\.DistillLambdaKnob"),
+    ({"name": "custom", "controllers": [{"name": "c", "probe": "kl_drift", "knob": "custom.temperature",
+                                         "setpoint": 0.1, "kp": 1.0}]},
+     r"knobs\.custom\.temperature: no setter.*KnobSetter protocol, actuator\.agents\.knobs"),
+])
+def test_a_knob_the_trainer_cannot_have_fails_at_train_start(tmp_path, char_tokenizer, policy, message):
+    trainer = _plain_trainer(tmp_path, char_tokenizer)
+    ActuatorCallback(policy, url="http://127.0.0.1:9").attach(trainer)
+    with pytest.raises(ConfigError, match=message):
+        trainer.train()
+    assert trainer.state.global_step == 0
