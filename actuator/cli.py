@@ -193,7 +193,7 @@ def policy_tune(
     console.print(f"gains: kp {g['kp']:.4g}  ki {g['ki']:.4g}  kd {g['kd']:.4g}  direction {g['direction']}   "
                   f"(current: kp {cur['kp']:.4g}  ki {cur['ki']:.4g}  kd {cur['kd']:.4g})")
     console.print(f"rule: {g['rule']}; tau_c {g['tau_c']:.3g}, effective dead time {g['theta_eff']:.3g}, "
-                  f"tau_I {g['tau_i']:.3g} steps, dt {r['interval']} steps")
+                  f"tau_I {g['tau_i']:.3g}, tau_D {g['tau_d']:.3g} steps, dt {r['interval']} steps")
     table = Table("predicted (replay on the model)", "settling (±10%)", "overshoot", "decisions")
     for name in ("proposed", "current"):
         p = pred[name]

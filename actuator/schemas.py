@@ -437,7 +437,8 @@ class TuningPublic(_Public):
     direction: Literal["direct", "reverse"]
     tau_c: float
     theta_eff: float
-    tau_i: float
+    tau_i: float = Field(description="Integral time (steps), parallel form: ki = kp / tau_i.")
+    tau_d: float = Field(description="Derivative time (steps), parallel form: kd = kp * tau_d (0: a PI).")
     aggressiveness: float
     rule: str
 

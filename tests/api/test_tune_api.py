@@ -58,10 +58,14 @@ def test_tune_identifies_the_plant_and_proposes_gains_that_settle(service):
     assert m["gain"] == pytest.approx(GAIN, rel=0.2) and m["tau"] == pytest.approx(TAU, rel=0.2)
     assert DEAD - EVERY <= m["theta"] <= DEAD + EVERY
     assert body["interval"] == EVERY and body["observations_used"] == body["observations_total"] == 61
-    # SIMC in the PID's terms: kp = Kc, ki = Kc / tau_I per step, sign in the direction
-    assert g["direction"] == "direct" and g["kd"] == 0
-    assert g["ki"] == pytest.approx(g["kp"] / g["tau_i"])
-    assert g["kp"] == pytest.approx((m["tau"] + 5.0) / (m["gain"] * (g["tau_c"] + g["theta_eff"])), rel=1e-6)
+    # SIMC in the PID's terms, sign in the direction; the EMA (alpha 0.5 every 10 steps) is a
+    # second lag of 10 steps cancelled by derivative: series PID turned parallel
+    assert g["direction"] == "direct" and g["theta_eff"] == pytest.approx(m["theta"] + EVERY / 2)
+    kc = m["tau"] / (m["gain"] * (g["tau_c"] + g["theta_eff"]))
+    ti = min(m["tau"], 4 * (g["tau_c"] + g["theta_eff"]))
+    assert g["kp"] == pytest.approx(kc * (1 + 10.0 / ti)) and g["tau_i"] == pytest.approx(ti + 10.0)
+    assert g["ki"] == pytest.approx(g["kp"] / g["tau_i"]) and g["kd"] == pytest.approx(g["kp"] * g["tau_d"])
+    assert g["kd"] > 0
     # the replay: the proposed gains settle on the model without much overshoot
     proposed = body["predicted"]["proposed"]
     assert proposed["settling_steps"] is not None and proposed["overshoot_pct"] <= 15.0
@@ -69,7 +73,7 @@ def test_tune_identifies_the_plant_and_proposes_gains_that_settle(service):
     # the proposed policy is the run's with the new gains, valid as it stands
     doc = load_policy(body["policy_yaml"])
     ctrl = doc.controllers[0]
-    assert (ctrl.kp, ctrl.ki, ctrl.filter.kind) == (g["kp"], g["ki"], "ema") and body["policy"] == doc.model_dump(
+    assert (ctrl.kp, ctrl.ki, ctrl.kd, ctrl.filter.kind) == (g["kp"], g["ki"], g["kd"], "ema") and body["policy"] == doc.model_dump(
         mode="json")
     # more aggressive: a shorter tau_c, larger gains
     fast = httpx.post(f"{url}/v1/policies/tune", json={"run_id": run_id, "controller": "drift",

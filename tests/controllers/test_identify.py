@@ -122,9 +122,15 @@ def test_simc_rules_in_the_pid_parameterisation():
     assert t.direction == "reverse" and t.kd == 0.0
     fast = simc(m, aggressiveness=2.0)
     assert fast.tau_c == pytest.approx(theta / 2) and fast.kp > t.kp
-    # a probe every 10 steps and an EMA: both count as dead time, the EMA half as lag (half rule)
+    # a probe every 10 steps: half an interval of dead time (the hold); an EMA on the probe: a
+    # second lag tau_2 = h (1 - alpha) / alpha, cancelled by derivative (series PID -> parallel)
     slow = simc(m, interval=10.0, filter_alpha=0.5)
-    assert slow.theta_eff == pytest.approx(m.theta + 5.0 + 5.0) and slow.kp < t.kp
+    theta10 = m.theta + 5.0
+    assert slow.theta_eff == pytest.approx(theta10)
+    kc, ti, tau2 = m.tau / (abs(m.gain) * 2 * theta10), min(m.tau, 8 * theta10), 10.0
+    assert slow.kp == pytest.approx(kc * (1 + tau2 / ti)) and slow.tau_i == pytest.approx(ti + tau2)
+    assert slow.tau_d == pytest.approx(ti * tau2 / (ti + tau2)) and slow.kd == pytest.approx(slow.kp * slow.tau_d)
+    assert slow.ki == pytest.approx(slow.kp / slow.tau_i) and "tau_D" in slow.rule
     # integrating: Kc = 1 / (k (tau_c + theta)), tau_I = 4 (tau_c + theta)
     im = identify(*record(gain=0.05, delay=1, integrating=True))
     ti = simc(im)
