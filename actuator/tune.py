@@ -3,8 +3,8 @@
 1. The controller's probe and the knob values in effect (as the agent reported them) are read
    from the run's observations, the knob in its scale (``ln`` for log-scale knobs), and a FOPDT
    or integrating model is fitted (:func:`controllers.identify.identify`, stdlib least squares).
-2. SIMC gives PI gains for it (:func:`controllers.tuning.simc`), counting the probe interval and
-   the controller's EMA filter as dead time.
+2. SIMC gives gains for it (:func:`controllers.tuning.simc`): PI, plus derivative when the
+   controller filters its probe (the EMA's lag is cancelled); the probe interval counts as dead time.
 3. The policy with the proposed gains, and the one with the current gains, run closed loop
    against the fitted model through the engine (:func:`actuator.simulate.simulate_model`), and
    the predicted settling time (+-10% band) and overshoot are reported for both.

@@ -296,11 +296,13 @@ class ActuatorCallback(TrainerCallback, ExportableState):
                 self._observe(state.global_step, model, force=True)  # the baseline at step 0
 
     def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
-        self._apply_results(args, state, control)
         if self.identification is not None:
+            # Before the decisions: at the test's last step the restored value comes first and a
+            # decision released at that boundary applies on top of it, instead of being undone.
             value = self.identification.due(state.global_step)
             if value is not None:
                 self.setters[self.identification.knob].apply(value)
+        self._apply_results(args, state, control)
         if self._schedule_pending:
             self._apply_probe_schedule()
         step = state.global_step
