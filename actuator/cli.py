@@ -184,6 +184,61 @@ def _checkout() -> Path | None:
     return None
 
 
+def _fmt_steps(v: object) -> str:
+    return "not within the horizon" if v is None else f"{v} steps"
+
+
+@policy_app.command("tune")
+def policy_tune(
+    run: Annotated[str, typer.Option("--run", help="The recorded run (or identification pre-run) to fit.")],
+    controller: Annotated[str, typer.Option("--controller", help="The setpoint controller to tune, by name.")],
+    aggressiveness: Annotated[float, typer.Option(
+        help="tau_c = effective dead time / X (0 < X <= 10): 1 is SIMC's choice, 2 twice as fast, 0.5 twice "
+             "as slow.")] = 1.0,
+    policy: Annotated[Optional[str], typer.Option(
+        help="A stored policy (name or name@version) holding the controller; default: the run's.")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", dir_okay=False,
+                                                   help="Also write the proposed policy YAML here.")] = None,
+    url: UrlOpt = DEFAULT_URL, token: TokenOpt = None,
+) -> None:
+    """Identify the plant from a run, propose SIMC gains, predict the response by replay, print the policy."""
+    try:
+        with _client(url, token) as c:
+            r = c.tune_policy(run, controller, aggressiveness=aggressiveness, policy=policy)
+    except ClientError as exc:
+        raise _fail(str(exc)) from exc
+    m, g, pred = r["model"], r["gains"], r["predicted"]
+    unit = "ln(" + r["knob"] + ")" if r["scale"] == "log" else r["knob"]
+    console.rule(f"{r['controller']}: {r['probe']} vs {r['knob']} ({r['scale']} scale), run {r['run_id']}")
+    if m["kind"] == "fopdt":
+        console.print(f"model: FOPDT  gain {m['gain']:.4g} {r['probe']} per {unit}, time constant {m['tau']:.3g} "
+                      f"steps, dead time {m['theta']:.3g} steps")
+    else:
+        console.print(f"model: integrating  rate {m['gain']:.4g} {r['probe']} per {unit} per step, dead time "
+                      f"{m['theta']:.3g} steps")
+    console.print(f"fit: R² {m['r2']:.3f}, NRMSE {m['nrmse']:.3f}, {m['observations']} observations over "
+                  f"{m['steps']} steps (of {r['observations_total']}), knob moved {m['knob_move']:.3g}")
+    cur = r["current_gains"]
+    console.print(f"gains: kp {g['kp']:.4g}  ki {g['ki']:.4g}  kd {g['kd']:.4g}  direction {g['direction']}   "
+                  f"(current: kp {cur['kp']:.4g}  ki {cur['ki']:.4g}  kd {cur['kd']:.4g})")
+    console.print(f"rule: {g['rule']}; tau_c {g['tau_c']:.3g}, effective dead time {g['theta_eff']:.3g}, "
+                  f"tau_I {g['tau_i']:.3g}, tau_D {g['tau_d']:.3g} steps, dt {r['interval']} steps")
+    table = Table("predicted (replay on the model)", "settling (±10%)", "overshoot", "decisions")
+    for name in ("proposed", "current"):
+        p = pred[name]
+        over = "-" if p["overshoot_pct"] is None else f"{p['overshoot_pct']:.1f}%"
+        table.add_row(f"{name} gains", _fmt_steps(p["settling_steps"]), over, str(p["decisions"]))
+    console.print(table)
+    console.print(f"horizon {pred['horizon']} steps")
+    for w in r["warnings"]:
+        err_console.print(f"[yellow]warning:[/yellow] {w}")
+    console.rule("policy")
+    console.print(r["policy_yaml"], markup=False, highlight=False)
+    if output is not None:
+        output.write_text(r["policy_yaml"])
+        console.print(f"wrote {output}")
+
+
 @bench_app.command("control")
 def bench_control(
     scenario: Annotated[str, typer.Argument(help=f"one of {', '.join(SCENARIOS)}, or 'all'")] = "all",

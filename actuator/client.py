@@ -81,6 +81,16 @@ class ActuatorClient:
     def validate_policy(self, document: dict[str, Any]) -> dict[str, Any]:
         return self._request("POST", "/v1/policies/validate", json=document).json()
 
+    def tune_policy(self, run_id: str, controller: str, *, aggressiveness: float = 1.0,
+                    policy: str | dict[str, Any] | None = None, horizon: int | None = None) -> dict[str, Any]:
+        """``POST /v1/policies/tune``: the fitted model, proposed gains, predicted response, policy."""
+        body: dict[str, Any] = {"run_id": run_id, "controller": controller, "aggressiveness": aggressiveness}
+        if policy is not None:
+            body["policy"] = policy
+        if horizon is not None:
+            body["horizon"] = horizon
+        return dict(self._request("POST", "/v1/policies/tune", json=body, timeout=120).json())
+
     # -- runs --------------------------------------------------------------------------------
     def register_run(self, body: RunCreate | dict[str, Any], *, timeout: float | None = None) -> RunCreated:
         """``timeout`` overrides the client's for this request (registration stores a policy and

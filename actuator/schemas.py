@@ -44,6 +44,12 @@ __all__ = [
     "PolicyArchived",
     "PolicyValidation",
     "SimulationPublic",
+    "TuneCreate",
+    "FittedModelPublic",
+    "TuningPublic",
+    "PredictedResponse",
+    "TunePrediction",
+    "TunePublic",
     "EventPublic",
     "ControlResult",
     "ReportSampling",
@@ -383,3 +389,93 @@ class ReportPublic(_Public):
     decisions_omitted: int = Field(description="Earlier decisions not listed (GET /v1/runs/{id}/decisions pages "
                                    "through all).")
     events_omitted: int = Field(description="Earlier events not listed (GET /v1/runs/{id}/events pages through all).")
+
+
+class TuneCreate(_Model):
+    """Identify a run's plant for one controller and propose gains (``POST /v1/policies/tune``)."""
+
+    run_id: str = Field(max_length=64, pattern=r"^[A-Za-z0-9\-]+$",
+                        description="The run whose observations (probe and knob values in effect) are fitted.")
+    controller: Name = Field(description="The setpoint controller to tune, by name in the policy.")
+    policy: str | dict[str, Any] | None = Field(
+        None, description="A stored policy (name or name@version) or a document holding the controller; default: "
+        "the run's own policy.")
+    aggressiveness: float = Field(
+        1.0, gt=0, le=10, allow_inf_nan=False,
+        description="tau_c = effective dead time / aggressiveness: 1 is SIMC's tight-control choice, 2 a loop "
+        "twice as fast (less robust), 0.5 twice as slow.")
+    horizon: PositiveWireInt | None = Field(
+        None, description="Steps the predicted response covers (default: the run's span, at least 12 "
+        "closed-loop time constants).")
+
+
+class FittedModelPublic(_Public):
+    """The fitted plant, knob in its scale (ln for log knobs), time in optimizer steps."""
+
+    kind: Literal["fopdt", "integrating"]
+    gain: float = Field(description="FOPDT: steady-state probe change per knob-scale unit; integrating: its rate "
+                        "per step.")
+    tau: float = Field(description="Time constant (steps); 0 for an integrating model.")
+    theta: float = Field(description="Dead time (steps).")
+    rate: float
+    offset: float
+    transient: float
+    drift: float
+    u_ref: float
+    r2: float = Field(description="Share of the probe's variance the model explains.")
+    nrmse: float = Field(description="RMS residual / the probe's range.")
+    residual_sd: float
+    observations: int
+    steps: int
+    knob_move: float = Field(description="The knob's recorded excursion (scale units).")
+
+
+class TuningPublic(_Public):
+    kp: float
+    ki: float
+    kd: float
+    direction: Literal["direct", "reverse"]
+    tau_c: float
+    theta_eff: float
+    tau_i: float = Field(description="Integral time (steps), parallel form: ki = kp / tau_i.")
+    tau_d: float = Field(description="Derivative time (steps), parallel form: kd = kp * tau_d (0: a PI).")
+    aggressiveness: float
+    rule: str
+
+
+class PredictedResponse(_Public):
+    settling_steps: int | None = Field(description="Steps until the probe stays within +-10% of the setpoint "
+                                       "(None: not within the horizon).")
+    overshoot_pct: float | None
+    final_error: float | None = None
+    final_knob: float | None = None
+    knob_range: list[float] | None = None
+    decisions: int
+    response: list[dict[str, float]] = Field(default_factory=list, description="A thinned trace: step, probe, "
+                                             "setpoint, knob.")
+
+
+class TunePrediction(_Public):
+    horizon: int
+    proposed: PredictedResponse
+    current: PredictedResponse
+
+
+class TunePublic(_Public):
+    """The fitted model, the proposed gains, their predicted response (and the current gains'), the policy."""
+
+    run_id: str
+    controller: str
+    probe: str
+    knob: str
+    scale: Scale
+    interval: int = Field(description="Steps between the run's observations (median): the law's dt.")
+    model: FittedModelPublic
+    gains: TuningPublic
+    current_gains: dict[str, Any]
+    predicted: TunePrediction
+    policy: dict[str, Any] = Field(description="The policy with the proposed gains (create it with POST /v1/policies).")
+    policy_yaml: str
+    warnings: list[str]
+    observations_used: int
+    observations_total: int

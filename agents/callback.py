@@ -41,6 +41,7 @@ from actuator.policy import PolicyDocument, load_policy, load_preset, protect_po
 from actuator.schemas import DecisionPublic, KnobSpec, ObservationCreate, RunCreate
 
 from ._hf_compat import find_trainer, load_checkpoint, rollback_unsupported, run_before_loggers
+from .identification import IdentificationMode
 from .knobs import KnobNotSupported, KnobSetter, LearningRateKnob
 from .sender import BackgroundSender
 
@@ -166,6 +167,11 @@ class ActuatorCallback(TrainerCallback, ExportableState):
             (a refusal stops training there; no answer in time lets it start without control).
         flush_timeout: seconds to wait at train end for buffered observations.
         report_every: also send training metrics every N steps without probes (0: only with probes).
+        identify: identification mode for a short pre-run, ``{"knob": "learning_rate", "size": 0.5,
+            "hold": 10, "length": 40}`` (or an :class:`~actuator.agents.identification.IdentificationMode`):
+            the knob is stepped by ``size`` (log units for a log knob) after ``hold`` steps, held for
+            ``length`` steps and restored; the service's decisions on it wait until then. Then
+            ``actuator policy tune --run RUN_ID --controller NAME`` fits the run.
     """
 
     def __init__(
@@ -187,6 +193,7 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         flush_timeout: float = 10.0,
         report_every: int = 0,
         metadata: dict[str, Any] | None = None,
+        identify: IdentificationMode | dict[str, Any] | None = None,
     ) -> None:
         if (policy is None) == (protect is None):
             raise ConfigError("policy: give a policy (name, preset:NAME, document) or protect={...}, not both")
@@ -207,6 +214,9 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         self.timeout, self.flush_timeout, self.register_timeout = timeout, flush_timeout, register_timeout
         self.report_every = report_every
         self.metadata = dict(metadata or {})
+        self.identification = IdentificationMode.from_config(identify) if identify is not None else None
+        if self.identification is not None:
+            self.knob_bounds.setdefault(self.identification.knob, {})
         self.suite = self._make_suite(probes, budget_share)
         self.trainer: Any = None
         # run-time state
@@ -431,6 +441,9 @@ class ActuatorCallback(TrainerCallback, ExportableState):
             raise failure or ConfigError(shared["error"])
         self.knob_bounds = dict(shared["knobs"])
         self._bind_setters(optimizer, lr_scheduler, model)
+        if self.identification is not None:
+            knob = self.identification.knob
+            self.identification.bind(self.specs[knob], float(self.setters[knob].read()), state.global_step)
         self._restore(args, state)
         if self.run_name is None:
             self.run_name = (getattr(args, "run_name", None) or os.path.basename(str(args.output_dir)) or "run")[:128]
@@ -490,6 +503,12 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         return predecessor.on_train_begin(args, state, control, **kwargs)
 
     def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        if self.identification is not None:
+            # Before the decisions: at the test's last step the restored value comes first and a
+            # decision released at that boundary applies on top of it, instead of being undone.
+            value = self.identification.due(state.global_step)
+            if value is not None:
+                self.setters[self.identification.knob].apply(value)
         self._apply_results(args, state, control)
         if self._schedule_pending:
             self._apply_probe_schedule()
@@ -717,6 +736,10 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         setter, spec = self.setters.get(d.knob), self.specs.get(d.knob)
         if setter is None or spec is None:
             log.warning("actuator: decision %d names knob %r, which this run has no setter for", d.number, d.knob)
+            return
+        if self.identification is not None and self.identification.holds(d.knob, step):
+            log.info("actuator: decision %d on %s set aside: identification runs until step %d", d.number,
+                     d.knob, self.identification.end)
             return
         value = self._guard(spec, float(setter.read()), d.new_value)
         applied = float(setter.apply(value))

@@ -18,8 +18,11 @@ from actuator.schemas import (
     PositiveWireInt,
     RunCreate,
     SimulationPublic,
+    TuneCreate,
+    TunePublic,
 )
 from actuator.simulate import simulate
+from actuator.tune import NotIdentifiable, UnknownController, tune_controller
 
 from ..deps import AdminDep, Offset, PageSize, ServicesDep, Version, policy_ref, run_not_found
 from ..errors import ApiError, error_responses
@@ -62,6 +65,14 @@ def presets() -> dict[str, Any]:
     return {name: load_preset(name).model_dump(mode="json") for name in list_presets()}
 
 
+def _stored_policy(services: Any, ref: str, loc: str) -> PolicyDocument:
+    name, version, ok = policy_ref(ref)
+    row = services.store.get_policy(name, version) if ok else None
+    if row is None:
+        raise ApiError(422, f"{loc.removeprefix('body.')}: {ref!r} not found", [{"loc": loc, "msg": "not found"}])
+    return PolicyDocument.model_validate(row.document)
+
+
 def _knobs(raw: Any) -> dict[str, dict[str, Any]]:
     """A ``knobs`` list as registration takes it (each a knob spec, names unique), by name."""
     try:
@@ -100,11 +111,7 @@ class SimulateBody(BaseModel):
              summary="Replay a run's observations through a policy: the decisions it would take")
 def simulate_policy(body: SimulateBody, services: ServicesDep) -> dict[str, Any]:
     if isinstance(body.policy, str):
-        name, version, ok = policy_ref(body.policy)
-        row = services.store.get_policy(name, version) if ok else None
-        if row is None:
-            raise ApiError(422, f"policy: {body.policy!r} not found", [{"loc": "body.policy", "msg": "not found"}])
-        doc = PolicyDocument.model_validate(row.document)
+        doc = _stored_policy(services, body.policy, "body.policy")
     else:
         doc = _parse(body.policy)
     run = services.store.get_run(body.run_id)
@@ -126,6 +133,41 @@ def simulate_policy(body: SimulateBody, services: ServicesDep) -> dict[str, Any]
         raise ApiError(422, None, errors)
     observations = services.store.list_observations(run.id, limit=min(body.limit or cap, cap))
     return {**simulate(doc, knobs, observations), "observations_total": total}
+
+
+@router.post("/tune", response_model=TunePublic, responses=error_responses(400, 401, 403, 404, 409, 413, 422, 503),
+             summary="Identify a run's plant for one controller and propose tuned gains, validated by replay",
+             description="Fits a FOPDT or integrating model of the controller's probe against the knob values in "
+                         "effect in the run's observations (knob in its scale), applies the SIMC rules (Skogestad "
+                         "2003) and replays the proposed and the current gains closed loop against the model. "
+                         "409 when the run cannot identify anything (the knob never moved, or its effect is lost in "
+                         "the probe's noise); nothing is stored.")
+def tune_policy(_: AdminDep, body: TuneCreate, services: ServicesDep) -> dict[str, Any]:
+    run = services.store.get_run(body.run_id)
+    if run is None:
+        raise run_not_found(body.run_id)
+    if body.policy is None:
+        row = services.store.get_policy_by_id(run.policy_id)
+        assert row is not None  # a run's policy is never deleted, only archived
+        doc = PolicyDocument.model_validate(row.document)
+    elif isinstance(body.policy, str):
+        doc = _stored_policy(services, body.policy, "body.policy")
+    else:
+        doc = _parse(body.policy)
+    registered = services.store.first_event(run.id, "run_registered")
+    knobs = (registered.payload.get("knobs") if registered else None) or run.knobs
+    cap = services.settings.simulate_observations
+    total = services.store.count_for_run(ObservationRow, run.id)
+    observations = services.store.list_observations(run.id, limit=cap)
+    try:
+        result = tune_controller(doc, knobs, body.controller, observations, aggressiveness=body.aggressiveness,
+                                 horizon=body.horizon)
+    except UnknownController as exc:
+        raise ApiError(422, f"controller: {exc}", [{"loc": "body.controller", "msg": str(exc)}]) from exc
+    except NotIdentifiable as exc:
+        raise ApiError(409, f"run_id: the run cannot identify controller {body.controller!r}'s plant: {exc}",
+                       [{"loc": "body.run_id", "msg": str(exc), "type": exc.problem}]) from exc
+    return {**result, "run_id": run.id, "observations_total": total}
 
 
 @router.put("/{name}", status_code=201, response_model=PolicyPublic,

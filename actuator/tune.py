@@ -1,0 +1,220 @@
+"""Tune a policy's controller from a recorded run: identify, apply SIMC, validate by replay.
+
+1. The controller's probe and the knob values in effect (as the agent reported them) are read
+   from the run's observations, the knob in its scale (``ln`` for log-scale knobs), and a FOPDT
+   or integrating model is fitted (:func:`controllers.identify.identify`, stdlib least squares).
+2. SIMC gives gains for it (:func:`controllers.tuning.simc`): PI, plus derivative when the
+   controller filters its probe (the EMA's lag is cancelled); the probe interval counts as dead time.
+3. The policy with the proposed gains, and the one with the current gains, run closed loop
+   against the fitted model through the engine (:func:`actuator.simulate.simulate_model`), and
+   the predicted settling time (+-10% band) and overshoot are reported for both.
+
+Used by ``POST /v1/policies/tune``, ``actuator policy tune`` and ``benchmarks/control/tune.py``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import yaml
+
+from ._exceptions import PolicyError
+from .controllers.identify import FittedModel, NotIdentifiable, identify
+from .controllers.tuning import Tuning, simc
+from .policy import ControllerSpec, PolicyDocument, load_policy
+from .run_state import KnobState
+from .simulate import simulate_model
+
+__all__ = ["NotIdentifiable", "UnknownController", "settling_steps", "overshoot_pct", "series", "tune_controller"]
+
+# The replay's length: enough closed-loop time constants to see settling, within a bound on work.
+_HORIZON_TIME_CONSTANTS = 12.0
+_MAX_REPLAY_STEPS = 100_000
+_MAX_REPLAY_OBSERVATIONS = 5_000
+SETTLING_BAND = 0.10
+
+
+class UnknownController(PolicyError):
+    """The policy has no setpoint controller of that name."""
+
+
+def settling_steps(values: Sequence[float], setpoints: Sequence[float], band: float = SETTLING_BAND) -> int | None:
+    """Steps from the start until ``values`` stay within ``+-band * |setpoint|`` to the end; ``None``
+    if they end outside (the definition ``benchmarks/control/plants.py`` scores with)."""
+    settled: int | None = None
+    for k, (y, sp) in enumerate(zip(values, setpoints)):
+        if abs(y - sp) > band * abs(sp):
+            settled = None
+        elif settled is None:
+            settled = k
+    return settled
+
+
+def overshoot_pct(values: Sequence[float], setpoints: Sequence[float]) -> float:
+    """Largest excursion past the setpoint on the side away from the start, in % of the initial
+    distance to it (as ``benchmarks/control/plants.py``)."""
+    y0, sp0 = values[0], setpoints[0]
+    side = 1.0 if sp0 >= y0 else -1.0
+    scale = abs(sp0 - y0) or abs(sp0) or 1.0
+    worst = max(side * (y - sp) for y, sp in zip(values, setpoints))
+    return max(0.0, worst) / scale * 100.0
+
+
+def _value(obs: Any, probe: str) -> float | None:
+    if probe.startswith("train."):
+        v = (obs.metrics or {}).get(probe.removeprefix("train."))
+    else:
+        v = (obs.probes or {}).get(probe)
+    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
+
+
+def series(observations: Sequence[Any], probe: str, knob: str, initial: float,
+           scale: str) -> tuple[list[float], list[float], list[float]]:
+    """Steps, knob (scale units) and probe values of the observations that carry the probe. The
+    knob is the value the agent reported in effect; an observation without it keeps the last."""
+    steps: list[float] = []
+    us: list[float] = []
+    ys: list[float] = []
+    current = initial
+    for o in sorted(observations, key=lambda o: o.seq):
+        reported = (o.knobs or {}).get(knob)
+        if isinstance(reported, (int, float)) and math.isfinite(reported):
+            current = float(reported)
+        y = _value(o, probe)
+        if y is None:
+            continue
+        if scale == "log" and current <= 0:
+            continue
+        u = math.log(current) if scale == "log" else current
+        if steps and o.step <= steps[-1]:
+            if o.step == steps[-1]:  # a repeated step: the later reading stands
+                us[-1], ys[-1] = u, y
+            continue
+        steps.append(float(o.step))
+        us.append(u)
+        ys.append(y)
+    return steps, us, ys
+
+
+def _min_move(knob: KnobState, scale: str) -> float:
+    """The smallest knob excursion worth identifying from: 5% for a log knob, 1% of the bounds'
+    span for a linear one, one unit for an integer one."""
+    if scale == "log":
+        return 0.05
+    if scale == "integer":
+        return 0.5
+    span = knob.max - knob.min
+    return 0.01 * span if math.isfinite(span) and span > 0 else 0.0
+
+
+def _controller(policy: PolicyDocument, name: str) -> tuple[int, ControllerSpec]:
+    for i, c in enumerate(policy.controllers):
+        if c.name == name:
+            if c.kind != "setpoint":
+                raise UnknownController(f"controller {name!r} is a {c.kind} controller; tune handles setpoint "
+                                        "controllers (PID)", [{"loc": "controller", "msg": "not a setpoint controller"}])
+            return i, c
+    names = [c.name for c in policy.controllers]
+    raise UnknownController(f"the policy {policy.name!r} has no controller {name!r} (controllers: {names})",
+                            [{"loc": "controller", "msg": f"not in the policy (controllers: {names})"}])
+
+
+def _predict(doc: PolicyDocument, knobs: dict[str, dict[str, Any]], model: FittedModel, spec: ControllerSpec,
+             steps: int, every: int, start: int) -> dict[str, Any]:
+    sim = simulate_model(doc, knobs, model, probe=spec.probe, knob=spec.knob, steps=steps, every=every,
+                         start_step=start)
+    trace = [t for t in sim["trace"] if spec.name in t["setpoints"]]
+    if not trace:
+        return {"settling_steps": None, "overshoot_pct": None, "final_error": None, "decisions": 0}
+    ys = [t["probe"] for t in trace]
+    sps = [t["setpoints"][spec.name] for t in trace]
+    knob_values = [t["knob"] for t in trace]
+    return {
+        "settling_steps": settling_steps(ys, sps),
+        "overshoot_pct": overshoot_pct(ys, sps),
+        "final_error": sps[-1] - ys[-1],
+        "final_knob": knob_values[-1],
+        "knob_range": [min(knob_values), max(knob_values)],
+        "decisions": len(sim["decisions"]),
+        "response": [{"step": t["step"], "probe": y, "setpoint": sp, "knob": u}
+                     for t, y, sp, u in zip(trace, ys, sps, knob_values)][:: max(1, len(trace) // 50)],
+    }
+
+
+def tune_controller(policy: PolicyDocument, knobs: dict[str, dict[str, Any]], controller: str,
+                    observations: Sequence[Any], *, aggressiveness: float = 1.0,
+                    horizon: int | None = None) -> dict[str, Any]:
+    """Identify, tune and validate ``controller`` of ``policy`` on a run's ``observations``
+    (``knobs`` as the run registered them). Raises :class:`UnknownController` (a
+    :class:`PolicyError`), :class:`NotIdentifiable`, or ``ParameterError`` on bad arguments."""
+    index, spec = _controller(policy, controller)
+    if spec.knob not in knobs:
+        raise UnknownController(f"controller {controller!r} drives knob {spec.knob!r}, which the run does not "
+                                f"declare (knobs: {sorted(knobs)})",
+                                [{"loc": "controller", "msg": f"its knob {spec.knob!r} is not the run's"}])
+    knob = KnobState.from_dict(knobs[spec.knob], spec.knob)
+    scale = spec.scale or knob.scale
+    steps, us, ys = series(observations, spec.probe, spec.knob, float(knob.value), scale)
+    model = identify(steps, us, ys, min_move=_min_move(knob, scale))
+    gaps = sorted(b - a for a, b in zip(steps, steps[1:]))
+    every = max(1, int(round(gaps[len(gaps) // 2])))
+    alpha = spec.filter.alpha if spec.filter.kind == "ema" else None
+    tuning: Tuning = simc(model, aggressiveness=aggressiveness, interval=every, filter_alpha=alpha)
+
+    document = policy.model_dump(mode="json")
+    document["controllers"][index].update(kp=tuning.kp, ki=tuning.ki, kd=tuning.kd, direction=tuning.direction)
+    document["description"] = (f"{policy.description} " if policy.description else "") + (
+        f"[{controller}: gains from actuator policy tune, {tuning.rule.split(':')[0]}, aggressiveness "
+        f"{aggressiveness:g}]")[:2000]
+    try:
+        proposed = load_policy(document)
+    except PolicyError as exc:  # gains past MAX_GAIN: a model with next to no gain
+        raise NotIdentifiable(f"the gains for this model do not make a valid policy ({exc}); the knob's effect "
+                              "is too small to control the probe with") from exc
+
+    # The replay starts where the recorded run started: the knob in effect at the first
+    # observation, the model's own initial state.
+    start_value = math.exp(model.u_ref) if scale == "log" else model.u_ref
+    replay_knobs = {**knobs, spec.knob: {**knobs[spec.knob], "value": start_value}}
+    span = int(steps[-1] - steps[0])
+    closed_loop = tuning.tau_c + tuning.theta_eff + (model.tau if model.kind == "fopdt" else 0.0)
+    length = horizon if horizon is not None else max(span, int(math.ceil(_HORIZON_TIME_CONSTANTS * closed_loop)),
+                                                      10 * every)
+    length = min(length, _MAX_REPLAY_STEPS, _MAX_REPLAY_OBSERVATIONS * every)
+    start = int(steps[0])
+    predicted = _predict(proposed, replay_knobs, model, spec, length, every, start)
+    current = _predict(policy, replay_knobs, model, spec, length, every, start)
+
+    warnings = []
+    if model.r2 < 0.5:
+        warnings.append(f"the model explains only {model.r2:.0%} of the probe's variance: treat the gains as a "
+                        "starting point")
+    setpoint = predicted["response"][-1]["setpoint"] if predicted.get("response") else None
+    if setpoint is not None:
+        needed = model.steady_knob(setpoint)
+        if needed is not None:
+            value = math.exp(min(needed, 700.0)) if scale == "log" else needed
+            lo = knob.min if spec.min is None else max(knob.min, spec.min)
+            hi = knob.max if spec.max is None else min(knob.max, spec.max)
+            if not lo <= value <= hi:
+                warnings.append(f"by the model, holding {spec.probe} at {setpoint:.4g} needs {spec.knob} ~ "
+                                f"{value:.4g}, outside its bounds [{lo:.4g}, {hi:.4g}]: the setpoint is out of reach")
+    if predicted["settling_steps"] is None:
+        warnings.append(f"the replay does not settle within +-10% in {length} steps")
+    return {
+        "controller": controller,
+        "probe": spec.probe,
+        "knob": spec.knob,
+        "scale": scale,
+        "model": model.to_dict(),
+        "gains": tuning.to_dict(),
+        "current_gains": {"kp": spec.kp, "ki": spec.ki, "kd": spec.kd, "direction": spec.direction},
+        "interval": every,
+        "predicted": {"horizon": length, "proposed": predicted, "current": current},
+        "policy": proposed.model_dump(mode="json"),
+        "policy_yaml": yaml.safe_dump(proposed.model_dump(mode="json", exclude_none=True), sort_keys=False),
+        "warnings": warnings,
+        "observations_used": len(steps),
+    }

@@ -1,0 +1,394 @@
+"""Plant identification from recorded data: a low-order model of how a probe answers a knob.
+
+Two models, both with the knob in its own scale (``ln(knob)`` for a log-scale knob, as the PID
+sees it) and time in optimizer steps, the unit of the engine's ``dt``:
+
+* **FOPDT** (first order plus dead time): ``tau * dx/dt = u(t - theta) - u_ref - x``,
+  ``y = offset + gain * x + transient * exp(-(t - t0) / tau)``. The transient term lets the run
+  start away from equilibrium (KL starts at 0 whatever beta is), with the same time constant.
+* **Integrating**: ``dz/dt = u(t - theta) - u_ref``, ``y = offset + drift * (t - t0) + rate * z``
+  (a probe that keeps moving as long as the knob is off its balance point, e.g. drift that
+  accumulates with the learning rate).
+
+How the fit works: the knob is held piecewise constant between observations (the value an
+observation reports was in effect since the previous one), so for a given ``(tau, theta)`` the
+response to it is computed exactly at the observation times, and ``y`` is *linear* in the
+remaining parameters: three columns, solved by least squares. ``(tau, theta)`` come from a
+log-spaced grid refined by coordinate search; the model with the lower AIC wins (the
+integrating model has one parameter fewer, so it wins a tie, which is what a time constant far
+beyond the data looks like). Stdlib only: a 3x3 solve needs no numpy.
+
+Refusals are :class:`NotIdentifiable` subclasses naming the problem: too few observations, a
+knob that never moved, or a move whose effect is lost in the probe's noise.
+
+:class:`StepTest` is the excitation an identification pre-run applies to the knob.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from ._checks import ParameterError, require_finite, require_non_negative, require_positive
+
+__all__ = [
+    "NotIdentifiable",
+    "TooFewObservations",
+    "KnobDidNotMove",
+    "NoResponse",
+    "ModelKind",
+    "FittedModel",
+    "ModelState",
+    "fit_fopdt",
+    "fit_integrating",
+    "identify",
+    "StepTest",
+]
+
+ModelKind = Literal["fopdt", "integrating"]
+
+MIN_OBSERVATIONS = 6
+# The knob term's excursion must stand this many residual standard deviations clear of the noise.
+MIN_SIGNAL_TO_NOISE = 2.0
+_TAU_POINTS = 36
+_THETA_POINTS = 16
+_REFINE_ROUNDS = 24
+
+
+class NotIdentifiable(ValueError):
+    """The recorded data cannot identify a model; ``problem`` is a short code, the message says
+    what to change."""
+
+    problem = "not_identifiable"
+
+
+class TooFewObservations(NotIdentifiable):
+    problem = "too_few_observations"
+
+
+class KnobDidNotMove(NotIdentifiable):
+    problem = "knob_did_not_move"
+
+
+class NoResponse(NotIdentifiable):
+    problem = "no_response"
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """Where a :class:`FittedModel` simulation is: steps since the start, the filtered input (or
+    its integral) and the inputs still travelling through the dead time."""
+
+    t: int = 0
+    x: float = 0.0
+    pipeline: tuple[float, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"t": self.t, "x": self.x, "pipeline": list(self.pipeline)}
+
+
+@dataclass(frozen=True)
+class FittedModel:
+    """A fitted model and how well it fits. Units: ``gain`` probe units per knob-scale unit
+    (FOPDT, steady state); ``rate`` probe units per knob-scale unit per step (integrating);
+    ``tau`` and ``theta`` in steps. ``u_ref`` is the knob (scale units) the model is linearised
+    around: the first recorded value."""
+
+    kind: ModelKind
+    gain: float
+    tau: float
+    theta: float
+    offset: float
+    transient: float
+    drift: float
+    u_ref: float
+    r2: float
+    nrmse: float
+    observations: int
+    steps: int
+    knob_move: float
+    residual_sd: float
+    aic: float = 0.0
+    fitted: tuple[float, ...] = field(default=(), repr=False)
+
+    @property
+    def rate(self) -> float:
+        return self.gain if self.kind == "integrating" else self.gain / self.tau
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("fitted")
+        d["rate"] = self.rate
+        return d
+
+    # -- simulation, one step at a time (the replay drives it closed loop) ----------------------
+
+    def start(self) -> ModelState:
+        return ModelState(pipeline=(0.0,) * int(round(self.theta)))
+
+    def output(self, state: ModelState) -> float:
+        """The noise-free probe value at ``state``."""
+        if self.kind == "fopdt":
+            return self.offset + self.gain * state.x + self.transient * math.exp(-state.t / self.tau)
+        return self.offset + self.drift * state.t + self.gain * state.x
+
+    def step(self, state: ModelState, u: float) -> tuple[float, ModelState]:
+        """Advance one step with knob ``u`` (scale units) in effect; the probe value after it."""
+        du = u - self.u_ref
+        pipeline = (*state.pipeline, du)
+        seen, pipeline = pipeline[0], pipeline[1:]
+        if self.kind == "fopdt":
+            x = seen + (state.x - seen) * math.exp(-1.0 / self.tau)
+        else:
+            x = state.x + seen
+        nxt = ModelState(t=state.t + 1, x=x, pipeline=pipeline)
+        return self.output(nxt), nxt
+
+    def steady_knob(self, target: float, at_step: float = 0.0) -> float | None:
+        """The knob (scale units) at which the model rests at ``target`` (FOPDT), or stops moving
+        (integrating); ``None`` without a gain."""
+        if self.gain == 0:
+            return None
+        if self.kind == "fopdt":
+            return self.u_ref + (target - self.offset) / self.gain
+        return self.u_ref - self.drift / self.gain
+
+
+# -- data ------------------------------------------------------------------------------------
+
+
+def _check_data(steps: Sequence[float], knob: Sequence[float], probe: Sequence[float]) -> tuple[list[float], ...]:
+    if not len(steps) == len(knob) == len(probe):
+        raise ParameterError("steps", f"steps, knob and probe differ in length ({len(steps)}, {len(knob)}, "
+                                      f"{len(probe)})")
+    t = [require_finite("steps", s) for s in steps]
+    u = [require_finite("knob", v) for v in knob]
+    y = [require_finite("probe", v) for v in probe]
+    if any(b <= a for a, b in zip(t, t[1:])):
+        raise ParameterError("steps", "steps must be strictly increasing")
+    if len(t) < MIN_OBSERVATIONS:
+        raise TooFewObservations(f"{len(t)} observations; identification needs at least {MIN_OBSERVATIONS} "
+                                 "(probe more often, or record longer)")
+    return t, u, y
+
+
+def _responses(t: list[float], du: list[float], tau: float, theta: float, integrating: bool) -> list[float]:
+    """The model's state at each observation time, exactly, for a knob held piecewise constant:
+    ``du[i]`` is in effect over ``(t[i-1], t[i]]`` (``du[0]`` before), delayed by ``theta``."""
+    n = len(t)
+    out = [0.0] * n
+    x, now, seg = 0.0, t[0], 0  # du[seg] is in effect (delayed) until t[seg] + theta
+    for j in range(1, n):
+        while now < t[j]:
+            while seg < n - 1 and t[seg] + theta <= now:
+                seg += 1
+            end = min(t[j], t[seg] + theta) if seg < n - 1 else t[j]
+            v, span = du[seg], end - now
+            x = x + v * span if integrating else v + (x - v) * math.exp(-span / tau)
+            now = end
+        out[j] = x
+    return out
+
+
+def _solve3(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """Gaussian elimination with partial pivoting; ``None`` if singular."""
+    m = [row[:] + [rhs] for row, rhs in zip(a, b)]
+    size = len(b)
+    for c in range(size):
+        p = max(range(c, size), key=lambda r: abs(m[r][c]))
+        if abs(m[p][c]) < 1e-12 * max(1.0, max(abs(v) for row in m for v in row[:size])):
+            return None
+        m[c], m[p] = m[p], m[c]
+        for r in range(c + 1, size):
+            f = m[r][c] / m[c][c]
+            for k in range(c, size + 1):
+                m[r][k] -= f * m[c][k]
+    sol = [0.0] * size
+    for r in range(size - 1, -1, -1):
+        sol[r] = (m[r][size] - sum(m[r][k] * sol[k] for k in range(r + 1, size))) / m[r][r]
+    return sol
+
+
+def _least_squares(columns: list[list[float]], y: list[float]) -> tuple[list[float], float] | None:
+    """Coefficients and SSE of ``y ~ sum(c_i * column_i)`` (normal equations, columns scaled)."""
+    scales = [max(abs(v) for v in col) or 1.0 for col in columns]
+    cols = [[v / s for v in col] for col, s in zip(columns, scales)]
+    ata = [[sum(a * b for a, b in zip(ci, cj)) for cj in cols] for ci in cols]
+    aty = [sum(a * b for a, b in zip(ci, y)) for ci in cols]
+    sol = _solve3(ata, aty)
+    if sol is None:
+        return None
+    coef = [c / s for c, s in zip(sol, scales)]
+    sse = 0.0
+    for j, yj in enumerate(y):
+        r = yj - sum(c * col[j] for c, col in zip(coef, columns))
+        sse += r * r
+    return coef, sse
+
+
+def _fit_at(t: list[float], du: list[float], y: list[float], tau: float, theta: float,
+            integrating: bool) -> tuple[float, list[float], list[float]] | None:
+    """SSE, coefficients and the knob response for one (tau, theta)."""
+    resp = _responses(t, du, tau, theta, integrating)
+    t0 = t[0]
+    second = [tj - t0 for tj in t] if integrating else [math.exp(-(tj - t0) / tau) for tj in t]
+    fit = _least_squares([[1.0] * len(t), resp, second], y)
+    if fit is None:
+        return None
+    coef, sse = fit
+    return sse, coef, resp
+
+
+def _fit(kind: ModelKind, t: list[float], u: list[float], y: list[float]) -> FittedModel:
+    integrating = kind == "integrating"
+    u_ref = u[0]
+    du = [v - u_ref for v in u]
+    span = t[-1] - t[0]
+    gaps = sorted(b - a for a, b in zip(t, t[1:]))
+    h = gaps[len(gaps) // 2]
+    tau_lo, tau_hi = max(0.3 * h, 0.2), 5.0 * span
+    taus = [1.0] if integrating else [tau_lo * (tau_hi / tau_lo) ** (i / (_TAU_POINTS - 1)) for i in range(_TAU_POINTS)]
+    theta_hi = span / 3.0
+    thetas = [theta_hi * i / (_THETA_POINTS - 1) for i in range(_THETA_POINTS)]
+
+    best: tuple[float, float, float] | None = None
+    for tau in taus:
+        for theta in thetas:
+            r = _fit_at(t, du, y, tau, theta, integrating)
+            if r is not None and (best is None or r[0] < best[0]):
+                best = (r[0], tau, theta)
+    if best is None:
+        raise KnobDidNotMove("the knob's recorded values leave its effect undetermined (constant, or changing "
+                             "only in step with the start of the run)")
+    # Coordinate search around the grid's best: multiplicative on tau, additive on theta.
+    sse, tau, theta = best
+    ftau, dtheta = (tau_hi / tau_lo) ** (1.0 / (_TAU_POINTS - 1)), max(theta_hi / (_THETA_POINTS - 1), 0.5)
+    for _ in range(_REFINE_ROUNDS):
+        improved = False
+        cands = [(tau, max(0.0, theta - dtheta)), (tau, min(theta_hi, theta + dtheta))]
+        if not integrating:
+            cands += [(max(tau / ftau, 0.05), theta), (tau * ftau, theta)]
+        for ct, cth in cands:
+            r = _fit_at(t, du, y, ct, cth, integrating)
+            if r is not None and r[0] < sse:
+                sse, tau, theta, improved = r[0], ct, cth, True
+        if not improved:
+            ftau, dtheta = math.sqrt(ftau), dtheta / 2.0
+    final = _fit_at(t, du, y, tau, theta, integrating)
+    assert final is not None
+    sse, coef, resp = final
+    offset, gain, second = coef
+    n = len(y)
+    mean = sum(y) / n
+    sst = sum((v - mean) ** 2 for v in y)
+    fitted = tuple(offset + gain * r + second * (tj - t[0] if integrating else math.exp(-(tj - t[0]) / tau))
+                   for r, tj in zip(resp, t))
+    spread = max(y) - min(y)
+    params = 4 if integrating else 5
+    return FittedModel(
+        kind=kind, gain=gain, tau=0.0 if integrating else tau, theta=theta, offset=offset,
+        transient=0.0 if integrating else second, drift=second if integrating else 0.0, u_ref=u_ref,
+        r2=1.0 - sse / sst if sst > 0 else 0.0,
+        nrmse=math.sqrt(sse / n) / spread if spread > 0 else 0.0,
+        observations=n, steps=int(span), knob_move=max(du) - min(du),
+        residual_sd=math.sqrt(sse / max(1, n - params)),
+        aic=n * math.log(max(sse, 1e-300) / n) + 2 * params,
+        fitted=fitted,
+    )
+
+
+def _refuse_unmoved(u: list[float], min_move: float) -> None:
+    move = max(u) - min(u)
+    if move <= min_move:
+        raise KnobDidNotMove(f"the knob moved by {move:.3g} (scale units) over the recorded run; identification "
+                             f"needs a move larger than {min_move:.3g}: record a run whose controller acted, or "
+                             "run an identification pre-run (a step test on the knob)")
+
+
+def _refuse_no_response(model: FittedModel, response: list[float]) -> None:
+    effect = abs(model.gain) * (max(response) - min(response))
+    if not effect > MIN_SIGNAL_TO_NOISE * model.residual_sd:
+        raise NoResponse(f"the knob's effect on the probe ({effect:.3g}) is lost in its noise (residual sd "
+                         f"{model.residual_sd:.3g}): make a larger or longer knob move, or probe with more examples")
+
+
+def _response_of(model: FittedModel, t: list[float], u: list[float]) -> list[float]:
+    return _responses(t, [v - model.u_ref for v in u], model.tau, model.theta, model.kind == "integrating")
+
+
+def fit_fopdt(steps: Sequence[float], knob: Sequence[float], probe: Sequence[float], *,
+              min_move: float = 0.0) -> FittedModel:
+    """Fit a FOPDT model (``knob`` in scale units, ``steps`` in optimizer steps)."""
+    return identify(steps, knob, probe, min_move=min_move, kind="fopdt")
+
+
+def fit_integrating(steps: Sequence[float], knob: Sequence[float], probe: Sequence[float], *,
+                    min_move: float = 0.0) -> FittedModel:
+    """Fit an integrating model (``knob`` in scale units, ``steps`` in optimizer steps)."""
+    return identify(steps, knob, probe, min_move=min_move, kind="integrating")
+
+
+def identify(steps: Sequence[float], knob: Sequence[float], probe: Sequence[float], *,
+             min_move: float = 0.0, kind: ModelKind | None = None) -> FittedModel:
+    """Fit both models (or only ``kind``) and keep the one with the lower AIC.
+
+    Raises :class:`TooFewObservations`, :class:`KnobDidNotMove` or :class:`NoResponse`.
+    """
+    t, u, y = _check_data(steps, knob, probe)
+    _refuse_unmoved(u, require_non_negative("min_move", min_move))
+    kinds: tuple[ModelKind, ...] = (kind,) if kind is not None else ("fopdt", "integrating")
+    models = []
+    for k in kinds:
+        try:
+            models.append(_fit(k, t, u, y))
+        except KnobDidNotMove:
+            continue
+    if not models:
+        raise KnobDidNotMove("the knob's recorded values leave its effect undetermined")
+    model = min(models, key=lambda m: m.aic)
+    _refuse_no_response(model, _response_of(model, t, u))
+    return model
+
+
+# -- excitation ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepTest:
+    """An identification pre-run's knob schedule: hold the nominal value for ``hold`` steps from
+    ``start``, then move it by ``size`` (scale units: log units for a log-scale knob, so 0.5 is a
+    factor e**0.5) for ``length`` steps, then restore it. ``offset(step)`` is the move in effect at
+    a step; the agent applies ``nominal`` shifted by it, inside the knob's bounds."""
+
+    size: float
+    length: int
+    hold: int = 0
+    start: int = 0
+
+    def __post_init__(self) -> None:
+        require_finite("size", self.size)
+        if self.size == 0:
+            raise ParameterError("size", "a step test needs a non-zero step")
+        require_positive("length", self.length)
+        require_non_negative("hold", self.hold)
+        require_non_negative("start", self.start)
+
+    @property
+    def end(self) -> int:
+        """The first step at which the knob is back at its nominal value."""
+        return self.start + self.hold + self.length
+
+    def offset(self, step: int) -> float:
+        return self.size if self.start + self.hold <= step < self.end else 0.0
+
+    def value(self, step: int, nominal: float, scale: str, lo: float = -math.inf, hi: float = math.inf) -> float:
+        """The knob value (knob units) the test asks for at ``step``."""
+        off = self.offset(step)
+        if off == 0.0:
+            return nominal
+        v = nominal * math.exp(off) if scale == "log" else nominal + off
+        if scale == "integer":
+            v = float(round(v))
+        return min(max(v, lo), hi)

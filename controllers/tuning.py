@@ -1,0 +1,110 @@
+"""PI(D) gains from a fitted model: the SIMC rules (Skogestad 2003), in :class:`~.pid.PID`'s terms.
+
+SIMC for a first-order-plus-dead-time plant ``k * exp(-theta s) / (tau s + 1)``::
+
+    Kc = tau / (|k| * (tau_c + theta))        tau_I = min(tau, 4 * (tau_c + theta))
+
+for an integrating plant ``k * exp(-theta s) / s``::
+
+    Kc = 1 / (|k| * (tau_c + theta))          tau_I = 4 * (tau_c + theta)
+
+and for a second-order plant (a second lag ``tau_2``) the same Kc and tau_I on the dominant lag
+plus derivative action ``tau_D = tau_2`` (series form).
+
+``tau_c`` is the desired closed-loop time constant; SIMC's recommendation for tight, robust
+control is ``tau_c = theta``. Here ``tau_c = theta_eff / aggressiveness``: 1 is SIMC's choice,
+2 asks for a loop twice as fast (less robust), 0.5 for one twice as slow.
+
+What the loop adds to the fitted plant:
+
+* ``theta_eff`` is the dead time the loop really has, not only the plant's: a law updated every
+  ``h`` steps from a sample held in between adds ``h / 2`` (the zero-order hold).
+* the second lag is the controller's own probe filter: an EMA with weight ``alpha`` per sample is
+  a lag of ``h * (1 - alpha) / alpha`` steps. The fit sees the raw probe, so this lag is not in
+  the model; it is added here. SIMC folds a small, uncertain second lag into the dead time (the
+  half rule) and tunes a PI; this one is known exactly, so it is kept as ``tau_2`` and cancelled
+  by the derivative (a PID): on the seeded plants that settled the KL loop in 7-8 intervals
+  where the half-rule PI took 17-20 (BENCHMARKS.md).
+
+Translation into the PID of ``controllers/pid.py``: it runs in velocity form,
+``du = kp * d(error) + ki * error * dt - kd * d2(measurement)/dt`` with ``dt`` in optimizer steps
+(the engine's unit), the parallel form of a PID with the setpoint on the integral only. The
+series SIMC PID ``Kc (1 + 1/(tau_I s)) (1 + tau_D s)`` becomes parallel with
+``Kc' = Kc (1 + tau_D / tau_I)``, ``tau_I' = tau_I + tau_D``, ``tau_D' = tau_I tau_D / (tau_I + tau_D)``;
+then ``kp = Kc'``, ``ki = Kc' / tau_I'`` per step, ``kd = Kc' * tau_D'`` (0 for a PI). Gains are
+magnitudes; the sign of ``k`` becomes the direction (``direct`` when raising the knob raises the
+probe). Bounds and the rate limit stay the knob's: the PID enforces them and its anti-windup
+keeps a saturated loop from winding up, so they shape the replayed response, not the gains.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ._checks import ParameterError, require_positive
+from .identify import FittedModel
+from .pid import Direction
+
+__all__ = ["Tuning", "simc", "effective_dead_time", "filter_lag"]
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Gains in the PID's parameterisation and the numbers they came from (steps; ``tau_i`` and
+    ``tau_d`` in parallel form)."""
+
+    kp: float
+    ki: float
+    kd: float
+    direction: Direction
+    tau_c: float
+    theta_eff: float
+    tau_i: float
+    tau_d: float
+    aggressiveness: float
+    rule: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def filter_lag(interval: float, filter_alpha: float | None) -> float:
+    """The time constant (steps) of an EMA with weight ``alpha`` per sample every ``interval`` steps."""
+    if filter_alpha is None or filter_alpha >= 1.0:
+        return 0.0
+    return interval * (1.0 - filter_alpha) / filter_alpha
+
+
+def effective_dead_time(theta: float, interval: float) -> float:
+    """The plant's dead time plus the sampling hold of a law updated every ``interval`` steps."""
+    return theta + interval / 2.0
+
+
+def simc(model: FittedModel, *, aggressiveness: float = 1.0, interval: float = 1.0,
+         filter_alpha: float | None = None) -> Tuning:
+    """SIMC gains for ``model``; ``interval`` is the steps between two updates of the law and
+    ``filter_alpha`` the weight of the EMA on its probe (None: no filter)."""
+    a = require_positive("aggressiveness", aggressiveness)
+    h = require_positive("interval", interval)
+    if model.gain == 0 or not math.isfinite(model.gain):
+        raise ParameterError("gain", "the model has no gain to tune against")
+    theta = effective_dead_time(model.theta, h)
+    tau, tau2 = model.tau, filter_lag(h, filter_alpha)
+    tau_c = theta / a
+    k = abs(model.gain)
+    if model.kind == "fopdt":
+        kc = tau / (k * (tau_c + theta))
+        tau_i = min(tau, 4.0 * (tau_c + theta))
+        rule = "SIMC FOPDT (Skogestad 2003): Kc = tau/(k(tau_c+theta)), tau_I = min(tau, 4(tau_c+theta))"
+    else:
+        kc = 1.0 / (k * (tau_c + theta))
+        tau_i = 4.0 * (tau_c + theta)
+        rule = "SIMC integrating (Skogestad 2003): Kc = 1/(k(tau_c+theta)), tau_I = 4(tau_c+theta)"
+    tau_d = 0.0
+    if tau2 > 0:
+        rule += f", tau_D = {tau2:.3g} (the probe filter's lag, series form)"
+        kc, tau_i, tau_d = kc * (1.0 + tau2 / tau_i), tau_i + tau2, tau_i * tau2 / (tau_i + tau2)
+    return Tuning(kp=kc, ki=kc / tau_i, kd=kc * tau_d, direction="direct" if model.gain > 0 else "reverse",
+                  tau_c=tau_c, theta_eff=theta, tau_i=tau_i, tau_d=tau_d, aggressiveness=a, rule=rule)

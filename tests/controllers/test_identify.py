@@ -1,0 +1,152 @@
+"""Identification and SIMC tuning on plants with known parameters (controllers/identify.py,
+controllers/tuning.py): gain and time constant recovered within 20% with noise and dead time,
+the integrating model picked for an integrating plant, refusals that name the problem."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from actuator.controllers import ParameterError
+from actuator.controllers.identify import (
+    KnobDidNotMove,
+    NoResponse,
+    NotIdentifiable,
+    StepTest,
+    TooFewObservations,
+    fit_fopdt,
+    fit_integrating,
+    identify,
+)
+from actuator.controllers.tuning import effective_dead_time, simc
+
+
+def record(*, gain: float = 2.0, tau: float = 8.0, delay: int = 0, noise: float = 0.0, every: int = 1,
+           steps: int = 80, step_at: int = 10, size: float = 1.0, u0: float = 0.0, y0: float = 0.0,
+           integrating: bool = False, seed: int = 0) -> tuple[list[int], list[float], list[float]]:
+    """A discrete plant driven by a step test, observed every ``every`` steps; each observation
+    reports the knob in effect over the steps before it (as the agent does)."""
+    rng = random.Random(seed)
+    y, pipe = y0, [0.0] * delay
+    ts, us, ys = [], [], []
+    for k in range(steps + 1):
+        u = u0 + (size if k > step_at else 0.0)
+        if k:
+            pipe.append(u - u0)
+            seen = pipe.pop(0)
+            y = y + gain * seen if integrating else y + (gain * seen + y0 - y) * (1 - math.exp(-1 / tau))
+        if k % every == 0:
+            ts.append(k)
+            us.append(u)
+            ys.append(y + rng.gauss(0, noise))
+    return ts, us, ys
+
+
+@pytest.mark.parametrize("gain, tau, delay, noise, every", [
+    (2.0, 8.0, 0, 0.0, 1),
+    (2.0, 8.0, 3, 0.05, 1),
+    (-0.5, 20.0, 5, 0.02, 1),
+    (0.1, 40.0, 20, 0.003, 10),  # per-probe sampling: a probe every 10 steps
+])
+def test_fopdt_recovers_gain_and_time_constant_within_20_percent(gain, tau, delay, noise, every):
+    steps = max(80, int(10 * tau))
+    for seed in range(3):
+        m = identify(*record(gain=gain, tau=tau, delay=delay, noise=noise, every=every, steps=steps,
+                             step_at=steps // 8, seed=seed))
+        assert m.kind == "fopdt", m
+        assert m.gain == pytest.approx(gain, rel=0.2)
+        assert m.tau == pytest.approx(tau, rel=0.2)
+        assert abs(m.theta - delay) <= every + 1  # the sample interval blurs the dead time
+        assert m.r2 > 0.8 and m.nrmse < 0.1
+
+
+def test_a_run_that_starts_away_from_equilibrium_is_fitted_with_its_transient():
+    # the probe starts at 0 and heads for gain * u0 before the knob moves (KL starts at 0)
+    ts, us, ys = record(gain=2.0, tau=6.0, u0=1.0, step_at=20, size=0.5, steps=60, noise=0.02)
+    m = identify(ts, us, ys)
+    assert m.kind == "fopdt" and m.gain == pytest.approx(2.0, rel=0.2) and m.tau == pytest.approx(6.0, rel=0.2)
+    assert m.transient < 0  # rising towards the operating point
+
+
+def test_integrating_plant_is_picked_and_its_rate_recovered():
+    ts, us, ys = record(gain=0.05, delay=2, noise=0.01, integrating=True, steps=80)
+    m = identify(ts, us, ys)
+    assert m.kind == "integrating"
+    assert m.rate == pytest.approx(0.05, rel=0.2) and m.tau == 0.0
+    # forcing a FOPDT on it needs a time constant far past the data
+    f = fit_fopdt(ts, us, ys)
+    assert f.tau > 80 and f.aic > m.aic
+    assert fit_integrating(ts, us, ys).rate == pytest.approx(m.rate)
+
+
+def test_the_model_replays_its_own_fit():
+    ts, us, ys = record(gain=1.5, tau=5.0, delay=2, noise=0.0, y0=0.3, steps=40)
+    m = identify(ts, us, ys)
+    state = m.start()
+    sim = [m.output(state)]
+    for u in us[1:]:
+        y, state = m.step(state, u)
+        sim.append(y)
+    assert sim == pytest.approx(list(m.fitted), abs=1e-6)
+    assert m.steady_knob(m.offset + m.gain * 0.5) == pytest.approx(m.u_ref + 0.5)
+
+
+def test_refusals_name_the_problem():
+    ts, us, ys = record(size=0.0, noise=0.05)
+    with pytest.raises(KnobDidNotMove, match="knob moved by 0"):
+        identify(ts, us, ys)
+    ts, us, ys = record(size=0.01, noise=0.01)
+    with pytest.raises(KnobDidNotMove, match="larger than 0.05"):
+        identify(ts, us, ys, min_move=0.05)
+    with pytest.raises(TooFewObservations, match="at least 6"):
+        identify(ts[:4], us[:4], ys[:4])
+    # a move whose effect is far below the probe's noise
+    ts, us, ys = record(gain=0.01, size=0.1, noise=0.5, steps=40)
+    with pytest.raises(NoResponse, match="lost in its noise"):
+        identify(ts, us, ys)
+    for exc in (KnobDidNotMove, TooFewObservations, NoResponse):
+        assert issubclass(exc, NotIdentifiable) and issubclass(exc, ValueError)
+    with pytest.raises(ParameterError, match="steps"):
+        identify([0, 2, 1, 3, 4, 5], [0.0] * 6, [0.0] * 6)
+
+
+def test_simc_rules_in_the_pid_parameterisation():
+    ts, us, ys = record(gain=-2.0, tau=10.0, delay=2, steps=100)
+    m = identify(ts, us, ys)
+    t = simc(m)
+    theta = effective_dead_time(m.theta, 1.0)
+    assert theta == pytest.approx(m.theta + 0.5) and t.tau_c == pytest.approx(theta)
+    assert t.kp == pytest.approx(m.tau / (2.0 * 2 * theta), rel=0.05)  # Kc = tau / (|k| (tau_c + theta))
+    assert t.tau_i == pytest.approx(min(m.tau, 8 * theta)) and t.ki == pytest.approx(t.kp / t.tau_i)
+    assert t.direction == "reverse" and t.kd == 0.0
+    fast = simc(m, aggressiveness=2.0)
+    assert fast.tau_c == pytest.approx(theta / 2) and fast.kp > t.kp
+    # a probe every 10 steps: half an interval of dead time (the hold); an EMA on the probe: a
+    # second lag tau_2 = h (1 - alpha) / alpha, cancelled by derivative (series PID -> parallel)
+    slow = simc(m, interval=10.0, filter_alpha=0.5)
+    theta10 = m.theta + 5.0
+    assert slow.theta_eff == pytest.approx(theta10)
+    kc, ti, tau2 = m.tau / (abs(m.gain) * 2 * theta10), min(m.tau, 8 * theta10), 10.0
+    assert slow.kp == pytest.approx(kc * (1 + tau2 / ti)) and slow.tau_i == pytest.approx(ti + tau2)
+    assert slow.tau_d == pytest.approx(ti * tau2 / (ti + tau2)) and slow.kd == pytest.approx(slow.kp * slow.tau_d)
+    assert slow.ki == pytest.approx(slow.kp / slow.tau_i) and "tau_D" in slow.rule
+    # integrating: Kc = 1 / (k (tau_c + theta)), tau_I = 4 (tau_c + theta)
+    im = identify(*record(gain=0.05, delay=1, integrating=True))
+    ti = simc(im)
+    th = effective_dead_time(im.theta, 1.0)
+    assert ti.kp == pytest.approx(1 / (im.rate * 2 * th)) and ti.tau_i == pytest.approx(8 * th)
+    with pytest.raises(ParameterError, match="aggressiveness"):
+        simc(m, aggressiveness=0.0)
+
+
+def test_step_test_schedule():
+    st = StepTest(size=0.5, length=10, hold=5, start=100)
+    assert [st.offset(k) for k in (99, 104, 105, 114, 115)] == [0.0, 0.0, 0.5, 0.5, 0.0]
+    assert st.end == 115
+    assert st.value(110, 1e-3, "log") == pytest.approx(1e-3 * math.exp(0.5))
+    assert st.value(110, 1e-3, "log", hi=1.2e-3) == 1.2e-3
+    assert st.value(110, 0.2, "linear") == pytest.approx(0.7) and st.value(120, 0.2, "linear") == 0.2
+    assert StepTest(size=0.6, length=3).value(0, 8, "integer") == 9.0
+    with pytest.raises(ParameterError, match="size"):
+        StepTest(size=0.0, length=3)
