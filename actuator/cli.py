@@ -24,7 +24,7 @@ bench_app = typer.Typer(help="Benchmarks: scripts in the source repository's ben
                              "does not install (run them inside a clone).", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 
-SCENARIOS = ("plants", "sft-drift", "dpo-kl", "draft-distill", "compress-rank")
+SCENARIOS = ("plants", "sft-drift", "dpo-kl", "rl-kl", "draft-distill", "compress-rank")
 console = Console()
 err_console = Console(stderr=True)  # errors go to stderr, so `actuator runs > runs.txt` keeps them visible
 
