@@ -15,7 +15,8 @@
   const decided = new Map();  // decision number -> {step, knob}
   let explained = 0;     // decisions fetched in full (for the explain column) up to this number
   let lastEvent = 0;     // audit events listed up to this id
-  const charts = {};     // chart key -> {plot, box}
+  const charts = {};     // chart key -> {plot, box, n, log}
+  const logKnobs = new Set();  // knobs whose scale is "log"
 
   const put = (table, name, step, value) => {
     if (value === null || value === undefined || !Number.isFinite(value)) return;
@@ -27,6 +28,7 @@
     return (u) => {
       const ctx = u.ctx;
       ctx.save();
+      ctx.setLineDash([]);
       ctx.strokeStyle = "rgba(220,38,38,0.45)";
       ctx.lineWidth = 1;
       for (const d of decided.values()) {
@@ -49,9 +51,9 @@
     return [xs, ...maps.map((m) => xs.map((s) => (m && m.has(s) ? m.get(s) : null)))];
   }
 
-  function chart(key, title, series, data, marks) {
+  function chart(key, title, series, data, marks, log) {
     let c = charts[key];
-    if (c && c.n === series.length) {
+    if (c && c.n === series.length && c.log === log) {
       c.plot.setData(data);
       return;
     }
@@ -60,9 +62,10 @@
     if (!c) $("charts").append(box);
     const plot = new window.uPlot({
       width: Math.max(360, box.clientWidth - 12), height: 200, series: [{ label: "step" }, ...series],
-      scales: { x: { time: false } }, legend: { live: true }, hooks: { draw: [marks] },
+      scales: { x: { time: false }, y: log ? { distr: 3 } : {} }, legend: { live: true }, hooks: { draw: [marks] },
+      axes: [{}, log ? { size: 60, values: (u, ticks) => ticks.map((v) => (v === null ? "" : v.toExponential(0))) } : { size: 60 }],
     }, data, box);
-    charts[key] = { plot, box, n: series.length };
+    charts[key] = { plot, box, n: series.length, log };
   }
 
   let drawPending = false;
@@ -78,7 +81,9 @@
         const series = [
           { label: probe + " (raw)", stroke: "#2563eb", width: 1, points: { show: true, size: 4 } },
           { label: "filtered", stroke: "#f59e0b", width: 2, spanGaps: true },
-          { label: "setpoint", stroke: "#111", dash: [6, 4], width: 1, spanGaps: true },
+          // held until the next known value (an operator's change is a step)
+          { label: "setpoint", stroke: "#111", dash: [6, 4], width: 1, spanGaps: true,
+            paths: window.uPlot.paths.stepped({ align: 1 }) },
         ];
         if (thr !== undefined) {
           data.push(xs.map(() => thr));
@@ -87,9 +92,11 @@
         chart("probe:" + probe, probe, series, data, decisionMarks(null));
       }
       for (const knob of Object.keys(knobs).sort()) {
-        chart("knob:" + knob, "knob " + knob + " (in effect)",
+        // a multiplicative knob (log scale in the run's knobs) is drawn on a log axis
+        const log = logKnobs.has(knob) && [...knobs[knob].values()].every((v) => v > 0);
+        chart("knob:" + knob, "knob " + knob + " (in effect)" + (log ? ", log axis" : ""),
           [{ label: knob, stroke: "#16a34a", width: 2, paths: window.uPlot.paths.stepped({ align: 1 }) }],
-          aligned([knobs[knob]]), decisionMarks(knob));
+          aligned([knobs[knob]]), decisionMarks(knob), log);
       }
     }, 100);
   }
@@ -178,6 +185,7 @@
     $("run-decisions").textContent = s.decisions;
     // Operator decisions (overrides) come with their own event kinds, not as "decision" events.
     if (s.decisions > explained) refreshDecisions();
+    for (const [name, k] of Object.entries(s.knobs)) if (k.scale === "log") logKnobs.add(name);
     const ctl = document.querySelector("#controllers tbody");
     ctl.replaceChildren(...Object.entries(s.controllers).map(([name, c]) => {
       const knob = s.knobs[c.knob] || {};

@@ -27,8 +27,8 @@ POLICY = {
     "name": "console-drift-lr",
     "controllers": [{"name": "drift", "probe": "kl_drift", "knob": "learning_rate", "setpoint": 0.0,
                      "kp": 5.0, "ki": 1.0, "filter": {"kind": "ema", "alpha": 0.5}}],
-    "guardrails": [{"name": "drift-cap", "probe": "kl_drift", "bound": "upper", "threshold": 50.0,
-                    "action": "alert"}],
+    "guardrails": [{"name": "drift-cap", "probe": "kl_drift", "bound": "upper", "threshold": 0.35,
+                    "action": "alert", "consecutive": 2}],
 }
 # Where the screenshot for the README goes (ACTUATOR_UI_SCREENSHOT=docs/console.png); always
 # also into the test's tmp_path.
