@@ -12,7 +12,8 @@
   const setpoint = {};   // probe -> Map(step -> setpoint)
   const threshold = {};  // probe -> number
   const knobs = {};      // knob -> Map(step -> value in effect)
-  const decided = new Map();  // decision number -> {step, knob}
+  const decided = new Map();  // decision number -> {step, knob}: the chart marks (the report's latest 1,000 and on)
+  const listed = new Set();   // decision numbers in the table
   let explained = 0;     // decisions fetched in full (for the explain column) up to this number
   let lastEvent = 0;     // audit events listed up to this id
   const charts = {};     // chart key -> {plot, box, n, log}
@@ -114,8 +115,9 @@
   }
 
   function addDecision(d, full) {
-    if (!decided.has(d.number)) {
-      decided.set(d.number, { step: d.step, knob: d.knob });
+    decided.set(d.number, { step: d.step, knob: d.knob });
+    if (!listed.has(d.number)) {
+      listed.add(d.number);
       const row = A.el("tr", { data: { number: String(d.number), seenAt: String(Date.now()) } },
         A.el("td", { class: "num" }, d.number), A.el("td", { class: "num" }, d.step), A.el("td", {}, d.knob),
         A.el("td", {}, `${A.fmt(d.old_value)} → ${A.fmt(d.new_value)}`), A.el("td", {}, d.reason),
@@ -282,13 +284,17 @@
       for (const [k, pts] of Object.entries(rep.probes)) for (const [s, v] of pts) put(raw, k, s, v);
       for (const [k, pts] of Object.entries(rep.knobs)) for (const [s, v] of pts) put(knobs, k, s, v);
       for (const [k, v] of Object.entries(rep.thresholds)) threshold[k] = v;
+      for (const d of rep.decisions) decided.set(d.number, { step: d.step, knob: d.knob });
       for (const [k, sp] of Object.entries(rep.setpoints)) {
         const first = raw[k] ? Math.min(...raw[k].keys()) : 0;
         if (typeof sp === "number") put(setpoint, k, first, sp);
         else if (Array.isArray(sp)) for (const [s, v] of sp) put(setpoint, k, s, v);
       }
     }
-    await Promise.all([loadState(), loadDecisions(), loadEvents()]);
+    await loadState();
+    // The table lists the latest 500 decisions (GET /v1/runs/{id}/decisions pages through all).
+    explained = Math.max(0, Number($("run-decisions").textContent) - 500);
+    await Promise.all([loadDecisions(), loadEvents()]);
     follow();
     document.body.dataset.ready = "1";
   }

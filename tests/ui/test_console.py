@@ -109,12 +109,16 @@ def test_console_watches_and_steers_a_real_training_run(console_service, browser
     try:
         run_id = wait_for("the callback to register the run", lambda: cb.run_id, 60)
 
-        # The runs list shows the run (it refreshes itself: no reload).
+        # The runs list shows the run (it refreshes itself: no reload). Read in one script call:
+        # the refresh replaces the rows under Selenium's feet.
         browser.get(f"{url}/ui")
-        row = wait_for("the run in the runs list",
-                       lambda: browser.find_elements(By.CSS_SELECTOR, f'#runs tr[data-run="{run_id}"]'), 10)[0]
-        assert "running" in row.text
-        row.find_element(By.TAG_NAME, "a").click()
+        row = f'#runs tr[data-run="{run_id}"]'
+        text = wait_for("the run in the runs list", lambda: browser.execute_script(
+            "const r = document.querySelector(arguments[0]); return r && r.innerText", row), 10)
+        assert "running" in text
+        href = browser.execute_script("return document.querySelector(arguments[0] + ' a').getAttribute('href')", row)
+        assert href == f"/ui/runs/{run_id}"
+        browser.get(url + href)
 
         # The run page: history loaded, live stream open, a chart per probe and knob.
         wait_for("the run page to load and follow the stream", lambda: browser.execute_script(
