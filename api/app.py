@@ -19,7 +19,8 @@ from actuator.store import Store
 
 from .deps import Services
 from .errors import ApiError, error_response, install_error_handlers
-from .routers import control, health, policies, runs
+from .console import SECURITY_HEADERS
+from .routers import control, health, policies, runs, ui
 
 __all__ = ["create_app"]
 
@@ -69,6 +70,29 @@ class Timing:
         finally:
             if not started:  # the app raised: the request still counts, as a 500
                 self._record(scope, 500, start)
+
+
+class ConsoleHeaders:
+    """The run console's pages and files (``/`` and ``/ui...``) go out with a Content-Security-Policy
+    (scripts and styles from this origin only, nothing inline) and the usual hardening headers.
+    The REST API's answers are left as they are."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.headers = [(k.lower().encode(), v.encode()) for k, v in SECURITY_HEADERS.items()]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        if path != "/" and path != "/ui" and not path.startswith("/ui/"):
+            await self.app(scope, receive, send)
+            return
+
+        async def secured(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), *self.headers]}
+            await send(message)
+
+        await self.app(scope, receive, secured)
 
 
 class _Service(FastAPI):
@@ -136,5 +160,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(policies.router)
     app.include_router(runs.router)
     app.include_router(control.router)
+    app.include_router(ui.router)
+    app.mount("/ui/static", ui.static_files(), name="ui-static")
+    app.add_middleware(ConsoleHeaders)
     app.add_middleware(Timing, metrics=app.state.metrics)
     return app

@@ -23,6 +23,7 @@ import argparse
 import logging
 import os
 import random
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -327,6 +328,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-compare", action="store_true", help="skip the open-loop arm")
     ap.add_argument("--output", type=Path, default=Path("demo-output"))
+    ap.add_argument("--keep-serving", action="store_true",
+                    help="after the runs, keep the controller (and its run console) up until Ctrl-C; without it the "
+                    "demo waits for Enter on a terminal and ends at once otherwise")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     torch.manual_seed(args.seed)
@@ -337,6 +341,7 @@ def main() -> None:
     db.unlink(missing_ok=True)
     url = start_service(db)
     console.print(f"[bold]controller[/bold] {url} (SQLite {db}, in-process live state)")
+    console.print(f"[bold]run console[/bold] {url}/ui  (watch the runs live; open it in a browser)")
     job = Job(args)
     start = job.capability()
     PROBE_NAME[0] = args.constraint
@@ -346,6 +351,24 @@ def main() -> None:
     results.append(run_arm(job, "actuator", controlled=True, url=url, start=start))
     summary(job, start, results)
     console.print(f"done in {time.time() - t0:.0f} s")
+    keep_serving(url, args.keep_serving)
+
+
+def keep_serving(url: str, forever: bool) -> None:
+    """Leave the service up so the finished runs can be looked at in the console: until Ctrl-C
+    with --keep-serving, until Enter on a terminal, not at all otherwise (CI, pipes, tests)."""
+    if forever:
+        console.print(f"run console: {url}/ui — serving until Ctrl-C")
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            return
+    elif sys.stdin is not None and sys.stdin.isatty():
+        try:
+            input(f"run console: {url}/ui — press Enter to stop the service ")
+        except (EOFError, KeyboardInterrupt):
+            pass
 
 
 if __name__ == "__main__":

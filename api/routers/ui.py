@@ -1,0 +1,87 @@
+"""The run console: HTML pages for a browser at /ui (not part of the REST API's OpenAPI document).
+
+Reads only what the tokenless GET endpoints read; every action on a page goes through the REST
+control endpoints from the browser, with the admin token the user typed.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path as FsPath
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query
+from fastapi.responses import HTMLResponse, RedirectResponse
+from fastapi.staticfiles import StaticFiles
+
+from .. import console
+from ..deps import Offset, RunId, ServicesDep, Version
+from ..errors import ApiError
+
+__all__ = ["router", "static_files", "STATIC_DIR"]
+
+STATIC_DIR = FsPath(__file__).resolve().parent.parent / "static"
+RUNS_PER_PAGE = 100
+POLICY_VERSIONS_LISTED = 1000
+
+router = APIRouter(include_in_schema=False)
+PolicyName = Annotated[str, Path(pattern=r"^[A-Za-z_][A-Za-z0-9_.\-]{0,63}$")]
+
+
+def static_files() -> StaticFiles:
+    return StaticFiles(directory=STATIC_DIR)
+
+
+def _html(body: str, status: int = 200) -> HTMLResponse:
+    return HTMLResponse(body, status_code=status)
+
+
+@router.get("/")
+def root() -> RedirectResponse:
+    return RedirectResponse("/ui", status_code=307)
+
+
+@router.get("/ui")
+def runs(services: ServicesDep, offset: Annotated[Offset, Query()] = 0) -> HTMLResponse:
+    rows = services.store.list_runs(limit=RUNS_PER_PAGE, offset=offset)
+    return _html(console.runs_page(rows, datetime.now(timezone.utc), offset=offset, limit=RUNS_PER_PAGE))
+
+
+@router.get("/ui/runs/{run_id}")
+def run(run_id: RunId, services: ServicesDep) -> HTMLResponse:
+    row = services.store.get_run(run_id)
+    if row is None:
+        return _html(console.not_found_page(f"run {run_id!r} not found"), 404)
+    controllers = [c.name for c in services.engine_for(row.policy_id).policy.controllers]
+    return _html(console.run_page(row, controllers))
+
+
+@router.get("/ui/policies")
+def policies(services: ServicesDep) -> HTMLResponse:
+    rows = services.store.list_policies(True, limit=POLICY_VERSIONS_LISTED,
+                                        max_bytes=services.settings.policy_page_bytes)
+    return _html(console.policies_page(rows))
+
+
+@router.get("/ui/policies/{name}")
+def policy(services: ServicesDep, name: PolicyName,
+           version: Annotated[Version | None, Query()] = None,
+           a: Annotated[Version | None, Query(description="diff from this version")] = None,
+           b: Annotated[Version | None, Query(description="diff to this version")] = None) -> HTMLResponse:
+    latest = services.store.get_policy(name)
+    if latest is None:
+        return _html(console.not_found_page(f"policy {name!r} not found"), 404)
+    if (a is None) != (b is None):
+        missing = "a" if a is None else "b"
+        raise ApiError(422, f"query.{missing}: a diff needs both versions, a and b",
+                       [{"loc": f"query.{missing}", "msg": "a diff needs both versions, a and b"}])
+    wanted = {v for v in (version, a, b) if v is not None}
+    rows = {v: services.store.get_policy(name, v) for v in wanted}
+    gone = sorted(v for v, r in rows.items() if r is None)
+    if gone:
+        return _html(console.not_found_page(f"policy {name!r} has no version {gone[0]} (latest: {latest.version})"),
+                     404)
+    found = {v: r for v, r in rows.items() if r is not None}
+    shown = found[version] if version is not None else latest
+    diff = (found[a], found[b]) if a is not None and b is not None else None
+    return _html(console.policy_page(shown, latest.version, diff))

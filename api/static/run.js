@@ -1,0 +1,302 @@
+"use strict";
+// One run, live: the report's history, then the run's Server-Sent Events stream. Charts are
+// uPlot (vendored); every number shown comes from the tokenless REST reads and the stream.
+(() => {
+  const A = window.Actuator;
+  const runId = document.body.dataset.run;
+  const base = "/v1/runs/" + encodeURIComponent(runId);
+  const $ = (id) => document.getElementById(id);
+
+  const raw = {};        // probe -> Map(step -> value)
+  const filtered = {};   // probe -> Map(step -> filtered value the controller acted on)
+  const setpoint = {};   // probe -> Map(step -> setpoint)
+  const threshold = {};  // probe -> number
+  const knobs = {};      // knob -> Map(step -> value in effect)
+  const decided = new Map();  // decision number -> {step, knob}: the chart marks (the report's latest 1,000 and on)
+  const listed = new Set();   // decision numbers in the table
+  let explained = 0;     // decisions fetched in full (for the explain column) up to this number
+  let lastEvent = 0;     // audit events listed up to this id
+  const charts = {};     // chart key -> {plot, box, n, log}
+  const logKnobs = new Set();  // knobs whose scale is "log"
+
+  const put = (table, name, step, value) => {
+    if (value === null || value === undefined || !Number.isFinite(value)) return;
+    (table[name] = table[name] || new Map()).set(step, value);
+  };
+
+  // ---- charts -------------------------------------------------------------------------------
+  function decisionMarks(knob) {
+    return (u) => {
+      const ctx = u.ctx;
+      ctx.save();
+      ctx.setLineDash([]);
+      ctx.strokeStyle = "rgba(220,38,38,0.45)";
+      ctx.lineWidth = 1;
+      for (const d of decided.values()) {
+        if (knob && d.knob !== knob) continue;
+        const x = Math.round(u.valToPos(d.step, "x", true));
+        if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) continue;
+        ctx.beginPath();
+        ctx.moveTo(x, u.bbox.top);
+        ctx.lineTo(x, u.bbox.top + u.bbox.height);
+        ctx.stroke();
+      }
+      ctx.restore();
+    };
+  }
+
+  function aligned(maps) {
+    const steps = new Set();
+    for (const m of maps) if (m) for (const s of m.keys()) steps.add(s);
+    const xs = [...steps].sort((a, b) => a - b);
+    return [xs, ...maps.map((m) => xs.map((s) => (m && m.has(s) ? m.get(s) : null)))];
+  }
+
+  function chart(key, title, series, data, marks, log) {
+    let c = charts[key];
+    if (c && c.n === series.length && c.log === log) {
+      c.plot.setData(data);
+      return;
+    }
+    if (c) c.plot.destroy();  // a series was added (a guardrail threshold became known)
+    const box = c ? c.box : A.el("div", { class: "chart", data: { chart: key } }, A.el("h3", {}, title));
+    if (!c) $("charts").append(box);
+    const plot = new window.uPlot({
+      width: Math.max(360, box.clientWidth - 12), height: 200, series: [{ label: "step" }, ...series],
+      scales: { x: { time: false }, y: log ? { distr: 3 } : {} }, legend: { live: true }, hooks: { draw: [marks] },
+      axes: [{}, log ? { size: 60, values: (u, ticks) => ticks.map((v) => (v === null ? "" : v.toExponential(0))) } : { size: 60 }],
+    }, data, box);
+    charts[key] = { plot, box, n: series.length, log };
+  }
+
+  let drawPending = false;
+  function redraw() {
+    if (drawPending) return;
+    drawPending = true;
+    setTimeout(() => {
+      drawPending = false;
+      for (const probe of Object.keys(raw).sort()) {
+        const thr = threshold[probe];
+        const [xs, r, f, sp] = aligned([raw[probe], filtered[probe], setpoint[probe]]);
+        const data = [xs, r, f, sp];
+        const series = [
+          { label: probe + " (raw)", stroke: "#2563eb", width: 1, points: { show: true, size: 4 } },
+          { label: "filtered", stroke: "#f59e0b", width: 2, spanGaps: true },
+          // held until the next known value (an operator's change is a step)
+          { label: "setpoint", stroke: "#111", dash: [6, 4], width: 1, spanGaps: true,
+            paths: window.uPlot.paths.stepped({ align: 1 }) },
+        ];
+        if (thr !== undefined) {
+          data.push(xs.map(() => thr));
+          series.push({ label: "guardrail", stroke: "#dc2626", dash: [2, 3], width: 1 });
+        }
+        chart("probe:" + probe, probe, series, data, decisionMarks(null));
+      }
+      for (const knob of Object.keys(knobs).sort()) {
+        // a multiplicative knob (log scale in the run's knobs) is drawn on a log axis
+        const log = logKnobs.has(knob) && [...knobs[knob].values()].every((v) => v > 0);
+        chart("knob:" + knob, "knob " + knob + " (in effect)" + (log ? ", log axis" : ""),
+          [{ label: knob, stroke: "#16a34a", width: 2, paths: window.uPlot.paths.stepped({ align: 1 }) }],
+          aligned([knobs[knob]]), decisionMarks(knob), log);
+      }
+    }, 100);
+  }
+
+  // ---- tables -------------------------------------------------------------------------------
+  function explain(d) {
+    const i = d.inputs || {}, c = d.components || {};
+    if (i.override) return "operator override" + (i.note ? ": " + i.note : "");
+    const parts = [];
+    if (i.probe !== undefined) parts.push(`${i.probe} raw ${A.fmt(i.raw)}, filtered ${A.fmt(i.filtered)}, setpoint ${A.fmt(i.setpoint)}`);
+    const pid = ["p", "i", "d"].filter((k) => c[k] !== undefined && c[k] !== null).map((k) => `${k.toUpperCase()} ${A.fmt(c[k])}`);
+    if (pid.length) parts.push(pid.join(" "));
+    if (i.limited_by && i.limited_by.length) parts.push("limited by " + i.limited_by.join(", "));
+    return parts.join(" · ") || (d.controller ? "controller " + d.controller : "guardrail");
+  }
+
+  function addDecision(d, full) {
+    decided.set(d.number, { step: d.step, knob: d.knob });
+    if (!listed.has(d.number)) {
+      listed.add(d.number);
+      const row = A.el("tr", { data: { number: String(d.number), seenAt: String(Date.now()) } },
+        A.el("td", { class: "num" }, d.number), A.el("td", { class: "num" }, d.step), A.el("td", {}, d.knob),
+        A.el("td", {}, `${A.fmt(d.old_value)} → ${A.fmt(d.new_value)}`), A.el("td", {}, d.reason),
+        A.el("td", { class: "explain" }, full ? explain(d) : "…"));
+      const body = document.querySelector("#decisions tbody");
+      const after = [...body.rows].find((r) => Number(r.dataset.number) < d.number);
+      body.insertBefore(row, after || null);
+      while (body.rows.length > 500) body.deleteRow(-1);
+      redraw();
+    } else if (full) {
+      const row = document.querySelector(`#decisions tr[data-number="${d.number}"] td.explain`);
+      if (row) row.textContent = explain(d);
+    }
+    if (full) {
+      const i = d.inputs || {};
+      if (i.probe !== undefined) {
+        put(filtered, i.probe, d.step, i.filtered);
+        put(setpoint, i.probe, d.step, i.setpoint);
+      }
+    }
+  }
+
+  function eventText(e) {
+    const p = e.payload || {};
+    return Object.entries(p).map(([k, v]) => `${k}=${typeof v === "object" ? JSON.stringify(v) : A.fmt(v)}`).join(" ");
+  }
+
+  async function loadEvents() {
+    for (let page = 0; page < 20; page++) {
+      const r = await A.api("GET", `${base}/events?limit=1000&after=${lastEvent}`);
+      if (!r.ok || !r.data.length) return;
+      const body = document.querySelector("#events tbody");
+      for (const e of r.data) {
+        lastEvent = Math.max(lastEvent, e.id);
+        body.prepend(A.el("tr", { class: e.kind.startsWith("guardrail") ? "guardrail" : "", data: { kind: e.kind } },
+          A.el("td", { class: "num" }, e.id), A.el("td", { class: "num" }, e.step ?? "–"),
+          A.el("td", {}, e.kind), A.el("td", {}, eventText(e))));
+      }
+      while (body.rows.length > 500) body.deleteRow(-1);
+      if (r.data.length < 1000) return;
+    }
+  }
+
+  async function loadDecisions() {
+    for (let page = 0; page < 20; page++) {
+      const r = await A.api("GET", `${base}/decisions?limit=1000&after=${explained}`);
+      if (!r.ok || !r.data.items.length) break;
+      for (const d of r.data.items) {
+        addDecision(d, true);
+        explained = Math.max(explained, d.number);
+      }
+      if (r.data.items.length < 1000) break;
+    }
+    redraw();
+  }
+
+  function cell(v) { return A.el("td", {}, A.fmt(v)); }
+
+  async function loadState() {
+    const r = await A.api("GET", base);
+    if (!r.ok) return;
+    const s = r.data;
+    const state = $("run-state");
+    state.textContent = s.state;
+    state.className = "state state-" + s.state;
+    $("run-step").textContent = A.fmt(s.last_step);
+    $("run-decisions").textContent = s.decisions;
+    // Operator decisions (overrides) come with their own event kinds, not as "decision" events.
+    if (s.decisions > explained) refreshDecisions();
+    for (const [name, k] of Object.entries(s.knobs)) if (k.scale === "log") logKnobs.add(name);
+    const ctl = document.querySelector("#controllers tbody");
+    ctl.replaceChildren(...Object.entries(s.controllers).map(([name, c]) => {
+      const knob = s.knobs[c.knob] || {};
+      if (c.probe !== undefined && c.last_step !== undefined) {
+        put(filtered, c.probe, c.last_step, c.filtered);
+        put(setpoint, c.probe, c.last_step, c.setpoint);
+      }
+      return A.el("tr", { data: { controller: name } }, A.el("td", {}, name), cell(c.probe), cell(c.raw), cell(c.filtered),
+        cell(c.setpoint_override ?? c.setpoint), cell(c.knob), cell(knob.value), cell(s.knobs_in_effect[c.knob]));
+    }));
+    const gr = document.querySelector("#guardrails tbody");
+    gr.replaceChildren(...Object.entries(s.guardrails).map(([name, g]) => {
+      if (g.probe !== undefined && g.threshold !== undefined) threshold[g.probe] = g.threshold;
+      return A.el("tr", { data: { guardrail: name } }, A.el("td", {}, name), cell(g.probe), cell(g.value),
+        cell(g.threshold), cell(g.breaches), cell(g.active ? "yes" : "no"));
+    }));
+    redraw();
+  }
+
+  // Several events in a burst need one read of each kind.
+  function debounced(fn, ms) {
+    let timer = null;
+    return () => { if (timer === null) timer = setTimeout(() => { timer = null; fn(); }, ms); };
+  }
+  const refreshState = debounced(loadState, 200);
+  const refreshDecisions = debounced(loadDecisions, 200);
+  const refreshEvents = debounced(loadEvents, 200);
+
+  // ---- live stream --------------------------------------------------------------------------
+  function follow() {
+    const source = new EventSource(base + "/stream");
+    source.addEventListener("open", () => { $("stream-state").textContent = "live"; document.body.dataset.stream = "open"; });
+    source.addEventListener("error", () => { $("stream-state").textContent = "reconnecting"; document.body.dataset.stream = "closed"; });
+    source.addEventListener("observation", (m) => {
+      const o = JSON.parse(m.data);
+      for (const [k, v] of Object.entries(o.probes || {})) put(raw, k, o.step, v);
+      for (const [k, v] of Object.entries(o.knobs || {})) put(knobs, k, o.step, v);
+      redraw();
+      refreshState();
+    });
+    source.addEventListener("decision", (m) => {
+      addDecision(JSON.parse(m.data), false);
+      refreshDecisions();
+      refreshState();
+    });
+    for (const kind of ["guardrail_breach", "guardrail_cleared", "state", "override", "override_released", "setpoint",
+      "control_paused", "control_resumed", "policy_moved", "controller_unusable"]) {
+      source.addEventListener(kind, () => { refreshEvents(); refreshState(); });
+    }
+  }
+
+  // ---- operator actions ---------------------------------------------------------------------
+  async function act(label, method, path, body) {
+    const status = $("action-status");
+    status.className = "";
+    status.textContent = label + "…";
+    const r = await A.api(method, path, body);
+    status.className = r.ok ? "ok" : "err";
+    status.dataset.status = String(r.status);
+    status.textContent = r.ok ? `${label}: done` : `${label} refused (${r.status}): ${A.errorText(r)}`;
+    refreshState();
+    refreshEvents();
+  }
+  // A number, or the text as typed: the service names the field of a bad value (422).
+  const number = (text) => (text.trim() !== "" && Number.isFinite(Number(text)) ? Number(text) : text);
+
+  function initActions() {
+    for (const b of document.querySelectorAll("button[data-action]")) {
+      b.addEventListener("click", () => act(b.dataset.action, "POST", `${base}/${b.dataset.action}`));
+    }
+    $("override-form").addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      const knob = $("override-knob").value;
+      act(`override ${knob}`, "POST", `${base}/knobs/${encodeURIComponent(knob)}/override`,
+        { value: number($("override-value").value) });
+    });
+    $("override-release").addEventListener("click", () => {
+      const knob = $("override-knob").value;
+      act(`release ${knob}`, "DELETE", `${base}/knobs/${encodeURIComponent(knob)}/override`);
+    });
+    $("setpoint-form").addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      const c = $("setpoint-controller").value;
+      act(`setpoint of ${c}`, "PUT", `${base}/controllers/${encodeURIComponent(c)}/setpoint`,
+        { setpoint: number($("setpoint-value").value) });
+    });
+  }
+
+  async function start() {
+    initActions();
+    const r = await A.api("GET", base + "/report");
+    if (r.ok) {
+      const rep = r.data;
+      for (const [k, pts] of Object.entries(rep.probes)) for (const [s, v] of pts) put(raw, k, s, v);
+      for (const [k, pts] of Object.entries(rep.knobs)) for (const [s, v] of pts) put(knobs, k, s, v);
+      for (const [k, v] of Object.entries(rep.thresholds)) threshold[k] = v;
+      for (const d of rep.decisions) decided.set(d.number, { step: d.step, knob: d.knob });
+      for (const [k, sp] of Object.entries(rep.setpoints)) {
+        const first = raw[k] ? Math.min(...raw[k].keys()) : 0;
+        if (typeof sp === "number") put(setpoint, k, first, sp);
+        else if (Array.isArray(sp)) for (const [s, v] of sp) put(setpoint, k, s, v);
+      }
+    }
+    await loadState();
+    // The table lists the latest 500 decisions (GET /v1/runs/{id}/decisions pages through all).
+    explained = Math.max(0, Number($("run-decisions").textContent) - 500);
+    await Promise.all([loadDecisions(), loadEvents()]);
+    follow();
+    document.body.dataset.ready = "1";
+  }
+  document.addEventListener("DOMContentLoaded", start);
+})();
