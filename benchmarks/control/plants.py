@@ -17,6 +17,9 @@ Plants
     log gain): the run's sensitivity to the knob changes as training proceeds.
 :class:`KLBetaPlant`
     KL to the reference vs KL beta (reverse acting), for PID vs Ziegler's adaptive KL controller.
+:class:`RLKLPlant`
+    Fitted to the real rl-kl traces (RLOO on SmolLM2-135M): an integrating KL whose rate falls
+    with ln(beta), for the PID vs Ziegler comparison the real benchmark measured.
 :class:`LRDriftPlant`
     Drift from the base model vs learning rate (direct acting), for PID vs ReduceLROnPlateau and
     an open-loop fixed learning rate.
@@ -61,6 +64,7 @@ __all__ = [
     "DriftingGainPlant",
     "KLBetaPlant",
     "LRDriftPlant",
+    "RLKLPlant",
     "Arm",
     "PIDArm",
     "AdaptiveKLArm",
@@ -75,6 +79,7 @@ __all__ = [
     "Scenario",
     "kl_scenario",
     "lr_scenario",
+    "rl_kl_scenario",
     "summarize",
     "compare",
 ]
@@ -231,6 +236,45 @@ class KLBetaPlant:
         sd = math.sqrt(2.0 * seen / self.batch_size + (self.rel_noise * seen) ** 2)
         # An estimate of a KL from samples can come out slightly negative; keep it like that.
         return Observation(measurement=seen + self._rng.gauss(0.0, sd), true=self._kl)
+
+
+@dataclass
+class RLKLPlant:
+    """KL(policy ‖ start) of a short RLOO run vs beta, *fitted to the real traces* of
+    ``benchmarks/control/rl_kl.py`` (SmolLM2-135M-Instruct, lr 3e-5, 4×4 completions, 24 steps,
+    probe every 2 steps).
+
+    ``controllers.identify`` fitted all six recorded arms (PID and Ziegler, seeds 0-2, R² 0.88-0.98)
+    best as an *integrating* plant, not a first-order lag: over such a run the policy never reaches
+    the KL-regularised optimum, KL keeps climbing at a rate that beta lowers::
+
+        dKL/dstep = drift + rate · ln(beta / 0.1)      drift 0.0095, rate -0.0054 (means of the six fits)
+
+    so KL stops rising only above beta ≈ 0.1·e^(0.0095/0.0054) ≈ 0.58 and falls back only above it
+    (Ziegler's controller ended at beta 0.50-0.63 with KL flat at 0.07-0.13: where it stops is
+    where it stays). One interval = ``interval`` steps; the probe reads the KL at the interval's
+    end with Gaussian noise of the fits' residual sd (0.0074); KL cannot go below 0. No dead time
+    was identifiable (theta 0 in every fit).
+    """
+
+    drift: float = 0.0095
+    rate: float = -0.0054
+    beta_ref: float = 0.1
+    interval: int = 2
+    noise_sd: float = 0.0074
+    initial_knob: float = 0.1
+    setpoint: float = 0.04
+    name: str = "rl_kl"
+    knob_name: str = "kl_beta"
+
+    def reset(self, rng: random.Random) -> None:
+        self._rng = rng
+        self._kl = 0.0
+
+    def step(self, knob: float) -> Observation:
+        slope = self.drift + self.rate * math.log(knob / self.beta_ref)
+        self._kl = max(0.0, self._kl + self.interval * slope)
+        return Observation(measurement=max(0.0, self._kl + self._rng.gauss(0.0, self.noise_sd)), true=self._kl)
 
 
 @dataclass
@@ -506,6 +550,19 @@ def kl_scenario() -> Scenario:
     ziegler = AdaptiveKLArm("adaptive_kl", AdaptiveKLController(0.1, target=6.0, horizon=10000), n_steps=512)
     fixed = FixedArm("fixed_beta", FixedSchedule.constant(0.1))
     return Scenario(plant_factory=KLBetaPlant, arms=[pid, ziegler, fixed], steps=300)
+
+
+def rl_kl_scenario(steps: int = 12) -> Scenario:
+    """The real rl-kl benchmark's arms on :class:`RLKLPlant`: the PID at the benchmark's gains
+    (kp 1/target per relative error, ki 0.1/target per step, so 0.2/target per 2-step interval,
+    ±1 ln-unit per decision, beta in [0.1, 10]) and Ziegler's controller at the benchmark's
+    horizon (one interval's 32 samples). ``steps`` = 12 intervals is the real run's length."""
+    target = RLKLPlant().setpoint
+    pid = PIDArm("pid", PIDConfig(setpoint=target, kp=1.0 / target, ki=0.2 / target, kd=0.0, out_min=0.1,
+                                  out_max=10.0, scale="log", direction="reverse", max_step=1.0))
+    ziegler = AdaptiveKLArm("adaptive_kl", AdaptiveKLController(0.1, target=target, horizon=32), n_steps=32)
+    fixed = FixedArm("fixed_beta", FixedSchedule.constant(0.1))
+    return Scenario(plant_factory=RLKLPlant, arms=[pid, ziegler, fixed], steps=steps)
 
 
 def lr_scenario() -> Scenario:
