@@ -58,6 +58,7 @@ BEYOND_SCHEMA = {
     "POST /v1/policies": "the policy document's rules (its schema: GET /v1/policies/schema)",
     "PUT /v1/policies/{name}": "the policy document's rules; its name must be the path's",
     "POST /v1/policies/simulate": "the policy named must exist",
+    "POST /v1/policies/tune": "the policy named must exist and hold the named setpoint controller",
     "POST /v1/runs": "the policy named must exist; knob values within their bounds; policy knobs declared",
     "POST /v1/runs/{run_id}/observations": "seq unique within a batch; only the run's knobs",
     "POST /v1/runs/{run_id}/pause": "only a running run can be paused",
@@ -179,8 +180,10 @@ def _use_real_resources(case: Any) -> None:
     body = case.body if isinstance(case.body, dict) and not case.meta.is_negative_at(ParameterLocation.BODY) else {}
     if isinstance(body.get("policy"), str):  # a stored policy by name
         body["policy"] = OPEN_POLICY["name"] if path == "/v1/runs" else POLICY["name"]
-    if "run_id" in body:  # simulate: a run with observations
+    if "run_id" in body:  # simulate, tune: a run with observations
         body["run_id"] = ENV.agent_run["id"]
+    if isinstance(body.get("controller"), str):  # tune: the policy's controller, so the fit itself is fuzzed
+        body["controller"] = "drift"
 
 
 @schema.parametrize()
