@@ -440,7 +440,7 @@ def seed_file(seed: int, trainer: str) -> Path:
 def aggregate(a: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
     results: list[dict[str, Any]] = []
     meta: dict[str, Any] = {}
-    for path in sorted(RESULTS.glob(f"{SCENARIO}-*-seed*.json")):
+    for path in sorted(p for p in RESULTS.glob(f"{SCENARIO}-*-seed*.json") if f"{SCENARIO}-x-" not in p.name):
         part = json.loads(path.read_text())
         results.extend(part["arms"])
         meta = {k: v for k, v in part.items() if k != "arms"}
@@ -452,7 +452,7 @@ def aggregate(a: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
     s = summarise(results, ns)
     print_tables(results, s["summary"], ns)
     out = {**meta, "seeds": sorted({r["seed"] for r in results}), "arms": results, "summary": s["summary"],
-           "command": command_line("rl_kl", argv), "parts": sorted(p.name for p in RESULTS.glob(f"{SCENARIO}-*-seed*.json"))}
+           "command": command_line("rl_kl", argv), "parts": sorted(p.name for p in RESULTS.glob(f"{SCENARIO}-*-seed*.json") if f"{SCENARIO}-x-" not in p.name)}
     out.pop("wall_seconds", None)
     record_targets(out, s["targets"])
     save_results(SCENARIO, out, plot)
@@ -483,6 +483,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--tail", type=int, default=5, help="steps averaged for the reward at the end")
     ap.add_argument("--arms", nargs="+", default=["actuator", "ziegler", "fixed"])
     ap.add_argument("--aggregate", action="store_true", help="combine the per-seed result files")
+    ap.add_argument("--tag", default=None, help="a variant run: results go to rl-kl-x-TAG-<trainer>-seed<N>.json, "
+                    "which --aggregate leaves out")
     a = ap.parse_args(argv)
     if a.aggregate:
         return aggregate(a, argv)
@@ -534,7 +536,8 @@ def save_seed(kind: str, seed: int, results: list[dict[str, Any]], a: argparse.N
            "pid": pid_policy(a)["controllers"][0], "max_step": a.max_step,
            "kl_beta_bounds": [a.beta, a.beta * 100], "start_perplexity": base_ppl, "arms": arms,
            "command": command_line("rl_kl", argv), "wall_seconds": time.time() - t_start}
-    save_results(f"{SCENARIO}-{kind}-seed{seed}" if not a.quick else f"{SCENARIO}-quick", out, plot)
+    name = f"{SCENARIO}-x-{a.tag}-{kind}-seed{seed}" if a.tag else f"{SCENARIO}-{kind}-seed{seed}"
+    save_results(name if not a.quick else f"{SCENARIO}-quick", out, plot)
     return out
     return out
 
