@@ -87,6 +87,12 @@ def main() -> None:
         "checksum": checksum,
     }
     Path(a.out).write_text(json.dumps(report))
+    if dist.is_initialized():
+        # Tear the gloo group down before the interpreter exits: left to process exit, its C++
+        # threads were sometimes destroyed while joinable ("terminate called without an active
+        # exception", SIGABRT, exit -6) on a loaded machine.
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
