@@ -42,12 +42,13 @@ def pick_threads(requested: int | None) -> int:
 
 def start_controller(scratch: Path) -> str:
     """The real controller service on loopback (uvicorn in a thread) over a fresh SQLite file in
-    ``scratch``; returns its URL."""
+    ``scratch``; returns its URL. The file is per process: seeds run side by side in one scratch
+    directory would otherwise delete and re-migrate each other's database."""
     from actuator.api.embedded import serve_in_thread
     from actuator.config import Settings
 
     scratch.mkdir(parents=True, exist_ok=True)
-    db = scratch / "actuator.db"
+    db = scratch / f"actuator-{os.getpid()}.db"
     db.unlink(missing_ok=True)
     return serve_in_thread(Settings(database_url=f"sqlite:///{db}"))
 

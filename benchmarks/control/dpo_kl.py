@@ -178,6 +178,10 @@ class Setup:
         rows, held = preference_rows(a.seeds[0], n_sums=a.n_sums)
         self.train = Dataset.from_dict(rows)
         self.kl_texts = [chat_text(self.tok, q, c) for q, c, _ in held] + [chat_text(self.tok, q, r) for q, _, r in held]
+        # The KL anchor's texts: the *training* pairs, both answers (never the held-out ones the
+        # probe measures, so the anchor cannot pass the probe by anchoring on it).
+        self.anchor_texts = sorted({p + c + self.tok.eos_token for p, c in zip(rows["prompt"], rows["chosen"])}
+                                   | {p + r + self.tok.eos_token for p, r in zip(rows["prompt"], rows["rejected"])})
         self.ppl = Perplexity(GENERAL_TEXT, self.tok, every=None, batch_size=4)
 
     def fresh_model(self) -> Any:
@@ -196,9 +200,11 @@ class Setup:
         return suite.run(model, 0, force=True).values["perplexity"]
 
 
-def make_trainer(setup: Setup, model: Any, name: str, a: argparse.Namespace, seed: int) -> Any:
+def make_trainer(setup: Setup, model: Any, name: str, a: argparse.Namespace, seed: int, anchor: Any = None) -> Any:
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
     from trl import DPOConfig, DPOTrainer
+
+    from actuator.agents.anchor import anchor_trainer
 
     torch.manual_seed(seed)
     config = DPOConfig(
@@ -208,8 +214,10 @@ def make_trainer(setup: Setup, model: Any, name: str, a: argparse.Namespace, see
         logging_steps=1, save_strategy="no", disable_tqdm=True, seed=seed, dataloader_num_workers=0,
         weight_decay=0.0, gradient_checkpointing=False,  # TRL defaults it on: memory is not short here, time is
     )
-    trainer = DPOTrainer(model=model, ref_model=setup.ref, args=config, train_dataset=setup.train,
-                         processing_class=setup.tok)
+    extra = {"kl_anchor": anchor} if anchor is not None else {}
+    cls = anchor_trainer(DPOTrainer) if anchor is not None else DPOTrainer
+    trainer = cls(model=model, ref_model=setup.ref, args=config, train_dataset=setup.train,
+                  processing_class=setup.tok, **extra)
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
     return trainer
@@ -234,6 +242,37 @@ def pid_policy(a: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def restoring_policy(a: argparse.Namespace, kind: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The arms that give DPO an actuator with authority over the KL (policy, knob bounds).
+
+    * ``lr``: a reverse-acting PID on the learning rate (log scale, bounds [lr·``--lr-floor``, lr]),
+      sft-drift's rule (kp 4, ki 0.2 per step, × 1/target). Without a restoring force the KL
+      integrates the learning rate, so the rate can *stop* the drift (Adam's step, momentum
+      included, is proportional to it), though not take it back.
+    * ``anchor``: the KL-anchor weight ``kl_weight`` (``actuator.agents.anchor``: w·KL(start ‖
+      policy) on the training pairs' own texts) under the PID-Lagrangian (``kind: constraint``,
+      KL ≤ target), the restoring force DPO's loss lacks; gains ``--w-kp``/``--w-ki`` × 1/target.
+    * ``lr+anchor``: both, each on the same probe; the anchor has the higher priority.
+    """
+    sp = a.target
+    controllers: list[dict[str, Any]] = []
+    knobs: dict[str, Any] = {}
+    if kind in ("anchor", "lr+anchor"):
+        controllers.append({"name": "kl-anchor", "kind": "constraint", "bound": "upper", "probe": "kl_drift",
+                            "knob": "kl_weight", "setpoint": sp, "kp": a.w_kp / sp, "ki": a.w_ki / sp, "priority": 10})
+        knobs["kl_weight"] = {"min": 0.0, "max": a.w_max, "max_step": a.w_step}
+    if kind in ("lr", "lr+anchor"):
+        controllers.append({"name": "kl-lr", "probe": "kl_drift", "knob": "learning_rate", "setpoint": sp,
+                            "kp": a.lr_kp / sp, "ki": a.lr_ki / sp, "direction": "reverse", "priority": 5})
+        knobs["learning_rate"] = {"min": a.lr * a.lr_floor, "max": a.lr, "max_step": a.max_step}
+    policy = {"name": f"bench-dpo-kl-{kind.replace('+', '-')}", "probes": [{"name": "kl_drift", "every": a.probe_every}],
+              "controllers": controllers}
+    return policy, knobs
+
+
+RESTORING = ("lr", "anchor", "lr+anchor")
+
+
 def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, seed: int) -> dict[str, Any]:
     from transformers import TrainerCallback
 
@@ -242,8 +281,12 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
     from actuator.agents.trl_knobs import KLBetaKnob
     from actuator.controllers import AdaptiveKLController
 
+    from actuator.agents.anchor import KLAnchor, KLAnchorKnob
+
     model = setup.fresh_model()
-    trainer = make_trainer(setup, model, f"{a.loss_type}-{arm['kind']}", a, seed)
+    anchor = (KLAnchor(setup.anchor_texts, setup.tok, weight=0.0, batch_size=a.anchor_batch, max_length=64, seed=seed)
+              if arm["kind"] in ("anchor", "lr+anchor") else None)
+    trainer = make_trainer(setup, model, f"{a.loss_type}-{arm['kind'].replace('+', '-')}", a, seed, anchor)
     knob = KLBetaKnob(trainer)
     probe = setup.kl_probe(a.probe_every)
     trace: list[dict[str, float]] = []
@@ -253,6 +296,14 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
         cb = ActuatorCallback(
             pid_policy(a), url=url, probes=[probe], budget_share=1.0, run_name=f"bench-{SCENARIO}-{a.loss_type}-{seed}",
             setters=[knob], knobs={"kl_beta": {"min": a.beta / 4, "max": a.beta * a.beta_cap, "max_step": a.max_step}})
+        cb.attach(trainer)
+        suite = None
+    elif arm["kind"] in RESTORING:
+        policy, knobs = restoring_policy(a, arm["kind"])
+        cb = ActuatorCallback(
+            policy, url=url, probes=[probe], budget_share=1.0,
+            run_name=f"bench-{SCENARIO}-{a.loss_type}-{arm['kind']}-{seed}", knobs=knobs,
+            setters=[KLAnchorKnob(anchor)] if anchor is not None else None)
         cb.attach(trainer)
         suite = None
     else:
@@ -282,7 +333,12 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
                 rep = suite.run(model, step)
                 value = rep.values.get("kl_drift") if rep is not None else None
             if value is not None:
-                trace.append({"step": step, "kl_drift": value, "beta": knob.read()})
+                trace.append({"step": step, "kl_drift": value, "beta": knob.read(),
+                              "lr": kw["optimizer"].param_groups[0]["lr"],
+                              "w": anchor.weight if anchor is not None else 0.0})
+                if not console.is_terminal:  # a log file gets one line per measurement
+                    console.print(f"  {arm['name']} seed {seed} step {step}: kl {value:.4f} beta {knob.read():.3g} "
+                                  f"lr {trace[-1]['lr']:.3g} w {trace[-1]['w']:.3g}")
                 if ziegler is not None:
                     # n = samples (preference pairs) seen since the last update, as in the paper / TRL.
                     n = (step - last_update) * a.batch_size
@@ -343,7 +399,17 @@ def plot(result: dict[str, Any], path: Path) -> None:
                 steps = [t["step"] for t in arm["trace"]]
                 label = arm_label(arm, result)
                 line, = ax1.plot(steps, [t["kl_drift"] for t in arm["trace"]], marker=".", label=label)
-                ax2.step(steps, [t["beta"] for t in arm["trace"]], where="post", label=label, color=line.get_color())
+                if arm["kind"] in RESTORING:  # the knobs that moved: lr / lr0 (dashed) and w (dotted)
+                    lr0 = arm["trace"][0].get("lr") or result["lr"]
+                    if arm["kind"] != "anchor":
+                        ax2.step(steps, [t.get("lr", lr0) / lr0 for t in arm["trace"]], where="post", ls="--",
+                                 label=f"{label}: lr / lr0", color=line.get_color())
+                    if arm["kind"] != "lr":
+                        ax2.step(steps, [t.get("w", 0.0) for t in arm["trace"]], where="post", ls=":",
+                                 label=f"{label}: w", color=line.get_color())
+                else:
+                    ax2.step(steps, [t["beta"] for t in arm["trace"]], where="post", label=label,
+                             color=line.get_color())
                 ax3.plot([m["step"] for m in arm["margins"]], [m["margin"] for m in arm["margins"]], label=label,
                          color=line.get_color(), alpha=0.8)
             ax1.axhline(target, ls="--", color="black", label="target")
@@ -351,8 +417,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
             ax1.set_title(f"[{loss}] KL(reference ‖ policy), held-out conversations")
             ax1.set_xlabel("step")
             ax1.legend(fontsize=7)
-            ax2.set_yscale("log")
-            ax2.set_title(f"[{loss}] beta in effect (kl_beta)")
+            ax2.set_yscale("symlog", linthresh=0.01)
+            ax2.set_title(f"[{loss}] knob in effect: beta, lr / lr0 (--), anchor w (:)")
             ax2.set_xlabel("step")
             ax2.legend(fontsize=7)
             ax3.set_yscale("symlog", linthresh=1.0)
@@ -389,7 +455,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--kd", type=float, default=None, help="PID kd × target, steps")
     ap.add_argument("--max-step", type=float, default=1.5, help="PID rate limit, log-beta units per decision")
     ap.add_argument("--n-sums", type=int, default=0, help="hard pairs: right vs wrong sums (default none)")
-    ap.add_argument("--arms", nargs="+", default=["fixed", "ziegler", "actuator"])
+    ap.add_argument("--arms", nargs="+", default=["fixed", "ziegler", "actuator"],
+                    choices=["fixed", "ziegler", "actuator", *RESTORING],
+                    help="actuator = the PID on beta; lr, anchor, lr+anchor = the actuators with authority "
+                         "over DPO's KL (see restoring_policy)")
+    ap.add_argument("--lr-kp", type=float, default=4.0, help="lr arm: PID kp × 1/target (log-lr units)")
+    ap.add_argument("--lr-ki", type=float, default=0.2, help="lr arm: PID ki × 1/target, per step")
+    ap.add_argument("--lr-floor", type=float, default=0.01, help="lr arm: lowest learning rate, × --lr")
+    ap.add_argument("--w-kp", type=float, default=2.0, help="anchor arm: constraint kp × 1/target")
+    ap.add_argument("--w-ki", type=float, default=0.2, help="anchor arm: constraint ki × 1/target, per step")
+    ap.add_argument("--w-max", type=float, default=5.0, help="anchor arm: largest KL-anchor weight")
+    ap.add_argument("--w-step", type=float, default=0.5, help="anchor arm: largest change of w per decision")
+    ap.add_argument("--anchor-batch", type=int, default=2, help="anchor texts per step")
+    ap.add_argument("--tag", default=None, help="results go to dpo-kl-TAG.json (default dpo-kl.json)")
     ap.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
                     help="training precision (auto: bf16 where the machine has it natively, else fp32)")
     a = ap.parse_args(argv)
@@ -419,7 +497,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         configs[loss] = la
     results = []
     for la in configs.values():
-        names = {"fixed": f"fixed beta {la.beta:g}", "ziegler": "Ziegler adaptive KL", "actuator": "actuator PID"}
+        names = {"fixed": f"fixed beta {la.beta:g}", "ziegler": "Ziegler adaptive KL", "actuator": "actuator PID",
+                 "lr": "Actuator lr PID", "anchor": "Actuator KL anchor (w)", "lr+anchor": "Actuator lr + anchor"}
         for seed in a.seeds:
             for kind in a.arms:
                 r = run_arm(setup, {"name": names[kind], "kind": kind}, la, url, seed)
@@ -444,7 +523,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "lr": a.lr, "batch_size": a.batch_size, "probe_every": a.probe_every, "ziegler_horizon": a.horizon,
         "precision": a.precision,
         "configs": {loss: {"beta": la.beta, "pid": pid_policy(la)["controllers"][0],
-                           "kl_beta_bounds": [la.beta / 4, la.beta * la.beta_cap], "max_step": la.max_step}
+                           "kl_beta_bounds": [la.beta / 4, la.beta * la.beta_cap], "max_step": la.max_step,
+                           "restoring": {k: restoring_policy(la, k) for k in RESTORING if k in a.arms}}
                     for loss, la in configs.items()},
         "start_perplexity": base_ppl, "arms": results,
         "command": command_line("dpo_kl", argv),
@@ -469,7 +549,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "pid_overshoot_pct": pid["overshoot_pct"], "ziegler_overshoot_pct": zie["overshoot_pct"],
                 }
     record_targets(out, targets)
-    save_results(SCENARIO, out, plot, t_start)
+    save_results(f"{SCENARIO}-{a.tag}" if a.tag else SCENARIO, out, plot, t_start)
     return out
 
 
