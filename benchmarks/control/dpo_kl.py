@@ -245,7 +245,7 @@ def pid_policy(a: argparse.Namespace) -> dict[str, Any]:
 def restoring_policy(a: argparse.Namespace, kind: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """The arms that give DPO an actuator with authority over the KL (policy, knob bounds).
 
-    * ``lr``: a reverse-acting PID on the learning rate (log scale, bounds [lr·``--lr-floor``, lr]),
+    * ``lr``: a direct-acting PID on the learning rate (a higher rate drifts faster) (log scale, bounds [lr·``--lr-floor``, lr]),
       sft-drift's rule (kp 4, ki 0.2 per step, × 1/target). Without a restoring force the KL
       integrates the learning rate, so the rate can *stop* the drift (Adam's step, momentum
       included, is proportional to it), though not take it back.
@@ -263,7 +263,7 @@ def restoring_policy(a: argparse.Namespace, kind: str) -> tuple[dict[str, Any], 
         knobs["kl_weight"] = {"min": 0.0, "max": a.w_max, "max_step": a.w_step}
     if kind in ("lr", "lr+anchor"):
         controllers.append({"name": "kl-lr", "probe": "kl_drift", "knob": "learning_rate", "setpoint": sp,
-                            "kp": a.lr_kp / sp, "ki": a.lr_ki / sp, "direction": "reverse", "priority": 5})
+                            "kp": a.lr_kp / sp, "ki": a.lr_ki / sp, "direction": "direct", "priority": 5})
         knobs["learning_rate"] = {"min": a.lr * a.lr_floor, "max": a.lr, "max_step": a.max_step}
     policy = {"name": f"bench-dpo-kl-{kind.replace('+', '-')}", "probes": [{"name": "kl_drift", "every": a.probe_every}],
               "controllers": controllers}
@@ -495,7 +495,58 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if getattr(a, key) is None:
                 setattr(la, key, value)
         configs[loss] = la
-    results = []
+
+    def report(results: list[dict[str, Any]]) -> dict[str, Any]:
+        """Table, targets and the results file with the arms so far (written after every arm)."""
+        table = Table(title=f"{SCENARIO} — SmolLM2-135M-Instruct, DPOTrainer, {a.steps} steps, KL target {a.target} "
+                            f"(±{a.band:.0%} band), lr {a.lr:g}")
+        for col in ("loss", "arm", "seed", "settling step", "overshoot %", "steady-state err %", "final KL", "final beta",
+                    "reward margin", "ppl +%", "decisions", "s"):
+            table.add_column(col, justify="right")
+        for r in results:
+            table.add_row(r["loss_type"], r["arm"], str(r["seed"]),
+                          "not settled" if r["settling_step"] is None else str(r["settling_step"]),
+                          f"{r['overshoot_pct']:.0f}", f"{r['steady_state_error_pct']:.0f}", f"{r['final_kl']:.4f}",
+                          f"{r['final_beta']:.3g}", f"{r['reward_margin']:+.2f}", f"{r['perplexity_increase_pct']:+.1f}",
+                          "-" if r["decisions"] is None else str(r["decisions"]), f"{r['seconds']:.0f}")
+        console.print(table)
+
+        out: dict[str, Any] = {
+            "scenario": SCENARIO, "steps": a.steps, "seeds": a.seeds, "target": a.target, "band": a.band,
+            "lr": a.lr, "batch_size": a.batch_size, "probe_every": a.probe_every, "ziegler_horizon": a.horizon,
+            "precision": a.precision,
+            "configs": {loss: {"beta": la.beta, "pid": pid_policy(la)["controllers"][0],
+                               "kl_beta_bounds": [la.beta / 4, la.beta * la.beta_cap], "max_step": la.max_step,
+                               "restoring": {k: restoring_policy(la, k) for k in RESTORING if k in a.arms}}
+                        for loss, la in configs.items()},
+            "start_perplexity": base_ppl, "arms": results,
+            "command": command_line("dpo_kl", argv),
+        }
+
+        def settle(r: dict[str, Any]) -> float:
+            return math.inf if r["settling_step"] is None else float(r["settling_step"])
+
+        targets = {}
+        for loss in configs:
+            for seed in a.seeds:
+                pick = [r for r in results if r["loss_type"] == loss and r["seed"] == seed]
+                pid = next((r for r in pick if r["kind"] == "actuator"), None)
+                zie = next((r for r in pick if r["kind"] == "ziegler"), None)
+                if pid and zie:
+                    # A controller that never settles within the run "needs" more than the run's steps.
+                    zsteps = settle(zie) if zie["settling_step"] is not None else float(a.steps + 1)
+                    targets[f"{loss} seed {seed}"] = {
+                        "settles_in_half_ziegler_steps": settle(pid) <= zsteps / 2,
+                        "overshoot_at_most_15pct": pid["overshoot_pct"] <= 15.0,
+                        "pid_settling_step": pid["settling_step"], "ziegler_settling_step": zie["settling_step"],
+                        "pid_overshoot_pct": pid["overshoot_pct"], "ziegler_overshoot_pct": zie["overshoot_pct"],
+                    }
+        record_targets(out, targets)
+        save_results(f"{SCENARIO}-{a.tag}" if a.tag else SCENARIO, out, plot, t_start)
+        return out
+
+    results: list[dict[str, Any]] = []
+    out: dict[str, Any] = {}
     for la in configs.values():
         names = {"fixed": f"fixed beta {la.beta:g}", "ziegler": "Ziegler adaptive KL", "actuator": "actuator PID",
                  "lr": "Actuator lr PID", "anchor": "Actuator KL anchor (w)", "lr+anchor": "Actuator lr + anchor"}
@@ -504,52 +555,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 r = run_arm(setup, {"name": names[kind], "kind": kind}, la, url, seed)
                 r["perplexity_increase_pct"] = 100 * (r["final_perplexity"] / base_ppl - 1)
                 results.append(r)
-
-    table = Table(title=f"{SCENARIO} — SmolLM2-135M-Instruct, DPOTrainer, {a.steps} steps, KL target {a.target} "
-                        f"(±{a.band:.0%} band), lr {a.lr:g}")
-    for col in ("loss", "arm", "seed", "settling step", "overshoot %", "steady-state err %", "final KL", "final beta",
-                "reward margin", "ppl +%", "decisions", "s"):
-        table.add_column(col, justify="right")
-    for r in results:
-        table.add_row(r["loss_type"], r["arm"], str(r["seed"]),
-                      "not settled" if r["settling_step"] is None else str(r["settling_step"]),
-                      f"{r['overshoot_pct']:.0f}", f"{r['steady_state_error_pct']:.0f}", f"{r['final_kl']:.4f}",
-                      f"{r['final_beta']:.3g}", f"{r['reward_margin']:+.2f}", f"{r['perplexity_increase_pct']:+.1f}",
-                      "-" if r["decisions"] is None else str(r["decisions"]), f"{r['seconds']:.0f}")
-    console.print(table)
-
-    out: dict[str, Any] = {
-        "scenario": SCENARIO, "steps": a.steps, "seeds": a.seeds, "target": a.target, "band": a.band,
-        "lr": a.lr, "batch_size": a.batch_size, "probe_every": a.probe_every, "ziegler_horizon": a.horizon,
-        "precision": a.precision,
-        "configs": {loss: {"beta": la.beta, "pid": pid_policy(la)["controllers"][0],
-                           "kl_beta_bounds": [la.beta / 4, la.beta * la.beta_cap], "max_step": la.max_step,
-                           "restoring": {k: restoring_policy(la, k) for k in RESTORING if k in a.arms}}
-                    for loss, la in configs.items()},
-        "start_perplexity": base_ppl, "arms": results,
-        "command": command_line("dpo_kl", argv),
-    }
-
-    def settle(r: dict[str, Any]) -> float:
-        return math.inf if r["settling_step"] is None else float(r["settling_step"])
-
-    targets = {}
-    for loss in configs:
-        for seed in a.seeds:
-            pick = [r for r in results if r["loss_type"] == loss and r["seed"] == seed]
-            pid = next((r for r in pick if r["kind"] == "actuator"), None)
-            zie = next((r for r in pick if r["kind"] == "ziegler"), None)
-            if pid and zie:
-                # A controller that never settles within the run "needs" more than the run's steps.
-                zsteps = settle(zie) if zie["settling_step"] is not None else float(a.steps + 1)
-                targets[f"{loss} seed {seed}"] = {
-                    "settles_in_half_ziegler_steps": settle(pid) <= zsteps / 2,
-                    "overshoot_at_most_15pct": pid["overshoot_pct"] <= 15.0,
-                    "pid_settling_step": pid["settling_step"], "ziegler_settling_step": zie["settling_step"],
-                    "pid_overshoot_pct": pid["overshoot_pct"], "ziegler_overshoot_pct": zie["overshoot_pct"],
-                }
-    record_targets(out, targets)
-    save_results(f"{SCENARIO}-{a.tag}" if a.tag else SCENARIO, out, plot, t_start)
+                out = report(results)  # each arm as it ends: a stopped run keeps what it measured
     return out
 
 
