@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 from rich.console import Console
@@ -115,6 +115,17 @@ def runs(url: UrlOpt = DEFAULT_URL, token: TokenOpt = None,
     console.print(table)
 
 
+def _agent_said(d: Any) -> str:
+    """What the agent acknowledged doing with a decision, in words."""
+    if d.applied_step is not None:
+        clipped = "" if d.applied_value == d.new_value else f" (ordered {d.new_value:.6g}; the agent's own limits)"
+        return f"applied after step {d.applied_step}: {d.knob} = {d.applied_value:.6g}{clipped}"
+    if d.skipped is not None:
+        return f"set aside ({d.skipped})"
+    return ("NOT applied: no acknowledgement from the agent (ordered after the run's last step, "
+            "or the agent has not reported it yet)")
+
+
 @app.command()
 def decisions(run: Annotated[str, typer.Argument(help="Run id.")], url: UrlOpt = DEFAULT_URL,
               token: TokenOpt = None,
@@ -132,21 +143,25 @@ def decisions(run: Annotated[str, typer.Argument(help="Run id.")], url: UrlOpt =
             console.print(f"  {d.knob}: {d.old_value:.6g} → {d.new_value:.6g}   (policy v{d.policy_version}, "
                           f"controller {d.controller or 'guardrail'})")
             console.print(f"  why: {d.reason}")
+            console.print(f"  agent: {_agent_said(d)}")
             inp = d.inputs
             if "probe" in inp:
                 console.print(f"  input: {inp['probe']} raw {inp['raw']:.6g}, filtered {inp['filtered']:.6g}, "
                               f"setpoint {inp['setpoint']:.6g}, dt {inp.get('dt')}")
                 console.print(f"  limits: bounds {inp.get('bounds')}, max step {inp.get('max_step')} "
-                              f"({inp.get('scale')}), applied: {', '.join(inp.get('limited_by') or []) or 'none'}")
+                              f"({inp.get('scale')}), limited by: {', '.join(inp.get('limited_by') or []) or 'nothing'}")
             comp = d.components
             if comp:
                 console.print("  P {p:+.4g}  I {i:+.4g}  D {d:+.4g}  error {error:+.4g}".format(
                     **{k: (v if v is not None else float('nan')) for k, v in comp.items()}))
         console.print(f"{page.total} decisions")
         return
-    table = Table("#", "step", "knob", "old", "new", "reason")
+    table = Table("#", "step", "knob", "old", "new", "applied", "reason")
     for d in page.items:
-        table.add_row(str(d.number), str(d.step), d.knob, f"{d.old_value:.4g}", f"{d.new_value:.4g}", d.reason)
+        applied = (f"step {d.applied_step}" if d.applied_step is not None else
+                   "skipped" if d.skipped is not None else "no")
+        table.add_row(str(d.number), str(d.step), d.knob, f"{d.old_value:.4g}", f"{d.new_value:.4g}", applied,
+                      d.reason)
     console.print(table)
     console.print(f"{page.total} decisions")
 

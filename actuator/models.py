@@ -91,6 +91,10 @@ class DecisionRow(Base):
     components: Mapped[dict[str, Any]]
     inputs: Mapped[dict[str, Any]]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # What the agent acknowledged (migration 0003): applied from a step with a value, or skipped.
+    applied_step: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    applied_value: Mapped[float | None] = mapped_column(Float, nullable=True)
+    skipped: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class EventRow(Base):

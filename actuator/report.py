@@ -28,7 +28,8 @@ class RendererBusy(RuntimeError):
 
 # The decision record's fields a report lists (the audit trail's components and inputs stay in
 # GET /v1/runs/{id}/decisions).
-_DECISION_FIELDS = ("number", "step", "knob", "old_value", "new_value", "reason")
+_DECISION_FIELDS = ("number", "step", "knob", "old_value", "new_value", "reason", "applied_step", "applied_value",
+                    "skipped")
 
 
 def build_report(run: Any, observations: list[Any], decisions: list[Any], events: list[Any],
@@ -148,9 +149,15 @@ def render_html(report: dict[str, Any], *, max_panels: int = 12) -> str:
     omitted = report.get("decisions_omitted", 0)
     earlier = (f"<p>{omitted} earlier decisions are not listed (GET /v1/runs/{report['run']['id']}/decisions "
                "pages through all of them).</p>") if omitted else ""
+    def applied(d: dict[str, Any]) -> str:
+        if d.get("applied_step") is not None:
+            return f"after step {d['applied_step']}: {d['applied_value']:.4g}"
+        return html.escape(f"set aside: {d['skipped']}") if d.get("skipped") else "<b>not applied</b>"
+
     rows = "".join(
         f"<tr><td>{d['number']}</td><td>{d['step']}</td><td>{html.escape(d['knob'])}</td>"
-        f"<td>{d['old_value']:.4g} → {d['new_value']:.4g}</td><td>{html.escape(d['reason'])}</td></tr>"
+        f"<td>{d['old_value']:.4g} → {d['new_value']:.4g}</td><td>{applied(d)}</td>"
+        f"<td>{html.escape(d['reason'])}</td></tr>"
         for d in report["decisions"])
     r = report["run"]
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>Actuator run {html.escape(r['name'])}</title>"
@@ -158,5 +165,5 @@ def render_html(report: dict[str, Any], *, max_panels: int = 12) -> str:
             "font-size:13px;text-align:left}</style></head><body>"
             f"<h1>{html.escape(r['name'])}</h1><p>run {r['id']} · {html.escape(r['policy'])} · state {r['state']} · "
             f"last step {r['last_step']}</p><img alt='probes and knobs' src='data:image/png;base64,{png}'>"
-            f"<h2>Decisions</h2>{earlier}<table><tr><th>#</th><th>step</th><th>knob</th><th>change</th><th>why</th></tr>{rows}"
+            f"<h2>Decisions</h2>{earlier}<table><tr><th>#</th><th>step</th><th>knob</th><th>change</th><th>agent applied</th><th>why</th></tr>{rows}"
             "</table></body></html>")

@@ -13,6 +13,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstr
 from pydantic_core import PydanticCustomError
 
 __all__ = [
+    "DecisionAck",
     "MAX_INT",
     "MAX_SEQ",
     "MAX_SEQ_GAP",
@@ -187,12 +188,39 @@ class ObservationCreate(_Model):
     time: FiniteFloat | None = Field(None, description="Agent wall clock (unix seconds).")
 
 
+class DecisionAck(_Model):
+    """The agent's word on one decision it received: applied at a step boundary (with the value
+    it really set, after its own bounds and rate limit) or set aside, and why. The store records
+    it on the decision, so the audit trail tells an applied decision from one that never was
+    (e.g. ordered after the run's last step)."""
+
+    number: PositiveWireInt = Field(description="The decision's number.")
+    status: Literal["applied", "skipped"]
+    step: WireInt = Field(ge=0, le=MAX_INT, description="The step from which the value was in effect "
+                          "(applied), or at which the agent set the decision aside (skipped).")
+    value: FiniteFloat | None = Field(None, description="The value the agent set (applied only).")
+    reason: str | None = Field(None, max_length=500, description="Why it was set aside (skipped only).")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DecisionAck:
+        if self.status == "applied" and self.value is None:
+            raise ValueError("value: an applied decision says the value the agent set")
+        if self.status == "skipped" and self.value is not None:
+            raise ValueError("value: a skipped decision set no value")
+        return self
+
+
 class ObservationBatch(_Model):
     observations: list[ObservationCreate] = Field(min_length=1, max_length=1000)
     last_decision: WireInt = Field(
         0, ge=0, le=MAX_INT,
         description="Highest decision number the agent has applied; decisions after it are returned.",
     )
+    applied: list[DecisionAck] = Field(
+        default_factory=list, max_length=1000,
+        description="Decisions the agent applied or set aside since its last request (each at most once "
+                    "recorded; a repeat is ignored). Every number must be a decision of this run that "
+                    "existed before this request.")
 
     @model_validator(mode="after")
     def _ordered(self) -> ObservationBatch:
@@ -250,12 +278,19 @@ class Decision(_Model):
 
 
 class DecisionPublic(Decision):
-    """A decision as stored: the record plus what the store assigns."""
+    """A decision as stored: the record plus what the store assigns, and what the agent said it
+    did with it (``applied_step``/``applied_value``, or ``skipped``; all None: not acknowledged —
+    not received yet, or ordered after the run's last step and so never applied)."""
 
     id: int
     run_id: str
     policy_version: int
     created_at: datetime
+    applied_step: int | None = Field(None, description="The step boundary at which the agent applied it (after "
+                                     "step N: in effect from the next optimizer step).")
+    applied_value: FiniteFloat | None = Field(
+        None, description="The value the agent set (its own bounds and rate limit can clip new_value).")
+    skipped: str | None = Field(None, description="Why the agent set it aside (no setter, identification...).")
 
 
 class DecisionPage(_Model):

@@ -94,6 +94,12 @@ _DECISIONS_BETWEEN = (select(*(_DEC.c[name] for name in DecisionPublic.model_fie
                       .where(_DEC.c.run_id == bindparam("run_id"), _DEC.c.number > bindparam("after"),
                              _DEC.c.number <= bindparam("up_to"))
                       .order_by(_DEC.c.number))
+# The agent's acknowledgement of a decision, recorded once: a repeat (a retried request) is ignored.
+_ACK = (update(_DEC)
+        .where(_DEC.c.run_id == bindparam("ack_run"), _DEC.c.number == bindparam("ack_number"),
+               _DEC.c.applied_step.is_(None), _DEC.c.skipped.is_(None))
+        .values(applied_step=bindparam("ack_step"), applied_value=bindparam("ack_value"),
+                skipped=bindparam("ack_skipped")))
 _DECISION_IDS = select(_DEC.c.number, _DEC.c.id).where(_DEC.c.run_id == bindparam("run_id"),
                                                        _DEC.c.number >= bindparam("first"))
 # What SQLAlchemy's JSON type writes too (stored text compares equal), but refusing NaN and
@@ -494,6 +500,7 @@ class Store:
             engine = engine or self.policy_engine(run.policy_id, conn)
             ctx = self._context(run)
             before = (run.state, run.decision_count, run.last_step, run.last_seq)
+            self._acknowledge(conn, run_id, batch, before[1])
             drafts: list[Decision] = []
             actions: list[Action] = []
             events: list[dict[str, Any]] = []
@@ -558,6 +565,23 @@ class Store:
                 del pending[max_pending:]
         return IngestOutcome(len(new), len(batch.observations) - len(new), new, pending, created, actions, events,
                              run, outputs, more_decisions=more)
+
+    @staticmethod
+    def _acknowledge(conn: Connection, run_id: str, batch: ObservationBatch, decided: int) -> None:
+        """Record what the agent did with decisions it received. Only decisions that existed
+        before this request can have been applied; anything else refuses the whole batch."""
+        if not batch.applied:
+            return
+        for i, ack in enumerate(batch.applied):
+            if ack.number > decided:
+                raise ObservationRefused(f"applied.{i}.number",
+                                         f"run {run_id!r} has no decision {ack.number} (it has {decided})")
+        conn.execute(_ACK, [{"ack_run": run_id, "ack_number": a.number,
+                             "ack_step": a.step if a.status == "applied" else None,
+                             "ack_value": a.value if a.status == "applied" else None,
+                             "ack_skipped": (f"step {a.step}: {a.reason or 'set aside by the agent'}"
+                                             if a.status == "skipped" else None)}
+                            for a in batch.applied])
 
     @staticmethod
     def _new_observations(conn: Connection, run: RunSnapshot, batch: ObservationBatch) -> list[ObservationCreate]:

@@ -38,7 +38,7 @@ from typing import Any
 from actuator._exceptions import ConfigError, NotFound, RequestRejected, ServiceUnavailable
 from actuator.client import ActuatorClient
 from actuator.policy import PolicyDocument, load_policy, load_preset, protect_policy
-from actuator.schemas import DecisionPublic, KnobSpec, ObservationCreate, RunCreate
+from actuator.schemas import DecisionAck, DecisionPublic, KnobSpec, ObservationCreate, RunCreate
 
 from ._hf_compat import find_trainer, load_checkpoint, rollback_unsupported, run_before_loggers
 from .identification import IdentificationMode
@@ -736,18 +736,34 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         setter, spec = self.setters.get(d.knob), self.specs.get(d.knob)
         if setter is None or spec is None:
             log.warning("actuator: decision %d names knob %r, which this run has no setter for", d.number, d.knob)
+            self._acknowledge(d.number, step, None, f"this run has no setter for knob {d.knob!r}")
             return
         if self.identification is not None and self.identification.holds(d.knob, step):
             log.info("actuator: decision %d on %s set aside: identification runs until step %d", d.number,
                      d.knob, self.identification.end)
+            self._acknowledge(d.number, step, None, f"identification holds {d.knob} until step "
+                                                    f"{self.identification.end}")
             return
         value = self._guard(spec, float(setter.read()), d.new_value)
         applied = float(setter.apply(value))
         entry = {"number": d.number, "step": step, "knob": d.knob, "ordered": d.new_value,
                  "applied": applied, "reason": d.reason}
         self.applied.append(entry)
+        self._acknowledge(d.number, step, applied, None)
         self._log_extra[f"actuator/{d.knob}_ordered"] = d.new_value
         log.info("actuator: step %d: %s -> %.6g (decision %d: %s)", step, d.knob, applied, d.number, d.reason)
+
+    def _acknowledge(self, number: int, step: int, value: float | None, skipped: str | None) -> None:
+        """Tell the service, with the next request, what became of decision ``number``."""
+        if self.sender is None:
+            return  # a non-zero rank: rank 0 acknowledges for the run
+        try:
+            ack = (DecisionAck(number=number, status="applied", step=step, value=value) if skipped is None else
+                   DecisionAck(number=number, status="skipped", step=step, reason=skipped[:500]))
+        except ValueError as exc:  # e.g. a setter that read back a non-finite value: telemetry only
+            log.warning("actuator: decision %d not acknowledged: %s", number, exc)
+            return
+        self.sender.acknowledge(ack)
 
     @staticmethod
     def _guard(spec: KnobSpec, current: float, ordered: float) -> float:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from actuator._exceptions import RequestRejected, ServiceUnavailable
 from actuator.client import ActuatorClient
-from actuator.schemas import IngestResult, ObservationBatch, ObservationCreate
+from actuator.schemas import DecisionAck, IngestResult, ObservationBatch, ObservationCreate
 
 __all__ = ["BackgroundSender", "SenderStats"]
 
@@ -80,6 +80,11 @@ class BackgroundSender:
         self._isolate = 0
         self._queue: queue.SimpleQueue[ObservationCreate] = queue.SimpleQueue()
         self._pending: deque[ObservationCreate] = deque()
+        # Acknowledgements of decisions (applied or set aside), sent with the next request. With
+        # no observation left to send they ride on the last one delivered (a duplicate the
+        # service ignores), so the last decisions of a run are acknowledged before it ends.
+        self._acks: deque[DecisionAck] = deque()
+        self._last_sent: ObservationCreate | None = None
         self._inbox: queue.SimpleQueue[IngestResult] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -95,6 +100,15 @@ class BackgroundSender:
             self.stats.submitted += 1
             self._idle.clear()
             self._queue.put(obs)
+        self._wake.set()
+
+    def acknowledge(self, ack: DecisionAck) -> None:
+        """Tell the service what became of a decision (never blocks)."""
+        with self._lock:
+            self._acks.append(ack)
+            while len(self._acks) > self.max_buffer:
+                self._acks.popleft()
+            self._idle.clear()
         self._wake.set()
 
     def report_outage(self, exc: Exception) -> None:
@@ -113,6 +127,9 @@ class BackgroundSender:
     @property
     def backlog(self) -> int:
         return self._queue.qsize() + len(self._pending)
+
+    def _has_work(self) -> bool:
+        return bool(self._pending) or (bool(self._acks) and self._last_sent is not None)
 
     def flush(self, timeout: float) -> bool:
         """Wait up to ``timeout`` s for everything submitted to be delivered (or given up)."""
@@ -146,9 +163,10 @@ class BackgroundSender:
                 self._drain_queue()
                 if self.stats.disabled_reason is not None:
                     self._pending.clear()
-                if not self._pending:
+                    self._acks.clear()
+                if not self._has_work():
                     self._idle.set()
-            if not self._pending:
+            if not self._has_work():
                 self._wake.wait(0.5)
                 self._wake.clear()
                 continue
@@ -183,17 +201,36 @@ class BackgroundSender:
                 return
         size = 1 if self._isolate else min(self.batch_size, len(self._pending))
         batch = [self._pending[i] for i in range(size)]
+        if not batch:  # acknowledgements only: they ride on the last observation delivered
+            assert self._last_sent is not None
+            batch, size = [self._last_sent], 0
+        with self._lock:
+            acks = list(self._acks)[:1000]
         start = time.perf_counter()
-        result = self._post(batch)
+        try:
+            result = self._post(batch, acks)
+        except RequestRejected as exc:
+            if not acks or exc.status_code != 422 or "applied" not in str(exc):
+                raise
+            # The service refused an acknowledgement (it should not: the agent acknowledges only
+            # decisions it received). Drop them, never the observations they came with.
+            log.warning("actuator: the service refused decision acknowledgements (%s); they are dropped", exc)
+            with self._lock:
+                for _ in acks:
+                    self._acks.popleft()
+            return
         self.stats.latencies.append(time.perf_counter() - start)
-        for _ in batch:
+        with self._lock:
+            for _ in acks:
+                self._acks.popleft()
+        self._last_sent = batch[-1]
+        for _ in range(size):
             self._pending.popleft()
-        self._isolate = max(0, self._isolate - len(batch))
-        self.stats.sent += len(batch)
+        self._isolate = max(0, self._isolate - size)
+        self.stats.sent += size
         if not self.stats.connected:
             if self.stats.outages:
-                log.warning("actuator: controller reachable again; %d buffered observations delivered",
-                            len(batch))
+                log.warning("actuator: controller reachable again; %d buffered observations delivered", size)
             self.stats.connected = True
         self._deliver(result)
         while result.more_decisions and result.decisions and not self._stop.is_set():
@@ -210,10 +247,11 @@ class BackgroundSender:
                 return  # not the next observation's fault: nothing queued is dropped
             self._deliver(result)
 
-    def _post(self, batch: list[ObservationCreate]) -> IngestResult:
+    def _post(self, batch: list[ObservationCreate], acks: list[DecisionAck] | None = None) -> IngestResult:
         last = max(self.last_decision, self._received)
         return self.client.post_observations(
-            self.run_id, ObservationBatch(observations=batch, last_decision=last), token=self.token)
+            self.run_id, ObservationBatch(observations=batch, last_decision=last, applied=acks or []),
+            token=self.token)
 
     def _deliver(self, result: IngestResult) -> None:
         if result.decisions:

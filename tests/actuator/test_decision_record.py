@@ -24,8 +24,9 @@ LR = {"name": "learning_rate", "value": 1e-3, "min": 1e-6, "max": 1e-2, "scale":
 
 def test_the_table_holds_exactly_the_record():
     assert set(DecisionPublic.model_fields) == {c.name for c in DecisionRow.__table__.columns}
-    assert set(DecisionPublic.model_fields) - set(Decision.model_fields) == {"id", "run_id", "policy_version",
-                                                                           "created_at"}
+    # what the store assigns, and what the agent acknowledges (migration 0003)
+    assert set(DecisionPublic.model_fields) - set(Decision.model_fields) == {
+        "id", "run_id", "policy_version", "created_at", "applied_step", "applied_value", "skipped"}
 
 
 @pytest.mark.parametrize("field, value", [("new_value", math.inf), ("old_value", math.nan),
@@ -81,7 +82,8 @@ def test_engine_store_api_and_report_share_the_record(tmp_path):
         report = build_report(store.get_run(run.id), store.list_observations(run.id), rows,
                               store.list_events(run.id), PolicyDocument.model_validate(POLICY))
         assert report["decisions"][0] == {k: getattr(rows[0], k) for k in report["decisions"][0]}
-        assert set(report["decisions"][0]) <= set(Decision.model_fields)
+        assert set(report["decisions"][0]) <= set(DecisionPublic.model_fields)
+        assert report["decisions"][0]["applied_step"] is None  # no agent has acknowledged it
         assert report["thresholds"] == {"kl_drift": 0.3} and report["setpoints"] == {"kl_drift": 0.1}
     finally:
         store.close()

@@ -189,3 +189,47 @@ def test_the_store_range_is_validated_before_the_store():
     with pytest.raises(PolicyError, match="guardrails.0.threshold: the percentage must be a finite number"):
         load_policy({"name": "p", "guardrails": [{"name": "g", "probe": "kl_drift", "bound": "upper",
                                                   "threshold": "+" + "9" * 400 + "%"}]})
+
+
+def test_acknowledgements_are_recorded_once_and_bad_ones_refuse_the_batch(store, run):
+    from actuator.schemas import DecisionAck
+
+    run_id, _ = run
+    made = store.ingest(run_id, batch(obs(0, 1), obs(1, 2, drift=0.5), obs(2, 3, drift=0.7))).created
+    assert len(made) >= 2
+    applied = DecisionAck(number=1, status="applied", step=2, value=4.5e-4)
+    skipped = DecisionAck(number=2, status="skipped", step=2, reason="identification holds learning_rate")
+    store.ingest(run_id, ObservationBatch(observations=[obs(3, 4)], last_decision=2, applied=[applied, skipped]))
+    rows = {d.number: d for d in store.list_decisions(run_id)[0]}
+    assert (rows[1].applied_step, rows[1].applied_value, rows[1].skipped) == (2, 4.5e-4, None)
+    assert (rows[2].applied_step, rows[2].applied_value) == (None, None)
+    assert rows[2].skipped == "step 2: identification holds learning_rate"
+
+    # A repeat (a retried request) changes nothing recorded, even with other figures.
+    again = DecisionAck(number=1, status="applied", step=9, value=1e-3)
+    store.ingest(run_id, ObservationBatch(observations=[obs(3, 4)], last_decision=2, applied=[again]))
+    assert store.list_decisions(run_id)[0][0].applied_step == 2
+
+    # A decision that does not exist (yet) refuses the whole batch: neither its observation nor
+    # the valid acknowledgement beside it is stored.
+    decided = store.get_run(run_id).decision_count
+    before = counts(store)
+    ok = DecisionAck(number=decided, status="applied", step=3, value=5e-4)
+    bad = DecisionAck(number=decided + 1, status="applied", step=3, value=5e-4)
+    with pytest.raises(ObservationRefused) as exc:
+        store.ingest(run_id, ObservationBatch(observations=[obs(4, 5)], last_decision=decided, applied=[ok, bad]))
+    assert exc.value.loc == "applied.1.number" and exc.value.status == 422
+    assert counts(store) == before
+    last = {d.number: d for d in store.list_decisions(run_id)[0]}[decided]
+    assert last.applied_step is None
+
+
+def test_an_acknowledgement_must_be_consistent():
+    from actuator.schemas import DecisionAck
+
+    with pytest.raises(ValidationError, match="value"):
+        DecisionAck(number=1, status="applied", step=3)
+    with pytest.raises(ValidationError, match="value"):
+        DecisionAck(number=1, status="skipped", step=3, value=1.0)
+    with pytest.raises(ValidationError, match="number"):
+        DecisionAck(number=0, status="applied", step=3, value=1.0)

@@ -201,3 +201,38 @@ def test_unreachable_service_at_train_start_trains_without_control(tmp_path, cha
     assert cb.run_id is None and cb.sender is not None and cb.sender.backlog == len(cb.history) > 0
     warnings = [r.getMessage() for r in caplog.records if "controller unreachable" in r.getMessage()]
     assert len(warnings) == 1, warnings
+
+
+def test_the_audit_trail_says_which_decisions_the_agent_applied(tmp_path, char_tokenizer, service):
+    """Each decision the agent applied is stored with the step boundary and the value it really
+    set; the decision ordered on the final step's observation, which no step is left to use, is
+    stored as not applied, and the CLI's --explain says so (SQLite and Postgres)."""
+    from typer.testing import CliRunner
+
+    from actuator.cli import app
+
+    trainer = make_trainer(tmp_path, char_tokenizer, steps=12)
+    cb = ActuatorCallback(
+        POLICY, url=service.url, knobs={"learning_rate": {"min": 1e-5, "max": 1e-2, "max_step": 0.5}},
+        probes=[KLDrift(HELD_OUT, char_tokenizer, every=3, max_length=32)], budget_share=1.0,
+    ).attach(trainer)
+    trainer.add_callback(SlowSteps(0.2))
+    trainer.train()
+
+    stored = httpx.get(f"{service.url}/v1/runs/{cb.run_id}/decisions").json()["items"]
+    by_number = {d["number"]: d for d in stored}
+    assert len(cb.applied) >= 2, cb.applied
+    for entry in cb.applied:
+        d = by_number[entry["number"]]
+        assert d["applied_step"] == entry["step"] and d["skipped"] is None, (d, entry)
+        assert d["applied_value"] == pytest.approx(entry["applied"], rel=1e-12)
+    applied = {e["number"] for e in cb.applied}
+    never = [d for d in stored if d["number"] not in applied]
+    assert never, "the last observation (step 12) orders a decision no step is left to apply"
+    assert max(by_number) in {d["number"] for d in never}
+    assert all(d["applied_step"] is None and d["applied_value"] is None and d["skipped"] is None for d in never)
+
+    out = CliRunner().invoke(app, ["decisions", cb.run_id, "--url", service.url, "--explain"])
+    assert out.exit_code == 0, out.output
+    assert out.output.count("NOT applied") == len(never)
+    assert out.output.count("applied after step") == len(applied)

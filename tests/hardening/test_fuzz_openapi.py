@@ -60,7 +60,8 @@ BEYOND_SCHEMA = {
     "POST /v1/policies/simulate": "the policy named must exist",
     "POST /v1/policies/tune": "the policy named must exist and hold the named setpoint controller",
     "POST /v1/runs": "the policy named must exist; knob values within their bounds; policy knobs declared",
-    "POST /v1/runs/{run_id}/observations": "seq unique within a batch; only the run's knobs",
+    "POST /v1/runs/{run_id}/observations": "seq unique within a batch; only the run's knobs; acknowledged "
+                                           "decisions must exist",
     "POST /v1/runs/{run_id}/pause": "only a running run can be paused",
     "POST /v1/runs/{run_id}/resume": "only a paused run can be resumed",
     "POST /v1/runs/{run_id}/knobs/{knob}/override": "the run's knob, a value within its bounds",
