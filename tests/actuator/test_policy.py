@@ -85,7 +85,8 @@ def test_setpoint_schedules():
 
 
 def test_presets_load_and_cover_the_four_tasks():
-    assert set(list_presets()) == {"sft-capability", "dpo-kl", "draft-distill", "compress-ppl", "protect-capability"}
+    assert set(list_presets()) == {"sft-capability", "dpo-kl", "rl-kl", "draft-distill", "compress-ppl",
+                                   "protect-capability"}
     knobs = {load_preset(n).controllers[0].knob for n in list_presets()}
     assert knobs == {"learning_rate", "kl_beta", "distill_lambda", "rank", "kl_weight"}
     assert load_preset("dpo-kl").controllers[0].direction == "reverse"
