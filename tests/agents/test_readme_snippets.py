@@ -35,7 +35,7 @@ def section_blocks() -> list[str]:
 
 
 def kind_of(block: str) -> str:
-    for marker, kind in (("SFTTrainer(", "sft"), ("DPOTrainer(", "dpo"), ("GRPOTrainer(", "grpo"),
+    for marker, kind in (("SFTTrainer(", "sft"), ("anchor_trainer(DPOTrainer)(", "dpo"), ("GRPOTrainer(", "grpo"),
                          ("DistillationTrainer(", "distill"), ("factorize(", "compress"), ("policy={", "own")):
         if marker in block:
             return kind
@@ -43,7 +43,7 @@ def kind_of(block: str) -> str:
 
 
 # knob the snippet's preset steers, and the setter the callback must find for it
-EXPECTED = {"sft": ("learning_rate", "LearningRateKnob"), "dpo": ("kl_beta", "KLBetaKnob"),
+EXPECTED = {"sft": ("learning_rate", "LearningRateKnob"), "dpo": ("kl_weight", "KLAnchorKnob"),
             "grpo": ("kl_beta", "KLBetaKnob"), "distill": ("distill_lambda", "DistillLambdaKnob"),
             "compress": ("rank", "RankKnob"), "own": ("learning_rate", "LearningRateKnob")}
 
@@ -78,7 +78,9 @@ def namespace(kind: str, tmp_path, tok) -> dict:
     elif kind == "dpo":  # loaded from a folder: TRL builds the reference model from the same path
         from transformers import AutoModelForCausalLM
 
-        ns.update(model=AutoModelForCausalLM.from_pretrained(saved_tiny(tmp_path, tok)), pairs=preference_dataset(8),
+        pairs = preference_dataset(8)
+        ns.update(model=AutoModelForCausalLM.from_pretrained(saved_tiny(tmp_path, tok)), pairs=pairs,
+                  pair_texts=[p + c for p, c in zip(pairs["prompt"], pairs["chosen"])],
                   args=DPOConfig(**_common(tmp_path), max_length=32, bf16=False))
     elif kind == "grpo":
         ns.update(model_id=saved_tiny(tmp_path, tok), reward=_reward,
