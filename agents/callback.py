@@ -1,7 +1,7 @@
 """ActuatorCallback: one callback that puts a Hugging Face ``Trainer`` (or a TRL trainer, which
 subclasses it) under closed-loop control.
 
-    trainer = DPOTrainer(..., callbacks=[ActuatorCallback("preset:dpo-kl", probes=[KLDrift(prompts, tok)])])
+    trainer = GRPOTrainer(..., callbacks=[ActuatorCallback("preset:rl-kl", probes=[PolicyKL(prompts, tok)])])
     trainer.train()
 
 ``Trainer(callbacks=[cb])`` and ``cb.attach(trainer)`` are the same: the callback finds its trainer
@@ -285,7 +285,7 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         return {c.knob for c in doc.controllers} | {g.knob for g in doc.guardrails if g.knob}
 
     def _add_policy_knobs(self) -> None:
-        """A policy brings its knobs: ``preset:dpo-kl`` declares ``kl_beta``, ``preset:compress-ppl``
+        """A policy brings its knobs: ``preset:rl-kl`` declares ``kl_beta``, ``preset:compress-ppl``
         ``rank``, ... with default bounds unless ``knobs`` gives them; their setters are found from
         the trainer (:meth:`_setter_for`). ``protect={...}`` holds its absolute budgets with the KL
         anchor's weight when the trainer has one."""

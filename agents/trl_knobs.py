@@ -1,8 +1,10 @@
 """``kl_beta``: the KL coefficient of TRL's preference and RL trainers, changed mid-run.
 
-    trainer = DPOTrainer(model=model, args=DPOConfig(beta=0.1, ...), ...)
-    ActuatorCallback("preset:dpo-kl", setters=[KLBetaKnob(trainer)], knobs={"kl_beta": {}},
-                     probes=[KLDrift(prompts, tok)]).attach(trainer)
+    trainer = GRPOTrainer(model=model, args=GRPOConfig(beta=0.04, ...), ...)
+    ActuatorCallback("preset:rl-kl", setters=[KLBetaKnob(trainer)], knobs={"kl_beta": {}},
+                     probes=[PolicyKL(prompts, tok)]).attach(trainer)
+
+(On DPO, beta cannot hold KL — ``preset:dpo-kl`` turns the learning rate and a KL anchor instead.)
 
 Facts this module relies on (checked against the installed trl 1.16.0, ``trl/trainer/``):
 
