@@ -104,8 +104,10 @@ def sharding_unsupported(trainer: Any) -> str | None:
     parameters with every rank taking part, so a rank-0-only probe would hang the run, and a copy
     of a sharded module holds one shard. Probing on gathered weights would need every rank in the
     probe; that is not built, and it cannot be tested here: with ``use_cpu=True`` accelerate
-    1.15 enables FSDP only on accelerators (FSDP1's plugin raises "no available devices", an
-    ``fsdp_version=2`` config silently trains as plain DDP). DeepSpeed ZeRO-1/2 keep full weights
+    1.15 sets ``DistributedType.FSDP`` only for multi-accelerator types, never ``MULTI_CPU``
+    (``accelerate/state.py``): FSDP1's plugin raises "no available devices" with the default
+    ``sync_module_states=True``, and with it off, or ``fsdp_version=2``, the run silently trains
+    as plain DDP over gloo (checked on 2 processes). DeepSpeed ZeRO-1/2 keep full weights
     on every rank but wrap the optimizer and scheduler the knobs write to; that is not verified
     either. Refused with this reason rather than left to hang or to steer nothing.
     """

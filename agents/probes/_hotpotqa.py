@@ -40,6 +40,7 @@ __all__ = [
     "build_prompt",
     "extract_answer",
     "is_yes_no_question",
+    "choice_options",
     "few_shot_examples",
     "generate_and_score",
     "HotpotQAPrompt",
@@ -423,6 +424,25 @@ def _first_sentence(text: str) -> str:
     return text
 
 
+# "Which was founded first, Steihal Brewery or Bilouth Foundry?": the two options after the last comma.
+_CHOICE = re.compile(r",\s*([^,?]+?)\s+or\s+([^,?]+?)\s*\?\s*$", re.IGNORECASE)
+
+
+def choice_options(question: str) -> tuple[str, str] | None:
+    """The two options of a choice question ("Who is older, Annie Morton or Terry Richardson?")."""
+    match = _CHOICE.search(question.strip())
+    return (match.group(1).strip(), match.group(2).strip()) if match else None
+
+
+def _pick_option(answer: str, options: tuple[str, str]) -> str:
+    """The option a sentence names first ("Bilouth Foundry was founded first" -> "Bilouth Foundry"),
+    or the answer unchanged when it names neither."""
+    text = f" {normalize_answer(answer)} "
+    found = [(text.find(f" {normalize_answer(o)} "), o) for o in options if normalize_answer(o)]
+    found = [(at, o) for at, o in found if at >= 0]
+    return min(found)[1] if found else answer
+
+
 def is_yes_no_question(question: str) -> bool:
     """A question answered by yes or no ("Are X and Y both ...?"), not a choice ("Is X or Y ...?")."""
     question = question.strip()
@@ -437,7 +457,9 @@ def extract_answer(generation: str, question: str | None = None) -> str:
     "Answer:", "Based on the paragraphs, ...") are stripped; of it, the first sentence, then the
     first clause (cut before ", who ...", ", because ..."). A leading "yes" / "no" is the answer
     when punctuation follows it ("No, Scott Derrickson and Ed Wood ... were not." -> "no"), or,
-    for a yes/no ``question``, whatever follows it ("Yes they are" -> "yes").
+    for a yes/no ``question``, whatever follows it ("Yes they are" -> "yes"). For a choice
+    ``question`` ("Which was founded first, A or B?") a sentence that names an option is that
+    option, the first one named ("B was founded first, then A" -> "B").
     """
     for line in generation.splitlines():
         line = line.strip().strip("*_`\"' ")
@@ -453,6 +475,11 @@ def extract_answer(generation: str, question: str | None = None) -> str:
             if not rest or rest[0] in ",.!;:" or (question is not None and is_yes_no_question(question)):
                 return lead.group(1).lower()
         answer = _first_sentence(line)
+        options = choice_options(question) if question is not None else None
+        if options is not None:
+            picked = _pick_option(answer, options)
+            if picked is not answer:
+                return picked
         answer = _CLAUSE_END.split(answer, maxsplit=1)[0]
         return answer.strip().rstrip(".!?;:,").strip().strip("*_`\"'").strip()
     return ""

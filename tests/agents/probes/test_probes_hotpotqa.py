@@ -265,6 +265,31 @@ def test_extract_answer_maps_the_yes_no_lead_of_yes_no_questions_only():
     assert not _hotpotqa.is_yes_no_question("Who is older, Annie Morton or Terry Richardson?")
 
 
+@pytest.mark.parametrize(
+    "generation,question,answer",
+    [
+        ("Bilouth Foundry was founded first. It was established by Gousim",
+         "Which was founded first, Steihal Brewery or Bilouth Foundry?", "Bilouth Foundry"),
+        ("terry Richardson is older than shirley temple", "Who is older, Annie Morton or Terry Richardson?",
+         "Terry Richardson"),
+        # both named: the first one named is the answer
+        ("Heikai has a larger population than Tosten", "Which city has a larger population, Tosten or Heikai?",
+         "Heikai"),
+        # neither named: the extracted sentence as it is
+        ("Pkaem Brewery was founded first", "Which was founded first, Dremer Press or Pakum Brewery?",
+         "Pkaem Brewery was founded first"),
+    ],
+)
+def test_extract_answer_names_the_option_of_a_choice_question(generation, question, answer):
+    assert _hotpotqa.extract_answer(generation, question) == answer
+
+
+def test_choice_options():
+    assert _hotpotqa.choice_options("Who is older, Annie Morton or Terry Richardson?") == ("Annie Morton", "Terry Richardson")
+    assert _hotpotqa.choice_options("Are Local H and For Against both from the United States?") is None
+    assert _hotpotqa.choice_options("Is Local H or For Against older?") is None  # no comma: not parsed
+
+
 def test_extraction_lifts_the_official_scores_of_the_reported_answers():
     """The metric stays the official one: extraction only hands it the answer inside the sentence."""
     reported = [
