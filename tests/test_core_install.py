@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -118,8 +119,15 @@ def test_the_agent_trains_under_control_with_only_the_core_install(tmp_path, sql
     core = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     assert not any(Requirement(r).name in ("torch", "transformers", "fastapi", "sqlalchemy") for r in core)
 
+    # Built from a copy of what the Dockerfile copies, so the build leaves nothing in the checkout.
+    source = tmp_path / "src"
+    for name in ("pyproject.toml", "README.md"):
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / name, source / name)
+    for name in ("actuator", "controllers", "agents", "api", "migrations"):
+        shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
     wheels = tmp_path / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(REPO),
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(source),
                     "-w", str(wheels)], check=True, cwd=tmp_path)
     wheel = next(wheels.glob("actuator-*.whl"))
     env_dir = tmp_path / "core-venv"
