@@ -1,5 +1,5 @@
-# The Actuator controller service. The service never imports torch: the project is installed
-# without the [train] extra. Build: docker build -t actuator . (or `docker compose up --build`).
+# The Actuator controller service: the core install plus the [server] extra. The service never
+# imports torch: the project is installed without the [train] extra. Build: docker build -t actuator . (or `docker compose up --build`).
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -18,7 +18,7 @@ COPY controllers controllers
 COPY agents agents
 COPY api api
 COPY migrations migrations
-RUN pip install -c requirements/constraints.txt . \
+RUN pip install -c requirements/constraints.txt ".[server]" \
  && useradd --system --uid 10001 --home-dir /app actuator
 
 USER actuator

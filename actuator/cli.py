@@ -67,9 +67,13 @@ def serve(
              "(slowloris).")] = 10.0,
 ) -> None:
     """Run the controller service (migrations are applied on start)."""
-    import uvicorn
+    try:
+        import uvicorn
 
-    from actuator.api.protocol import protocol_class
+        from actuator.api.protocol import protocol_class
+    except ImportError as exc:  # the core install (a training node) has no server
+        # \[ : a literal bracket for rich, which would read [server] as markup and drop it
+        raise _fail(f"`actuator serve` needs the server extra: pip install 'actuator\\[server]' ({exc})") from exc
 
     if database_url:
         os.environ["ACTUATOR_DATABASE_URL"] = database_url

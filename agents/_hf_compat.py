@@ -27,6 +27,9 @@ installed version; torch 2.2 to 2.13.
   transformers 5 logs as ``learning_rate`` for the next step) must return the new value. torch
   documents ``LRScheduler.state_dict()`` as "an entry for every variable in ``self.__dict__``"
   and ``load_state_dict`` restores them; ``_last_lr`` is the entry ``get_last_lr`` returns.
+* **Sharded training.** ``Trainer.is_fsdp_enabled`` / ``is_deepspeed_enabled`` (set in
+  ``create_accelerator_and_postprocess``, 4.46 and 5.23) say whether the model is sharded
+  (FSDP) or wrapped by DeepSpeed. :func:`sharding_unsupported` refuses both, see its docstring.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import inspect
 from typing import Any
 
 __all__ = ["CHECKED_TRANSFORMERS", "find_trainer", "run_before_loggers", "rollback_unsupported",
-           "load_checkpoint", "sync_last_lr"]
+           "sharding_unsupported", "load_checkpoint", "sync_last_lr"]
 
 CHECKED_TRANSFORMERS = ("4.46.0", "5.23.0")
 
@@ -90,6 +93,29 @@ def rollback_unsupported(trainer: Any) -> str | None:
 
         return (f"transformers {transformers.__version__} has no Trainer.{', Trainer.'.join(missing)} "
                 f"(checked: {', '.join(CHECKED_TRANSFORMERS)})")
+    return None
+
+
+def sharding_unsupported(trainer: Any) -> str | None:
+    """Why the agent refuses this trainer's FSDP or DeepSpeed setup, or ``None``.
+
+    Only rank 0 probes, and a probe runs forward passes (and, for drift, keeps a frozen copy) on
+    rank 0 alone. Under FSDP (1 or 2) and DeepSpeed ZeRO-3 a forward pass all-gathers the
+    parameters with every rank taking part, so a rank-0-only probe would hang the run, and a copy
+    of a sharded module holds one shard. Probing on gathered weights would need every rank in the
+    probe; that is not built, and it cannot be tested here: with ``use_cpu=True`` accelerate
+    1.15 sets ``DistributedType.FSDP`` only for multi-accelerator types, never ``MULTI_CPU``
+    (``accelerate/state.py``): FSDP1's plugin raises "no available devices" with the default
+    ``sync_module_states=True``, and with it off, or ``fsdp_version=2``, the run silently trains
+    as plain DDP over gloo (checked on 2 processes). DeepSpeed ZeRO-1/2 keep full weights
+    on every rank but wrap the optimizer and scheduler the knobs write to; that is not verified
+    either. Refused with this reason rather than left to hang or to steer nothing.
+    """
+    for flag, what in (("is_fsdp_enabled", "FSDP"), ("is_deepspeed_enabled", "DeepSpeed")):
+        if getattr(trainer, flag, False):
+            return (f"{what} is not supported: only rank 0 probes, and a rank-0-only forward pass through a model "
+                    f"sharded by {what} waits for the other ranks' all-gathers forever. Train with DDP "
+                    "(the default for several processes), or without ActuatorCallback.")
     return None
 
 

@@ -40,7 +40,7 @@ from actuator.client import ActuatorClient
 from actuator.policy import PolicyDocument, load_policy, load_preset, protect_policy
 from actuator.schemas import DecisionAck, DecisionPublic, KnobSpec, ObservationCreate, RunCreate
 
-from ._hf_compat import find_trainer, load_checkpoint, rollback_unsupported, run_before_loggers
+from ._hf_compat import find_trainer, load_checkpoint, rollback_unsupported, run_before_loggers, sharding_unsupported
 from .identification import IdentificationMode
 from .knobs import KnobNotSupported, KnobSetter, LearningRateKnob
 from .sender import BackgroundSender
@@ -425,6 +425,8 @@ class ActuatorCallback(TrainerCallback, ExportableState):
             run_before_loggers(self.trainer, self)  # a resume may have re-added us last
         self._started = True
         trainer = self.trainer
+        if trainer is not None and (sharded := sharding_unsupported(trainer)):
+            raise ConfigError(sharded)
         optimizer = optimizer if optimizer is not None else getattr(trainer, "optimizer", None)
         lr_scheduler = lr_scheduler if lr_scheduler is not None else getattr(trainer, "lr_scheduler", None)
         self._is_main = bool(getattr(state, "is_world_process_zero", True))
@@ -456,8 +458,8 @@ class ActuatorCallback(TrainerCallback, ExportableState):
             reason = rollback_unsupported(trainer)
             if reason:
                 log.warning("actuator: the policy may order a rollback, which would halt instead: %s", reason)
-        if self.suite is not None and model is not None:
-            self.suite.setup(model)
+        if self.suite is not None and model is not None and self._is_main:
+            self.suite.setup(model)  # only rank 0 probes: other ranks take no reference copy
         if self._is_main:
             self.sender = BackgroundSender(self.client, run_id=self.run_id, token=self.run_token,
                                            register=self._register)

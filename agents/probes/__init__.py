@@ -23,9 +23,11 @@ DraftAcceptance        ``draft.acceptance`` α = E Σ_v min(p, q),       2 forwa
 EmbeddingDrift         ``embedding_drift``: 1 − cosine of MiniLM       greedy generation + MiniLM;
 (``embedding_drift``)  embeddings of current vs reference greedy       0.7 s / prompt at 24 new
                        answers; ``answer_agreement``: exact matches    tokens (reference cached)
-HotpotQA               ``hotpotqa.em``, ``hotpotqa.f1`` (official      1 prefill of ~600 tokens +
-(``hotpotqa``)         normalisation), ``hotpotqa.gold_logprob``       16 decode steps; 4.2 s /
-                       (mean log-prob per gold-answer token)           record (builtin set)
+HotpotQA               ``hotpotqa.em``, ``hotpotqa.f1`` (official      1 prefill of ~830 tokens
+(``hotpotqa``)         normalisation of extracted short answers),      (~610 + ~220 of worked
+                       ``hotpotqa.gold_logprob`` (mean log-prob per    examples) + 16 decode steps
+                       gold-answer token)                              4.2 s / record before the
+                                                                       examples (builtin set)
 =====================  ==============================================  ===========================
 
 The reference of the drift probes is a frozen copy of the weights at ``setup`` (shared by the

@@ -39,6 +39,9 @@ __all__ = [
     "f1_score",
     "build_prompt",
     "extract_answer",
+    "is_yes_no_question",
+    "choice_options",
+    "few_shot_examples",
     "generate_and_score",
     "HotpotQAPrompt",
     "BUILTIN_HOTPOTQA",
@@ -55,6 +58,11 @@ INSTRUCTION = (
     "Answer the question using the paragraphs below. Reply with the answer only: "
     "a name, a number, a short phrase, or yes or no."
 )
+DEFAULT_SHOTS = 3
+# The kinds the few-shot examples cycle through: a bridge question (an entity), a yes/no
+# comparison, a comparison that names one of the two. One of each teaches a small model all three
+# answer shapes; the yes/no one also shows that "yes"/"no" is a whole answer.
+_SHOT_KINDS = ("bridge", "yes/no", "comparison")
 
 
 # -- official answer metrics (hotpot_evaluate_v1.py) -------------------------------------------
@@ -211,30 +219,110 @@ class HotpotQAPrompt:
     paragraphs_kept: int
     paragraphs_total: int
     truncated: bool  # gold text had to be cut, not just distractors dropped
+    shots: int = 0  # worked examples kept (dropped, last first, after the distractors)
 
 
 def _render_paragraph(title: str, sentences: Sequence[str]) -> str:
     return f"{title}: " + " ".join(s.strip() for s in sentences if s.strip())
 
 
-def _render(tokenizer: Any, question: str, context: str, use_chat_template: bool) -> tuple[str, list[int], bool]:
-    body = f"{INSTRUCTION}\n\n{context}\n\nQuestion: {question.strip()}"
+def _turn(context: str, question: str) -> str:
+    return f"{context}\n\nQuestion: {question.strip()}"
+
+
+def _shot_context(record: dict) -> str:
+    """A few-shot example's paragraphs: only its supporting sentences, so a shot costs ~60 tokens."""
+    facts = {(title, idx) for title, idx in record["supporting_facts"]}
+    paragraphs = [
+        (title, [s for k, s in enumerate(sentences) if (title, k) in facts])
+        for title, sentences in record["context"]
+    ]
+    return "\n".join(_render_paragraph(t, s) for t, s in paragraphs if s)
+
+
+def _render(
+    tokenizer: Any, question: str, context: str, use_chat_template: bool, shots: Sequence[dict] = ()
+) -> tuple[str, list[int], bool]:
+    """The prompt text and ids. The instruction comes once (the system turn, or the head of a
+    plain prompt), then each shot as a question and its answer, then the question to answer."""
     if use_chat_template and getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": body}], tokenize=False, add_generation_prompt=True
-        )
+        turns: list[dict[str, str]] = []
+        for shot in shots:
+            turns.append({"role": "user", "content": _turn(_shot_context(shot), shot["question"])})
+            turns.append({"role": "assistant", "content": shot["answer"]})
+        turns.append({"role": "user", "content": _turn(context, question)})
+        try:
+            text = tokenizer.apply_chat_template(
+                [{"role": "system", "content": INSTRUCTION}, *turns], tokenize=False, add_generation_prompt=True
+            )
+        except Exception:  # noqa: BLE001 - templates without a system role raise their own errors
+            turns[0] = {"role": "user", "content": f"{INSTRUCTION}\n\n{turns[0]['content']}"}
+            text = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
         return text, encode(tokenizer, [text], add_special_tokens=False)[0], True
-    text = body + "\nAnswer:"
+    demos = "".join(f"{_turn(_shot_context(shot), shot['question'])}\nAnswer: {shot['answer']}\n\n" for shot in shots)
+    text = f"{INSTRUCTION}\n\n{demos}{_turn(context, question)}\nAnswer:"
     return text, encode(tokenizer, [text])[0], False
 
 
+def _shot_kind(record: dict) -> str:
+    if record.get("type") == "comparison":
+        return "yes/no" if normalize_answer(record["answer"]) in ("yes", "no") else "comparison"
+    return "bridge"
+
+
+def few_shot_examples(k: int, scored: dict | None = None, pool: Sequence[dict] | None = None) -> list[dict]:
+    """``k`` worked examples for the prompt, taken from ``pool`` (default: the shipped set), never
+    the ``scored`` record itself (same ``_id`` or same question).
+
+    Deterministic: the kinds cycle bridge, yes/no comparison, naming comparison, and each kind's
+    examples are taken in the pool's order, so every record of a run sees the same shots unless
+    one of them is the record being scored (then the next of that kind stands in).
+    """
+    if k < 0:
+        raise ValueError(f"shots must be >= 0, got {k}")
+    if k == 0:
+        return []
+    pool = load_hotpotqa(None) if pool is None else pool
+    skip_ids = {scored["_id"]} if scored is not None else set()
+    skip_questions = {normalize_answer(scored["question"])} if scored is not None else set()
+    by_kind: dict[str, list[dict]] = {kind: [] for kind in _SHOT_KINDS}
+    for record in pool:
+        if record["_id"] in skip_ids or normalize_answer(record["question"]) in skip_questions:
+            continue
+        if record["answer"].strip() and record["supporting_facts"]:
+            by_kind[_shot_kind(record)].append(record)
+    shots: list[dict] = []
+    taken = dict.fromkeys(_SHOT_KINDS, 0)
+    kinds = [kind for kind in _SHOT_KINDS if by_kind[kind]]
+    while len(shots) < k and kinds:
+        for kind in list(kinds):
+            if len(shots) == k:
+                break
+            if taken[kind] < len(by_kind[kind]):
+                shots.append(by_kind[kind][taken[kind]])
+                taken[kind] += 1
+            else:
+                kinds.remove(kind)
+    if len(shots) < k:
+        raise ProbeDataError(f"the few-shot pool has {len(shots)} usable examples, fewer than shots={k}")
+    return shots
+
+
 def build_prompt(
-    record: dict, tokenizer: Any, *, max_prompt_tokens: int, use_chat_template: bool = True
+    record: dict,
+    tokenizer: Any,
+    *,
+    max_prompt_tokens: int,
+    use_chat_template: bool = True,
+    shots: Sequence[dict] = (),
 ) -> HotpotQAPrompt:
-    """The question with its paragraphs, cut to ``max_prompt_tokens`` tokens.
+    """The question with its paragraphs, after the worked examples ``shots`` (see
+    ``few_shot_examples``; as earlier chat turns with a chat template, else as ``Answer:``
+    blocks), cut to ``max_prompt_tokens`` tokens. The shots are never cut.
 
     What goes first: distractor paragraphs (titles without a supporting fact), last ones
-    first; then the non-supporting sentences of gold paragraphs; then the tail of what is left.
+    first; then the worked examples, last first; then the non-supporting sentences of gold
+    paragraphs; then the tail of what is left.
     Paragraph order is the record's (the official files interleave gold and distractors).
     """
     gold_titles = {title for title, _ in record["supporting_facts"]}
@@ -244,14 +332,20 @@ def build_prompt(
 
     def attempt(paras: list[tuple[str, list[str]]]) -> tuple[str, list[int], bool]:
         context = "\n".join(_render_paragraph(t, s) for t, s in paras)
-        return _render(tokenizer, record["question"], context, use_chat_template)
+        return _render(tokenizer, record["question"], context, use_chat_template, shots)
 
+    if any(shot["_id"] == record["_id"] for shot in shots):
+        raise ValueError(f"HotpotQA record {record['_id']!r} is among its own few-shot examples")
+    shots = list(shots)
     text, ids, templated = attempt(paragraphs)
     while len(ids) > max_prompt_tokens:
         distractors = [i for i, (title, _) in enumerate(paragraphs) if title not in gold_titles]
-        if not distractors:
+        if distractors:
+            del paragraphs[distractors[-1]]
+        elif shots:
+            shots.pop()
+        else:
             break
-        del paragraphs[distractors[-1]]
         text, ids, templated = attempt(paragraphs)
     truncated = False
     if len(ids) > max_prompt_tokens:
@@ -263,7 +357,7 @@ def build_prompt(
         text, ids, templated = attempt(paragraphs)
     if len(ids) > max_prompt_tokens:
         context = "\n".join(_render_paragraph(t, s) for t, s in paragraphs)
-        _, empty_ids, _ = _render(tokenizer, record["question"], "", use_chat_template)
+        _, empty_ids, _ = _render(tokenizer, record["question"], "", use_chat_template, shots)
         room = max_prompt_tokens - len(empty_ids)
         if room <= 0:
             raise ProbeError(
@@ -273,14 +367,14 @@ def build_prompt(
         context_ids = encode(tokenizer, [context], add_special_tokens=False)[0]
         while len(ids) > max_prompt_tokens and room > 0:
             cut = tokenizer.decode(context_ids[:room], skip_special_tokens=True)
-            text, ids, templated = _render(tokenizer, record["question"], cut, use_chat_template)
+            text, ids, templated = _render(tokenizer, record["question"], cut, use_chat_template, shots)
             room -= max(len(ids) - max_prompt_tokens, 1)
         if len(ids) > max_prompt_tokens:
             raise ProbeError(
                 f"HotpotQA record {record['_id']!r}: cannot fit the prompt in {max_prompt_tokens} tokens; "
                 "raise max_length"
             )
-    return HotpotQAPrompt(text, ids, templated, len(paragraphs), total, truncated)
+    return HotpotQAPrompt(text, ids, templated, len(paragraphs), total, truncated, len(shots))
 
 
 def answer_ids(tokenizer: Any, prompt: HotpotQAPrompt, answer: str) -> list[int]:
@@ -296,31 +390,119 @@ def answer_ids(tokenizer: Any, prompt: HotpotQAPrompt, answer: str) -> list[int]
     return encode(tokenizer, [continuation], add_special_tokens=False)[0]
 
 
-_ANSWER_PREFIX = re.compile(r"^(?:the\s+answer\s+is\b\s*:?|answer\s*:)\s*", re.IGNORECASE)
+# Lead-ins small instruct models put before the answer ("The answer to this question is: 9,984.",
+# "Based on the paragraphs, ...", "Answer: ..."). Stripped repeatedly, so they may be chained.
+_LEAD_INS = re.compile(
+    r"^(?:"
+    r"(?:so|thus|therefore)\s*,?\s+"
+    r"|(?:based\s+on|according\s+to|from)\s+the\s+(?:given\s+|provided\s+)?"
+    r"(?:paragraphs?|text|context|information|passages?)(?:\s+(?:above|below|provided|given))?\s*,\s*"
+    r"|(?:the\s+)?(?:final\s+|short\s+|correct\s+)?answer(?:\s+to\s+(?:this|the|your)\s+question)?"
+    r"\s*(?:is|would\s+be|:)\s*:?\s*"
+    r"|a\s*:\s*"
+    r")",
+    re.IGNORECASE,
+)
+_YES_NO_LEAD = re.compile(r"^(yes|no)\b(?P<rest>.*)$", re.IGNORECASE | re.DOTALL)
+_YES_NO_QUESTION = re.compile(
+    r"^(?:are|is|was|were|do|does|did|can|could|has|have|had|will|would|should)\b", re.IGNORECASE
+)
+# Where a first clause ends: a relative or subordinate clause after a comma.
+_CLAUSE_END = re.compile(
+    r",\s+(?:who|which|that|because|since|as|and|but|while|although|whereas|so)\b", re.IGNORECASE
+)
+_SENTENCE_END = re.compile(r"[.!?](?=\s|$)")
 
 
-def extract_answer(generation: str) -> str:
-    """The answer in a generation: its first non-empty line, without an ``Answer:`` prefix."""
+def _first_sentence(text: str) -> str:
+    """Up to the first full stop that ends a sentence, not one after an abbreviation
+    ("St. Louis", "U.S. Army", "Mr. Smith": a word of at most three letters or with inner dots)."""
+    for match in _SENTENCE_END.finditer(text):
+        word = text[: match.start()].split()[-1] if text[: match.start()].split() else ""
+        if (len(word) > 3 and "." not in word) or word.isdigit():
+            return text[: match.start()]
+    return text
+
+
+# "Which was founded first, Steihal Brewery or Bilouth Foundry?": the two options after the last comma.
+_CHOICE = re.compile(r",\s*([^,?]+?)\s+or\s+([^,?]+?)\s*\?\s*$", re.IGNORECASE)
+
+
+def choice_options(question: str) -> tuple[str, str] | None:
+    """The two options of a choice question ("Who is older, Annie Morton or Terry Richardson?")."""
+    match = _CHOICE.search(question.strip())
+    return (match.group(1).strip(), match.group(2).strip()) if match else None
+
+
+def _pick_option(answer: str, options: tuple[str, str]) -> str:
+    """The option a sentence names first ("Bilouth Foundry was founded first" -> "Bilouth Foundry"),
+    or the answer unchanged when it names neither."""
+    text = f" {normalize_answer(answer)} "
+    found = [(text.find(f" {normalize_answer(o)} "), o) for o in options if normalize_answer(o)]
+    found = [(at, o) for at, o in found if at >= 0]
+    return min(found)[1] if found else answer
+
+
+def is_yes_no_question(question: str) -> bool:
+    """A question answered by yes or no ("Are X and Y both ...?"), not a choice ("Is X or Y ...?")."""
+    question = question.strip()
+    return bool(_YES_NO_QUESTION.match(question)) and not re.search(r"\bor\b", question, re.IGNORECASE)
+
+
+def extract_answer(generation: str, question: str | None = None) -> str:
+    """The short answer in a generation, for the official EM / F1 (which normalise case,
+    punctuation and articles themselves).
+
+    The first line that has something left after lead-ins ("The answer to this question is:",
+    "Answer:", "Based on the paragraphs, ...") are stripped; of it, the first sentence, then the
+    first clause (cut before ", who ...", ", because ..."). A leading "yes" / "no" is the answer
+    when punctuation follows it ("No, Scott Derrickson and Ed Wood ... were not." -> "no"), or,
+    for a yes/no ``question``, whatever follows it ("Yes they are" -> "yes"). For a choice
+    ``question`` ("Which was founded first, A or B?") a sentence that names an option is that
+    option, the first one named ("B was founded first, then A" -> "B").
+    """
     for line in generation.splitlines():
-        line = line.strip()
-        if line:
-            return _ANSWER_PREFIX.sub("", line).strip()
+        line = line.strip().strip("*_`\"' ")
+        previous = None
+        while line and line != previous:
+            previous = line
+            line = _LEAD_INS.sub("", line, count=1).strip().strip("*_`\"' ")
+        if not line:
+            continue
+        lead = _YES_NO_LEAD.match(line)
+        if lead is not None:
+            rest = lead.group("rest")
+            if not rest or rest[0] in ",.!;:" or (question is not None and is_yes_no_question(question)):
+                return lead.group(1).lower()
+        answer = _first_sentence(line)
+        options = choice_options(question) if question is not None else None
+        if options is not None:
+            picked = _pick_option(answer, options)
+            if picked is not answer:
+                return picked
+        answer = _CLAUSE_END.split(answer, maxsplit=1)[0]
+        return answer.strip().rstrip(".!?;:,").strip().strip("*_`\"'").strip()
     return ""
 
 
 class HotpotQA(Probe):
     """Multi-hop QA; keys ``hotpotqa.em``, ``hotpotqa.f1``, ``hotpotqa.gold_logprob``.
 
-    ``em`` / ``f1``: official HotpotQA answer metrics of greedy generations (first line of at
-    most ``max_new_tokens`` tokens), averaged over examples. ``gold_logprob``: the gold answer
-    force-decoded after the prompt, mean log-probability per answer token, averaged over
-    examples; at small scale EM is near zero and noisy, and this continuous score is what a
-    controller acts on. Cost per example: one prefill of the prompt (shared by the forced
-    decoding and the greedy answer through the KV cache) plus up to ``max_new_tokens``
-    one-token steps; prompts of the builtin set are ~600 tokens with all ten paragraphs
+    ``em`` / ``f1``: official HotpotQA answer metrics of greedy answers, averaged over examples.
+    The prompt asks for a short answer and shows ``shots`` worked examples first (default 3: a
+    bridge question, a yes/no comparison, a naming comparison; taken from the shipped set with
+    only their supporting sentences, never the record being scored; ``shots=0``: none). The
+    answer is extracted from at most ``max_new_tokens`` generated tokens by ``extract_answer``
+    (first line and clause, lead-ins such as "The answer is:" stripped, a leading yes/no for
+    yes/no questions); scoring is the official normalisation, unchanged. ``gold_logprob``: the
+    gold answer force-decoded after the prompt, mean log-probability per answer token, averaged
+    over examples; at small scale EM is noisy, and this continuous score is what a controller
+    acts on. Cost per example: one prefill of the prompt (shared by the forced decoding and the
+    greedy answer through the KV cache) plus up to ``max_new_tokens`` one-token steps; prompts
+    of the builtin set are ~600 tokens with all ten paragraphs, plus ~100 per shot
     (``max_length`` cuts distractors first, trading difficulty for speed). Examples run one at
     a time: no padding, and on CPU batching long prompts gains little. At most
-    ``max_examples`` records are used (evenly spaced).
+    ``max_examples`` records are used (evenly spaced); a file with more says so in the log.
     """
 
     name = "hotpotqa"
@@ -338,24 +520,42 @@ class HotpotQA(Probe):
         max_new_tokens: int = 16,
         use_chat_template: bool = True,
         max_length: int | None = None,
+        shots: int = DEFAULT_SHOTS,
     ) -> None:
         if tokenizer is None:
             raise TypeError("HotpotQA needs the model's tokenizer: HotpotQA(path, tokenizer)")
         self._init_schedule(every, on_evaluate)
         if max_examples < 1 or max_new_tokens < 1:
             raise ValueError("max_examples and max_new_tokens must be >= 1")
+        if not isinstance(shots, int) or isinstance(shots, bool) or shots < 0:
+            raise ValueError(f"shots must be an int >= 0, got {shots!r}")
         self.tokenizer = tokenizer
         self.records = load_hotpotqa(path_or_records)
         self.max_examples = max_examples
         self.max_new_tokens = max_new_tokens
         self.use_chat_template = use_chat_template
         self.max_length = max_length
+        self.shots = shots
+        self._shot_pool = load_hotpotqa(None) if shots else []
         self._prompts: dict[tuple[int, int], tuple[HotpotQAPrompt, list[int]]] = {}
         self.last_predictions: list[tuple[str, str]] = []  # (prediction, gold) of the last measure
+        self.last_generations: list[str] = []  # the decoded generations the predictions came from
+        if len(self.records) > max_examples:
+            logger.warning(
+                "hotpotqa: scoring %d of the %d records (evenly spaced; the same ones every time); "
+                "pass max_examples=%d to score them all",
+                max_examples,
+                len(self.records),
+                len(self.records),
+            )
 
     @property
     def num_examples(self) -> int:
         return min(len(self.records), self.max_examples)
+
+    def shots_for(self, index: int) -> list[dict]:
+        """The worked examples shown before record ``index`` (never that record itself)."""
+        return few_shot_examples(self.shots, self.records[index], self._shot_pool)
 
     def _prompt(self, index: int, context: int) -> tuple[HotpotQAPrompt, list[int]]:
         key = (index, context)
@@ -364,7 +564,11 @@ class HotpotQA(Probe):
             gold_len = len(encode(self.tokenizer, [" " + record["answer"]], add_special_tokens=False)[0])
             budget = context - max(self.max_new_tokens, gold_len + 2)
             prompt = build_prompt(
-                record, self.tokenizer, max_prompt_tokens=budget, use_chat_template=self.use_chat_template
+                record,
+                self.tokenizer,
+                max_prompt_tokens=budget,
+                use_chat_template=self.use_chat_template,
+                shots=self.shots_for(index),
             )
             if prompt.truncated:
                 logger.debug("hotpotqa: record %s cut to fit %d tokens", record["_id"], budget)
@@ -377,19 +581,22 @@ class HotpotQA(Probe):
         indices = self._selection(len(self.records), limit)
         context = self.max_length or min(context_length(model, self.tokenizer), DEFAULT_MAX_PROMPT)
         eos = eos_token_ids(model, self.tokenizer)
-        predictions, logprobs = [], []
+        predictions, generations, logprobs = [], [], []
         for i in indices:
             prompt, gold = self._prompt(i, context)
             generated, logprob = generate_and_score(
                 model, prompt.ids, gold, max_new_tokens=self.max_new_tokens, eos=eos
             )
-            predictions.append(extract_answer(self.tokenizer.decode(generated, skip_special_tokens=True)))
+            generation = self.tokenizer.decode(generated, skip_special_tokens=True)
+            generations.append(generation)
+            predictions.append(extract_answer(generation, self.records[i]["question"]))
             if not math.isnan(logprob):
                 logprobs.append(logprob)
         if not logprobs:
             raise ProbeDataError("no gold answer has a token: gold_logprob is undefined")
         golds = [self.records[i]["answer"] for i in indices]
         self.last_predictions = list(zip(predictions, golds))
+        self.last_generations = generations
         em = sum(exact_match_score(p, g) for p, g in self.last_predictions) / len(indices)
         f1 = sum(f1_score(p, g)[0] for p, g in self.last_predictions) / len(indices)
         return {

@@ -69,6 +69,7 @@ def main() -> None:
     trainer.train()
 
     checksum = float(sum(p.detach().double().sum() for p in trainer.model.parameters()))
+    probe = cb.suite.probes[0]
     report = {
         "rank": rank,
         "world_size": dist.get_world_size() if dist.is_initialized() else 1,
@@ -83,6 +84,10 @@ def main() -> None:
         "has_sender": cb.sender is not None,
         "sent": cb.sender.stats.sent if cb.sender is not None else 0,
         "observations": cb.seq,
+        # what this rank holds for probes: a reference snapshot, a started suite clock
+        "probe_reference": probe.reference_holder.snapshot is not None,
+        "probe_modules": len(probe.aux_models()),
+        "suite_started": cb.suite._t0 is not None,
         "global_step": trainer.state.global_step,
         "checksum": checksum,
     }

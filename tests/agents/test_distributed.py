@@ -70,6 +70,11 @@ def test_two_ranks_apply_identical_decisions_at_every_step(tmp_path, sqlite_serv
         # times the linear schedule's own factor at that step
         assert r0["used"][entry["step"]] == pytest.approx(entry["applied"] * r0["shape"][entry["step"]], rel=1e-9)
 
+    # Only rank 0 probes, so only rank 0 holds a frozen reference copy (issue 18, item 7): the
+    # other rank allocated nothing for probes, not even a set-up suite.
+    assert r0["probe_reference"] and r0["probe_modules"] == 1 and r0["suite_started"]
+    assert not r1["probe_reference"] and r1["probe_modules"] == 0 and not r1["suite_started"]
+
     # Only rank 0 talked to the service.
     assert r0["is_main"] and r0["has_sender"] and r0["run_id"] and r0["sent"] == r0["observations"] > 0
     assert not r1["is_main"] and not r1["has_sender"] and r1["run_id"] is None and r1["observations"] == 0

@@ -14,6 +14,7 @@ import pytest
 from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.integrations import integration_utils
 
+from actuator import ConfigError
 from actuator.agents import _hf_compat
 from actuator.agents.callback import ActuatorCallback
 from actuator.agents.models import tiny_llama
@@ -114,3 +115,25 @@ def test_private_trainer_and_scheduler_apis_only_in_the_adapter():
             if PRIVATE.search(line):
                 offenders.append(f"{path.relative_to(AGENTS.parent)}:{number}: {line.strip()}")
     assert not offenders, offenders
+
+
+@pytest.mark.parametrize("flag,what", [("is_fsdp_enabled", "FSDP"), ("is_deepspeed_enabled", "DeepSpeed")])
+def test_fsdp_and_deepspeed_are_refused_at_train_start(tmp_path, char_tokenizer, flag, what):
+    """Issue 18, item 7. A rank-0-only probe through a sharded model would hang the run, so the
+    callback refuses FSDP and DeepSpeed when training starts, before it registers.
+
+    On this CPU-only machine neither can really be switched on (accelerate 1.15 enables FSDP only on
+    accelerators: FSDP1's plugin raises, an ``fsdp_version=2`` config trains as DDP; DeepSpeed
+    needs an accelerator too), and flipping the Trainer's flag by hand breaks ``train()`` itself
+    before any callback runs. So the flag is set on a real Trainer and its own callback handler
+    fires ``on_train_begin``, as ``train()`` does: what is under test is the callback's reading
+    of the flag and its refusal."""
+    trainer = make_trainer(tmp_path, char_tokenizer, steps=4)
+    assert _hf_compat.sharding_unsupported(trainer) is None  # plain single-process training
+    cb = ActuatorCallback({"name": "p", "controllers": [{"name": "c", "probe": "custom.x", "knob": "learning_rate",
+                                                         "setpoint": 0.0, "kp": 1.0}]},
+                          url="http://127.0.0.1:9").attach(trainer)
+    setattr(trainer, flag, True)
+    with pytest.raises(ConfigError, match=f"{what} is not supported: only rank 0 probes"):
+        trainer.callback_handler.on_train_begin(trainer.args, trainer.state, trainer.control)
+    assert cb.run_id is None and cb.client is None and cb.sender is None

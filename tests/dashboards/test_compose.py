@@ -91,6 +91,7 @@ def test_controller_waits_for_its_dependencies_and_migrates() -> None:
     docker = DOCKERFILE.read_text()
     assert docker.startswith("#") and "FROM python:3.11-slim" in docker
     assert not re.search(r"pip install[^\n]*\[train", docker), "the service image must not install torch"
+    assert re.search(r"pip install[^\n]*\"\.\[server\]\"", docker), "the service needs the [server] extra"
 
 
 def test_prometheus_and_grafana_load_the_repository_files() -> None:

@@ -213,7 +213,9 @@ def test_prompt_cuts_gold_text_last(char_tokenizer, records):
 
 def test_prompt_uses_the_chat_template(chat_tokenizer, records):
     prompt = build_prompt(records[0], chat_tokenizer, max_prompt_tokens=100_000)
-    assert prompt.templated and prompt.text.startswith("<user>") and prompt.text.endswith("<assistant>")
+    # the instruction is the system turn, the question the one user turn
+    assert prompt.templated and prompt.text.startswith("<system>Answer the question") and prompt.text.endswith("<assistant>")
+    assert prompt.text.count("<user>") == 1
     # the template's text is tokenised without adding a second BOS
     assert prompt.ids == chat_tokenizer(prompt.text, add_special_tokens=False).input_ids
 
@@ -227,10 +229,131 @@ def test_gold_answer_ids_follow_the_prompt(char_tokenizer, chat_tokenizer, recor
 
 @pytest.mark.parametrize(
     "generation,answer",
-    [("Paris\nThe question asks", "Paris"), ("\n Answer: Paris.", "Paris."), ("The answer is yes", "yes"), ("", "")],
+    [
+        ("Paris\nThe question asks", "Paris"),
+        ("\n Answer: Paris.", "Paris"),
+        ("The answer is yes", "yes"),
+        ("", ""),
+        ("\n\n", ""),
+        # SmolLM2-135M-Instruct's answers on real dev-distractor records (issue 18)
+        ("No, Scott Derrickson and Ed Wood of the same nationality were not.", "no"),
+        ("The answer to this question is: 9,984.", "9,984"),
+        # lead-ins, chained or alone on their line; the first sentence and clause
+        ("Based on the paragraphs, the answer is Greenwich Village, New York City.", "Greenwich Village, New York City"),
+        ("The answer is:\nChief of Protocol", "Chief of Protocol"),
+        ("Terry Richardson, who was born in 1965.", "Terry Richardson"),
+        ("**YG Entertainment**. The group was formed in 2013.", "YG Entertainment"),
+        ("U.S. Army. It was founded in 1775.", "U.S. Army"),  # not cut after an abbreviation
+        ("St. Louis", "St. Louis"),
+        ("Yes.", "yes"),
+        ("No Doubt", "No Doubt"),  # a band, not a "no": nothing marks it as a yes/no answer
+    ],
 )
 def test_extract_answer(generation, answer):
     assert _hotpotqa.extract_answer(generation) == answer
+
+
+def test_extract_answer_maps_the_yes_no_lead_of_yes_no_questions_only():
+    yes_no = "Are Local H and For Against both from the United States?"
+    assert _hotpotqa.extract_answer("Yes they are both American bands", yes_no) == "yes"
+    assert _hotpotqa.extract_answer("no they are not", "Were X and Y of the same nationality?") == "no"
+    # a choice between two names is not a yes/no question
+    choice = "Is Local H or For Against older?"
+    assert _hotpotqa.extract_answer("No Doubt is older", choice) == "No Doubt is older"
+    assert _hotpotqa.extract_answer("Yes they are both American bands", None) == "Yes they are both American bands"
+    assert _hotpotqa.is_yes_no_question(yes_no) and not _hotpotqa.is_yes_no_question(choice)
+    assert not _hotpotqa.is_yes_no_question("Who is older, Annie Morton or Terry Richardson?")
+
+
+@pytest.mark.parametrize(
+    "generation,question,answer",
+    [
+        ("Bilouth Foundry was founded first. It was established by Gousim",
+         "Which was founded first, Steihal Brewery or Bilouth Foundry?", "Bilouth Foundry"),
+        ("terry Richardson is older than shirley temple", "Who is older, Annie Morton or Terry Richardson?",
+         "Terry Richardson"),
+        # both named: the first one named is the answer
+        ("Heikai has a larger population than Tosten", "Which city has a larger population, Tosten or Heikai?",
+         "Heikai"),
+        # neither named: the extracted sentence as it is
+        ("Pkaem Brewery was founded first", "Which was founded first, Dremer Press or Pakum Brewery?",
+         "Pkaem Brewery was founded first"),
+    ],
+)
+def test_extract_answer_names_the_option_of_a_choice_question(generation, question, answer):
+    assert _hotpotqa.extract_answer(generation, question) == answer
+
+
+def test_choice_options():
+    assert _hotpotqa.choice_options("Who is older, Annie Morton or Terry Richardson?") == ("Annie Morton", "Terry Richardson")
+    assert _hotpotqa.choice_options("Are Local H and For Against both from the United States?") is None
+    assert _hotpotqa.choice_options("Is Local H or For Against older?") is None  # no comma: not parsed
+
+
+def test_extraction_lifts_the_official_scores_of_the_reported_answers():
+    """The metric stays the official one: extraction only hands it the answer inside the sentence."""
+    reported = [
+        ("No, Scott Derrickson and Ed Wood of the same nationality were not.", "no"),
+        ("The answer to this question is: 9,984.", "9,984"),
+    ]
+    assert sum(exact_match_score(raw, gold) for raw, gold in reported) == 0.0
+    assert all(exact_match_score(_hotpotqa.extract_answer(raw), gold) == 1.0 for raw, gold in reported)
+
+
+# -- few-shot examples -------------------------------------------------------------------------
+def test_few_shot_examples_cover_the_three_answer_shapes():
+    shots = _hotpotqa.few_shot_examples(3)
+    assert [s["type"] for s in shots] == ["bridge", "comparison", "comparison"]
+    assert shots[1]["answer"] in ("yes", "no") and shots[2]["answer"] not in ("yes", "no")
+    assert _hotpotqa.few_shot_examples(0) == []
+    with pytest.raises(ValueError, match="shots"):
+        _hotpotqa.few_shot_examples(-1)
+    with pytest.raises(ProbeDataError, match="fewer than shots=4"):
+        _hotpotqa.few_shot_examples(4, pool=shots[:3])
+
+
+def test_few_shot_examples_never_include_the_scored_record(char_tokenizer):
+    shipped = load_hotpotqa()
+    default = _hotpotqa.few_shot_examples(3)
+    probe = HotpotQA(None, char_tokenizer, max_examples=len(shipped), shots=3)
+    replaced = 0
+    for index, record in enumerate(shipped):
+        shots = probe.shots_for(index)
+        assert len(shots) == 3
+        assert record["_id"] not in {s["_id"] for s in shots}
+        assert normalize_answer(record["question"]) not in {normalize_answer(s["question"]) for s in shots}
+        replaced += shots != default
+        prompt, _ = probe._prompt(index, 100_000)
+        # the scored question appears once (its own turn), never as a worked example
+        assert prompt.text.count(record["question"]) == 1
+        assert prompt.text.rindex(record["question"]) > max(prompt.text.index(s["question"]) for s in shots)
+    assert replaced == 3  # each default shot is itself scored once, and then replaced
+    # a copy of a shot under another id is still recognised by its question
+    twin = copy.deepcopy(default[0])
+    twin["_id"] = "f" * 24
+    assert default[0]["question"] not in {s["question"] for s in _hotpotqa.few_shot_examples(3, twin)}
+    with pytest.raises(ValueError, match="among its own few-shot examples"):
+        build_prompt(default[0], char_tokenizer, max_prompt_tokens=100_000, shots=default)
+
+
+def test_shots_zero_is_the_plain_prompt(char_tokenizer, records):
+    plain = HotpotQA(records, char_tokenizer, shots=0)._prompt(0, 100_000)[0]
+    shot = HotpotQA(records, char_tokenizer)._prompt(0, 100_000)[0]
+    assert plain.text == build_prompt(records[0], char_tokenizer, max_prompt_tokens=100_000).text
+    assert "Answer:" not in plain.text[: plain.text.index("Question:")]
+    assert shot.text.count("\nAnswer: ") == 3 and shot.text.endswith(plain.text[plain.text.index(records[0]["context"][0][0]):])
+    with pytest.raises(ValueError, match="shots"):
+        HotpotQA(records, char_tokenizer, shots=-1)
+
+
+def test_max_examples_says_when_it_subsamples(char_tokenizer, caplog):
+    with caplog.at_level("WARNING", logger="actuator.agents"):
+        HotpotQA(None, char_tokenizer, max_examples=32)
+    assert "scoring 32 of the 80 records" in caplog.text and "max_examples=80" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="actuator.agents"):
+        HotpotQA(None, char_tokenizer, max_examples=80)
+    assert "scoring" not in caplog.text
 
 
 # -- the probe -------------------------------------------------------------------------------
@@ -295,3 +418,20 @@ def test_probe_caps_examples(char_tokenizer):
     assert probe.num_examples == 5
     with pytest.raises(TypeError, match="tokenizer"):
         HotpotQA()
+
+
+def test_prompt_drops_distractors_then_shots_before_gold(char_tokenizer, records):
+    shots = _hotpotqa.few_shot_examples(3, records[0])
+    full = build_prompt(records[0], char_tokenizer, max_prompt_tokens=100_000, use_chat_template=False, shots=shots)
+    assert full.shots == 3 and full.paragraphs_kept == 10
+    gold_only = [p for p in records[0]["context"] if p[0] in _gold_titles(records[0])]
+    # exactly the room of the gold paragraphs without shots: every distractor and every shot must go
+    budget = len(build_prompt(dict(records[0], context=gold_only), char_tokenizer, max_prompt_tokens=100_000,
+                              use_chat_template=False).ids)
+    prompt = build_prompt(records[0], char_tokenizer, max_prompt_tokens=budget, use_chat_template=False, shots=shots)
+    assert prompt.shots == 0 and prompt.paragraphs_kept == len(gold_only) and not prompt.truncated
+    one_shot = len(build_prompt(dict(records[0], context=gold_only), char_tokenizer, max_prompt_tokens=100_000,
+                                use_chat_template=False, shots=shots[:1]).ids)
+    prompt = build_prompt(records[0], char_tokenizer, max_prompt_tokens=one_shot, use_chat_template=False, shots=shots)
+    assert prompt.shots == 1 and prompt.paragraphs_kept == len(gold_only)
+    assert shots[0]["question"] in prompt.text and shots[1]["question"] not in prompt.text
