@@ -243,7 +243,8 @@ def run_arm(setup: Setup, key: str, a: argparse.Namespace, url: str, seed: int) 
         return time.process_time() - clock["t0"]
 
     def record(step: int, values: dict[str, float]) -> None:
-        trace.append({"step": step, "cpu_seconds": used(), "acceptance": values["draft.acceptance"],
+        # the step-0 probe ran at train begin, before any training (the callback's is read later)
+        trace.append({"step": step, "cpu_seconds": used() if step else 0.0, "acceptance": values["draft.acceptance"],
                       "tokens_per_call": values["draft.tokens_per_call"], "onpolicy_fraction": knob.read()})
 
     class Budget(TrainerCallback):
@@ -328,7 +329,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax2.set_title("on-policy fraction in effect")
         ax2.set_xlabel("CPU seconds")
         ax2.set_ylim(-0.05, 1.05)
-        ax3.set_title("final α, held-out teacher samples (mean ± sd over seeds)")
+        ax3.set_title("final α, evaluation set (mean ± sd over seeds)")
         fig.suptitle(f"draft-distill — SmolLM2-135M-Instruct → {result['draft_layers']}-layer draft, "
                      f"{result['budget']:.0f} CPU-s per arm, seeds {result['seeds']}", fontsize=10)
 
@@ -342,7 +343,8 @@ def aggregate(tag: str = "") -> dict[str, Any]:
     other seeds, and write ``draft-distill.json`` / ``.png``."""
     arms: dict[tuple[str, int], dict[str, Any]] = {}
     meta: dict[str, Any] = {}
-    for f in sorted(RESULTS.glob(f"{SCENARIO}-seed*{tag}*.json")):
+    pattern = f"{SCENARIO}-seed*{tag}*.json" if tag else f"{SCENARIO}-seed*.json"
+    for f in sorted(RESULTS.glob(pattern)):
         d = json.loads(f.read_text())
         meta = meta or {k: v for k, v in d.items() if k != "arms"}
         for r in d["arms"]:
