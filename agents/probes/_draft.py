@@ -22,8 +22,10 @@ from ._common import (
     encode,
     forward_alike,
     forward_logits,
+    forward_under,
     logger,
     model_device,
+    observe_precision,
     pad_batch,
 )
 from ._errors import ProbeDataError
@@ -86,8 +88,9 @@ class DraftAcceptance(Probe):
     continuations in every run); α is averaged over the positions that predict those
     continuation tokens, the first one included (speculative decoding drafts it from the prompt).
     The samples and the teacher's probabilities on them are drawn at the first measurement and
-    kept (the teacher is frozen), so a measurement costs one draft forward pass; a teacher that
-    changes needs a new probe. ``on="text"``: the earlier, teacher-forced measurement over every
+    kept (the teacher is frozen), so a measurement costs one draft forward pass (two when the
+    draft runs under autocast: the teacher is then run under the same autocast on the same
+    samples); a teacher that changes needs a new probe. ``on="text"``: the earlier, teacher-forced measurement over every
     non-padding position of the texts themselves.
     """
 
@@ -191,7 +194,14 @@ class DraftAcceptance(Probe):
         total, count = 0.0, 0
         for batch in chunks(selected, self.batch_size):
             ids, mask = pad_batch([s[0] for s in batch], 0, side="right", device=device)
-            draft_logits = forward_logits(model, ids, mask)
+            with observe_precision(model) as seen:
+                draft_logits = forward_logits(model, ids, mask)
+            if seen and seen[0].enabled:
+                # The draft ran under autocast (mixed-precision training): compare like with like,
+                # the teacher under the same autocast on the same samples, as on="text" does.
+                teacher_logits = forward_under(seen[0], self.teacher, ids, mask)
+                batch = [(seq, k, torch.softmax(teacher_logits[row, k - 1: len(seq) - 1], dim=-1).cpu())
+                         for row, (seq, k, _) in enumerate(batch)]
             for row, (seq, k, p) in enumerate(batch):
                 q_logits = draft_logits[row, k - 1: len(seq) - 1]
                 vocab = min(p.shape[-1], q_logits.shape[-1])
