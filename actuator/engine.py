@@ -13,7 +13,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .controllers import PID, ParameterError, PIDConfig, PIDLagrangian, make_filter
+from .controllers import (
+    PID,
+    ExtremumConfig,
+    ExtremumSeeking,
+    ExtremumState,
+    ParameterError,
+    PIDConfig,
+    PIDLagrangian,
+    make_filter,
+)
 from .policy import ControllerSpec, GuardrailSpec, PolicyDocument, setpoint_at
 from .run_state import ControllerState, GuardrailState, KnobState, RunContext
 from .schemas import Action, Decision, ObservationCreate
@@ -107,6 +116,7 @@ class Engine:
         self._ordered = sorted(policy.controllers, key=lambda c: -c.priority)
         self._filters: dict[int, Any] = {}  # id(spec) -> filter (stateless; built on first use)
         self._pids: dict[tuple[Any, ...], PID] = {}
+        self._extrema: dict[tuple[Any, ...], ExtremumSeeking] = {}
 
     # -- helpers -----------------------------------------------------------------------------
     @staticmethod
@@ -115,7 +125,9 @@ class Engine:
         """What a controller's PIDConfig takes from the run: setpoint, bounds, scale, max_step."""
         lo = knob.min if spec.min is None else max(knob.min, spec.min)
         hi = knob.max if spec.max is None else min(knob.max, spec.max)
-        setpoint = setpoint_at(spec.setpoint if setpoint_override is None else setpoint_override, step, baseline)
+        target = spec.setpoint if setpoint_override is None else setpoint_override
+        # A maximize controller has no setpoint; its law is built by _extremum, never from this.
+        setpoint = math.nan if target is None else setpoint_at(target, step, baseline)
         scale = "linear" if spec.kind == "constraint" else spec.scale or knob.scale
         max_step = spec.max_step if spec.max_step is not None else knob.max_step
         return setpoint, lo, hi, scale, max_step
@@ -128,7 +140,7 @@ class Engine:
     def _config(spec: ControllerSpec, setpoint: float, lo: Any, hi: Any, scale: Any, max_step: Any) -> PIDConfig:
         return PIDConfig(
             setpoint=setpoint,
-            kp=spec.kp,
+            kp=spec.kp if spec.kp is not None else 0.0,
             ki=spec.ki,
             kd=spec.kd,
             out_min=lo,
@@ -154,6 +166,38 @@ class Engine:
         return pid
 
     @staticmethod
+    def extremum_config(spec: ControllerSpec, knob: KnobState) -> ExtremumConfig:
+        """The extremum-seeking law of a ``kind: maximize`` controller on this run's knob: bounds
+        and scale as for a PID; the centre's step is ``max_step``, or one dither by default."""
+        lo = knob.min if spec.min is None else max(knob.min, spec.min)
+        hi = knob.max if spec.max is None else min(knob.max, spec.max)
+        scale = spec.scale or knob.scale
+        dither = float(spec.dither) if spec.dither is not None else 0.0
+        return ExtremumConfig(dither=dither, gain=spec.gain if spec.gain is not None else 0.0, out_min=lo,
+                              out_max=hi, max_step=spec.max_step if spec.max_step is not None else dither,
+                              smoothing=spec.smoothing, scale=scale,
+                              cost_weight=spec.cost_weight)
+
+    def _extremum(self, spec: ControllerSpec, knob: KnobState) -> ExtremumSeeking:
+        """The validated extremum-seeking law in force (cached like the PIDs). Raises
+        ParameterError when it cannot run on this knob, including a dither whose flip (2a per
+        decision) the knob's own rate limit would cut."""
+        cfg = self.extremum_config(spec, knob)
+        key = (id(spec), *map(_exact, (cfg.out_min, cfg.out_max, cfg.scale, knob.max_step)))
+        law = self._extrema.get(key)
+        if law is None:
+            move = 2 * cfg.dither + (cfg.max_step or 0.0)
+            if knob.max_step is not None and move > knob.max_step * (1 + 1e-9):
+                raise ParameterError("dither", f"a decision moves the knob by up to 2 x dither + max_step = {move:g} "
+                                               f"(the dither flips, the centre steps), more than the knob's max_step "
+                                               f"{knob.max_step:g}, which would cut the dither")
+            law = ExtremumSeeking(cfg)  # validates
+            if len(self._extrema) >= _PID_CACHE_SIZE:
+                self._extrema.clear()
+            self._extrema[key] = law
+        return law
+
+    @staticmethod
     def _law_class(spec: ControllerSpec) -> type[PID] | type[PIDLagrangian]:
         return PIDLagrangian if spec.kind == "constraint" else PID
 
@@ -177,6 +221,17 @@ class Engine:
             # Any step and baseline will do: bounds and scale do not depend on them, and a
             # setpoint is finite at every step once the document is valid.
             knob = KnobState.from_dict(stored, spec.knob)
+            if spec.kind == "maximize":
+                try:
+                    self._extremum(spec, knob)
+                except ParameterError as exc:
+                    field = {"out_min": "min", "out_max": "max"}.get(exc.field, exc.field)
+                    if field in ("min", "max") and spec.min is None and spec.max is None:
+                        field = "knob"
+                    errors.append({"loc": f"controllers.{i}.{field}",
+                                   "msg": f"controller {spec.name!r} (maximize) on knob {spec.knob!r} "
+                                          f"[{knob.min}, {knob.max}]: {exc}"})
+                continue
             cfg = self.pid_config(spec, knob, 0, None, baseline=1.0)
             try:
                 self._law_class(spec)(cfg)  # validates, as at every observation
@@ -306,6 +361,9 @@ class Engine:
             if last is not None and obs.step <= last:
                 continue  # stale or repeated step: never act twice on old data
             dt = float(obs.step - last) if last is not None else 1.0
+            if spec.kind == "maximize":
+                self._maximize(ctx, obs, values, result, spec, knob, st, raw, dt, taken)
+                continue
             filt = self._filter(spec)
             filtered, fstate = filt.update(raw, filt.state_from_dict(st.filter) if st.filter else None)
             # the reference for relative setpoints ('+10%'): the first filtered value
@@ -367,3 +425,75 @@ class Engine:
                         "dt": dt, "unclamped": out.unclamped, "limited_by": list(out.limited_by),
                         "bounds": [cfg.out_min, cfg.out_max], "max_step": cfg.max_step, "scale": cfg.scale},
             )
+
+    def _maximize(self, ctx: RunContext, obs: ObservationCreate, values: dict[str, float], result: EngineResult,
+                  spec: ControllerSpec, knob: KnobState, st: ControllerState, raw: float, dt: float,
+                  taken: set[str]) -> None:
+        """One update of a ``kind: maximize`` controller (extremum seeking); same bookkeeping as
+        the PID path: filter, value in effect, override / another controller / reset handling."""
+        cost = None
+        if spec.cost is not None:
+            cost = values.get(spec.cost)
+            if cost is None or not math.isfinite(cost):
+                return  # the objective needs both; wait for an observation that carries the cost
+        try:
+            law = self._extremum(spec, knob)
+        except ParameterError as exc:
+            self._unusable(st, spec, obs.step, str(exc), result)
+            return
+        st.error = None
+        filt = self._filter(spec)
+        filtered, fstate = filt.update(raw, filt.state_from_dict(st.filter) if st.filter else None)
+        prev_filtered = st.filtered
+        st.filter = fstate.to_dict()
+        st.last_step = obs.step
+        st.probe, st.knob, st.raw, st.filtered = spec.probe, spec.knob, raw, filtered
+        st.baseline = filtered if st.baseline is None else st.baseline
+        cfg = law.config
+        reported = obs.knobs.get(spec.knob)
+        current = min(max(float(reported if reported is not None else knob.value), cfg.out_min), cfg.out_max)
+        knob.value = current
+        state = ExtremumState.from_dict(st.law) if st.law else None
+        if knob.override is not None or spec.knob in taken or st.reset:
+            # An operator's value, another controller's move, or control handed back: start a new
+            # search around the value in effect (a stale gradient estimate would be wrong there).
+            st.reset = False
+            st.law = law.restart(state).to_dict()
+            if knob.override is not None or spec.knob in taken:
+                return
+            state = ExtremumState.from_dict(st.law)
+        out = law.update(filtered, dt, current, state, cost=cost)
+        st.law = out.state.to_dict()
+        st.components = {"objective": out.objective, "gradient": out.gradient, "step": out.step,
+                         "dither": out.dither, "centre": out.centre}
+        result.controller_outputs[spec.name] = st.components
+        if not out.changed:
+            return
+        taken.add(spec.knob)
+        reason = _maximize_reason(spec, filtered, prev_filtered, cost, current, out)
+        self._decide(
+            ctx, result, step=obs.step + 1, knob=spec.knob, new=out.value, reason=reason, controller=spec.name,
+            components=dict(st.components),
+            inputs={"probe": spec.probe, "raw": raw, "filtered": filtered, "cost": cost, "cost_probe": spec.cost,
+                    "highpass": out.highpass, "demodulated": out.demodulated, "estimates": out.state.estimates,
+                    "dt": dt, "limited_by": list(out.limited_by), "bounds": [cfg.out_min, cfg.out_max],
+                    "max_step": cfg.max_step, "dither": cfg.dither, "gain": cfg.gain, "scale": cfg.scale},
+        )
+
+
+def _maximize_reason(spec: ControllerSpec, filtered: float, prev: float | None, cost: float | None, current: float,
+                     out: Any) -> str:
+    """The maximiser's line: what it measured, what it estimates, how the centre moved, e.g.
+    ``maximize max-acceptance: draft.acceptance 0.2612 and rising, d/d(onpolicy_fraction) ≈ +0.031
+    (4 estimates): centre 0.5 -> 0.6 (+0.1, limited by rate), dither -0.15: onpolicy_fraction 0.65 -> 0.45``."""
+    trend = "" if prev is None or filtered == prev else (" and rising" if filtered > prev else " and falling")
+    objective = "" if cost is None else f" (objective {_fmt(out.objective)} after cost {spec.cost} {_fmt(cost)})"
+    if out.demodulated is None:
+        estimate = f"estimating the gradient (needs 3 dithered readings, has {len(out.state.objectives)})"
+    else:
+        estimate = f"d/d({spec.knob}) ≈ {out.gradient:+.3g} ({out.state.estimates} estimates)"
+    old_centre = "start" if out.state.estimates == 0 and out.step == 0 else None
+    move = (f"centre {_fmt(out.centre)}" if old_centre else
+            f"centre -> {_fmt(out.centre)} ({out.step:+.3g}{_limits(out)})")
+    return (f"maximize {spec.name}: {spec.probe} {_fmt(filtered)}{trend}{objective}, {estimate}: {move}, "
+            f"dither {out.dither:+.3g}: {spec.knob} {_fmt(current)} -> {_fmt(out.value)}")

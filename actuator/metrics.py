@@ -209,7 +209,8 @@ class Metrics:
         for name, st in run.controllers.items():
             if "filtered" in st:
                 self.probe_filtered.labels(run.id, name, st["probe"]).set(st["filtered"])
-                self.setpoint.labels(run.id, name, st["probe"]).set(st["setpoint"])
+                if st.get("setpoint") is not None:  # a maximize controller has none
+                    self.setpoint.labels(run.id, name, st["probe"]).set(st["setpoint"])
             for comp in ("p", "i", "d"):
                 if (st.get("components") or {}).get(comp) is not None:
                     self.pid_component.labels(run.id, name, comp).set(st["components"][comp])

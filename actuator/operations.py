@@ -63,6 +63,9 @@ def set_setpoint(ctx: RunContext, run: Any, controller: str, setpoint: Any, poli
     names = {c.name for c in policy.controllers}
     if controller not in names:
         raise ValueError(f"controller: the policy has no controller {controller!r} (controllers: {sorted(names)})")
+    spec = next(c for c in policy.controllers if c.name == controller)
+    if spec.kind == "maximize":
+        raise ValueError(f"controller: {controller!r} maximizes {spec.probe}; it has no setpoint to change")
     st = ctx.controllers.setdefault(controller, ControllerState())
     old = st.setpoint_override
     st.setpoint_override = setpoint

@@ -58,7 +58,8 @@ KNOWN_PROBES = frozenset(
         "compression.flops",
     }
 )
-KNOWN_KNOBS = frozenset({"learning_rate", "kl_beta", "distill_lambda", "rank", "gkd_beta", "kl_weight"})
+KNOWN_KNOBS = frozenset({"learning_rate", "kl_beta", "distill_lambda", "rank", "gkd_beta", "kl_weight",
+                         "onpolicy_fraction", "divergence_mix", "distill_temperature"})
 # The values a probe can take: a setpoint or threshold outside them can never be met.
 PROBE_RANGES: dict[str, tuple[float, float]] = {
     "perplexity": (1.0, math.inf),
@@ -131,23 +132,30 @@ class ControllerSpec(_Model):
     keeps the probe within a budget (``setpoint`` is the budget; ``bound: upper`` means probe <=
     budget) with a PID-Lagrangian on a multiplier knob >= 0 such as ``kl_weight``: the weight
     rises only while the constraint is violated and returns to 0 once it holds (see
-    ``controllers/lagrangian.py``). Its direction follows from ``bound``.
+    ``controllers/lagrangian.py``). Its direction follows from ``bound``. ``kind: maximize`` has
+    no setpoint: extremum seeking moves the knob towards where the probe (minus ``cost_weight`` ×
+    the ``cost`` probe) peaks, with a square-wave ``dither``, a ``gain`` and a centre step of at
+    most ``max_step`` per decision (see ``controllers/extremum.py``); ``kp``/``ki``/``kd``,
+    ``direction``, ``deadband`` and ``cooldown`` are not its fields.
     """
 
     name: Name
-    kind: Literal["setpoint", "constraint"] = Field(
+    kind: Literal["setpoint", "constraint", "maximize"] = Field(
         "setpoint", description="setpoint: hold the probe at setpoint (PID); constraint: keep it within the "
-        "budget given as setpoint, with a multiplier knob >= 0 (PID-Lagrangian).")
+        "budget given as setpoint, with a multiplier knob >= 0 (PID-Lagrangian); maximize: drive the knob to "
+        "where the probe peaks (extremum seeking; no setpoint).")
     bound: Literal["upper", "lower"] = Field(
         "upper", description="constraint only: upper = probe <= budget (drift, perplexity); lower = probe >= "
         "budget (gold log-prob, accuracy).")
     probe: str
     knob: str
-    setpoint: FiniteFloat | SetpointPoints | str = Field(
-        description="Constant, a piecewise-linear schedule [[step, value], ...], or relative to the "
-        "probe's first value: '+10%' (e.g. a perplexity budget)."
+    setpoint: FiniteFloat | SetpointPoints | str | None = Field(
+        None, description="Constant, a piecewise-linear schedule [[step, value], ...], or relative to the "
+        "probe's first value: '+10%' (e.g. a perplexity budget). Required by setpoint and constraint "
+        "controllers; a maximize controller has none."
     )
-    kp: FiniteFloat = Field(ge=0, le=MAX_GAIN)
+    kp: FiniteFloat | None = Field(None, ge=0, le=MAX_GAIN, description="Required by setpoint and constraint "
+                                   "controllers.")
     ki: FiniteFloat = Field(0.0, ge=0, le=MAX_GAIN)
     kd: FiniteFloat = Field(0.0, ge=0, le=MAX_GAIN)
     direction: Literal["direct", "reverse"] = Field(
@@ -163,9 +171,23 @@ class ControllerSpec(_Model):
     deadband: FiniteFloat = Field(0.0, ge=0)
     cooldown: int = Field(0, ge=0, description="Optimizer steps between two changes.")
     priority: int = Field(0, description="When two controllers drive one knob, the higher priority acts.")
+    dither: PositiveFinite | None = Field(None, description="maximize only (required): the square-wave "
+                                          "perturbation's amplitude, in the knob's scale units.")
+    gain: FiniteFloat | None = Field(None, ge=0, le=MAX_GAIN, description="maximize only (required): centre "
+                                     "move per unit of estimated d(probe)/d(knob), scale units.")
+    smoothing: FiniteFloat = Field(0.5, gt=0, le=1, description="maximize only: weight of the newest sample in "
+                                   "the gradient estimate (1: no low-pass).")
+    cost: str | None = Field(None, description="maximize only: a probe or train.<metric> subtracted from the "
+                             "probe, times cost_weight (e.g. train.step_seconds).")
+    cost_weight: FiniteFloat = Field(0.0, ge=0, le=MAX_GAIN, description="maximize only: weight of cost.")
 
     _probe = field_validator("probe")(classmethod(lambda cls, v: _check_probe(v)))
     _knob = field_validator("knob")(classmethod(lambda cls, v: _check_knob(v)))
+
+    @field_validator("cost")
+    @classmethod
+    def _cost_probe(cls, v: str | None) -> str | None:
+        return None if v is None else _check_probe(v)
 
     @field_validator("setpoint")
     @classmethod
@@ -187,6 +209,40 @@ class ControllerSpec(_Model):
         for value in points:
             _check_in_range(self.probe, value, "setpoint")
         return self
+
+    def kind_errors(self) -> list[tuple[str, str]]:
+        """``(field, message)`` for every field this controller's kind requires or does not use."""
+        errors: list[tuple[str, str]] = []
+        if self.kind != "maximize":
+            for name in ("setpoint", "kp"):
+                if getattr(self, name) is None:
+                    errors.append((name, f"a {self.kind} controller needs {name}"))
+            for name in ("dither", "gain", "cost"):
+                if getattr(self, name) is not None:
+                    errors.append((name, f"only a maximize controller has {name} (this one is kind {self.kind})"))
+            if self.cost_weight:
+                errors.append(("cost_weight", f"only a maximize controller has cost_weight (kind {self.kind})"))
+            return errors
+        for name in ("dither", "gain"):
+            if getattr(self, name) is None:
+                errors.append((name, f"a maximize controller needs {name}"))
+        if self.setpoint is not None:
+            errors.append(("setpoint", "a maximize controller has no setpoint: it climbs to where the probe peaks "
+                                       "(use kind setpoint to hold a value)"))
+        for name in ("kp", "ki", "kd"):
+            if getattr(self, name):
+                errors.append((name, f"a maximize controller has no {name}: its step size is gain (and max_step)"))
+        for name in ("deadband", "cooldown"):
+            if getattr(self, name):
+                errors.append((name, f"a maximize controller does not use {name}: the dither moves every decision"))
+        if self.scale == "integer":
+            errors.append(("scale", "a maximize controller needs a linear or log scale (a dither must be able to "
+                                    "move the knob by less than one unit)"))
+        if self.cost is not None and not self.cost_weight:
+            errors.append(("cost_weight", f"cost {self.cost!r} is named but cost_weight is 0"))
+        if self.cost_weight and self.cost is None:
+            errors.append(("cost", "cost_weight > 0 needs the cost probe to weigh"))
+        return errors
 
     @model_validator(mode="after")
     def _constraint(self) -> ControllerSpec:
@@ -298,6 +354,10 @@ class PolicyDocument(_Model):
                     walk(v, (*loc, i))
 
         walk(self.model_dump(), ())
+        for i, c in enumerate(self.controllers):
+            for name, msg in c.kind_errors():
+                errors.append({"type": PydanticCustomError("controller_kind", msg), "loc": ("controllers", i, name),
+                               "input": getattr(c, name)})
         relatives = [(("controllers", i, "setpoint"), c.setpoint) for i, c in enumerate(self.controllers)]
         relatives += [(("guardrails", i, "threshold"), g.threshold) for i, g in enumerate(self.guardrails)]
         for loc, value in relatives:

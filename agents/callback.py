@@ -10,7 +10,8 @@ at ``on_init_end`` and puts itself before the ``report_to`` loggers.
 What happens, step by step (see DESIGN.md, "The loop"):
 1. ``on_train_begin``: the policy is resolved (a stored one is fetched) and brings its knobs; each
    knob's setter is found from the trainer (learning rate: optimizer and scheduler; ``kl_beta``:
-   TRL DPO/GRPO/RLOO; ``distill_lambda`` / ``gkd_beta``: distillation and GKD trainers; ``rank``:
+   TRL DPO/GRPO/RLOO; ``distill_lambda`` / ``gkd_beta`` / ``onpolicy_fraction`` / ``divergence_mix`` /
+   ``distill_temperature``: distillation and GKD trainers; ``rank``:
    factorised layers or LoRA; ``kl_weight``: the KL anchor) unless ``setters`` gives one; the run
    is registered (one request). A refusal (4xx: a bad policy, knob or token) raises
    :class:`~actuator.ConfigError` before the first step; an unreachable service lets training
@@ -75,8 +76,11 @@ def default_knob_spec(name: str, value: float) -> dict[str, Any]:
         # A Lagrange multiplier: 0 is "anchor off"; at 2 the anchor already outweighs a typical
         # task loss (forgetting benchmark: w = 3 costs a third of the task); 0.25 per decision.
         return {"min": 0.0, "max": 2.0, "scale": "linear", "max_step": 0.25}
-    if name == "distill_lambda":
+    if name in ("distill_lambda", "onpolicy_fraction", "divergence_mix"):
         return {"min": 0.0, "max": 1.0, "scale": "linear", "max_step": 0.2}
+    if name == "distill_temperature" and value > 0:
+        # T acts multiplicatively on the logits: a factor 4 either way, at most x1.5 per decision.
+        return {"min": value / 4.0, "max": value * 4.0, "scale": "log", "max_step": 0.4}
     if name == "rank":
         return {"min": 1.0, "max": max(1.0, value), "scale": "integer", "max_step": None}
     return {"min": value, "max": value, "scale": "linear", "max_step": None}
@@ -108,6 +112,9 @@ _SETTERS = {
     "kl_beta": "actuator.agents.trl_knobs.KLBetaKnob(trainer)",
     "distill_lambda": "actuator.agents.distill.DistillLambdaKnob(trainer)",
     "gkd_beta": "actuator.agents.distill.GKDBetaKnob(trainer)",
+    "onpolicy_fraction": "actuator.agents.distill.OnPolicyFractionKnob(trainer)",
+    "divergence_mix": "actuator.agents.distill.DivergenceMixKnob(trainer)",
+    "distill_temperature": "actuator.agents.distill.DistillTemperatureKnob(trainer)",
     "rank": "actuator.agents.compression.RankKnob(model)",
     "kl_weight": "actuator.agents.anchor.KLAnchorKnob(anchor)",
 }
@@ -344,6 +351,12 @@ class ActuatorCallback(TrainerCallback, ExportableState):
                 from .distill import GKDBetaKnob
 
                 return GKDBetaKnob(trainer)
+            if name in ("onpolicy_fraction", "divergence_mix", "distill_temperature"):
+                from . import distill
+
+                cls = {"onpolicy_fraction": distill.OnPolicyFractionKnob, "divergence_mix": distill.DivergenceMixKnob,
+                       "distill_temperature": distill.DistillTemperatureKnob}[name]
+                return cls(trainer)
             if name == "rank":
                 return _rank_setter(model if model is not None else getattr(trainer, "model", None))
         except KnobNotSupported as exc:

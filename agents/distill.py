@@ -13,12 +13,30 @@ TRL (1.16, ``trl.experimental.gkd``) ``GKDTrainer`` copies ``args.lmbda`` / ``ar
 (the probability that the step trains on student-generated sequences: an on-policy fraction, not
 a loss weight) and ``compute_loss`` passes ``self.beta`` to ``generalized_jsd_loss`` every step.
 So the knobs set those trainer attributes, never ``args``. (GKD's ``compute_loss`` does not pass
-``self.temperature`` to the loss: temperature only shapes on-policy sampling there.)
+``self.temperature`` to the loss, and its sampling temperature is frozen into ``generation_config``
+at init: writing ``trainer.temperature`` mid-run changes nothing there, so
+:class:`DistillTemperatureKnob` refuses GKD.)
+
+Three more knobs move what the draft learns from and with, each read at every step:
+
+* ``onpolicy_fraction`` (:class:`OnPolicyFractionKnob`): the probability that a micro-batch trains
+  on continuations the student (draft) samples itself at T = 1 from the batch's prompts, instead
+  of the dataset's text (GKD, Agarwal et al. 2024; DistillSpec, Zhou et al. 2024). Ours:
+  ``trainer.onpolicy_fraction``; TRL GKD: ``trainer.lmbda`` (``random.random() <= self.lmbda`` in
+  ``training_step``).
+* ``divergence_mix`` (:class:`DivergenceMixKnob`): the blend of forward KL(p‖q), reverse KL(q‖p)
+  and total variation TV(p, q) the loss uses. Acceptance in speculative sampling is 1 − TV
+  (Leviathan et al. 2023), which is why TV is on the menu (DistillSpec found TV-style losses
+  best for some tasks). The knob moves weight along a two-divergence path, forward → TV by default.
+* ``distill_temperature`` (:class:`DistillTemperatureKnob`): T of the divergence term.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import random
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -31,8 +49,25 @@ except ImportError as exc:  # pragma: no cover - depends on install
     raise ImportError("actuator.agents.distill needs transformers: `pip install 'actuator[train]'`") from exc
 
 from .knobs import KnobNotSupported
+from .probes._draft import sample_continuations
 
-__all__ = ["DistillationTrainer", "DistillLambdaKnob", "GKDBetaKnob", "distillation_loss"]
+log = logging.getLogger("actuator.agents")
+
+__all__ = [
+    "DIVERGENCES",
+    "DistillationTrainer",
+    "DistillLambdaKnob",
+    "DistillTemperatureKnob",
+    "DivergenceMixKnob",
+    "GKDBetaKnob",
+    "OnPolicyFractionKnob",
+    "distillation_loss",
+    "divergence_weights",
+    "sample_continuations",
+]
+
+# The divergences the loss can blend (p = teacher, q = student, both at temperature T).
+DIVERGENCES = ("forward", "reverse", "tv")
 
 
 def _check_unit(value: float, what: str) -> float:
@@ -40,6 +75,33 @@ def _check_unit(value: float, what: str) -> float:
     if math.isnan(value) or not 0.0 <= value <= 1.0:
         raise ValueError(f"{what} must be in [0, 1], got {value}")
     return value
+
+
+def _check_temperature(value: float, what: str) -> float:
+    value = float(value)
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{what} must be a finite number > 0, got {value}")
+    return value
+
+
+def divergence_weights(spec: str | Mapping[str, float]) -> dict[str, float]:
+    """``"forward"`` / ``"reverse"`` / ``"tv"`` or a mapping of weights over them, as weights
+    summing to 1. Raises ``ValueError`` naming the bad key or weight."""
+    if isinstance(spec, str):
+        spec = {spec: 1.0}
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"divergence must be one of {DIVERGENCES} or a mapping of weights, got {spec!r}")
+    weights = {name: 0.0 for name in DIVERGENCES}
+    for name, w in spec.items():
+        if name not in DIVERGENCES:
+            raise ValueError(f"divergence: unknown divergence {name!r}; known: {DIVERGENCES}")
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0:
+            raise ValueError(f"divergence.{name}: a weight is a finite number >= 0, got {w!r}")
+        weights[name] = float(w)
+    total = sum(weights.values())
+    if total <= 0:
+        raise ValueError(f"divergence: the weights sum to 0, got {dict(spec)}")
+    return {name: w / total for name, w in weights.items()}
 
 
 def distillation_loss(
@@ -50,8 +112,13 @@ def distillation_loss(
     temperature: float,
     num_items_in_batch: torch.Tensor | int | None = None,
     shifted: bool = False,
+    divergence: str | Mapping[str, float] = "forward",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(loss, kl, ce)`` for causal-LM logits (B, L, V) and labels (B, L).
+
+    ``loss = λ·T²·D + (1 − λ)·CE`` where ``D = w_f·KL(p‖q) + w_r·KL(q‖p) + w_tv·TV(p, q)`` with p
+    the teacher's and q the student's softmax at temperature T and the weights from
+    ``divergence`` (default: forward KL alone, the classic loss).
 
     Unless ``shifted``, logits at position i are scored against ``labels[:, i + 1]``. Positions
     whose label is -100 are excluded from both terms. ``kl`` (at temperature T, per token) and
@@ -80,30 +147,58 @@ def distillation_loss(
         reduction="sum",
         log_target=True,
     )
+    weights = divergence_weights(divergence)
+    div_sum = weights["forward"] * kl_sum if weights["forward"] else kl_sum.new_zeros(())
+    if weights["reverse"] or weights["tv"]:
+        log_q = F.log_softmax(s / temperature, dim=-1)
+        log_p = F.log_softmax(t / temperature, dim=-1)
+        if weights["reverse"]:
+            div_sum = div_sum + weights["reverse"] * (log_q.exp() * (log_q - log_p)).sum()
+        if weights["tv"]:
+            div_sum = div_sum + weights["tv"] * 0.5 * (log_q.exp() - log_p.exp()).abs().sum()
     denom = n_local.clamp_min(1) if num_items_in_batch is None else num_items_in_batch
     if torch.is_tensor(denom):
         denom = denom.to(ce_sum.device)
     lam = float(distill_lambda)
-    loss = (lam * temperature**2 * kl_sum + (1.0 - lam) * ce_sum) / denom
+    loss = (lam * temperature**2 * div_sum + (1.0 - lam) * ce_sum) / denom
     n = n_local.clamp_min(1)
     return loss, (kl_sum / n).detach(), (ce_sum / n).detach()
 
 
 class DistillationTrainer(Trainer):
-    """``transformers.Trainer`` with the loss ``λ·T²·KL_T(teacher‖student) + (1−λ)·CE``.
+    """``transformers.Trainer`` with the loss ``λ·T²·D_T(teacher, student) + (1−λ)·CE``.
 
     ``teacher_model`` is put in eval mode, frozen, and moved to the student's device; it runs
     under ``torch.no_grad()`` on the same inputs (labels removed). The batch must carry
     ``labels`` (-100 = ignored; or ``shift_labels`` already shifted). ``distill_lambda`` ∈ [0, 1]
     is read at every step: λ = 1 is pure distillation, λ = 0 pure cross-entropy (the teacher
-    still runs, so ``distill_kl`` is measured). ``temperature`` > 0 applies to the KL term only.
+    still runs, so ``distill_kl`` is measured). ``temperature`` > 0 applies to the divergence
+    term only. ``divergence`` is ``"forward"`` (KL(teacher‖student), the default), ``"reverse"``,
+    ``"tv"`` or a mapping of weights over them (see :func:`distillation_loss`); the trainer keeps
+    it normalised in ``divergence_weights``, read at every step.
 
-    Training logs gain ``distill_kl`` (KL at temperature T, per token), ``distill_ce`` (per
-    token), both averaged over the steps since the last log, and ``distill_lambda``, the λ used by
-    the latest loss computation: the value in effect, not the one requested.
+    **On-policy steps.** With probability ``onpolicy_fraction`` (read at every micro-batch, drawn
+    from the trainer's own ``random.Random(args.seed)`` so it never moves the data order) a
+    micro-batch's text is replaced by the student's own continuation: the first
+    ``onpolicy_prompt_tokens`` tokens of each row (default: half the row) are the prompt, and the
+    student samples ``onpolicy_new_tokens`` tokens (default: the rest of the row) at T = 1, the
+    distribution a draft proposes from in speculative decoding. Generation runs under its own
+    seeded RNG (``torch.random.fork_rng``), so the global RNG is untouched. The loss of that
+    micro-batch is the divergence term alone, on the generated positions (``T²·D``): its labels
+    would be the student's own samples, which are no target. A micro-batch whose prompt part has
+    padding (``attention_mask`` 0) cannot be continued and stays off-policy; the first such case
+    is warned about. This is GKD's ``lmbda`` (Agarwal et al. 2024), which TRL draws per micro-batch
+    too.
+
+    Training logs gain ``distill_kl`` (forward KL at temperature T, per token), ``distill_ce``
+    (per token, off-policy micro-batches only), averaged over the steps since the last log;
+    ``distill_lambda``, ``distill_temperature`` and ``onpolicy_fraction``: the values the latest
+    loss computation used (in effect, not requested); ``onpolicy_share``: the share of micro-batches
+    since the last log that trained on-policy.
 
     With gradient accumulation the sums are divided by the trainer's ``num_items_in_batch`` (the
-    valid-token count over all micro-batches), matching HF's own causal-LM loss.
+    valid-token count over all micro-batches), matching HF's own causal-LM loss. (On an on-policy
+    micro-batch the count is its own: the trainer's count was made from the replaced text.)
     """
 
     def __init__(
@@ -112,21 +207,97 @@ class DistillationTrainer(Trainer):
         teacher_model: nn.Module,
         distill_lambda: float = 0.5,
         temperature: float = 2.0,
+        divergence: str | Mapping[str, float] = "forward",
+        onpolicy_fraction: float = 0.0,
+        onpolicy_prompt_tokens: int | None = None,
+        onpolicy_new_tokens: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         if teacher_model is None:
             raise ValueError("DistillationTrainer needs a teacher_model")
         self.distill_lambda = _check_unit(distill_lambda, "distill_lambda")
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
-        self.temperature = float(temperature)
+        self.temperature = _check_temperature(temperature, "temperature")
+        self.divergence_weights = divergence_weights(divergence)
+        self.onpolicy_fraction = _check_unit(onpolicy_fraction, "onpolicy_fraction")
+        for name, value in (("onpolicy_prompt_tokens", onpolicy_prompt_tokens),
+                            ("onpolicy_new_tokens", onpolicy_new_tokens)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        self.onpolicy_prompt_tokens = onpolicy_prompt_tokens
+        self.onpolicy_new_tokens = onpolicy_new_tokens
+        self._onpolicy_rng = random.Random(self.args.seed)
+        self._generations = 0
+        self._warned_padding = False
         device = next(self.model.parameters()).device
         self.teacher_model = teacher_model.to(device).eval().requires_grad_(False)
         self._distill_sums = {"distill_kl": 0.0, "distill_ce": 0.0}
         self._distill_count = 0
-        self._distill_last_lambda: float | None = None
+        self._ce_count = 0
+        self._onpolicy_count = 0
+        self._distill_last: dict[str, float] = {}
+        #: Whether the latest training micro-batch was on-policy (None before the first one).
+        self.last_onpolicy: bool | None = None
 
+    # -- on-policy data ---------------------------------------------------------------------------
+    def _prompt_tokens(self, length: int) -> int:
+        k = self.onpolicy_prompt_tokens if self.onpolicy_prompt_tokens is not None else length // 2
+        return max(1, min(k, length - 1)) if length > 1 else 1
+
+    @torch.no_grad()
+    def _onpolicy_inputs(self, model: nn.Module, inputs: dict[str, Any]) -> dict[str, Any] | None:
+        """The micro-batch with the student's own continuations in place of its text, or None
+        when the prompt part has padding (the row cannot be continued where its text stops)."""
+        ids = inputs["input_ids"]
+        mask = inputs.get("attention_mask")
+        k = self._prompt_tokens(ids.shape[1])
+        if mask is not None and not bool(mask[:, :k].bool().all()):
+            if not self._warned_padding:
+                log.warning("on-policy step skipped: the first %d positions of a row hold padding "
+                               "(set onpolicy_prompt_tokens below the shortest row); training off-policy", k)
+                self._warned_padding = True
+            return None
+        new = self.onpolicy_new_tokens if self.onpolicy_new_tokens is not None else ids.shape[1] - k
+        prompt = ids[:, :k]
+        student = self.accelerator.unwrap_model(model)
+        was_training = student.training
+        student.eval()
+        self._generations += 1
+        try:
+            # Own seeded stream: reproducible samples, and the global RNG (dropout, data order)
+            # is exactly where it would be without the generation.
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(self.args.seed * 1_000_003 + self._generations)
+                seqs = sample_continuations(student, prompt, new)
+        finally:
+            student.train(was_training)
+        labels = seqs.clone()
+        labels[:, :k] = -100
+        eos = getattr(getattr(student, "generation_config", None), "eos_token_id", None)
+        attention = torch.ones_like(seqs)
+        if eos is not None:
+            # Everything after a row's first end-of-sequence token is not part of the sample.
+            stop = torch.isin(seqs[:, k:], torch.tensor(eos, device=seqs.device).reshape(-1))
+            after = (stop.cumsum(dim=1) - stop.long()) > 0
+            labels[:, k:][after] = -100
+            attention[:, k:][after] = 0
+        out = {key: v for key, v in inputs.items() if key not in ("labels", "shift_labels")}
+        out.update(input_ids=seqs, attention_mask=attention, labels=labels)
+        return out
+
+    def training_step(self, model: nn.Module, inputs: dict[str, Any],
+                      num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor:
+        fraction = float(self.onpolicy_fraction)  # read once per micro-batch
+        self._step_fraction = fraction
+        onpolicy = self._onpolicy_rng.random() < fraction  # never at 0, always at 1
+        replaced = self._onpolicy_inputs(model, inputs) if onpolicy else None
+        self._step_onpolicy = replaced is not None
+        if replaced is not None:
+            inputs = replaced
+            num_items_in_batch = None  # the count the trainer made belongs to the replaced text
+        return super().training_step(model, inputs, num_items_in_batch)
+
+    # -- loss -------------------------------------------------------------------------------------
     def compute_loss(
         self,
         model: nn.Module,
@@ -136,6 +307,9 @@ class DistillationTrainer(Trainer):
     ) -> torch.Tensor | tuple[torch.Tensor, Any]:
         # Read once: a knob write from another thread cannot split one step between two values.
         lam = float(self.distill_lambda)
+        temperature = float(self.temperature)
+        weights = dict(self.divergence_weights)
+        onpolicy = bool(model.training and getattr(self, "_step_onpolicy", False))
         shifted = "shift_labels" in inputs
         labels = inputs["shift_labels"] if shifted else inputs.get("labels")
         if labels is None:
@@ -152,30 +326,39 @@ class DistillationTrainer(Trainer):
             student_logits,
             teacher_logits,
             labels,
-            lam,
-            self.temperature,
+            1.0 if onpolicy else lam,
+            temperature,
             num_items_in_batch=num_items_in_batch,
             shifted=shifted,
+            divergence=weights,
         )
-        # Normalised by the count over all accumulated micro-batches: already scaled for GA.
+        # Normalised by the count over all accumulated micro-batches: already scaled for GA (an
+        # on-policy micro-batch is a per-token mean that the trainer divides by the GA steps).
         self.loss_is_scaled_for_ga = num_items_in_batch is not None
         if num_items_in_batch is not None and self.args.average_tokens_across_devices:
             # num_items_in_batch is then the global count and DDP averages gradients.
             loss = loss * self.accelerator.num_processes
         if model.training:
             self._distill_sums["distill_kl"] += float(kl)
-            self._distill_sums["distill_ce"] += float(ce)
             self._distill_count += 1
-            self._distill_last_lambda = lam
+            if not onpolicy:
+                self._distill_sums["distill_ce"] += float(ce)
+                self._ce_count += 1
+            self._onpolicy_count += int(onpolicy)
+            self.last_onpolicy = onpolicy
+            self._distill_last = {"distill_lambda": lam, "distill_temperature": temperature,
+                                  "onpolicy_fraction": float(getattr(self, "_step_fraction", self.onpolicy_fraction))}
         return (loss, outputs) if return_outputs else loss
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs and self._distill_count:
-            for key, total in self._distill_sums.items():
-                logs[key] = total / self._distill_count
-                self._distill_sums[key] = 0.0
-            self._distill_count = 0
-            logs["distill_lambda"] = self._distill_last_lambda
+            logs["distill_kl"] = self._distill_sums["distill_kl"] / self._distill_count
+            if self._ce_count:
+                logs["distill_ce"] = self._distill_sums["distill_ce"] / self._ce_count
+            logs["onpolicy_share"] = self._onpolicy_count / self._distill_count
+            logs.update(self._distill_last)
+            self._distill_sums = {"distill_kl": 0.0, "distill_ce": 0.0}
+            self._distill_count = self._ce_count = self._onpolicy_count = 0
         super().log(logs, start_time)
 
 
@@ -185,7 +368,32 @@ class DistillationTrainer(Trainer):
 _LAMBDA_ATTRS = ("distill_lambda", "lmbda")
 
 
-class DistillLambdaKnob:
+class _UnitAttrKnob:
+    """A knob in [0, 1] stored in the first of ``attrs`` the trainer has (read at every step)."""
+
+    name: str
+    attrs: tuple[str, ...]
+    bounds = (0.0, 1.0)
+
+    def __init__(self, trainer: Any) -> None:
+        attr = next((a for a in self.attrs if hasattr(trainer, a)), None)
+        if attr is None:
+            raise KnobNotSupported(self._refusal(type(trainer).__name__))
+        self.attr = attr
+        self.trainer = trainer
+
+    def _refusal(self, kind: str) -> str:
+        raise NotImplementedError
+
+    def read(self) -> float:
+        return float(getattr(self.trainer, self.attr))
+
+    def apply(self, value: float) -> float:
+        setattr(self.trainer, self.attr, _check_unit(value, self.name))
+        return self.read()
+
+
+class DistillLambdaKnob(_UnitAttrKnob):
     """``distill_lambda`` (linear scale, bounds [0, 1]) of a distillation trainer.
 
     * :class:`DistillationTrainer`: ``trainer.distill_lambda``, the KL weight of the loss.
@@ -197,26 +405,11 @@ class DistillLambdaKnob:
     """
 
     name = "distill_lambda"
-    bounds = (0.0, 1.0)
+    attrs = _LAMBDA_ATTRS
 
-    def __init__(self, trainer: Any) -> None:
-        for attr in _LAMBDA_ATTRS:
-            if hasattr(trainer, attr):
-                self.attr = attr
-                break
-        else:
-            raise KnobNotSupported(
-                f"DistillLambdaKnob: {type(trainer).__name__} has neither `distill_lambda` "
-                "(actuator DistillationTrainer) nor `lmbda` (TRL GKDTrainer)"
-            )
-        self.trainer = trainer
-
-    def read(self) -> float:
-        return float(getattr(self.trainer, self.attr))
-
-    def apply(self, value: float) -> float:
-        setattr(self.trainer, self.attr, _check_unit(value, self.name))
-        return self.read()
+    def _refusal(self, kind: str) -> str:
+        return (f"DistillLambdaKnob: {kind} has neither `distill_lambda` (actuator DistillationTrainer) nor `lmbda` "
+                "(TRL GKDTrainer)")
 
 
 class GKDBetaKnob:
@@ -244,4 +437,90 @@ class GKDBetaKnob:
 
     def apply(self, value: float) -> float:
         self.trainer.beta = _check_unit(value, self.name)
+        return self.read()
+
+
+class OnPolicyFractionKnob(_UnitAttrKnob):
+    """``onpolicy_fraction`` (linear scale, bounds [0, 1]): the probability that a step trains on
+    continuations the student (draft) generates itself.
+
+    * :class:`DistillationTrainer`: ``trainer.onpolicy_fraction``, drawn per micro-batch in
+      ``training_step``.
+    * TRL ``GKDTrainer`` (and the trainers that share its attribute): ``trainer.lmbda``, read by
+      ``training_step`` as ``random.random() <= self.lmbda`` per micro-batch (trl 1.16,
+      ``trl/experimental/gkd/gkd_trainer.py``). There it is the same number the ``distill_lambda``
+      knob writes; this name says what it means.
+
+    ``apply`` raises ``ValueError`` outside [0, 1]; other trainers raise ``KnobNotSupported``.
+    """
+
+    name = "onpolicy_fraction"
+    attrs = ("onpolicy_fraction", "lmbda")
+
+    def _refusal(self, kind: str) -> str:
+        return (f"OnPolicyFractionKnob: {kind} has neither `onpolicy_fraction` (actuator DistillationTrainer) nor "
+                "`lmbda` (TRL GKDTrainer): it never trains on generated sequences")
+
+
+class DivergenceMixKnob:
+    """``divergence_mix`` (linear scale, bounds [0, 1]): where the loss sits on a path between two
+    divergences of :class:`DistillationTrainer` (``"forward"``, ``"reverse"``, ``"tv"``).
+
+    The value m sets ``trainer.divergence_weights`` to ``{path[0]: 1 − m, path[1]: m}`` (a weight
+    off the path becomes 0); ``read`` returns ``w[path[1]] / (w[path[0]] + w[path[1]])``. The
+    default path, forward KL → TV, goes from the classic distillation loss to the quantity
+    speculative decoding pays for (acceptance = 1 − TV). For TRL GKD's forward/reverse
+    interpolation use :class:`GKDBetaKnob` (``gkd_beta``): GKD has no TV term.
+    """
+
+    name = "divergence_mix"
+    bounds = (0.0, 1.0)
+
+    def __init__(self, trainer: Any, path: tuple[str, str] = ("forward", "tv")) -> None:
+        if not isinstance(getattr(trainer, "divergence_weights", None), dict):
+            raise KnobNotSupported(
+                f"DivergenceMixKnob: {type(trainer).__name__} has no `divergence_weights` read by its loss "
+                "(use actuator.agents.distill.DistillationTrainer; for TRL GKD use GKDBetaKnob)"
+            )
+        if len(path) != 2 or path[0] == path[1] or any(p not in DIVERGENCES for p in path):
+            raise ValueError(f"path: two different divergences of {DIVERGENCES}, got {path!r}")
+        self.trainer = trainer
+        self.path = (path[0], path[1])
+
+    def read(self) -> float:
+        w = self.trainer.divergence_weights
+        a, b = float(w.get(self.path[0], 0.0)), float(w.get(self.path[1], 0.0))
+        return b / (a + b) if a + b > 0 else 0.0
+
+    def apply(self, value: float) -> float:
+        m = _check_unit(value, self.name)
+        # One assignment of a new dict: a step reading the weights sees the old blend or the new.
+        self.trainer.divergence_weights = divergence_weights({self.path[0]: 1.0 - m, self.path[1]: m})
+        return self.read()
+
+
+class DistillTemperatureKnob:
+    """``distill_temperature`` (log scale): T of :class:`DistillationTrainer`'s divergence term,
+    read at every loss computation (the T² factor follows it).
+
+    TRL GKD is refused: its ``compute_loss`` never passes ``self.temperature`` to the loss, and its
+    sampling temperature is frozen in ``generation_config`` at init, so a write would do nothing.
+    """
+
+    name = "distill_temperature"
+
+    def __init__(self, trainer: Any) -> None:
+        if not isinstance(trainer, DistillationTrainer):
+            kind = type(trainer).__name__
+            why = ("its loss ignores `temperature` (GKD's compute_loss does not pass it; sampling fixes it at init)"
+                   if hasattr(trainer, "lmbda") else "it has no distillation temperature read by its loss")
+            raise KnobNotSupported(f"DistillTemperatureKnob: {kind}: {why}; use "
+                                   "actuator.agents.distill.DistillationTrainer")
+        self.trainer = trainer
+
+    def read(self) -> float:
+        return float(self.trainer.temperature)
+
+    def apply(self, value: float) -> float:
+        self.trainer.temperature = _check_temperature(value, self.name)
         return self.read()

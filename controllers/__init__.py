@@ -1,4 +1,5 @@
-"""Control laws for Actuator: PID, the PID-Lagrangian constraint law, and the baselines it is compared against.
+"""Control laws for Actuator: PID, the PID-Lagrangian constraint law, extremum seeking (maximise a
+probe), and the baselines they are compared against.
 
 Standard library only -- no I/O, no clock, no logging, no numpy/torch -- so the same code runs
 in the service, in the ``simulate`` endpoint, in benchmarks and in tests, and every decision can
@@ -7,6 +8,7 @@ be replayed from stored state. ``dt`` is always an argument and state is always 
 
 from ._checks import ParameterError
 from .baselines import AdaptiveKLController, AdaptiveKLState, FixedSchedule, PlateauState, ReduceLROnPlateau
+from .extremum import ExtremumConfig, ExtremumOutput, ExtremumSeeking, ExtremumState
 from .filters import (
     EMA,
     EMAState,
@@ -35,6 +37,11 @@ __all__ = [
     # constraint (multiplier) law
     "PIDLagrangian",
     "lagrangian_config",
+    # maximiser
+    "ExtremumSeeking",
+    "ExtremumConfig",
+    "ExtremumState",
+    "ExtremumOutput",
     # filters
     "Filter",
     "FilterKind",

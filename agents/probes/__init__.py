@@ -18,8 +18,9 @@ KLDrift                ``kl_drift``: mean token KL(ref ‖ current)      2 forwa
 (``kl_drift``)         over the prompts' non-padding positions         0.28 s / prompt
 PolicyKL               ``policy_kl``: mean token KL(current ‖ ref)     sampling + 2 forward
 (``policy_kl``)        over the current model's own sampled answers    passes (online RL's KL)
-DraftAcceptance        ``draft.acceptance`` α = E Σ_v min(p, q),       2 forward passes (teacher,
-(``draft``)            ``draft.tokens_per_call`` (1−α^(γ+1))/(1−α)     draft); 0.5 s / text
+DraftAcceptance        ``draft.acceptance`` α = E Σ_v min(p, q) on     teacher samples drawn once,
+(``draft``)            the teacher's own T = 1 samples, with           then 1 draft forward pass
+                       ``draft.tokens_per_call`` (1−α^(γ+1))/(1−α)
 EmbeddingDrift         ``embedding_drift``: 1 − cosine of MiniLM       greedy generation + MiniLM;
 (``embedding_drift``)  embeddings of current vs reference greedy       0.7 s / prompt at 24 new
                        answers; ``answer_agreement``: exact matches    tokens (reference cached)
@@ -56,7 +57,7 @@ field, ``ProbeSetupError`` for a missing reference); data errors are raised at c
 
 from ._base import Probe
 from ._common import probe_mode
-from ._draft import DraftAcceptance, acceptance_rate, expected_tokens_per_call
+from ._draft import DraftAcceptance, acceptance_rate, expected_tokens_per_call, sample_continuations
 from ._drift import EmbeddingDrift, KLDrift, PolicyKL, load_minilm, token_kl
 from ._errors import (
     HotpotQAFormatError,
@@ -110,6 +111,7 @@ __all__ = [
     "token_kl",
     "acceptance_rate",
     "expected_tokens_per_call",
+    "sample_continuations",
     "load_minilm",
     "ProbeError",
     "ProbeSetupError",

@@ -1,57 +1,57 @@
 """draft-distill: distil the real SmolLM2-135M-Instruct into a shallow draft model for
-speculative decoding, with the distillation weight λ (``distill_lambda``) fixed or steered.
+speculative decoding, comparing what the draft learns from and with, at equal compute.
 
 The draft is built in-process: a copy of the teacher keeping its first and last decoder layers
-(``--draft-layers`` of 30; a contiguous middle block is dropped, which hurts far less than
-dropping every other layer: see examples/distill_draft.py). Same tokenizer and vocabulary, as
-speculative decoding needs. ``actuator.agents.distill.DistillationTrainer`` trains it on
-``λ·T²·KL_T(teacher‖draft) + (1−λ)·CE`` over English prose (standard-library docstrings).
+(``--draft-layers`` of 30; a contiguous middle block is dropped). Same tokenizer and vocabulary,
+as speculative decoding needs. ``actuator.agents.distill.DistillationTrainer`` trains it over
+English prose (standard-library docstrings).
 
-Arms (one invocation, same data order, seed and probe set): fixed λ ∈ {0, 0.5, 1} (open loop),
-and Actuator: a PID on the draft acceptance rate α through the real controller service,
-``ActuatorCallback`` and ``DistillLambdaKnob`` (policy shaped like
-``actuator/presets/draft-distill.yaml``; direct acting: more KL weight, more acceptance).
+α is measured where speculative decoding sees it: ``DraftAcceptance(on="teacher")``, the mean of
+Σ_v min(p_teacher, q_draft) = 1 − TV over continuations **sampled from the teacher at T = 1**
+from held-out prompts (Leviathan et al. 2023); tokens per verifier call at γ = 4. Two disjoint
+prompt sets: the *control* probe (every ``--probe-every`` steps, what the controller sees and
+what the traces show) and the *evaluation* set (final α, never seen by any controller).
 
-α is ``DraftAcceptance(teacher, texts, tok, gamma=4)``: E[Σ_v min(p_teacher, q_draft)] over
-held-out text, teacher-forced (the expected acceptance of a draft token in speculative sampling,
-Leviathan et al. 2023); ``draft.tokens_per_call`` = (1 − α^(γ+1)) / (1 − α) at γ = 4.
+Arms (every arm λ = 1 except today's, so they differ in one thing each):
 
-Reported per arm: final α, expected tokens per verifier call, held-out cross-entropy of the
-draft (nats/token; the teacher's is printed for scale), and the λ in effect.
+* ``lambda1-T2``   fixed λ = 1 at T = 2, forward KL on the text (today's best fixed λ);
+* ``fkl-T1``       forward KL at T = 1 on the text (= on-policy fraction 0);
+* ``tv``           total variation at T = 1 on the text (the quantity acceptance is 1 minus);
+* ``onpolicy-0.5``, ``onpolicy-1``  forward KL at T = 1, that share of micro-batches on the
+  draft's own continuations (GKD's λ; ``--prompt-tokens`` of each block are the prompt);
+* ``linear``       on-policy fraction rising linearly 0 → 1 over the compute budget;
+* ``actuator``     on-policy fraction under the maximising controller (``kind: maximize``,
+  extremum seeking on the control probe's α) through the real service and ActuatorCallback.
 
-What a setpoint controller can and cannot win here. In both settings tried while building this, α at
-the end rose with λ (λ = 1 ≥ 0.5 > 0), so the best *fixed* λ for acceptance is the bound λ = 1,
-and a PID whose setpoint is out of reach in a short run (the preset's α = 0.7, against α ≈ 0.2
-after 24 steps) drives λ to that bound within a few decisions: it can match λ = 1 but not beat it
-(it starts from λ = 0.5 and lags by those decisions; two settings differing only in learning
-rate gave +0.001 and −0.002 against λ = 1). The target "α above the best fixed λ" is not
-reachable by a controller that can only choose λ in [0, 1] when α is monotone in λ; what the
-loop does buy is stopping at the λ that meets a *reachable* α target, which keeps cross-entropy
-weight (λ = 0.5 had the best held-out CE).
+**Equal compute, not equal steps**: generation costs CPU, so every arm trains until it has used
+``--budget`` seconds of process CPU time (training, its own generations and its control probes;
+with one torch thread that is the wall-clock of one unshared core, which the shared 2-core machine
+cannot give reliably, so CPU time is what is held equal). The final evaluation is outside it.
 
-The frozen teacher's logits are cached by input (``CachedTeacher``): every arm sees the same
-batches in the same order and the same probe texts, so the teacher runs once per distinct batch
-instead of once per arm. The numbers are identical; only the wall time changes.
+Seeds: ``--seeds`` change the data order, the on-policy coins and samples; the probe prompts and
+the teacher's samples are the same for every seed. Fixed settings are picked on seed 0 and
+evaluated on the others (``--aggregate``); the best in hindsight is shown beside.
 
-    python -m benchmarks.control.draft_distill [--steps 60] [--seeds 0] [--quick]
+    python -m benchmarks.control.draft_distill --seeds 0 [--arms ...] [--tag -partN] [--budget 150]
+    python -m benchmarks.control.draft_distill --aggregate
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import hashlib
 import importlib
+import json
+import math
+import statistics
 import time
 import warnings
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from benchmarks.control._common import (
-    scenario_args,
-    arm_label, figure, record_targets,
-    command_line, console, arm_progress, pick_threads, save_results, start_controller,
+    RESULTS, command_line, console, figure, machine, pick_threads, record_targets, scenario_args,
+    start_controller,
 )
 
 import torch  # noqa: E402
@@ -107,40 +107,6 @@ def drop_layers(teacher: nn.Module, n_layers: int) -> nn.Module:
     return student
 
 
-class CachedTeacher(nn.Module):
-    """The frozen teacher, with its logits memoised by (input_ids, attention_mask).
-
-    Used both by ``DistillationTrainer`` (``teacher_model(**inputs).logits``) and by the
-    ``DraftAcceptance`` probe; a frozen model gives the same logits for the same input, so a
-    cache hit is exactly what a recomputation would return."""
-
-    def __init__(self, teacher: nn.Module) -> None:
-        super().__init__()
-        self.teacher = teacher
-        self.cache: dict[str, torch.Tensor] = {}
-        self.hits = self.misses = 0
-
-    @staticmethod
-    def _key(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> str:
-        h = hashlib.sha1(input_ids.cpu().numpy().tobytes())
-        h.update(str(tuple(input_ids.shape)).encode())
-        if attention_mask is not None:
-            h.update(attention_mask.cpu().numpy().tobytes())
-        return h.hexdigest()
-
-    @torch.no_grad()
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kw: Any) -> Any:
-        key = self._key(input_ids, attention_mask)
-        logits = self.cache.get(key)
-        if logits is None:
-            self.misses += 1
-            logits = self.teacher(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-            self.cache[key] = logits.detach()
-        else:
-            self.hits += 1
-        return SimpleNamespace(logits=logits)
-
-
 @torch.no_grad()
 def heldout_ce(model: nn.Module, data: list[torch.Tensor], batch_size: int = 8) -> float:
     """Mean next-token cross-entropy (nats/token) on held-out blocks."""
@@ -158,38 +124,65 @@ def heldout_ce(model: nn.Module, data: list[torch.Tensor], batch_size: int = 8) 
     return total / count
 
 
+
+
+ARMS: dict[str, dict[str, Any]] = {
+    "actuator": {"name": "Actuator (maximize)", "lambda": 1.0, "temperature": 1.0, "divergence": "forward",
+                 "onpolicy": 0.5, "controller": True},
+    "lambda1-T2": {"name": "fixed λ=1, T=2 (today's)", "lambda": 1.0, "temperature": 2.0,
+                   "divergence": "forward", "onpolicy": 0.0},
+    "fkl-T1": {"name": "forward KL, T=1 (on-policy 0)", "lambda": 1.0, "temperature": 1.0,
+               "divergence": "forward", "onpolicy": 0.0},
+    "tv": {"name": "TV loss, T=1", "lambda": 1.0, "temperature": 1.0, "divergence": "tv", "onpolicy": 0.0},
+    "onpolicy-0.5": {"name": "on-policy 0.5", "lambda": 1.0, "temperature": 1.0, "divergence": "forward",
+                     "onpolicy": 0.5},
+    "onpolicy-1": {"name": "on-policy 1", "lambda": 1.0, "temperature": 1.0, "divergence": "forward",
+                   "onpolicy": 1.0},
+    "linear": {"name": "on-policy linear 0→1", "lambda": 1.0, "temperature": 1.0, "divergence": "forward",
+               "onpolicy": 0.0, "schedule": "linear"},
+}
+FIXED = ("lambda1-T2", "fkl-T1", "tv", "onpolicy-0.5", "onpolicy-1")
+
+
 class Setup:
-    """Teacher, the initial draft, data and probe texts every arm shares."""
+    """Teacher, the initial draft, data and the two probe sets every arm shares."""
 
     def __init__(self, a: argparse.Namespace) -> None:
         from actuator.agents.models import load_smollm2
 
         with console.status("loading SmolLM2-135M-Instruct (offline)…"):
             teacher, self.tok = load_smollm2()
-        teacher.eval().requires_grad_(False)
+        self.teacher = teacher.eval().requires_grad_(False)
         self.student0 = drop_layers(teacher, a.draft_layers).requires_grad_(True)
-        self.teacher = CachedTeacher(teacher)
         data = blocks(self.tok, stdlib_text(), a.seq_len)
-        self.heldout = data[: a.heldout]
-        self.train = data[a.heldout:]
-        # Probe texts: held-out prose, re-tokenised by the probe (as a user would pass it).
-        self.probe_texts = [self.tok.decode(b) for b in self.heldout[: a.probe_texts]]
+        n_probe = a.probe_texts + a.eval_texts
+        self.heldout = data[:n_probe]
+        self.train = data[n_probe:]
+        texts = [self.tok.decode(b) for b in self.heldout]
+        self.control = self._probe(texts[: a.probe_texts], a, every=a.probe_every, seed=0)
+        self.evaluation = self._probe(texts[a.probe_texts:], a, every=None, seed=1)
+        t0 = time.process_time()
+        with console.status("sampling the teacher's continuations for both probe sets…"):
+            self.control.teacher_samples()
+            self.evaluation.teacher_samples()
+        self.sampling_seconds = time.process_time() - t0
         self.n_teacher = sum(p.numel() for p in teacher.parameters())
         self.n_student = sum(p.numel() for p in self.student0.parameters())
 
-    def acceptance_probe(self, every: int | None) -> Any:
+    def _probe(self, texts: list[str], a: argparse.Namespace, every: int | None, seed: int) -> Any:
         from actuator.agents.probes import DraftAcceptance
 
-        return DraftAcceptance(self.teacher, self.probe_texts, self.tok, gamma=4, every=every, max_length=64,
+        return DraftAcceptance(self.teacher, texts, self.tok, gamma=4, every=every, on="teacher",
+                               prompt_tokens=a.probe_prompt_tokens, new_tokens=a.probe_new_tokens, seed=seed,
                                batch_size=8)
 
     def measure(self, model: nn.Module) -> dict[str, float]:
-        values = self.acceptance_probe(None).measure(model, step=0)
+        values = self.evaluation.measure(model)
         return {"acceptance": values["draft.acceptance"], "tokens_per_call": values["draft.tokens_per_call"],
                 "heldout_ce": heldout_ce(model, self.heldout)}
 
 
-def make_trainer(setup: Setup, model: nn.Module, name: str, lam: float, a: argparse.Namespace, seed: int) -> Any:
+def make_trainer(setup: Setup, model: nn.Module, arm: dict[str, Any], a: argparse.Namespace, seed: int) -> Any:
     from transformers import TrainingArguments
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
@@ -198,198 +191,286 @@ def make_trainer(setup: Setup, model: nn.Module, name: str, lam: float, a: argpa
     torch.manual_seed(seed)
     train = [{"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids} for ids in setup.train]
     args = TrainingArguments(
-        output_dir=str(a.out / name), max_steps=a.steps, per_device_train_batch_size=a.batch_size,
+        output_dir=str(a.out / arm["key"]), max_steps=a.max_steps, per_device_train_batch_size=a.batch_size,
         learning_rate=a.lr, lr_scheduler_type="constant", logging_steps=1, save_strategy="no", report_to=[],
         use_cpu=True, seed=seed, disable_tqdm=True, dataloader_num_workers=0, weight_decay=0.0,
     )
     trainer = DistillationTrainer(model=model, args=args, train_dataset=train, teacher_model=setup.teacher,
-                                  distill_lambda=lam, temperature=a.temperature)
+                                  distill_lambda=arm["lambda"], temperature=arm["temperature"],
+                                  divergence=arm["divergence"], onpolicy_fraction=arm["onpolicy"],
+                                  onpolicy_prompt_tokens=a.prompt_tokens)
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
     return trainer
 
 
-def pid_policy(a: argparse.Namespace) -> dict[str, Any]:
-    """preset:draft-distill with the probe interval of a short run. Gains in λ per unit of α:
-    an acceptance 0.05 below target moves λ by kp·0.05 at once and ki·0.05 per step after."""
+def es_policy(a: argparse.Namespace) -> dict[str, Any]:
+    """Extremum seeking on the on-policy fraction, maximising the control probe's α."""
     return {
-        "name": "bench-draft-distill",
+        "name": "bench-draft-distill-maximize",
         "probes": [{"name": "draft", "every": a.probe_every}],
-        "controllers": [{"name": "accept-lambda", "probe": "draft.acceptance", "knob": "distill_lambda",
-                         "setpoint": a.setpoint, "kp": a.kp, "ki": a.ki, "direction": "direct",
-                         "filter": {"kind": "ema", "alpha": 0.6}}],
-        "guardrails": [{"name": "accept-floor", "probe": "draft.acceptance", "bound": "lower",
-                        "threshold": "-10%", "action": "alert", "consecutive": 2}],
+        "controllers": [{"name": "max-acceptance", "kind": "maximize", "probe": "draft.acceptance",
+                         "knob": "onpolicy_fraction", "dither": a.dither, "gain": a.gain,
+                         "max_step": a.es_step}],
     }
 
 
-def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, seed: int) -> dict[str, Any]:
+def run_arm(setup: Setup, key: str, a: argparse.Namespace, url: str, seed: int) -> dict[str, Any]:
     from transformers import TrainerCallback
 
     from actuator.agents.callback import ActuatorCallback
-    from actuator.agents.distill import DistillLambdaKnob
+    from actuator.agents.distill import OnPolicyFractionKnob
     from actuator.agents.probes import ProbeSuite
 
+    arm = {**ARMS[key], "key": key}
     model = copy.deepcopy(setup.student0).train()
-    trainer = make_trainer(setup, model, arm["kind"], arm["lambda"], a, seed)
-    knob = DistillLambdaKnob(trainer)
-    probe = setup.acceptance_probe(a.probe_every)
+    trainer = make_trainer(setup, model, arm, a, seed)
+    knob = OnPolicyFractionKnob(trainer)
     trace: list[dict[str, float]] = []
     logs: list[dict[str, float]] = []
     cb = None
-    if arm["kind"] == "actuator":
-        cb = ActuatorCallback(pid_policy(a), url=url, probes=[probe], budget_share=1.0,
+    suite = None
+    if arm.get("controller"):
+        cb = ActuatorCallback(es_policy(a), url=url, probes=[setup.control], budget_share=1.0,
                               run_name=f"bench-{SCENARIO}-{seed}", setters=[knob],
-                              knobs={"distill_lambda": {"min": 0.0, "max": 1.0, "max_step": a.max_step}})
+                              knobs={"onpolicy_fraction": {"min": 0.0, "max": 1.0, "max_step": 0.5}})
         cb.attach(trainer)
-        suite = None
     else:
-        suite = ProbeSuite([probe], budget_share=1.0)
+        suite = ProbeSuite([setup.control], budget_share=1.0)
+    clock: dict[str, float] = {}
+
+    def used() -> float:
+        return time.process_time() - clock["t0"]
 
     def record(step: int, values: dict[str, float]) -> None:
-        trace.append({"step": step, "acceptance": values["draft.acceptance"],
-                      "tokens_per_call": values["draft.tokens_per_call"], "lambda": knob.read()})
+        # the step-0 probe ran at train begin, before any training (the callback's is read later)
+        trace.append({"step": step, "cpu_seconds": used() if step else 0.0, "acceptance": values["draft.acceptance"],
+                      "tokens_per_call": values["draft.tokens_per_call"], "onpolicy_fraction": knob.read()})
 
-    class Trace(TrainerCallback):
+    class Budget(TrainerCallback):
         def on_train_begin(self, args, state, control, model=None, **kw):  # noqa: ANN001
+            clock["t0"] = time.process_time()
             if suite is not None:
                 suite.setup(model)
                 record(0, suite.run(model, 0, force=True).values)
 
+        def on_step_begin(self, args, state, control, **kw):  # noqa: ANN001
+            if arm.get("schedule") == "linear":
+                knob.apply(min(1.0, used() / a.budget))
+
         def on_step_end(self, args, state, control, model=None, **kw):  # noqa: ANN001
             step = state.global_step
             if cb is not None:
-                if not trace and cb.history and "draft.acceptance" in cb.history[0]["probes"]:
-                    trace.append({"step": 0, "acceptance": cb.history[0]["probes"]["draft.acceptance"],
-                                  "tokens_per_call": cb.history[0]["probes"]["draft.tokens_per_call"],
-                                  "lambda": arm["lambda"]})
                 h = cb.history[-1] if cb.history else None
-                if h is not None and h["step"] == step and step > 0 and "draft.acceptance" in h["probes"]:
+                if h is not None and h["step"] == step and "draft.acceptance" in h["probes"]:
                     record(step, h["probes"])
+                elif h is not None and not trace and "draft.acceptance" in cb.history[0]["probes"]:
+                    record(0, cb.history[0]["probes"])
             else:
                 rep = suite.run(model, step)
                 if rep is not None and "draft.acceptance" in rep.values:
                     record(step, rep.values)
-            advance()
+            if used() >= a.budget:
+                control.should_training_stop = True
 
         def on_log(self, args, state, control, logs=None, **kw):  # noqa: ANN001
             if logs and "distill_kl" in logs:
-                logs_.append({"step": state.global_step, "loss": logs["loss"], "distill_kl": logs["distill_kl"],
-                              "distill_ce": logs["distill_ce"], "lambda": logs["distill_lambda"]})
+                logs_.append({"step": state.global_step, "cpu_seconds": used(), "loss": logs["loss"],
+                              "distill_kl": logs["distill_kl"], "onpolicy_share": logs["onpolicy_share"],
+                              "onpolicy_fraction": logs["onpolicy_fraction"]})
 
     logs_ = logs
-    with arm_progress(arm["name"], a.steps, 18) as advance:
-        trainer.add_callback(Trace())
-        t0 = time.time()
-        trainer.train()
-        seconds = time.time() - t0
+    trainer.add_callback(Budget())
+    t0 = time.time()
+    trainer.train()
+    wall = time.time() - t0
+    cpu = used()
     final = setup.measure(model)
-    r = {"arm": arm["name"], "kind": arm["kind"], "seed": seed, "start_lambda": arm["lambda"], "trace": trace,
-         "train_logs": logs, "final": final, "final_lambda": knob.read(), "seconds": seconds,
+    shares = [x["onpolicy_share"] for x in logs]
+    r = {"arm": arm["name"], "key": key, "seed": seed, "trace": trace, "train_logs": logs, "final": final,
+         "steps": trainer.state.global_step, "cpu_seconds": cpu, "wall_seconds": wall,
+         "onpolicy_steps": sum(shares), "final_onpolicy_fraction": knob.read(),
          "decisions": len(cb.applied) if cb is not None else None,
-         "mean_lambda": sum(x["lambda"] for x in logs) / max(1, len(logs))}
+         "reasons": [d.get("reason") for d in (cb.applied if cb is not None else [])][:60]}
+    console.print(f"  {arm['name']} seed {seed}: α {final['acceptance']:.4f}, tokens/call "
+                  f"{final['tokens_per_call']:.3f}, {r['steps']} steps ({r['onpolicy_steps']:.0f} on-policy), "
+                  f"{cpu:.0f} CPU-s, {wall:.0f} s wall")
     del trainer, model
     return r
+
+
+def _path(tag: str, seed: int) -> Path:
+    return RESULTS / f"{SCENARIO}-seed{seed}{tag}.json"
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
     with figure(path) as (fig, axes):
         ax1, ax2, ax3 = axes[0]
+        colors: dict[str, Any] = {}
         for arm in result["arms"]:
-            label = arm_label(arm, result)
-            steps = [t["step"] for t in arm["trace"]]
-            line, = ax1.plot(steps, [t["acceptance"] for t in arm["trace"]], marker=".", label=label)
-            ax2.step([x["step"] for x in arm["train_logs"]], [x["lambda"] for x in arm["train_logs"]], where="post",
-                     label=label, color=line.get_color())
-            ax3.plot([x["step"] for x in arm["train_logs"]], [x["distill_ce"] for x in arm["train_logs"]],
-                     label=label, color=line.get_color(), alpha=0.8)
-        ax1.axhline(result["setpoint"], ls="--", color="black", label="actuator setpoint")
-        ax1.set_title("draft acceptance α (held-out, γ = 4)")
-        ax1.set_xlabel("step")
+            label = arm["arm"] if arm["key"] not in colors else None
+            kw = {"color": colors[arm["key"]]} if arm["key"] in colors else {}
+            line, = ax1.plot([t["cpu_seconds"] for t in arm["trace"]], [t["acceptance"] for t in arm["trace"]],
+                             marker=".", ms=3, lw=1, alpha=0.8, label=label, **kw)
+            colors.setdefault(arm["key"], line.get_color())
+            ax2.plot([t["cpu_seconds"] for t in arm["trace"]], [t["onpolicy_fraction"] for t in arm["trace"]],
+                     color=colors[arm["key"]], lw=1, alpha=0.8)
+        keys = list(colors)
+        summary = result.get("summary", {})
+        means = [summary.get(k, {}).get("alpha_mean", float("nan")) for k in keys]
+        sds = [summary.get(k, {}).get("alpha_sd", 0.0) for k in keys]
+        ax3.barh(range(len(keys)), means, xerr=sds, color=[colors[k] for k in keys])
+        ax3.set_yticks(range(len(keys)), [ARMS[k]["name"] for k in keys], fontsize=7)
+        lo = min((m for m in means if not math.isnan(m)), default=0.0)
+        ax3.set_xlim(lo - 0.02, max((m for m in means if not math.isnan(m)), default=1.0) + 0.01)
+        ax1.set_title("α on teacher samples (control probe, γ = 4)")
+        ax1.set_xlabel("CPU seconds")
         ax1.legend(fontsize=7)
-        ax2.set_title("distill_lambda in effect (λ: KL weight)")
+        ax2.set_title("on-policy fraction in effect")
+        ax2.set_xlabel("CPU seconds")
         ax2.set_ylim(-0.05, 1.05)
-        ax2.set_xlabel("step")
-        ax3.set_title("training cross-entropy of the draft (nats/token)")
-        ax3.set_xlabel("step")
+        ax3.set_title("final α, evaluation set (mean ± sd over seeds)")
         fig.suptitle(f"draft-distill — SmolLM2-135M-Instruct → {result['draft_layers']}-layer draft, "
-                     f"{result['steps']} steps, T = {result['temperature']}", fontsize=10)
+                     f"{result['budget']:.0f} CPU-s per arm, seeds {result['seeds']}", fontsize=10)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def _time_to(trace: list[dict[str, float]], alpha: float) -> float | None:
+    return next((t["cpu_seconds"] for t in trace if t["acceptance"] >= alpha), None)
+
+
+def aggregate(tag: str = "") -> dict[str, Any]:
+    """Merge the per-seed files (and their parts), pick fixed settings on seed 0, evaluate on the
+    other seeds, and write ``draft-distill.json`` / ``.png``."""
+    arms: dict[tuple[str, int], dict[str, Any]] = {}
+    meta: dict[str, Any] = {}
+    pattern = f"{SCENARIO}-seed*{tag}*.json" if tag else f"{SCENARIO}-seed*.json"
+    for f in sorted(RESULTS.glob(pattern)):
+        d = json.loads(f.read_text())
+        meta = meta or {k: v for k, v in d.items() if k != "arms"}
+        for r in d["arms"]:
+            arms[(r["key"], r["seed"])] = r
+    if not arms:
+        raise SystemExit(f"no {SCENARIO}-seed*.json in {RESULTS}: run some seeds first")
+    seeds = sorted({s for _, s in arms})
+    keys = [k for k in ARMS if any(k == kk for kk, _ in arms)]
+    summary: dict[str, Any] = {}
+    for k in keys:
+        rs = [arms[(k, s)] for s in seeds if (k, s) in arms]
+        al = [r["final"]["acceptance"] for r in rs]
+        tp = [r["final"]["tokens_per_call"] for r in rs]
+        eval_al = [r["final"]["acceptance"] for r in rs if r["seed"] != 0]
+        summary[k] = {"name": ARMS[k]["name"], "seeds": [r["seed"] for r in rs], "alpha": al,
+                      "alpha_mean": statistics.fmean(al), "alpha_sd": statistics.stdev(al) if len(al) > 1 else 0.0,
+                      "tokens_per_call_mean": statistics.fmean(tp),
+                      "tokens_per_call_sd": statistics.stdev(tp) if len(tp) > 1 else 0.0,
+                      "alpha_eval_mean": statistics.fmean(eval_al) if eval_al else None,
+                      "steps_mean": statistics.fmean(r["steps"] for r in rs),
+                      "onpolicy_steps_mean": statistics.fmean(r["onpolicy_steps"] for r in rs),
+                      "cpu_seconds_mean": statistics.fmean(r["cpu_seconds"] for r in rs)}
+    targets: dict[str, Any] = {}
+    fixed0 = [k for k in FIXED if (k, 0) in arms]
+    if fixed0 and "actuator" in summary:
+        pick = max(fixed0, key=lambda k: arms[(k, 0)]["final"]["acceptance"])
+        eval_seeds = [s for s in seeds if s != 0 and (pick, s) in arms and ("actuator", s) in arms]
+        hindsight = max((k for k in FIXED if k in summary and summary[k]["alpha_eval_mean"] is not None),
+                        key=lambda k: summary[k]["alpha_eval_mean"], default=None)
+        targets["picked_on_seed_0"] = pick
+        targets["best_in_hindsight_seeds_1_2"] = hindsight
+        if eval_seeds:
+            fixed_alpha = statistics.fmean(arms[(pick, s)]["final"]["acceptance"] for s in eval_seeds)
+            act_alpha = statistics.fmean(arms[("actuator", s)]["final"]["acceptance"] for s in eval_seeds)
+            rel = act_alpha / fixed_alpha - 1
+            targets["alpha_gain_vs_picked"] = {"seeds": eval_seeds, "actuator": act_alpha, "picked_fixed": fixed_alpha,
+                                               "relative": rel, "target": 0.078, "met": rel >= 0.078}
+            # time (CPU-s on the control probe) to reach the α the picked fixed arm ends at
+            ratios = []
+            for s in eval_seeds:
+                fx, ac = arms[(pick, s)], arms[("actuator", s)]
+                goal = fx["trace"][-1]["acceptance"]
+                t_fx, t_ac = _time_to(fx["trace"], goal), _time_to(ac["trace"], goal)
+                ratios.append(None if t_ac is None or not t_fx else t_ac / t_fx)
+            targets["time_to_fixed_final_alpha"] = {"seeds": eval_seeds, "ratio": ratios, "target": 0.6,
+                                                    "met": all(r is not None and r <= 0.6 for r in ratios)}
+    out = {**meta, "scenario": SCENARIO, "seeds": seeds, "arms": list(arms.values()), "summary": summary}
+    record_targets(out, targets)
+    table = Table(title=f"{SCENARIO}: final α on held-out teacher samples, {meta.get('budget')} CPU-s per arm")
+    for col in ("arm", "seeds", "α mean ± sd", "α seeds 1–2", "tokens/call γ=4", "steps", "on-policy steps"):
+        table.add_column(col, justify="right")
+    for v in summary.values():
+        table.add_row(v["name"], ",".join(map(str, v["seeds"])), f"{v['alpha_mean']:.4f} ± {v['alpha_sd']:.4f}",
+                      "-" if v["alpha_eval_mean"] is None else f"{v['alpha_eval_mean']:.4f}",
+                      f"{v['tokens_per_call_mean']:.3f} ± {v['tokens_per_call_sd']:.3f}", f"{v['steps_mean']:.0f}",
+                      f"{v['onpolicy_steps_mean']:.0f}")
+    console.print(table)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{SCENARIO}.json").write_text(json.dumps(out, indent=2, default=str))
+    plot(out, RESULTS / f"{SCENARIO}.png")
+    console.print(f"wrote {RESULTS / (SCENARIO + '.json')} and {SCENARIO}.png")
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    scenario_args(ap, SCENARIO, steps=60, quick="24 steps")
+    scenario_args(ap, SCENARIO, steps=0, quick="a 20 CPU-second budget and two arms")
+    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    ap.add_argument("--budget", type=float, default=45.0, help="CPU seconds of training per arm")
+    ap.add_argument("--max-steps", type=int, default=10_000, help="a ceiling; the budget ends each arm")
     ap.add_argument("--draft-layers", type=int, default=10, help="decoder layers kept in the draft (of 30)")
-    ap.add_argument("--lambdas", type=float, nargs="+", default=[0.0, 0.5, 1.0], help="fixed-λ arms")
-    ap.add_argument("--start-lambda", type=float, default=0.5, help="λ the Actuator arm starts from")
-    ap.add_argument("--temperature", type=float, default=2.0)
     ap.add_argument("--lr", type=float, default=2e-4)
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--seq-len", type=int, default=64)
-    ap.add_argument("--heldout", type=int, default=24, help="held-out blocks (cross-entropy)")
-    ap.add_argument("--probe-texts", type=int, default=12, help="held-out blocks the acceptance probe reads")
-    ap.add_argument("--probe-every", type=int, default=3)
-    ap.add_argument("--setpoint", type=float, default=0.7, help="acceptance target of the Actuator arm")
-    ap.add_argument("--kp", type=float, default=2.0)
-    ap.add_argument("--ki", type=float, default=0.3)
-    ap.add_argument("--max-step", type=float, default=0.25)
-    ap.add_argument("--no-actuator", action="store_true")
+    ap.add_argument("--prompt-tokens", type=int, default=32, help="prompt part of a block on on-policy steps")
+    ap.add_argument("--probe-texts", type=int, default=6, help="held-out prompts of the control probe")
+    ap.add_argument("--eval-texts", type=int, default=12, help="held-out prompts of the final evaluation")
+    ap.add_argument("--probe-prompt-tokens", type=int, default=16)
+    ap.add_argument("--probe-new-tokens", type=int, default=24)
+    ap.add_argument("--probe-every", type=int, default=2)
+    ap.add_argument("--dither", type=float, default=0.15, help="ES dither amplitude (on-policy fraction)")
+    ap.add_argument("--gain", type=float, default=20.0, help="ES step per unit of estimated dα/dfraction")
+    ap.add_argument("--es-step", type=float, default=0.1, help="largest move of the ES centre per decision")
+    ap.add_argument("--tag", default="", help="suffix of the per-seed result files (parts of a seed)")
+    ap.add_argument("--aggregate", action="store_true", help="combine the per-seed files; run nothing")
     a = ap.parse_args(argv)
+    if a.aggregate:
+        aggregate(a.tag)
+        return None
     if a.quick:
-        a.steps = min(a.steps, 24)
+        a.budget = min(a.budget, 20.0)
+        a.arms = a.arms[:2] if a.arms == list(ARMS) else a.arms
     a.out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(pick_threads(a.threads))
 
-    url = start_controller(a.out)
+    url = start_controller(a.out) if "actuator" in a.arms else ""
     t_start = time.time()
     setup = Setup(a)
     start = setup.measure(setup.student0)
-    teacher_ce = heldout_ce(setup.teacher.teacher, setup.heldout)
     console.print(f"teacher {setup.n_teacher / 1e6:.1f}M params, draft {a.draft_layers} layers "
-                  f"{setup.n_student / 1e6:.1f}M; {len(setup.train)} train / {len(setup.heldout)} held-out blocks of "
-                  f"{a.seq_len} tokens. Start: α {start['acceptance']:.3f}, tokens/call "
-                  f"{start['tokens_per_call']:.2f}, held-out CE draft {start['heldout_ce']:.3f} / teacher {teacher_ce:.3f}")
-    arms = [{"name": f"fixed λ={lam:g}", "kind": f"fixed-{lam:g}", "lambda": lam} for lam in a.lambdas]
-    if not a.no_actuator:
-        arms.append({"name": "actuator PID", "kind": "actuator", "lambda": a.start_lambda})
-    results = []
+                  f"{setup.n_student / 1e6:.1f}M; {len(setup.train)} train blocks of {a.seq_len} tokens. Start: "
+                  f"α {start['acceptance']:.4f}, tokens/call {start['tokens_per_call']:.3f} "
+                  f"(teacher sampling {setup.sampling_seconds:.0f} CPU-s, once)")
     for seed in a.seeds:
-        for arm in arms:
-            results.append(run_arm(setup, arm, a, url, seed))
+        results: list[dict[str, Any]] = []
+        for key in a.arms:
+            results.append(run_arm(setup, key, a, url, seed))
+            _save(a, argv, setup, start, seed, results, t_start)
+    return None
 
-    table = Table(title=f"{SCENARIO} — SmolLM2-135M-Instruct → {a.draft_layers}-layer draft, {a.steps} steps, "
-                        f"T = {a.temperature}, actuator setpoint α = {a.setpoint}")
-    for col in ("arm", "seed", "α (acceptance)", "tokens / verifier call (γ=4)", "held-out CE", "mean λ",
-                "final λ", "decisions", "s"):
-        table.add_column(col, justify="right")
-    for r in results:
-        f = r["final"]
-        table.add_row(r["arm"], str(r["seed"]), f"{f['acceptance']:.4f}", f"{f['tokens_per_call']:.3f}",
-                      f"{f['heldout_ce']:.3f}", f"{r['mean_lambda']:.2f}", f"{r['final_lambda']:.2f}",
-                      "-" if r["decisions"] is None else str(r["decisions"]), f"{r['seconds']:.0f}")
-    console.print(table)
-    out: dict[str, Any] = {
-        "scenario": SCENARIO, "steps": a.steps, "seeds": a.seeds, "draft_layers": a.draft_layers,
-        "teacher_params": setup.n_teacher, "draft_params": setup.n_student, "temperature": a.temperature,
-        "lr": a.lr, "batch_size": a.batch_size, "seq_len": a.seq_len, "probe_every": a.probe_every,
-        "setpoint": a.setpoint, "pid": pid_policy(a)["controllers"][0], "start": start, "teacher_heldout_ce": teacher_ce,
-        "arms": results, "teacher_cache": {"hits": setup.teacher.hits, "misses": setup.teacher.misses},
-        "command": command_line("draft_distill", argv),
-    }
-    targets = {}
-    for seed in a.seeds:
-        pid = next((r for r in results if r["kind"] == "actuator" and r["seed"] == seed), None)
-        fixed = [r for r in results if r["kind"].startswith("fixed") and r["seed"] == seed]
-        if pid and fixed:
-            best = max(fixed, key=lambda r: r["final"]["acceptance"])
-            targets[f"seed {seed}"] = {
-                "alpha_above_best_fixed_lambda": pid["final"]["acceptance"] > best["final"]["acceptance"],
-                "pid_alpha": pid["final"]["acceptance"], "best_fixed": best["arm"],
-                "best_fixed_alpha": best["final"]["acceptance"],
-            }
-    record_targets(out, targets)
-    save_results(SCENARIO, out, plot, t_start)
-    return out
+
+def _save(a: argparse.Namespace, argv: list[str] | None, setup: Setup, start: dict[str, float], seed: int,
+          results: list[dict[str, Any]], t_start: float) -> None:
+    """Write the seed's file after every arm: a run cut short keeps the arms it finished."""
+    out = {"scenario": SCENARIO, "seed": seed, "budget": a.budget, "draft_layers": a.draft_layers,
+           "teacher_params": setup.n_teacher, "draft_params": setup.n_student, "lr": a.lr,
+           "batch_size": a.batch_size, "seq_len": a.seq_len, "prompt_tokens": a.prompt_tokens,
+           "probe_every": a.probe_every, "probe": {"texts": a.probe_texts, "eval_texts": a.eval_texts,
+                                                   "prompt_tokens": a.probe_prompt_tokens,
+                                                   "new_tokens": a.probe_new_tokens},
+           "es_policy": es_policy(a)["controllers"][0], "start": start, "arms": results,
+           "command": command_line("draft_distill", argv), "machine": machine(),
+           "wall_seconds": time.time() - t_start}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    _path(a.tag, seed).write_text(json.dumps(out, indent=2, default=str))
+    console.print(f"wrote {_path(a.tag, seed)}")
 
 
 if __name__ == "__main__":

@@ -134,3 +134,71 @@ def test_perplexity_subsamples_documents(table_lm, char_tokenizer):
     # Evenly spaced subset of 2 out of 4: documents 0 and 2.
     expected = _bigram_perplexity_by_hand(table, [char_tokenizer(texts[i]).input_ids for i in (0, 2)])
     assert probe.measure(table_lm(table), max_examples=2)["perplexity"] == pytest.approx(expected, rel=1e-6)
+
+
+def _bigram_draft(table_lm, vocab: int = 4):
+    """After token 0 the draft says (1/2, 1/6, 1/6, 1/6), the teacher's distribution; after any
+    other token it is uniform."""
+    table = torch.zeros(128, vocab)
+    table[0] = torch.tensor([LN3, 0.0, 0.0, 0.0])
+    return table_lm(table)
+
+
+def test_acceptance_is_measured_on_the_teachers_own_samples(fixed_lm, table_lm, char_tokenizer):
+    # Teacher p = (1/2, 1/6, 1/6, 1/6) everywhere. After token 0 the draft equals p (Σ min = 1),
+    # elsewhere it is uniform (Σ min = 3/4). The text's characters are never token 0, so on the
+    # text α = 3/4; on the teacher's samples, half of the continuation tokens are 0, so every
+    # continuation position but the first has E[Σ min] = 1/2 · 1 + 1/2 · 3/4 = 7/8.
+    teacher, draft = fixed_lm([LN3, 0.0, 0.0, 0.0]), _bigram_draft(table_lm)
+    texts = [f"prompt number {i} with some text" for i in range(8)]
+    probe = DraftAcceptance(teacher, texts, char_tokenizer, gamma=4, prompt_tokens=6, new_tokens=64, seed=1)
+    rng = torch.get_rng_state()
+    alpha = probe.measure(draft)["draft.acceptance"]
+    assert torch.equal(torch.get_rng_state(), rng)  # sampling used its own seeded stream
+    # hand computation on the samples the probe drew: the first continuation position follows a
+    # prompt character (3/4), each later one follows the previous sampled token
+    per_position = []
+    for ids, k, probs in probe.teacher_samples():
+        assert k == 6 and len(ids) == 6 + 64
+        assert all(0 <= t < 4 for t in ids[k:])  # tokens the teacher (vocab 4) can produce
+        assert torch.allclose(probs, torch.tensor([0.5, 1 / 6, 1 / 6, 1 / 6]).expand(64, 4))
+        per_position += [0.75] + [1.0 if prev == 0 else 0.75 for prev in ids[k:-1]]
+    assert alpha == pytest.approx(sum(per_position) / len(per_position), rel=1e-6)
+    expected = (0.75 + 63 * 0.875) / 64  # 0.873..., the expectation over the teacher's samples
+    assert alpha == pytest.approx(expected, abs=4 * 0.125 / math.sqrt(8 * 63))
+    values = probe.measure(draft)
+    assert values["draft.acceptance"] == alpha  # the samples are kept: the same number again
+    assert values["draft.tokens_per_call"] == pytest.approx((1 - alpha**5) / (1 - alpha), rel=1e-9)
+    # teacher-forced on the text: never after token 0, so exactly 3/4
+    text = DraftAcceptance(teacher, texts, char_tokenizer, gamma=4, on="text").measure(draft)
+    assert text["draft.acceptance"] == pytest.approx(0.75, rel=1e-6)
+    # the same seed draws the same continuations; another seed others
+    again = DraftAcceptance(teacher, texts, char_tokenizer, prompt_tokens=6, new_tokens=64, seed=1)
+    other = DraftAcceptance(teacher, texts, char_tokenizer, prompt_tokens=6, new_tokens=64, seed=2)
+    assert [s[0] for s in again.teacher_samples()] == [s[0] for s in probe.teacher_samples()]
+    assert [s[0] for s in other.teacher_samples()] != [s[0] for s in probe.teacher_samples()]
+
+
+def test_teacher_sampled_acceptance_of_a_real_tiny_llama(tiny_model, char_tokenizer):
+    """KV-cached sampling through a real causal LM: the draft equal to the teacher accepts all,
+    another random model less, and the continuations are the teacher's T = 1 samples."""
+    from actuator.agents.models import tiny_llama
+
+    prompts = ["hello world", "the quick brown fox"]
+    probe = DraftAcceptance(tiny_model, prompts, char_tokenizer, prompt_tokens=4, new_tokens=8)
+    assert probe.measure(tiny_model)["draft.acceptance"] == pytest.approx(1.0, abs=1e-6)
+    assert probe.measure(tiny_llama(vocab_size=128, seed=5))["draft.acceptance"] < 0.99
+    # the cached sampling path and a recomputation without cache give the same probabilities
+    for ids, k, probs in probe.teacher_samples():
+        with torch.no_grad():
+            logits = tiny_model(input_ids=torch.tensor([ids])).logits[0, k - 1: len(ids) - 1]
+        assert torch.allclose(torch.softmax(logits, -1), probs, atol=1e-5)
+
+
+def test_draft_acceptance_refuses_bad_arguments(fixed_lm, char_tokenizer):
+    teacher = fixed_lm([0.0, 0.0])
+    for field in ("gamma", "prompt_tokens", "new_tokens", "batch_size"):
+        with pytest.raises(ValueError, match=field):
+            DraftAcceptance(teacher, ["abc", "def"], char_tokenizer, **{field: 0})
+    with pytest.raises(ValueError, match="on must be"):
+        DraftAcceptance(teacher, ["abc", "def"], char_tokenizer, on="student")
