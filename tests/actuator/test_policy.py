@@ -85,10 +85,13 @@ def test_setpoint_schedules():
 
 
 def test_presets_load_and_cover_the_four_tasks():
-    assert set(list_presets()) == {"sft-capability", "dpo-kl", "draft-distill", "compress-ppl", "protect-capability"}
+    assert set(list_presets()) == {"sft-capability", "dpo-kl", "draft-distill", "compress-ppl", "compress-threshold",
+                                   "protect-capability"}
     knobs = {load_preset(n).controllers[0].knob for n in list_presets()}
-    assert knobs == {"learning_rate", "kl_beta", "distill_lambda", "rank", "kl_weight"}
+    assert knobs == {"learning_rate", "kl_beta", "distill_lambda", "rank", "compression_threshold", "kl_weight"}
     assert load_preset("dpo-kl").controllers[0].direction == "reverse"
+    # A higher threshold cuts more components, so perplexity rises with the knob: direct acting.
+    assert load_preset("compress-threshold").controllers[0].direction == "direct"
     protect = load_preset("protect-capability").controllers[0]
     assert (protect.kind, protect.bound, protect.direction) == ("constraint", "upper", "reverse")
 
