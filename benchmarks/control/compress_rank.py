@@ -436,7 +436,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax2.axhline(0.85 * result["dense_params"] / 1e6, ls="--", color="tab:red", alpha=0.5, label="85% of dense")
         ax2.set_title("parameters of the exported model (M)")
         ax3.set_yscale("log")
-        ax3.set_title("threshold τ on whitened σ²")
+        ax3.set_title("threshold τ on " + ("each layer's σ² shares" if result.get("allocation") == "relative"
+                                           else "whitened σ²"))
         for ax in (ax1, ax2, ax3):
             ax.set_xlabel("step")
             ax.legend(fontsize=7)
