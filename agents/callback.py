@@ -83,6 +83,10 @@ def default_knob_spec(name: str, value: float) -> dict[str, Any]:
         return {"min": value / 4.0, "max": value * 4.0, "scale": "log", "max_step": 0.4}
     if name == "rank":
         return {"min": 1.0, "max": max(1.0, value), "scale": "integer", "max_step": None}
+    if name == "compression_threshold" and value > 0:
+        # A threshold on sensitivities, which span decades: log scale, at most x2 per decision.
+        # ThresholdKnob's own bounds (the sensitivities' range) replace min and max.
+        return {"min": value / 1e6, "max": value * 1e6, "scale": "log", "max_step": math.log(2.0)}
     return {"min": value, "max": value, "scale": "linear", "max_step": None}
 
 
@@ -117,6 +121,7 @@ _SETTERS = {
     "distill_temperature": "actuator.agents.distill.DistillTemperatureKnob(trainer)",
     "rank": "actuator.agents.compression.RankKnob(model)",
     "kl_weight": "actuator.agents.anchor.KLAnchorKnob(anchor)",
+    "compression_threshold": "actuator.agents.compression.ThresholdKnob(model, calibration)",
 }
 
 
@@ -359,6 +364,9 @@ class ActuatorCallback(TrainerCallback, ExportableState):
                 return cls(trainer)
             if name == "rank":
                 return _rank_setter(model if model is not None else getattr(trainer, "model", None))
+            if name == "compression_threshold":
+                raise ConfigError(f"knobs.{name}: the threshold knob measures sensitivities on calibration data the "
+                                  f"callback does not have; pass setters=[{_SETTERS[name]}]")
         except KnobNotSupported as exc:
             hint = f" (the setter the callback tried: {_SETTERS[name]})" if name in _SETTERS else ""
             raise ConfigError(f"knobs.{name}: {exc}{hint}") from exc
@@ -525,6 +533,7 @@ class ActuatorCallback(TrainerCallback, ExportableState):
             if value is not None:
                 self.setters[self.identification.knob].apply(value)
         self._apply_results(args, state, control)
+        self._setters_step_end(state.global_step)
         if self._schedule_pending:
             self._apply_probe_schedule()
         step = state.global_step
@@ -548,6 +557,9 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         # log, so TensorBoard / W&B show them beside the loss.
         extra = {f"actuator/{name}": value for name, value in self.knob_values().items()}
         extra["actuator/decisions"] = float(len(self.applied))
+        # The aggregates of a setter's summary (the per-layer ranks stay in the observations).
+        extra.update({f"actuator/{k}": v for k, v in self._setter_summaries().items()
+                      if not k.startswith("compression.rank.")})
         extra.update(self._log_extra)
         self._log_extra.clear()
         logs.update(extra)
@@ -652,8 +664,42 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         self._submit(step, probes, costs)
         return True
 
+    def _setters_step_end(self, step: int) -> None:
+        """Setters with periodic work of their own (``ThresholdKnob`` re-measures its layers'
+        sensitivities every K steps) do it here, on every rank alike. A failure is logged and the
+        setter keeps its last state: training goes on."""
+        for name, setter in self.setters.items():
+            hook = getattr(setter, "step_end", None)
+            if hook is None:
+                continue
+            try:
+                hook(step)
+            except Exception as exc:  # noqa: BLE001 - the agent never stops training
+                log.warning("actuator: knob %s: periodic update at step %d failed: %s", name, step, exc)
+
+    @staticmethod
+    def _setter_summary(setter: Any) -> dict[str, float]:
+        """A setter's report of what is in effect beyond its value (``summary()``, optional):
+        finite floats under valid observation names."""
+        fn = getattr(setter, "summary", None)
+        if fn is None:
+            return {}
+        try:
+            values = fn()
+        except Exception as exc:  # noqa: BLE001 - telemetry never stops training
+            log.warning("actuator: knob %s: summary failed: %s", getattr(setter, "name", "?"), exc)
+            return {}
+        return {k: float(v) for k, v in values.items()
+                if _metric_name(k) == k and isinstance(v, (int, float)) and math.isfinite(v)}
+
+    def _setter_summaries(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for setter in self.setters.values():
+            out.update(self._setter_summary(setter))
+        return out
+
     def _submit(self, step: int, probes: dict[str, float], extra_metrics: dict[str, float] | None = None) -> None:
-        metrics = {**self._metrics, **(extra_metrics or {})}
+        metrics = {**self._metrics, **self._setter_summaries(), **(extra_metrics or {})}
         knobs = self.knob_values()
         try:
             obs = ObservationCreate(seq=self.seq, step=step, probes=probes, metrics=metrics, knobs=knobs,
@@ -763,6 +809,9 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         applied = float(setter.apply(value))
         entry = {"number": d.number, "step": step, "knob": d.knob, "ordered": d.new_value,
                  "applied": applied, "reason": d.reason}
+        summary = self._setter_summary(setter)
+        if summary:
+            entry["summary"] = summary  # what the decision put in effect (compression: params, ranks)
         self.applied.append(entry)
         self._acknowledge(d.number, step, applied, None)
         self._log_extra[f"actuator/{d.knob}_ordered"] = d.new_value

@@ -30,6 +30,8 @@ __all__ = [
     "lowrank_layers",
     "compression_stats",
     "export_truncated",
+    "break_even_rank",
+    "component_sensitivities",
 ]
 
 #: Llama / Mistral / Qwen / SmolLM MLP projections.
@@ -251,7 +253,6 @@ def input_grams(model: nn.Module, names: Sequence[str], calibration: Iterable[An
     a tensor of input ids. The model runs in eval mode under ``no_grad``; its mode is restored.
     """
     grams: dict[str, torch.Tensor] = {}
-    handles = []
 
     def make_hook(name: str):  # noqa: ANN202
         def hook(module: nn.Module, args: tuple) -> None:
@@ -262,8 +263,15 @@ def input_grams(model: nn.Module, names: Sequence[str], calibration: Iterable[An
 
         return hook
 
-    for name in names:
-        handles.append(model.get_submodule(name).register_forward_pre_hook(make_hook(name)))
+    _calibrate(model, {name: (model.get_submodule(name), make_hook(name)) for name in names}, calibration, grams)
+    return grams
+
+
+def _calibrate(model: nn.Module, hooks: dict[str, tuple[nn.Module, Any]], calibration: Iterable[Any],
+               filled: dict[str, Any]) -> None:
+    """Run ``calibration`` through ``model`` (eval mode, mode restored) with a forward pre-hook on
+    each named module; every name must then be in ``filled`` (what the hooks write)."""
+    handles = [module.register_forward_pre_hook(hook) for module, hook in hooks.values()]
     was_training = model.training
     model.eval()
     try:
@@ -276,10 +284,9 @@ def input_grams(model: nn.Module, names: Sequence[str], calibration: Iterable[An
         for h in handles:
             h.remove()
         model.train(was_training)
-    missing = [n for n in names if n not in grams]
+    missing = [n for n in hooks if n not in filled]
     if missing:
         raise ValueError(f"calibration never reached {missing[:3]}{'...' if len(missing) > 3 else ''}")
-    return grams
 
 
 def factorize(
@@ -372,8 +379,15 @@ def _unique_param_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def break_even_rank(in_features: int, out_features: int) -> float:
+    """The rank at which a factorisation keeps as many parameters as the dense weight:
+    ``in·out / (in + out)`` (419.2 for a 576×1536 projection). Below it the factors are smaller."""
+    return in_features * out_features / (in_features + out_features)
+
+
 def _layer_stats(in_f: int, out_f: int, k: int, stored: int, has_bias: bool, max_rank: int) -> dict:
     bias = out_f if has_bias else 0
+    factored = k * (in_f + out_f) < in_f * out_f
     return {
         "in_features": in_f,
         "out_features": out_f,
@@ -381,6 +395,9 @@ def _layer_stats(in_f: int, out_f: int, k: int, stored: int, has_bias: bool, max
         "active_rank": k,
         "dense_params": in_f * out_f + bias,
         "params": k * (in_f + out_f) + bias,
+        # What export_pretrained writes: the factors where they are smaller, else the dense weight.
+        "export_dense": not factored,
+        "export_params": (k * (in_f + out_f) if factored else in_f * out_f) + bias,
         "stored_params": stored,
         "dense_flops_per_token": 2 * in_f * out_f,
         "flops_per_token": 2 * k * (in_f + out_f),
@@ -389,6 +406,7 @@ def _layer_stats(in_f: int, out_f: int, k: int, stored: int, has_bias: bool, max
 
 def _ratios(d: dict) -> dict:
     d["param_ratio"] = d["params"] / d["dense_params"] if d["dense_params"] else 1.0
+    d["export_param_ratio"] = d["export_params"] / d["dense_params"] if d["dense_params"] else 1.0
     d["flops_ratio"] = d["flops_per_token"] / d["dense_flops_per_token"] if d["dense_flops_per_token"] else 1.0
     return d
 
@@ -407,11 +425,16 @@ def compression_stats(model: nn.Module) -> dict[str, Any]:
       attention's sequence-length-dependent score/value products are excluded (the usual "2N"
       estimate over every ``nn.Linear``, including ``lm_head``).
     * ``model.params`` counts unique parameters (tied weights once) with every factorised layer at
-      its ``params``: it is the parameter count of the exported model.
+      its ``params``: it is the parameter count of the :func:`export_truncated` model.
+    * ``export_params`` is what :func:`~actuator.agents.compression.export_pretrained` writes: a
+      layer whose rank-k factors are not smaller than its dense weight (k ≥ :func:`break_even_rank`)
+      is exported dense (``export_dense``), so ``model.export_params`` never exceeds the dense
+      model's count.
 
     Returns ``{"layers": {name: {...}}, "factorized": {...}, "model": {...}}``; the two aggregates
-    have ``dense_params``, ``params``, ``stored_params``, ``dense_flops_per_token``,
-    ``flops_per_token``, ``param_ratio`` and ``flops_ratio``.
+    have ``dense_params``, ``params``, ``export_params``, ``stored_params``,
+    ``dense_flops_per_token``, ``flops_per_token``, ``param_ratio``, ``export_param_ratio`` and
+    ``flops_ratio``.
     """
     layers: dict[str, dict] = {}
     inner_ids: set[int] = set()
@@ -427,18 +450,58 @@ def compression_stats(model: nn.Module) -> dict[str, Any]:
             layers[name] = _layer_stats(m.in_features, m.out_features, m.rank, stored, has_bias, m.rank)
         elif isinstance(m, nn.Linear) and id(m) not in inner_ids:
             dense_flops_other += 2 * m.in_features * m.out_features
-    keys = ("dense_params", "params", "stored_params", "dense_flops_per_token", "flops_per_token")
+    keys = ("dense_params", "params", "export_params", "stored_params", "dense_flops_per_token", "flops_per_token")
     fact = {k: sum(layer[k] for layer in layers.values()) for k in keys}
     total = _unique_param_count(model)
     other = total - fact["stored_params"]
     whole = {
         "dense_params": other + fact["dense_params"],
         "params": other + fact["params"],
+        "export_params": other + fact["export_params"],
         "stored_params": total,
         "dense_flops_per_token": dense_flops_other + fact["dense_flops_per_token"],
         "flops_per_token": dense_flops_other + fact["flops_per_token"],
     }
     return {"layers": layers, "factorized": _ratios(fact), "model": _ratios(whole)}
+
+
+@torch.no_grad()
+def component_sensitivities(model: nn.Module, calibration: Iterable[Any]) -> dict[str, torch.Tensor]:
+    """Per :class:`LowRankLinear`, what each of its ``max_rank`` components adds to the layer's
+    output on ``calibration``: ``e_i = s_i²·‖u_i‖²·Σ_x (vh_i·x)²`` (float64, length ``max_rank``).
+
+    Right after an activation-aware factorisation (:meth:`LowRankLinear.from_linear` with a
+    Gram matrix) the components are orthogonal in the whitened space, so ``e_i`` is the whitened
+    ``σ_i²`` (SVD-LLM) and dropping a set of components costs the sum of their ``e_i`` in squared
+    output error on that data: one threshold on ``e`` across layers is the greedy loss-optimal
+    allocation of ranks. Measured again during fine-tuning (the factors and the inputs each layer
+    sees have moved), it is the same quantity for the model as it is now; the components are then
+    only nearly orthogonal, so the sum is an estimate.
+
+    Masked components are measured too (each layer's input goes through all ``max_rank`` rows of
+    ``vh`` in a hook; the forward itself still runs at the active ranks, so later layers see the
+    inputs the compressed model really gives them). Runs in eval mode under ``no_grad``; the mode is
+    restored. ``calibration`` yields dicts of model inputs or input-id tensors, as for
+    :func:`factorize`.
+    """
+    layers = _require_layers(model)
+    energy: dict[str, torch.Tensor] = {}
+
+    def make_hook(name: str, layer: LowRankLinear):  # noqa: ANN202
+        def hook(module: nn.Module, args: tuple) -> None:
+            x = args[0].detach().reshape(-1, args[0].shape[-1])
+            h = F.linear(x, layer.vh).float()
+            e = (h * h).sum(dim=0).to(torch.float64)
+            energy[name] = e if name not in energy else energy[name] + e
+
+        return hook
+
+    _calibrate(model, {name: (layer, make_hook(name, layer)) for name, layer in layers.items()}, calibration, energy)
+    out = {}
+    for name, layer in layers.items():
+        scale = layer.s.detach().to(torch.float64) ** 2 * (layer.u.detach().to(torch.float64) ** 2).sum(dim=0)
+        out[name] = (energy[name] * scale).cpu()
+    return out
 
 
 @torch.no_grad()

@@ -1,61 +1,60 @@
-"""compress-rank: shrink the MLPs of the real SmolLM2-135M-Instruct to a low rank while it
-fine-tunes briefly on general text, within a perplexity budget.
+"""compress-rank: make the real SmolLM2-135M-Instruct *smaller than dense* within a perplexity
+budget, by per-layer ranks of its factorised MLPs, while it fine-tunes briefly on general text.
 
-Every MLP projection (gate/up/down of the 30 layers) becomes a ``LowRankLinear`` from an
-activation-aware SVD (``actuator.agents.compression.factorize`` with calibration batches); its
-*active rank* is the ``rank`` knob (``RankKnob``), changed mid-run without rebuilding the
-optimizer. All arms start at full rank (576: exact) and fine-tune with the same data order,
-seed, learning rate and probe (``Perplexity`` on held-out text every ``--probe-every`` steps).
-The budget is the dense model's held-out perplexity + ``--budget`` (8%).
+Every MLP projection (gate/up/down of the 30 layers, 90 matrices of 576×1536) becomes a
+``LowRankLinear`` from an activation-aware SVD (SVD-LLM: ``factorize`` with calibration batches).
+A rank-k factorisation keeps ``k·(576+1536)`` parameters, fewer than the dense matrix only below
+k = 419 (the break-even); a layer at or above it is kept dense, and every parameter count below is
+that of the model :func:`export_pretrained` writes (factors where smaller, dense elsewhere), so no
+arm can end larger than the dense model.
 
-Arms:
-- cubic (open loop): AdaLoRA's cubic rank-budget schedule (``FixedSchedule.cubic``) from 576 to
-  a final rank chosen the way one would without a controller: the smallest rank of an offline
-  sweep of the factorised, not yet fine-tuned model whose perplexity meets the budget.
-- Actuator: a PID on perplexity through the real controller service and ``ActuatorCallback``
-  (policy shaped like ``actuator/presets/compress-ppl.yaml``): a relative setpoint, "+6%" of the
-  first measurement (the run starts at full rank, so that is the dense perplexity), i.e. the
-  budget less a ``--backoff`` of 2 points: a controller that holds perplexity *at* the budget is
-  over it every other measurement from probe noise alone (measured: ±1-1.5% between probes),
-  so it aims inside the constraint, as process control does. Direction ``reverse``.
-  Reverse acting is what makes it *shrink*: with perplexity below the setpoint the error
-  ``setpoint − ppl`` is positive and a reverse-acting PID answers with a lower knob, so the
-  integral keeps lowering the rank for as long as perplexity is within budget, at a pace
-  proportional to the headroom left (the proportional term gives rank back as the headroom is
-  used up, which damps the approach); above the setpoint the same law grows the rank back. The
-  preset's guardrail (+10%: ``adjust`` rank × 1.25) is kept as a backstop for a sharp breach.
-  Gains are set in units of the run (ranks per unit of perplexity headroom), from the measured
-  start perplexity, so the same policy works on another model.
-- cubic to the Actuator arm's final rank (run after it; ``--no-match-arm`` skips it): the open
-  loop reaching the *same* size, to separate "smaller" from "closed loop".
+All arms fine-tune with the same data order, seed, learning rate, steps and probe (``Perplexity``
+on held-out text every ``--probe-every`` steps). Budget: the dense model's held-out perplexity
++ ``--budget`` (10%). Arms (``--arms``), with what each is matched on:
 
-Reported: final rank and parameter count (of the exported model: ``compression_stats``), final
-perplexity and its increase over the dense model, steps over budget (probe intervals whose
-measurement exceeded the budget, in steps).
+- ``uniform`` — uniform SVD-LLM, one shot: one rank for all 90 matrices, the smallest of an
+  offline sweep (the factorised model before fine-tuning) within the budget; then the fine-tune.
+  *Matched perplexity budget.*
+- ``oneshot`` — one global threshold τ on the components' sensitivities (``ThresholdKnob``: the
+  whitened σ², so every layer gets its own rank), the largest τ within the budget offline (log
+  bisection); then the fine-tune. *Matched perplexity budget.*
+- ``cubic`` — the same offline τ reached on AdaLoRA's cubic schedule (Zhu & Gupta 2017) in log τ,
+  from the dense point at step ``--t-init`` to τ at ``--t-final`` of the run. *Matched perplexity
+  budget* (and the same final size as ``oneshot``).
+- ``actuator`` — a PID on perplexity moving log τ through the real controller service and
+  ``ActuatorCallback`` (``preset:compress-threshold`` with gains in this run's units): setpoint
+  ``+(budget − backoff)%`` of the first measurement (the dense model), direct acting (a higher τ
+  cuts more), the sensitivities re-measured every ``--refresh-every`` steps, so the same τ cuts
+  further in layers that fine-tuning made less sensitive. Guardrail at the budget halves τ.
+  *Matched perplexity budget*; its size is the result.
+- ``matched`` (``--match-arm``, after ``actuator``) — one-shot τ at the Actuator arm's final
+  parameter count (known only afterwards). *Matched parameter count.*
 
-Parameter break-even: a rank-k factorisation of a 576×1536 projection keeps k·(576 + 1536)
-parameters, fewer than the dense 576·1536 only for k < 419. SmolLM2-135M's MLP spectra are flat
-(the offline sweep: +8% perplexity is spent by rank ~530 before fine-tuning), so in a short run
-every arm stays above the break-even and the "compressed" model is *larger* than the dense one
-(the table's "vs dense" column); the comparison between arms (which one gets smaller within the
-budget) is what this scenario measures. Fine-tuning heals the truncation and adapts to the
-text, which is the headroom a closed loop can spend and an open-loop schedule cannot see.
+Reported per arm: final parameters (export) and share of dense, final perplexity and its rise,
+steps over budget (probe intervals whose measurement exceeded the budget, in steps), layers kept
+dense, HotpotQA EM and gold-answer log-prob of the final model, and the exported directory
+re-loaded with plain ``AutoModelForCausalLM.from_pretrained(..., trust_remote_code=True)``: its
+parameter count, weight-file size and perplexity measured again after the reload.
 
-    python -m benchmarks.control.compress_rank [--steps 60] [--seeds 0] [--quick]
+    python -m benchmarks.control.compress_rank [--steps 60] [--seeds 0] [--arms ...]   # one file per seed
+    python -m benchmarks.control.compress_rank --aggregate                            # tables, plot, targets
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import json
+import math
+import shutil
+import statistics
 import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks.control._common import (
-    scenario_args,
-    arm_label, figure, record_targets,
-    command_line, console, arm_progress, pick_threads, save_results, start_controller,
+    RESULTS,
+    command_line, console, arm_progress, figure, machine, pick_threads, start_controller, scenario_args,
 )
 
 import torch  # noqa: E402
@@ -64,15 +63,20 @@ from rich.table import Table  # noqa: E402
 from benchmarks.control.draft_distill import blocks, stdlib_text  # noqa: E402
 
 SCENARIO = "compress-rank"
-SWEEP = (576, 560, 544, 528, 512, 496, 480, 448, 416, 384, 320, 256)
+RANK_SWEEP = (576, 560, 544, 528, 512, 496, 480, 448, 419, 384, 320, 256)
+SHARE_SWEEP = (1.0, 0.99, 0.98, 0.97, 0.96, 0.95, 0.94, 0.92, 0.9, 0.875, 0.85, 0.8, 0.75)
+ARMS = ("uniform", "oneshot", "cubic", "actuator")
+LABELS = {"uniform": "uniform SVD-LLM (one shot)", "oneshot": "global τ (one shot)", "cubic": "global τ, cubic",
+          "actuator": "Actuator PID on τ", "matched": "global τ at Actuator's size"}
 
 
 class Setup:
-    """The factorised model, data and probe every arm shares."""
+    """The factorised model, data, probes and offline sweeps every arm shares."""
 
     def __init__(self, a: argparse.Namespace) -> None:
-        from actuator.agents.compression import compression_stats, factorize
+        from actuator.agents.compression import ThresholdKnob, factorize
         from actuator.agents.models import load_smollm2
+        from actuator.agents.probes import HotpotQA
 
         with console.status("loading SmolLM2-135M-Instruct (offline)…"):
             model, self.tok = load_smollm2()
@@ -80,15 +84,24 @@ class Setup:
         self.heldout_texts = [self.tok.decode(b) for b in data[: a.heldout]]
         self.train = data[a.heldout:]
         self.ppl_probe_args = {"max_length": a.seq_len + 8, "batch_size": 8}
+        self.hotpot = HotpotQA(None, self.tok, every=None, max_examples=a.hotpot, max_new_tokens=8)
         self.dense_params = sum(p.numel() for p in model.parameters())
         self.dense_ppl = self.perplexity(model)
-        calib = [torch.stack(self.train[i: i + 4]) for i in range(0, a.calibration, 4)]
+        self.dense_hotpot = self.hotpot_values(model)
+        self.calib = [torch.stack(self.train[i: i + 4]) for i in range(0, a.calibration, 4)]
         t0 = time.time()
         with console.status("factorising the MLPs (activation-aware SVD)…"):
-            self.names = factorize(model, calibration=calib)
+            self.names = factorize(model, calibration=self.calib)
         self.factorize_seconds = time.time() - t0
         self.model0 = model
-        self.stats = compression_stats
+        # Both allocations on the same layers (each knob sets every layer's rank when applied).
+        self.knobs = {kind: ThresholdKnob(model, self.calib, refresh_every=None, normalize=kind == "relative")
+                      for kind in ("raw", "relative")}
+        self.knob0 = self.knobs["raw"]
+
+    def use(self, allocation: str) -> None:
+        self.knob0 = self.knobs[allocation]
+        self.knob0.apply(self.knob0.bounds[0])
 
     def ppl_probe(self, every: int | None) -> Any:
         from actuator.agents.probes import Perplexity
@@ -98,18 +111,63 @@ class Setup:
     def perplexity(self, model: Any) -> float:
         return self.ppl_probe(None).measure(model, step=0)["perplexity"]
 
-    def params_at(self, model: Any) -> int:
-        return int(self.stats(model)["model"]["params"])
+    def hotpot_values(self, model: Any) -> dict[str, float]:
+        v = self.hotpot.measure(model, step=0)
+        return {"em": v["hotpotqa.em"], "gold_logprob": v["hotpotqa.gold_logprob"]}
 
-    def sweep(self, ranks: tuple[int, ...]) -> list[dict[str, float]]:
+    @staticmethod
+    def params_at(model: Any) -> int:
+        from actuator.agents.compression import compression_stats
+
+        return int(compression_stats(model)["model"]["export_params"])
+
+    def rank_sweep(self) -> list[dict[str, float]]:
         from actuator.agents.compression import set_active_rank
 
         out = []
-        for r in ranks:
+        for r in RANK_SWEEP:
             set_active_rank(self.model0, r)
             out.append({"rank": r, "perplexity": self.perplexity(self.model0), "params": self.params_at(self.model0)})
-        set_active_rank(self.model0, 576)
+        self.knob0.apply(self.knob0.bounds[0])  # back to dense
         return out
+
+    def tau_sweep(self, shares: tuple[float, ...]) -> list[dict[str, float]]:
+        """Perplexity at the τ whose exported model has each share of the dense parameter count
+        (``ThresholdKnob.threshold_for_params``): the same x axis as the uniform-rank sweep."""
+        out = []
+        for share in shares:
+            tau = self.knob0.threshold_for_params(int(share * self.dense_params))
+            self.knob0.apply(tau)
+            out.append({"tau": tau, "share": share, "perplexity": self.perplexity(self.model0),
+                        "params": self.params_at(self.model0), "dense_layers": self.dense_layers()})
+            if out[-1]["perplexity"] > 3 * self.dense_ppl:
+                break
+        self.knob0.apply(self.knob0.bounds[0])
+        return out
+
+    def dense_layers(self) -> int:
+        from actuator.agents.compression import compression_stats
+
+        return sum(1 for s in compression_stats(self.model0)["layers"].values() if s["export_dense"])
+
+    def tau_within(self, budget: float, sweep: list[dict[str, float]], iterations: int) -> float:
+        """The largest τ whose perplexity (before fine-tuning) is within ``budget``: bisection in
+        log τ between the last sweep point within and the first beyond."""
+        within = [s["tau"] for s in sweep if s["perplexity"] <= budget]
+        beyond = [s["tau"] for s in sweep if s["perplexity"] > budget and (not within or s["tau"] > max(within))]
+        lo = math.log(max(within) if within else self.knob0.bounds[0])
+        if not beyond:
+            return math.exp(lo)
+        hi = math.log(min(beyond))
+        for _ in range(iterations):
+            mid = (lo + hi) / 2
+            self.knob0.apply(math.exp(mid))
+            if self.perplexity(self.model0) <= budget:
+                lo = mid
+            else:
+                hi = mid
+        self.knob0.apply(self.knob0.bounds[0])
+        return math.exp(lo)
 
 
 def make_trainer(setup: Setup, model: Any, name: str, a: argparse.Namespace, seed: int) -> Any:
@@ -119,7 +177,7 @@ def make_trainer(setup: Setup, model: Any, name: str, a: argparse.Namespace, see
     torch.manual_seed(seed)
     train = [{"input_ids": ids, "labels": ids} for ids in setup.train]
     args = TrainingArguments(
-        output_dir=str(a.out / name), max_steps=a.steps, per_device_train_batch_size=a.batch_size,
+        output_dir=str(a.out / f"{name}-{seed}"), max_steps=a.steps, per_device_train_batch_size=a.batch_size,
         learning_rate=a.lr, lr_scheduler_type="constant", logging_steps=1, save_strategy="no", report_to=[],
         use_cpu=True, seed=seed, disable_tqdm=True, dataloader_num_workers=0, weight_decay=0.0,
     )
@@ -129,56 +187,78 @@ def make_trainer(setup: Setup, model: Any, name: str, a: argparse.Namespace, see
     return trainer
 
 
-def pid_policy(a: argparse.Namespace, start_ppl: float, full_rank: int) -> dict[str, Any]:
-    """preset:compress-ppl with gains in the run's units. ``headroom`` = the perplexity room
-    the budget leaves at the start; ``ki`` shrinks the rank by ``--shrink-per-step`` ranks per
-    step while the whole headroom is unused (less as it is used up), ``kp`` gives back
-    ``--kp-share`` of the full rank as the headroom is consumed."""
+def pid_policy(a: argparse.Namespace, start_ppl: float) -> dict[str, Any]:
+    """``preset:compress-threshold`` with gains in this run's units. ``headroom`` = the perplexity
+    room the setpoint leaves at the start; ``ki`` raises ln τ by ``--tau-per-step`` per step while
+    the whole headroom is unused (less as it is used up); ``kp`` gives back ``--kp-ln`` of ln τ
+    as the headroom is consumed."""
     setpoint = a.budget - a.backoff
     headroom = start_ppl * setpoint / 100
     return {
-        "name": "bench-compress-ppl",
+        "name": "bench-compress-threshold",
         "probes": [{"name": "perplexity", "every": a.probe_every}],
-        "controllers": [{"name": "ppl-rank", "probe": "perplexity", "knob": "rank", "setpoint": f"+{setpoint:g}%",
-                         "kp": a.kp_share * full_rank / headroom, "ki": a.shrink_per_step / headroom,
-                         "direction": "reverse", "filter": {"kind": "ema", "alpha": 0.6}}],
-        "guardrails": [{"name": "ppl-budget", "probe": "perplexity", "bound": "upper",
-                        "threshold": f"+{a.budget + 2:g}%", "action": "adjust", "knob": "rank", "factor": 1.25,
-                        "consecutive": 1}],
+        "controllers": [{"name": "ppl-threshold", "probe": "perplexity", "knob": "compression_threshold",
+                         "setpoint": f"+{setpoint:g}%", "kp": a.kp_ln / headroom, "ki": a.tau_per_step / headroom,
+                         "direction": "direct", "filter": {"kind": "ema", "alpha": 0.6}}],
+        "guardrails": [{"name": "ppl-budget", "probe": "perplexity", "bound": "upper", "threshold": f"+{a.budget:g}%",
+                        "action": "adjust", "knob": "compression_threshold", "factor": 0.5, "consecutive": 1}],
     }
+
+
+def export_and_reload(setup: Setup, model: Any, path: Path) -> dict[str, Any]:
+    """Export, reload in plain transformers (no Actuator code on the load path), re-measure."""
+    from transformers import AutoModelForCausalLM
+
+    from actuator.agents.compression import export_pretrained
+
+    shutil.rmtree(path, ignore_errors=True)
+    rep = export_pretrained(model, path)
+    reloaded = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True, dtype=torch.float32).eval()
+    out = {"params": sum(p.numel() for p in reloaded.parameters()), "file_bytes": rep["file_bytes"],
+           "perplexity": setup.perplexity(reloaded), "factored_layers": rep["factored_layers"],
+           "dense_layers": rep["dense_layers"], "custom_code": rep["custom_code"], "class": type(reloaded).__name__}
+    del reloaded
+    shutil.rmtree(path, ignore_errors=True)
+    return out
 
 
 def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, seed: int) -> dict[str, Any]:
     from transformers import TrainerCallback
 
     from actuator.agents.callback import ActuatorCallback
-    from actuator.agents.compression import RankKnob
+    from actuator.agents.compression import RankKnob, ThresholdKnob
     from actuator.agents.probes import ProbeSuite
     from actuator.controllers import FixedSchedule
 
+    kind = arm["kind"]
     model = copy.deepcopy(setup.model0).train()
-    trainer = make_trainer(setup, model, arm["kind"], a, seed)
-    knob = RankKnob(model)
-    full = int(knob.bounds[1])
-    knob.apply(full)
+    trainer = make_trainer(setup, model, kind, a, seed)
     probe = setup.ppl_probe(a.probe_every)
     budget = setup.dense_ppl * (1 + a.budget / 100)
-    trace: list[dict[str, float]] = []
-    cb = None
-    schedule = None
-    if arm["kind"] == "actuator":
-        cb = ActuatorCallback(pid_policy(a, setup.dense_ppl, full), url=url, probes=[probe], budget_share=1.0,
+    trace: list[dict[str, Any]] = []
+    cb = suite = schedule = None
+    if kind == "uniform":
+        knob: Any = RankKnob(model)
+        knob.apply(arm["rank"])
+    else:
+        knob = ThresholdKnob(model, setup.calib, refresh_every=a.refresh_every if kind == "actuator" else None,
+                             normalize=a.allocation == "relative")
+        if kind in ("oneshot", "matched"):
+            knob.apply(arm["tau"])
+        elif kind == "cubic":
+            t_final = max(a.t_init + 1, round(a.steps * a.t_final))
+            schedule = FixedSchedule.cubic(math.log(knob.bounds[0]), math.log(arm["tau"]), a.t_init, t_final)
+    if kind == "actuator":
+        cb = ActuatorCallback(pid_policy(a, setup.dense_ppl), url=url, probes=[probe], budget_share=1.0,
                               run_name=f"bench-{SCENARIO}-{seed}", setters=[knob],
-                              knobs={"rank": {"min": a.min_rank, "max": full, "max_step": a.max_step}})
+                              knobs={"compression_threshold": {"min": knob.bounds[0], "max": knob.bounds[1],
+                                                               "max_step": a.max_step}})
         cb.attach(trainer)
-        suite = None
     else:
         suite = ProbeSuite([probe], budget_share=1.0)
-        t_final = max(2, round(a.steps * a.t_final))
-        schedule = FixedSchedule.cubic(full, arm["final_rank"], a.t_init, t_final, integer=True)
 
     def record(step: int, ppl: float, model: Any) -> None:
-        trace.append({"step": step, "perplexity": ppl, "rank": knob.read(), "params": setup.params_at(model)})
+        trace.append({"step": step, "perplexity": ppl, "knob": knob.read(), "params": setup.params_at(model)})
 
     class Trace(TrainerCallback):
         def on_train_begin(self, args, state, control, model=None, **kw):  # noqa: ANN001
@@ -190,159 +270,276 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
             step = state.global_step
             if cb is not None:
                 if not trace and cb.history and "perplexity" in cb.history[0]["probes"]:
-                    trace.append({"step": 0, "perplexity": cb.history[0]["probes"]["perplexity"], "rank": float(full),
-                                  "params": setup.params_at(model)})
+                    h0 = cb.history[0]
+                    trace.append({"step": 0, "perplexity": h0["probes"]["perplexity"],
+                                  "knob": h0["knobs"]["compression_threshold"],
+                                  "params": h0["metrics"].get("compression.params", setup.dense_params)})
                 h = cb.history[-1] if cb.history else None
                 if h is not None and h["step"] == step and step > 0 and "perplexity" in h["probes"]:
                     record(step, h["probes"]["perplexity"], model)
             else:
-                # Measure first (the rank the last step trained with), then move to the schedule.
+                # Measure first (what the last step trained with), then move along the schedule.
                 rep = suite.run(model, step)
                 if rep is not None and "perplexity" in rep.values:
                     record(step, rep.values["perplexity"], model)
-                knob.apply(schedule.value_at(step))
+                if schedule is not None:
+                    knob.apply(math.exp(schedule.value_at(step)))
             advance()
 
-    with arm_progress(arm["name"], a.steps, 22) as advance:
+    with arm_progress(arm["name"], a.steps, 30) as advance:
         trainer.add_callback(Trace())
         t0 = time.time()
         trainer.train()
         seconds = time.time() - t0
+    model.eval()
     final_ppl = setup.perplexity(model)
-    over = 0
-    for prev, cur in zip(trace, trace[1:]):
-        if cur["perplexity"] > budget:
-            over += int(cur["step"] - prev["step"])
-    r = {"arm": arm["name"], "kind": arm["kind"], "seed": seed, "trace": trace, "final_rank": int(knob.read()),
-         "final_params": setup.params_at(model), "final_perplexity": final_ppl,
-         "perplexity_increase_pct": 100 * (final_ppl / setup.dense_ppl - 1), "final_within_budget": final_ppl <= budget,
-         "steps_over_budget": over, "seconds": seconds, "decisions": len(cb.applied) if cb is not None else None,
-         "schedule_final_rank": arm.get("final_rank")}
+    hotpot = setup.hotpot_values(model)
+    over = sum(int(cur["step"] - prev["step"]) for prev, cur in zip(trace, trace[1:]) if cur["perplexity"] > budget)
+    from actuator.agents.compression import compression_stats
+
+    stats = compression_stats(model)
+    layer_ranks = {n: s["active_rank"] for n, s in stats["layers"].items()}
+    dense_layers = sum(1 for s in stats["layers"].values() if s["export_dense"])
+    export = export_and_reload(setup, model, a.out / f"export-{kind}-{seed}")
+    final_params = setup.params_at(model)
+    r = {"arm": arm["name"], "kind": kind, "seed": seed, "matched_on": arm["matched_on"], "trace": trace,
+         "final_knob": knob.read(), "final_params": final_params, "param_ratio": final_params / setup.dense_params,
+         "final_perplexity": final_ppl, "perplexity_increase_pct": 100 * (final_ppl / setup.dense_ppl - 1),
+         "final_within_budget": final_ppl <= budget, "steps_over_budget": over, "dense_layers": dense_layers,
+         "layer_ranks": layer_ranks, "hotpotqa": hotpot, "export": export, "seconds": seconds,
+         "refreshes": getattr(knob, "refreshes", None), "decisions": len(cb.applied) if cb is not None else None,
+         "target": {k: v for k, v in arm.items() if k in ("rank", "tau", "params")}}
     del trainer, model
     return r
 
 
+def run_seed(a: argparse.Namespace, seed: int, setup: Setup, offline: dict[str, Any], url: str) -> dict[str, Any]:
+    results = []
+    arms = list(a.arms)
+    for kind in arms:
+        if kind == "uniform":
+            arm = {"kind": kind, "rank": offline["uniform_rank"], "matched_on": "perplexity budget (offline sweep)"}
+        elif kind in ("oneshot", "cubic"):
+            arm = {"kind": kind, "tau": offline["tau_budget"], "matched_on": "perplexity budget (offline bisection)"}
+        else:
+            arm = {"kind": kind, "matched_on": "perplexity budget (closed loop)"}
+        arm["name"] = LABELS[kind]
+        results.append(run_arm(setup, arm, a, url, seed))
+        console.print(_row_text(results[-1], setup.dense_params))
+        if kind == "actuator" and a.match_arm:
+            target = results[-1]["final_params"]
+            tau = setup.knob0.threshold_for_params(target)
+            results.append(run_arm(setup, {"kind": "matched", "name": LABELS["matched"], "tau": tau, "params": target,
+                                           "matched_on": "parameter count (Actuator's final)"}, a, url, seed))
+            console.print(_row_text(results[-1], setup.dense_params))
+    return {"seed": seed, "arms": results}
+
+
+def _row_text(r: dict[str, Any], dense: int) -> str:
+    return (f"{r['arm']} seed {r['seed']}: {r['final_params'] / 1e6:.2f}M ({r['final_params'] / dense:.1%}), ppl "
+            f"{r['final_perplexity']:.2f} ({r['perplexity_increase_pct']:+.1f}%), over budget {r['steps_over_budget']} "
+            f"steps, dense layers {r['dense_layers']}, reload ppl {r['export']['perplexity']:.2f}, "
+            f"{r['export']['file_bytes'] / 1e6:.0f} MB, {r['seconds']:.0f} s")
+
+
+def _ms(values: list[float], fmt: str = "{:.2f}") -> str:
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return fmt.format(values[0])
+    return f"{fmt.format(statistics.mean(values))} ± {fmt.format(statistics.stdev(values))}"
+
+
+def aggregate(tag: str = "") -> dict[str, Any]:
+    files = sorted(f for f in RESULTS.glob(f"{SCENARIO}-seed*.json") if f.stem.endswith(tag) or not tag)
+    if not files:
+        raise SystemExit(f"no {SCENARIO}-seed*.json in {RESULTS}: run the seeds first")
+    runs = [json.loads(f.read_text()) for f in files]
+    head = runs[0]
+    arms = [r for run in runs for r in run["arms"]]
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for r in arms:
+        by_kind.setdefault(r["kind"], []).append(r)
+    dense = head["dense_params"]
+    table = Table(title=f"{SCENARIO} — SmolLM2-135M-Instruct MLPs, {head['steps']} steps, budget +{head['budget_pct']:g}%"
+                        f" ({head['budget_perplexity']:.2f}); mean ± sd over seeds")
+    cols = ("arm", "matched on", "seeds", "params (M)", "vs dense", "final ppl Δ%", "steps over budget",
+            "dense layers", "HotpotQA EM", "gold log-prob", "reload ppl", "file MB")
+    for c in cols:
+        table.add_column(c, justify="right")
+    summary = {}
+    for kind, rs in by_kind.items():
+        s = {
+            "arm": rs[0]["arm"], "matched_on": rs[0]["matched_on"], "seeds": [r["seed"] for r in rs],
+            "params": [r["final_params"] for r in rs], "param_ratio": [r["param_ratio"] for r in rs],
+            "ppl_increase_pct": [r["perplexity_increase_pct"] for r in rs],
+            "steps_over_budget": [r["steps_over_budget"] for r in rs], "dense_layers": [r["dense_layers"] for r in rs],
+            "hotpot_em": [r["hotpotqa"]["em"] for r in rs], "gold_logprob": [r["hotpotqa"]["gold_logprob"] for r in rs],
+            "reload_ppl": [r["export"]["perplexity"] for r in rs], "file_mb": [r["export"]["file_bytes"] / 1e6 for r in rs],
+            "reload_params": [r["export"]["params"] for r in rs],
+            "within_budget": [r["final_within_budget"] for r in rs],
+        }
+        summary[kind] = s
+        table.add_row(s["arm"], s["matched_on"], ",".join(map(str, s["seeds"])),
+                      _ms([p / 1e6 for p in s["params"]]), _ms(s["param_ratio"], "{:.1%}"),
+                      _ms(s["ppl_increase_pct"], "{:+.1f}"), _ms(s["steps_over_budget"], "{:.1f}"),
+                      _ms(s["dense_layers"], "{:.1f}"), _ms(s["hotpot_em"], "{:.3f}"), _ms(s["gold_logprob"], "{:.3f}"),
+                      _ms(s["reload_ppl"]), _ms(s["file_mb"], "{:.0f}"))
+    console.print(table)
+    console.print(f"dense: {dense / 1e6:.2f}M params, ppl {head['dense_perplexity']:.2f}, HotpotQA "
+                  f"{head['dense_hotpotqa']}")
+    targets: dict[str, Any] = {}
+    act = summary.get("actuator")
+    if act:
+        mean = statistics.mean
+        within = all(act["within_budget"])
+        targets["params_le_85pct_within_budget"] = {"met": within and mean(act["param_ratio"]) <= 0.85,
+                                                    "ratio": mean(act["param_ratio"]), "all_within_budget": within}
+        targets["stretch_params_le_75pct"] = {"met": within and mean(act["param_ratio"]) <= 0.75}
+        open_loop = {k: s for k, s in summary.items() if k in ("uniform", "oneshot", "cubic")}
+        if open_loop:
+            best_over = min(mean(s["steps_over_budget"]) for s in open_loop.values())
+            targets["fewer_params_than_every_open_loop_arm"] = {
+                "met": all(mean(act["params"]) < mean(s["params"]) for s in open_loop.values()),
+                "actuator": mean(act["params"]), **{k: mean(s["params"]) for k, s in open_loop.items()}}
+            targets["no_more_steps_over_budget_than_best_open_loop"] = {
+                "met": mean(act["steps_over_budget"]) <= best_over, "actuator": mean(act["steps_over_budget"]),
+                "best_open_loop": best_over}
+    console.print(f"targets: {targets}")
+    out = {**{k: v for k, v in head.items() if k not in ("arms", "seed", "machine")},
+           "seeds": sorted({r["seed"] for r in arms}), "arms": arms, "summary": summary, "targets": targets,
+           "files": [f.name for f in files], "machine": head.get("machine")}
+    (RESULTS / f"{SCENARIO}{tag}.json").write_text(json.dumps(out, indent=2, default=str))
+    plot(out, RESULTS / f"{SCENARIO}{tag}.png")
+    console.print(f"wrote {RESULTS / (SCENARIO + tag + '.json')} and .png")
+    return out
+
+
 def plot(result: dict[str, Any], path: Path) -> None:
-    with figure(path) as (fig, axes):
-        ax1, ax2, ax3 = axes[0]
+    with figure(path, ncols=4, size=(20, 4.3)) as (fig, axes):
+        ax1, ax2, ax3, ax4 = axes[0]
+        colors: dict[str, Any] = {}
         for arm in result["arms"]:
-            label = arm_label(arm, result)
+            label = arm["arm"] if arm["kind"] not in colors else None
             steps = [t["step"] for t in arm["trace"]]
-            line, = ax1.plot(steps, [t["perplexity"] for t in arm["trace"]], marker=".", label=label)
-            ax2.step(steps, [t["rank"] for t in arm["trace"]], where="post", label=label, color=line.get_color())
-            ax3.plot(steps, [t["params"] / 1e6 for t in arm["trace"]], label=label, color=line.get_color())
+            kw = {"color": colors.get(arm["kind"]), "alpha": 0.8}
+            line, = ax1.plot(steps, [t["perplexity"] for t in arm["trace"]], marker=".", label=label, **kw)
+            colors.setdefault(arm["kind"], line.get_color())
+            kw["color"] = colors[arm["kind"]]
+            ax2.plot(steps, [t["params"] / 1e6 for t in arm["trace"]], label=label, **kw)
+            if arm["kind"] != "uniform":
+                ax3.plot(steps, [t["knob"] for t in arm["trace"]], label=label, **kw)
         ax1.axhline(result["budget_perplexity"], ls="--", color="black", label=f"budget (+{result['budget_pct']:g}%)")
-        ax1.axhline(result["pid_setpoint_perplexity"], ls="-.", color="tab:orange", alpha=0.6,
-                    label=f"actuator setpoint (+{result['budget_pct'] - result['backoff_pct']:g}%)")
         ax1.axhline(result["dense_perplexity"], ls=":", color="grey", label="dense")
         ax1.set_title("held-out perplexity")
-        ax1.set_xlabel("step")
-        ax1.legend(fontsize=7)
-        ax2.set_title("active MLP rank (rank knob)")
-        ax2.set_xlabel("step")
-        ax2.legend(fontsize=7)
-        ax3.axhline(result["dense_params"] / 1e6, ls=":", color="grey", label="dense")
-        ax3.set_title("parameters of the exported model (M)")
-        ax3.set_xlabel("step")
-        ax3.legend(fontsize=7)
-        fig.suptitle(f"compress-rank — SmolLM2-135M-Instruct MLPs, {result['steps']} steps, lr {result['lr']:g}",
-                     fontsize=10)
+        ax2.axhline(result["dense_params"] / 1e6, ls=":", color="grey", label="dense")
+        ax2.axhline(0.85 * result["dense_params"] / 1e6, ls="--", color="tab:red", alpha=0.5, label="85% of dense")
+        ax2.set_title("parameters of the exported model (M)")
+        ax3.set_yscale("log")
+        ax3.set_title("threshold τ on " + ("each layer's σ² shares" if result.get("allocation") == "relative"
+                                           else "whitened σ²"))
+        for ax in (ax1, ax2, ax3):
+            ax.set_xlabel("step")
+            ax.legend(fontsize=7)
+        # Offline: perplexity against size before fine-tuning, uniform rank vs global threshold.
+        ax4.plot([s["params"] / 1e6 for s in result["rank_sweep"]], [s["perplexity"] for s in result["rank_sweep"]],
+                 marker="o", label="uniform rank")
+        ax4.plot([s["params"] / 1e6 for s in result["tau_sweep"]], [s["perplexity"] for s in result["tau_sweep"]],
+                 marker="s", label="global τ")
+        ax4.axhline(result["budget_perplexity"], ls="--", color="black")
+        ax4.set_ylim(result["dense_perplexity"] * 0.95, result["dense_perplexity"] * 1.6)
+        ax4.set_xlabel("parameters (M)")
+        ax4.set_title("before fine-tuning (offline sweep)")
+        ax4.legend(fontsize=7)
+        fig.suptitle(f"compress-rank — SmolLM2-135M-Instruct MLPs, {result['steps']} steps, lr {result['lr']:g}, "
+                     f"seeds {result.get('seeds')}", fontsize=10)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    scenario_args(ap, SCENARIO, steps=60, quick="24 steps")
-    ap.add_argument("--budget", type=float, default=8.0, help="perplexity budget, %% over the dense model")
+    scenario_args(ap, SCENARIO, steps=60, quick="12 steps, 2 arms")
+    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    ap.add_argument("--budget", type=float, default=10.0, help="perplexity budget, %% over the dense model")
     ap.add_argument("--backoff", type=float, default=2.0, help="PID setpoint = budget − backoff (%% points)")
     ap.add_argument("--lr", type=float, default=3e-5)
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--seq-len", type=int, default=64)
     ap.add_argument("--heldout", type=int, default=8, help="held-out blocks for perplexity")
-    ap.add_argument("--calibration", type=int, default=16, help="blocks for the activation-aware SVD")
+    ap.add_argument("--calibration", type=int, default=16, help="blocks for the SVD and the sensitivities")
+    ap.add_argument("--hotpot", type=int, default=8, help="HotpotQA records for the final model")
     ap.add_argument("--probe-every", type=int, default=2)
-    ap.add_argument("--t-init", type=int, default=1, help="cubic schedule: steps at full rank first")
+    ap.add_argument("--refresh-every", type=int, default=10, help="Actuator: re-measure sensitivities every K steps")
+    ap.add_argument("--t-init", type=int, default=1, help="cubic schedule: steps at the dense point first")
     ap.add_argument("--t-final", type=float, default=0.75, help="cubic schedule: end, as a share of the steps")
-    ap.add_argument("--min-rank", type=int, default=32)
-    ap.add_argument("--max-step", type=float, default=24, help="largest rank change per decision")
-    ap.add_argument("--shrink-per-step", type=float, default=8.0, help="PID ki × headroom: ranks per step")
-    ap.add_argument("--kp-share", type=float, default=0.04, help="PID kp × headroom / full rank")
-    ap.add_argument("--no-match-arm", dest="match_arm", action="store_false",
-                    help="skip the cubic arm to the Actuator arm's final rank")
+    ap.add_argument("--bisect", type=int, default=8, help="bisection steps for the offline τ within budget")
+    ap.add_argument("--max-step", type=float, default=math.log(2.0), help="largest change of ln τ per decision")
+    ap.add_argument("--tau-per-step", type=float, default=0.35, help="PID ki × headroom: ln τ per step")
+    ap.add_argument("--kp-ln", type=float, default=1.0, help="PID kp × headroom: ln τ")
+    ap.add_argument("--allocation", choices=("raw", "relative", "auto"), default="auto",
+                    help="τ on absolute sensitivities or on each layer's shares; auto: the smaller model "
+                         "within budget offline")
+    ap.add_argument("--match-arm", action="store_true", help="also run one-shot τ at the Actuator arm's final size")
+    ap.add_argument("--tag", default="", help="suffix of the per-seed result files")
+    ap.add_argument("--aggregate", action="store_true", help="combine the per-seed files; run nothing")
     a = ap.parse_args(argv)
+    if a.aggregate:
+        return aggregate(a.tag)
     if a.quick:
-        a.steps = min(a.steps, 24)
+        a.steps = min(a.steps, 12)
+        a.arms = ["oneshot", "actuator"]
     a.out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(pick_threads(a.threads))
 
-    url = start_controller(a.out)
+    url = start_controller(a.out / f"ctl-{'-'.join(map(str, a.seeds))}{a.tag}")
     t_start = time.time()
     setup = Setup(a)
     budget = setup.dense_ppl * (1 + a.budget / 100)
-    sweep = setup.sweep(SWEEP)
-    within = [s for s in sweep if s["perplexity"] <= budget]
-    sweep_rank = int(min(s["rank"] for s in within)) if within else 576
     console.print(f"dense: {setup.dense_params / 1e6:.1f}M params, held-out perplexity {setup.dense_ppl:.2f}, "
                   f"budget {budget:.2f} (+{a.budget:g}%); factorised {len(setup.names)} MLP projections in "
-                  f"{setup.factorize_seconds:.0f} s")
-    console.print("offline sweep (factorised, not fine-tuned): " + ", ".join(
-        f"r{s['rank']}: {s['perplexity']:.2f}" for s in sweep) + f" → cubic target rank {sweep_rank}")
-
-    results = []
-    for seed in a.seeds:
-        results.append(run_arm(setup, {"name": f"cubic → {sweep_rank} (sweep)", "kind": "cubic",
-                                       "final_rank": sweep_rank}, a, url, seed))
-        pid = run_arm(setup, {"name": "actuator PID", "kind": "actuator"}, a, url, seed)
-        results.append(pid)
-        if a.match_arm and pid["final_rank"] != sweep_rank:
-            results.append(run_arm(setup, {"name": f"cubic → {pid['final_rank']} (= actuator)", "kind": "cubic-matched",
-                                           "final_rank": pid["final_rank"]}, a, url, seed))
-
-    table = Table(title=f"{SCENARIO} — SmolLM2-135M-Instruct MLPs, {a.steps} steps, budget +{a.budget:g}% perplexity "
-                        f"({budget:.2f})")
-    for col in ("arm", "seed", "final rank", "params (M)", "vs dense", "final ppl", "ppl +%", "within budget",
-                "steps over budget", "decisions", "s"):
-        table.add_column(col, justify="right")
-    for r in results:
-        table.add_row(r["arm"], str(r["seed"]), str(r["final_rank"]), f"{r['final_params'] / 1e6:.2f}",
-                      f"{r['final_params'] / setup.dense_params:.1%}", f"{r['final_perplexity']:.2f}",
-                      f"{r['perplexity_increase_pct']:+.1f}", "yes" if r["final_within_budget"] else "NO",
-                      str(r["steps_over_budget"]), "-" if r["decisions"] is None else str(r["decisions"]),
-                      f"{r['seconds']:.0f}")
-    console.print(table)
-    out: dict[str, Any] = {
-        "scenario": SCENARIO, "steps": a.steps, "seeds": a.seeds, "budget_pct": a.budget, "budget_perplexity": budget,
-        "dense_perplexity": setup.dense_ppl, "dense_params": setup.dense_params, "lr": a.lr,
-        "backoff_pct": a.backoff, "pid_setpoint_perplexity": setup.dense_ppl * (1 + (a.budget - a.backoff) / 100),
-        "param_break_even_rank": 576 * 1536 / (576 + 1536),
+                  f"{setup.factorize_seconds:.0f} s; τ range {setup.knob0.bounds[0]:.3g} … {setup.knob0.bounds[1]:.3g}")
+    rank_sweep = setup.rank_sweep() if "uniform" in a.arms else []
+    within = [s for s in rank_sweep if s["perplexity"] <= budget]
+    uniform_rank = int(min(s["rank"] for s in within)) if within else 576
+    console.print("offline, uniform: " + ", ".join(f"r{s['rank']}: {s['perplexity']:.2f}" for s in rank_sweep)
+                  + f" → rank {uniform_rank}")
+    sweeps: dict[str, Any] = {}
+    for allocation in (("raw", "relative") if a.allocation == "auto" else (a.allocation,)):
+        setup.use(allocation)
+        tau_sweep = setup.tau_sweep(SHARE_SWEEP)
+        tau_budget = setup.tau_within(budget, tau_sweep, a.bisect)
+        setup.knob0.apply(tau_budget)
+        sweeps[allocation] = {"sweep": tau_sweep, "tau_budget": tau_budget, "perplexity": setup.perplexity(setup.model0),
+                              "params": setup.params_at(setup.model0), "tau_bounds": list(setup.knob0.bounds)}
+        setup.knob0.apply(setup.knob0.bounds[0])
+        console.print(f"offline, global τ ({allocation}): " + ", ".join(
+            f"{s['params'] / 1e6:.1f}M: {s['perplexity']:.2f}" for s in tau_sweep)
+            + f" → τ {tau_budget:.3g} ({sweeps[allocation]['params'] / 1e6:.2f}M, ppl {sweeps[allocation]['perplexity']:.2f})")
+    # auto: the allocation that reaches the smaller model within budget offline (before any fine-tuning).
+    a.allocation = min(sweeps, key=lambda k: sweeps[k]["params"])
+    setup.use(a.allocation)
+    tau_budget, tau_sweep = sweeps[a.allocation]["tau_budget"], sweeps[a.allocation]["sweep"]
+    oneshot_params, oneshot_ppl = sweeps[a.allocation]["params"], sweeps[a.allocation]["perplexity"]
+    console.print(f"allocation: {a.allocation}")
+    offline = {"uniform_rank": uniform_rank, "tau_budget": tau_budget}
+    head = {
+        "scenario": SCENARIO, "steps": a.steps, "budget_pct": a.budget, "budget_perplexity": budget,
+        "dense_perplexity": setup.dense_ppl, "dense_params": setup.dense_params, "dense_hotpotqa": setup.dense_hotpot,
+        "lr": a.lr, "backoff_pct": a.backoff, "param_break_even_rank": 576 * 1536 / (576 + 1536),
         "batch_size": a.batch_size, "seq_len": a.seq_len, "probe_every": a.probe_every,
-        "cubic": {"t_init": a.t_init, "t_final": max(2, round(a.steps * a.t_final)), "final_rank": sweep_rank},
-        "pid": pid_policy(a, setup.dense_ppl, 576)["controllers"][0], "sweep": sweep, "arms": results,
+        "refresh_every": a.refresh_every, "tau_bounds": list(setup.knob0.bounds),
+        "cubic": {"t_init": a.t_init, "t_final": max(a.t_init + 1, round(a.steps * a.t_final))},
+        "pid": pid_policy(a, setup.dense_ppl), "rank_sweep": rank_sweep, "tau_sweep": tau_sweep,
+        "allocation": a.allocation, "allocation_sweeps": sweeps,
+        "offline": {**offline, "tau_budget_params": oneshot_params, "tau_budget_perplexity": oneshot_ppl},
         "command": command_line("compress_rank", argv),
     }
-    targets = {}
+    out: dict[str, Any] = {}
     for seed in a.seeds:
-        pid = next((r for r in results if r["kind"] == "actuator" and r["seed"] == seed), None)
-        cub = next((r for r in results if r["kind"] == "cubic" and r["seed"] == seed), None)
-        if pid and cub:
-            targets[f"seed {seed}"] = {
-                "smaller_than_cubic": pid["final_params"] < cub["final_params"],
-                "final_within_budget": pid["final_within_budget"],
-                "fewer_steps_over_budget": pid["steps_over_budget"] < cub["steps_over_budget"],
-                "no_more_steps_over_budget": pid["steps_over_budget"] <= cub["steps_over_budget"],
-                "pid_params": pid["final_params"], "cubic_params": cub["final_params"],
-                "pid_steps_over": pid["steps_over_budget"], "cubic_steps_over": cub["steps_over_budget"],
-            }
-            matched = next((r for r in results if r["kind"] == "cubic-matched" and r["seed"] == seed), None)
-            if matched:
-                # Same final size, open loop: what closing the loop buys at equal compression.
-                targets[f"seed {seed}"]["vs_cubic_same_rank"] = {
-                    "rank": matched["final_rank"], "cubic_steps_over": matched["steps_over_budget"],
-                    "pid_steps_over": pid["steps_over_budget"],
-                    "cubic_final_within_budget": matched["final_within_budget"],
-                    "fewer_steps_over_budget": pid["steps_over_budget"] < matched["steps_over_budget"],
-                }
-    record_targets(out, targets)
-    save_results(SCENARIO, out, plot, t_start)
+        res = run_seed(a, seed, setup, offline, url)
+        out = {**head, "seed": seed, "arms": res["arms"], "machine": machine(), "wall_seconds": time.time() - t_start}
+        path = RESULTS / f"{SCENARIO}-seed{seed}{a.tag}.json"
+        path.write_text(json.dumps(out, indent=2, default=str))
+        console.print(f"wrote {path}")
     return out
 
 

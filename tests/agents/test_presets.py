@@ -123,6 +123,8 @@ def _plain_trainer(tmp_path, tokenizer) -> Trainer:
     ("preset:rl-kl", r"knobs\.kl_beta: .*Trainer has no `beta`.*actuator\.agents\.trl_knobs\.KLBetaKnob"),
     ("preset:dpo-kl", r"knobs\.kl_weight: the trainer has no KL anchor.*anchor_trainer"),
     ("preset:compress-ppl", r"knobs\.rank: .*no LowRankLinear layers.*actuator\.agents\.compression\.factorize"),
+    ("preset:compress-threshold",
+     r"knobs\.compression_threshold: .*calibration.*actuator\.agents\.compression\.ThresholdKnob\(model, calibration\)"),
     ("preset:draft-distill", r"knobs\.distill_lambda: .*actuator\.agents\.distill\.DistillLambdaKnob"),
     ({"name": "custom", "controllers": [{"name": "c", "probe": "kl_drift", "knob": "custom.temperature",
                                          "setpoint": 0.1, "kp": 1.0}]},

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 from transformers import Trainer, TrainingArguments
 
 from actuator.agents.callback import ActuatorCallback
@@ -36,7 +37,8 @@ def section_blocks() -> list[str]:
 
 def kind_of(block: str) -> str:
     for marker, kind in (("SFTTrainer(", "sft"), ("anchor_trainer(DPOTrainer)(", "dpo"), ("GRPOTrainer(", "grpo"),
-                         ("DistillationTrainer(", "distill"), ("factorize(", "compress"), ("policy={", "own")):
+                         ("DistillationTrainer(", "distill"), ("ThresholdKnob(", "threshold"),
+                         ("factorize(", "compress"), ("policy={", "own")):
         if marker in block:
             return kind
     return "imports"
@@ -45,7 +47,8 @@ def kind_of(block: str) -> str:
 # knob the snippet's preset steers, and the setter the callback must find for it
 EXPECTED = {"sft": ("learning_rate", "LearningRateKnob"), "dpo": ("kl_weight", "KLAnchorKnob"),
             "grpo": ("kl_beta", "KLBetaKnob"), "distill": ("distill_lambda", "DistillLambdaKnob"),
-            "compress": ("rank", "RankKnob"), "own": ("learning_rate", "LearningRateKnob")}
+            "compress": ("rank", "RankKnob"), "threshold": ("compression_threshold", "ThresholdKnob"),
+            "own": ("learning_rate", "LearningRateKnob")}
 
 
 def test_the_section_covers_every_kind_of_training():
@@ -90,6 +93,10 @@ def namespace(kind: str, tmp_path, tok) -> dict:
     elif kind == "distill":
         ns.update(student=tiny_llama(seed=0), teacher=tiny_llama(seed=1), args=plain,
                   ds=lm_dataset(tok, NARROW_TASK))
+    elif kind == "threshold":
+        gen = torch.Generator().manual_seed(0)
+        ns.update(model=tiny_llama(seed=0), args=plain, ds=lm_dataset(tok, NARROW_TASK),
+                  calibration_blocks=[torch.randint(3, 128, (16,), generator=gen).tolist() for _ in range(4)])
     else:  # compress, own
         ns.update(model=tiny_llama(seed=0), args=plain, ds=lm_dataset(tok, NARROW_TASK),
                   train=lm_dataset(tok, NARROW_TASK))
@@ -99,6 +106,7 @@ def namespace(kind: str, tmp_path, tok) -> dict:
 @pytest.mark.parametrize("kind", sorted(EXPECTED))
 def test_readme_snippet_trains_under_control(kind, tmp_path, char_tokenizer, sqlite_service, monkeypatch):
     monkeypatch.setenv("ACTUATOR_URL", sqlite_service.url)
+    monkeypatch.chdir(tmp_path)  # a snippet may write (the compression export)
     blocks = section_blocks()
     ns = namespace(kind, tmp_path, char_tokenizer)
     exec(compile(next(b for b in blocks if kind_of(b) == "imports"), "README.md", "exec"), ns)
@@ -115,3 +123,6 @@ def test_readme_snippet_trains_under_control(kind, tmp_path, char_tokenizer, sql
     run = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}").json()
     assert run["state"] == "finished" and knob in run["knobs"]
     assert run["knobs_in_effect"][knob] == pytest.approx(cb.setters[knob].read())
+    if kind == "threshold":  # the export the snippet wrote loaded back without Actuator's classes
+        assert (tmp_path / "compressed" / "config.json").exists()
+        assert "actuator" not in type(ns["model"]).__module__
