@@ -8,6 +8,7 @@ import time
 
 import httpx
 import pytest
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.common.by import By
 
 from actuator.api.console import CSP
@@ -25,14 +26,23 @@ controllers:
 """
 
 
+def _text(browser, element_id: str) -> str:  # type: ignore[no-untyped-def]
+    """The element's text, or "" while it is not (yet) on the page: a form submit navigates, and
+    the old page can still be the one loaded when the test looks (seen on a loaded CI machine)."""
+    try:
+        return browser.find_element(By.ID, element_id).text
+    except (NoSuchElementException, StaleElementReferenceException):
+        return ""
+
+
 def wait_text(browser, element_id: str, timeout: float = 10.0) -> str:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        text = browser.find_element(By.ID, element_id).text
+        text = _text(browser, element_id)
         if text:
             return text
         time.sleep(0.05)
-    raise AssertionError(f"#{element_id} stayed empty")
+    raise AssertionError(f"#{element_id} stayed empty or absent")
 
 
 def test_policy_pages_diff_validate_and_headers(sqlite_service, browser):
@@ -92,8 +102,8 @@ def wait_text_is(browser, element_id: str, expected: str, *, prefix: bool = Fals
                  timeout: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        text = browser.find_element(By.ID, element_id).text
+        text = _text(browser, element_id)
         if text == expected or (prefix and text.startswith(expected)):
             return True
         time.sleep(0.05)
-    pytest.fail(f"#{element_id} is {browser.find_element(By.ID, element_id).text!r}, not {expected!r}")
+    pytest.fail(f"#{element_id} is {_text(browser, element_id)!r}, not {expected!r}")
