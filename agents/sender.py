@@ -215,14 +215,10 @@ class BackgroundSender:
             # The service refused an acknowledgement (it should not: the agent acknowledges only
             # decisions it received). Drop them, never the observations they came with.
             log.warning("actuator: the service refused decision acknowledgements (%s); they are dropped", exc)
-            with self._lock:
-                for _ in acks:
-                    self._acks.popleft()
+            self._drop_acks(len(acks))
             return
         self.stats.latencies.append(time.perf_counter() - start)
-        with self._lock:
-            for _ in acks:
-                self._acks.popleft()
+        self._drop_acks(len(acks))
         self._last_sent = batch[-1]
         for _ in range(size):
             self._pending.popleft()
@@ -246,6 +242,12 @@ class BackgroundSender:
                             "the next observation", exc)
                 return  # not the next observation's fault: nothing queued is dropped
             self._deliver(result)
+
+    def _drop_acks(self, n: int) -> None:
+        """Forget the ``n`` oldest acknowledgements (sent, or refused)."""
+        with self._lock:
+            for _ in range(min(n, len(self._acks))):
+                self._acks.popleft()
 
     def _post(self, batch: list[ObservationCreate], acks: list[DecisionAck] | None = None) -> IngestResult:
         last = max(self.last_decision, self._received)
