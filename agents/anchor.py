@@ -75,6 +75,16 @@ def bucket_kl(cur_logits: torch.Tensor, top_idx: torch.Tensor, top_logp: torch.T
     return head + tail_logp.exp() * (tail_logp - cur_tail)
 
 
+def _answer_start(ids: list[int], marker: list[int]) -> int:
+    """The position of ``marker``'s last token at its last occurrence in ``ids`` (it predicts the
+    answer's first token), or 0 when ``ids`` does not contain it (plain text: every position)."""
+    m = len(marker)
+    for end in range(len(ids) - m, -1, -1):
+        if ids[end:end + m] == marker:
+            return end + m - 1
+    return 0
+
+
 class KLAnchor:
     """The anchor term and its weight.
 
@@ -89,10 +99,15 @@ class KLAnchor:
         top_k: reference log-probs cached per position (see the module docstring).
         seed: seed of the anchor's own batch RNG.
         reference: a frozen reference model to use instead of the model at ``setup``.
+        response_template: the text that starts an answer (``general.response_template(tok)``,
+            ``"<|im_start|>assistant\n"`` for SmolLM2). Given, the KL counts only the positions
+            that predict a text's answer (after the template's last occurrence); the prompt before
+            it is context. Texts without it (plain text) count whole. None: every position counts.
     """
 
     def __init__(self, texts: Sequence[str], tokenizer: Any, *, weight: float = 0.0, batch_size: int = 4,
-                 max_length: int = 64, top_k: int = 64, seed: int = 0, reference: Any = None) -> None:
+                 max_length: int = 64, top_k: int = 64, seed: int = 0, reference: Any = None,
+                 response_template: str | None = None) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if max_length < 2:
@@ -105,6 +120,14 @@ class KLAnchor:
         self._ids = [ids for ids in self._ids if len(ids) >= 2]
         if not self._ids:
             raise ValueError("anchor texts: no text has 2 tokens or more")
+        # per text, the first position whose next-token prediction the KL counts
+        self._starts = [0] * len(self._ids)
+        if response_template is not None:
+            marker = tokenizer(response_template, add_special_tokens=False)["input_ids"]
+            if not marker:
+                raise ValueError("response_template: encodes to no token")
+            self._starts = [_answer_start(ids, marker) for ids in self._ids]
+        self.response_template = response_template
         self.reference = reference
         self._rng = random.Random(seed)
         self._weight = 0.0
@@ -202,6 +225,8 @@ class KLAnchor:
         logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
         per_pos = bucket_kl(logits, top_idx.to(device), top_logp.to(device), tail.to(device))
         keep = mask.bool()
+        for row, i in enumerate(picks):
+            keep[row, :self._starts[i]] = False
         kl = per_pos[keep].mean()
         self.forwards += 1
         value = float(kl.detach())

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["PROBE_PROMPTS", "PROBE_TEXTS", "ANCHOR_PROMPTS", "ANCHOR_TEXTS", "chat", "self_answers", "anchor_set"]
+__all__ = ["PROBE_PROMPTS", "PROBE_TEXTS", "ANCHOR_PROMPTS", "ANCHOR_TEXTS", "chat", "self_answers", "anchor_set",
+           "topic_prompts", "response_template"]
 
 PROBE_PROMPTS = [
     "What is the capital of France?", "Explain in one sentence why the sky is blue.",
@@ -84,6 +85,21 @@ ANCHOR_TEXTS = [
     "Honey never really spoils, because its sugar and low water content keep bacteria from growing.",
     "She planted tomatoes, beans and herbs in the small garden behind her house.",
 ]
+# More anchor prompts, made from general topics and request shapes (``topic_prompts``): a real run
+# passes thousands of general prompts; the 52 above are few for a held-out prompt's first answer
+# token to be covered. None of the probes' topics (France, the sky, greetings, spiders, primary
+# colours, thermometers, sleep, Spanish) is among them.
+ANCHOR_TOPICS = (
+    "volcanoes", "the moon", "honeybees", "the Roman Empire", "chess", "bicycles", "rain forests", "electricity",
+    "dolphins", "the piano", "pyramids", "recycling", "earthquakes", "penguins", "coffee", "trains", "the ocean tides",
+    "democracy", "photosynthesis", "the internet", "dinosaurs", "football", "vaccines", "deserts", "glass",
+    "the alphabet", "libraries", "money", "clouds", "bridges", "elephants", "the calendar", "soap", "mountains",
+    "maps", "paper", "owls", "magnets", "bread", "rivers",
+)
+REQUEST_SHAPES = (
+    "Tell me about {}.", "Tell me one interesting fact about {}.", "Explain {} to a child in one sentence.",
+    "Write a short sentence about {}.", "What should everyone know about {}?",
+)
 assert not set(ANCHOR_PROMPTS) & set(PROBE_PROMPTS)
 assert not set(ANCHOR_TEXTS) & set(PROBE_TEXTS)
 
@@ -99,12 +115,16 @@ def chat(tokenizer: Any, user: str, assistant: str | None = None) -> str:
 def self_answers(model: Any, tokenizer: Any, prompts: list[str], *, max_new_tokens: int = 40,
                  batch_size: int = 8) -> list[str]:
     """``prompts`` with the model's own greedy answers, chat-formatted: self-distillation data
-    for a KL anchor (run it on the starting model, before training)."""
+    for a KL anchor (run it on the starting model, before training).
+
+    An answer the model finished within ``max_new_tokens`` ends with the template's end-of-turn;
+    a cut-off answer does not (closing it would put an end-of-turn where the model never ends)."""
     import torch
 
     was_training, side = model.training, tokenizer.padding_side
     model.eval()
     tokenizer.padding_side = "left"
+    ends = _end_ids(model, tokenizer)
     out_texts = []
     try:
         with torch.no_grad():
@@ -114,14 +134,44 @@ def self_answers(model: Any, tokenizer: Any, prompts: list[str], *, max_new_toke
                                 add_special_tokens=False).to(next(model.parameters()).device)
                 out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
                                      pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
-                answers = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-                out_texts += [chat(tokenizer, p, a.strip()) for p, a in zip(batch, answers)]
+                new = out[:, enc["input_ids"].shape[1]:]
+                answers = tokenizer.batch_decode(new, skip_special_tokens=True)
+                for p, a, ids in zip(batch, answers, new.tolist()):
+                    finished = any(t in ends for t in ids)
+                    out_texts.append(chat(tokenizer, p, a.strip()) if finished else chat(tokenizer, p) + a)
     finally:
         tokenizer.padding_side = side
         model.train(was_training)
     return out_texts
 
 
-def anchor_set(model: Any, tokenizer: Any) -> list[str]:
-    """The shipped anchor data: ``ANCHOR_PROMPTS`` with the model's own answers, and ``ANCHOR_TEXTS``."""
-    return self_answers(model, tokenizer, ANCHOR_PROMPTS) + list(ANCHOR_TEXTS)
+def _end_ids(model: Any, tokenizer: Any) -> set[int]:
+    ids = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids = ids if isinstance(ids, (list, tuple)) else [ids]
+    return {int(i) for i in [*ids, tokenizer.eos_token_id] if i is not None}
+
+
+def response_template(tokenizer: Any) -> str:
+    """The text the chat template puts before an assistant answer (``"<|im_start|>assistant\n"``
+    for SmolLM2): pass it as ``KLAnchor(response_template=...)`` to anchor answers, not prompts."""
+    with_prompt, without = chat(tokenizer, "x"), tokenizer.apply_chat_template(
+        [{"role": "user", "content": "x"}], tokenize=False, add_generation_prompt=False)
+    if not with_prompt.startswith(without) or with_prompt == without:
+        raise ValueError("the tokenizer's chat template adds no generation prompt: pass response_template yourself")
+    return with_prompt[len(without):]
+
+
+def topic_prompts(n: int | None = None) -> list[str]:
+    """General requests made from ``ANCHOR_TOPICS`` × ``REQUEST_SHAPES`` (200), the first ``n``
+    taken round-robin over the shapes so any prefix mixes them."""
+    out = [shape.format(topic) for i, topic in enumerate(ANCHOR_TOPICS)
+           for shape in REQUEST_SHAPES[i % len(REQUEST_SHAPES):] + REQUEST_SHAPES[:i % len(REQUEST_SHAPES)]]
+    out = [out[i] for k in range(len(REQUEST_SHAPES)) for i in range(k, len(out), len(REQUEST_SHAPES))]
+    return out[:n] if n is not None else out
+
+
+def anchor_set(model: Any, tokenizer: Any, *, topics: int = 0, max_new_tokens: int = 40) -> list[str]:
+    """The shipped anchor data: ``ANCHOR_PROMPTS`` (and ``topics`` of :func:`topic_prompts`) with
+    the model's own answers, and ``ANCHOR_TEXTS``."""
+    prompts = list(ANCHOR_PROMPTS) + topic_prompts(topics)
+    return self_answers(model, tokenizer, prompts, max_new_tokens=max_new_tokens) + list(ANCHOR_TEXTS)

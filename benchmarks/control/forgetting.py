@@ -54,14 +54,14 @@ SCENARIO = "forgetting"
 class ForgettingSetup(Setup):
     """sft-drift's model, data and probes, plus the anchor set, embedding drift and the references."""
 
-    def __init__(self, seed: int, hotpot_records: int) -> None:
+    def __init__(self, seed: int, hotpot_records: int, anchor_topics: int = 0) -> None:
         super().__init__(seed, hotpot_records)
         from actuator.agents.probes import EmbeddingDrift
 
         self.embedding = EmbeddingDrift(GENERAL_PROMPTS, self.tok, every=None, max_new_tokens=24,
                                         reference=self._base_model())
-        with console.status(f"anchor set: the starting model's own answers to {len(ANCHOR_PROMPTS)} general prompts, and {len(ANCHOR_TEXTS)} plain sentences…"):
-            self.anchor_texts = anchor_set(self.model, self.tok)
+        with console.status(f"anchor set: the starting model's own answers to {len(ANCHOR_PROMPTS) + anchor_topics} general prompts, and {len(ANCHOR_TEXTS)} plain sentences…"):
+            self.anchor_texts = anchor_set(self.model, self.tok, topics=anchor_topics)
 
     def drift_probe(self, every: int | None, reference: Any = None) -> Any:
         return self.KLDrift(self.drift_prompts, self.tok, every=every, max_length=96, reference=reference)
@@ -86,7 +86,9 @@ class ForgettingSetup(Setup):
         return {"task_loss": task_loss, "task_accuracy": self.task_accuracy(), "perplexity": values["perplexity"],
                 "gold_logprob": values["hotpotqa.gold_logprob"], "hotpotqa_f1": values["hotpotqa.f1"],
                 "hotpotqa_em": values["hotpotqa.em"], "kl_drift": values["kl_drift"],
-                "embedding_drift": values["embedding_drift"], "answer_agreement": values["answer_agreement"]}
+                "embedding_drift": values["embedding_drift"], "answer_agreement": values["answer_agreement"],
+                # (start's answer, this model's answer) per held-out prompt: what the drift figure is made of
+                "answers": [list(pair) for pair in self.embedding.last_answers]}
 
     def _base_model(self) -> Any:
         # A frozen copy of the start, made once: the references of the final drift measurement.
@@ -102,8 +104,11 @@ class ForgettingSetup(Setup):
 def anchor(setup: ForgettingSetup, weight: float, seed: int, a: argparse.Namespace) -> Any:
     from actuator.agents.anchor import KLAnchor
 
+    from actuator.agents.general import response_template
+
     return KLAnchor(setup.anchor_texts, setup.tok, weight=weight, batch_size=a.anchor_batch,
-                    max_length=a.anchor_length, top_k=64, seed=seed)
+                    max_length=a.anchor_length, top_k=64, seed=seed,
+                    response_template=response_template(setup.tok) if a.answers_only else None)
 
 
 def limit(a: argparse.Namespace) -> tuple[float, float]:
@@ -334,11 +339,11 @@ def run_seeds(a: argparse.Namespace) -> None:
     url = start_controller(a.out / f"svc-{'-'.join(map(str, a.seeds))}")
     for seed in a.seeds:
         t_start = time.time()
-        setup = ForgettingSetup(seed, hotpot_records=a.hotpot)
+        setup = ForgettingSetup(seed, hotpot_records=a.hotpot, anchor_topics=a.anchor_topics)
         base_trainer = make_trainer(setup, "base", a.lr, 1, seed, a.out)
         base = setup.capability(base_trainer)
         a.start_ppl = base["perplexity"]
-        console.print(f"seed {seed} start: {json.dumps({k: round(v, 4) for k, v in base.items()})}")
+        console.print(f"seed {seed} start: {json.dumps({k: round(v, 4) for k, v in base.items() if isinstance(v, float)})}")
         results = []
         for arm in arms_for(a):
             console.print(f"[bold]{arm['name']}[/] (seed {seed})")
@@ -361,7 +366,8 @@ def _write_seed(a: argparse.Namespace, seed: int, base: dict[str, float], result
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = {"scenario": SCENARIO, "seed": seed, "steps": a.steps, "lr": a.lr, "budget": a.budget,
            "controller": constraint_policy(a)["controllers"][0], "anchor_batch": a.anchor_batch,
-           "anchor_length": a.anchor_length, "start": base, "arms": results, "machine": machine(),
+           "anchor_length": a.anchor_length, "anchor_topics": a.anchor_topics,
+           "answers_only": a.answers_only, "start": base, "arms": results, "machine": machine(),
            "wall_seconds": time.time() - t_start, "command": command_line("forgetting", a.argv)}
     (RESULTS / f"{SCENARIO}-seed{seed}{a.tag}.json").write_text(json.dumps(out, indent=2, default=str))
 
@@ -544,6 +550,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--probe-every", type=int, default=2)
     ap.add_argument("--anchor-batch", type=int, default=2)
     ap.add_argument("--anchor-length", type=int, default=64)
+    ap.add_argument("--anchor-topics", type=int, default=0,
+                    help="extra anchor prompts from general topics (actuator.agents.general.topic_prompts)")
+    ap.add_argument("--answers-only", action="store_true",
+                    help="the anchor's KL on answer positions only (KLAnchor response_template)")
     ap.add_argument("--hotpot", type=int, default=6, help="HotpotQA records in the capability evaluation")
     ap.add_argument("--arms", nargs="+", default=None,
                     choices=["open", "plateau", "early", "fixed", "replay", "lora", "wise", "lr-pid", "actuator"])

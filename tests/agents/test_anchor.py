@@ -202,3 +202,66 @@ def test_protect_one_liner_holds_its_budget_with_the_anchor_weight(tmp_path, cha
     stored = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}").json()
     assert "kl_weight" in stored["knobs_in_effect"]
     assert any(e["knob"] == "kl_weight" for e in cb.applied) and anchor.weight > 0
+
+
+def test_a_response_template_anchors_the_answer_positions_only(char_tokenizer):
+    """With ``response_template`` the KL is the mean over the positions that predict the answer
+    (from the template's last token on); the prompt before it is context; a text without the
+    template counts whole."""
+    model = tiny_llama(seed=0)
+    text, plain = "Q: name a bird? A: an owl", "Snow fell."
+    full = KLAnchor([text], char_tokenizer, batch_size=1, max_length=64, top_k=128)
+    answers = KLAnchor([text], char_tokenizer, batch_size=1, max_length=64, top_k=128, response_template=" A:")
+    whole = KLAnchor([plain], char_tokenizer, batch_size=1, max_length=64, top_k=128, response_template=" A:")
+    for a in (full, answers, whole):
+        a.setup(model)
+    with torch.no_grad():
+        ids = torch.tensor([char_tokenizer(text)["input_ids"]])
+        ref = torch.log_softmax(model(input_ids=ids).logits.float(), -1)
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+        cur = torch.log_softmax(model(input_ids=ids).logits.float(), -1)
+    per_pos = (ref.exp() * (ref - cur)).sum(-1)[0]  # exact: top_k covers the whole vocabulary
+    start = text.index(" A:") + len(" A:") - 1  # the ":" predicts the answer's first character
+    for a in (full, answers, whole):
+        a.weight = 1.0
+    with torch.no_grad():
+        assert float(answers.loss(model)) == pytest.approx(float(per_pos[start:].mean()), rel=1e-4)
+        assert float(full.loss(model)) == pytest.approx(float(per_pos.mean()), rel=1e-4)
+        assert float(answers.loss(model)) != pytest.approx(float(full.loss(model)), rel=1e-3)
+        assert whole._starts == [0] and float(whole.loss(model)) > 0
+    with pytest.raises(ValueError, match="response_template"):
+        KLAnchor([text], char_tokenizer, response_template="")
+
+
+def test_shipped_anchor_prompts_are_disjoint_from_the_probes():
+    from actuator.agents.general import PROBE_PROMPTS, topic_prompts
+
+    prompts = topic_prompts()
+    assert len(prompts) == len(set(prompts)) == 200 and not set(prompts) & set(PROBE_PROMPTS)
+    assert topic_prompts(7) == prompts[:7] and len({p.split()[0] for p in topic_prompts(5)}) > 2  # shapes mixed
+    probe_topics = ("France", "sky", "spider", "colo", "thermometer", "sleep", "Spanish", "greeting")
+    assert not [p for p in prompts if any(t.lower() in p.lower() for t in probe_topics)]
+
+
+def test_self_answers_close_finished_answers_only(char_tokenizer):
+    """An answer the model ended gets the template's end-of-turn; a cut-off one does not (closing it
+    would teach an end where the model never ends)."""
+    import copy
+
+    from actuator.agents.general import response_template, self_answers
+
+    tok = copy.deepcopy(char_tokenizer)
+    tok.chat_template = ("{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}|{% endfor %}"
+                         "{% if add_generation_prompt %}a:{% endif %}")
+    assert response_template(tok) == "a:"
+    model = tiny_llama(seed=0)
+    enc = tok(["u:hi|a:"], return_tensors="pt", add_special_tokens=False)
+    first = int(model.generate(**enc, max_new_tokens=1, do_sample=False, pad_token_id=0)[0, -1])
+    model.generation_config.eos_token_id = first  # the model's first answer token now ends the turn
+    [ended] = self_answers(model, tok, ["hi"], max_new_tokens=6)
+    assert ended == f"u:hi|a:{tok.decode([first])}|"  # (not a special token here, so kept as text), closed
+    model.generation_config.eos_token_id = 3  # <unk>: never generated
+    tok.eos_token = "<unk>"
+    [cut] = self_answers(model, tok, ["hi"], max_new_tokens=6)
+    assert cut.startswith("u:hi|a:") and not cut.endswith("|") and len(cut) > len("u:hi|a:") + 1
