@@ -113,12 +113,14 @@ def chat(tokenizer: Any, user: str, assistant: str | None = None) -> str:
 
 
 def self_answers(model: Any, tokenizer: Any, prompts: list[str], *, max_new_tokens: int = 40,
-                 batch_size: int = 8) -> list[str]:
+                 batch_size: int = 8, close_cut: bool = False) -> list[str]:
     """``prompts`` with the model's own greedy answers, chat-formatted: self-distillation data
     for a KL anchor (run it on the starting model, before training).
 
     An answer the model finished within ``max_new_tokens`` ends with the template's end-of-turn;
-    a cut-off answer does not (closing it would put an end-of-turn where the model never ends)."""
+    a cut-off answer does not (closing it would put an end-of-turn where the model never ends).
+    ``close_cut=True`` closes every answer, as this function did before: the forgetting benchmark's
+    3-seed tables and the demo's figures were measured with it."""
     import torch
 
     was_training, side = model.training, tokenizer.padding_side
@@ -138,7 +140,7 @@ def self_answers(model: Any, tokenizer: Any, prompts: list[str], *, max_new_toke
                 answers = tokenizer.batch_decode(new, skip_special_tokens=True)
                 for p, a, ids in zip(batch, answers, new.tolist()):
                     finished = any(t in ends for t in ids)
-                    out_texts.append(chat(tokenizer, p, a.strip()) if finished else chat(tokenizer, p) + a)
+                    out_texts.append(chat(tokenizer, p, a.strip()) if finished or close_cut else chat(tokenizer, p) + a)
     finally:
         tokenizer.padding_side = side
         model.train(was_training)
@@ -170,8 +172,10 @@ def topic_prompts(n: int | None = None) -> list[str]:
     return out[:n] if n is not None else out
 
 
-def anchor_set(model: Any, tokenizer: Any, *, topics: int = 0, max_new_tokens: int = 40) -> list[str]:
+def anchor_set(model: Any, tokenizer: Any, *, topics: int = 0, max_new_tokens: int = 40,
+               close_cut: bool = False) -> list[str]:
     """The shipped anchor data: ``ANCHOR_PROMPTS`` (and ``topics`` of :func:`topic_prompts`) with
-    the model's own answers, and ``ANCHOR_TEXTS``."""
+    the model's own answers (``close_cut``: see :func:`self_answers`), and ``ANCHOR_TEXTS``."""
     prompts = list(ANCHOR_PROMPTS) + topic_prompts(topics)
-    return self_answers(model, tokenizer, prompts, max_new_tokens=max_new_tokens) + list(ANCHOR_TEXTS)
+    return self_answers(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
+                        close_cut=close_cut) + list(ANCHOR_TEXTS)

@@ -85,7 +85,7 @@ class Job:
         self.eval_ds = build_dataset(self.tok, 32, args.seed + 1)
         self.drift_prompts = [chat(self.tok, q) for q in PROBE_PROMPTS]
         with console.status(f"anchor set: the starting model's own answers to {len(ANCHOR_PROMPTS)} general prompts, and {len(ANCHOR_TEXTS)} plain sentences…"):
-            self.anchor_texts = anchor_set(self.model, self.tok)
+            self.anchor_texts = anchor_set(self.model, self.tok, close_cut=True)  # as measured (README)
         import copy
 
         self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)

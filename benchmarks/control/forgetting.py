@@ -54,14 +54,14 @@ SCENARIO = "forgetting"
 class ForgettingSetup(Setup):
     """sft-drift's model, data and probes, plus the anchor set, embedding drift and the references."""
 
-    def __init__(self, seed: int, hotpot_records: int, anchor_topics: int = 0) -> None:
+    def __init__(self, seed: int, hotpot_records: int, anchor_topics: int = 0, close_cut: bool = True) -> None:
         super().__init__(seed, hotpot_records)
         from actuator.agents.probes import EmbeddingDrift
 
         self.embedding = EmbeddingDrift(GENERAL_PROMPTS, self.tok, every=None, max_new_tokens=24,
                                         reference=self._base_model())
         with console.status(f"anchor set: the starting model's own answers to {len(ANCHOR_PROMPTS) + anchor_topics} general prompts, and {len(ANCHOR_TEXTS)} plain sentences…"):
-            self.anchor_texts = anchor_set(self.model, self.tok, topics=anchor_topics)
+            self.anchor_texts = anchor_set(self.model, self.tok, topics=anchor_topics, close_cut=close_cut)
 
     def drift_probe(self, every: int | None, reference: Any = None) -> Any:
         return self.KLDrift(self.drift_prompts, self.tok, every=every, max_length=96, reference=reference)
@@ -339,7 +339,8 @@ def run_seeds(a: argparse.Namespace) -> None:
     url = start_controller(a.out / f"svc-{'-'.join(map(str, a.seeds))}")
     for seed in a.seeds:
         t_start = time.time()
-        setup = ForgettingSetup(seed, hotpot_records=a.hotpot, anchor_topics=a.anchor_topics)
+        setup = ForgettingSetup(seed, hotpot_records=a.hotpot, anchor_topics=a.anchor_topics,
+                                close_cut=not a.open_cut_answers)
         base_trainer = make_trainer(setup, "base", a.lr, 1, seed, a.out)
         base = setup.capability(base_trainer)
         a.start_ppl = base["perplexity"]
@@ -367,7 +368,7 @@ def _write_seed(a: argparse.Namespace, seed: int, base: dict[str, float], result
     out = {"scenario": SCENARIO, "seed": seed, "steps": a.steps, "lr": a.lr, "budget": a.budget,
            "controller": constraint_policy(a)["controllers"][0], "anchor_batch": a.anchor_batch,
            "anchor_length": a.anchor_length, "anchor_topics": a.anchor_topics,
-           "answers_only": a.answers_only, "start": base, "arms": results, "machine": machine(),
+           "answers_only": a.answers_only, "open_cut_answers": a.open_cut_answers, "start": base, "arms": results, "machine": machine(),
            "wall_seconds": time.time() - t_start, "command": command_line("forgetting", a.argv)}
     (RESULTS / f"{SCENARIO}-seed{seed}{a.tag}.json").write_text(json.dumps(out, indent=2, default=str))
 
@@ -552,6 +553,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--anchor-length", type=int, default=64)
     ap.add_argument("--anchor-topics", type=int, default=0,
                     help="extra anchor prompts from general topics (actuator.agents.general.topic_prompts)")
+    ap.add_argument("--open-cut-answers", action="store_true",
+                    help="no end-of-turn after an anchor answer cut at 40 tokens (the library default; the "
+                         "3-seed tables were measured closing them)")
     ap.add_argument("--answers-only", action="store_true",
                     help="the anchor's KL on answer positions only (KLAnchor response_template)")
     ap.add_argument("--hotpot", type=int, default=6, help="HotpotQA records in the capability evaluation")

@@ -265,3 +265,5 @@ def test_self_answers_close_finished_answers_only(char_tokenizer):
     tok.eos_token = "<unk>"
     [cut] = self_answers(model, tok, ["hi"], max_new_tokens=6)
     assert cut.startswith("u:hi|a:") and not cut.endswith("|") and len(cut) > len("u:hi|a:") + 1
+    [closed] = self_answers(model, tok, ["hi"], max_new_tokens=6, close_cut=True)  # the earlier behaviour
+    assert closed.endswith("|") and closed.startswith(cut[:-1].rstrip())
