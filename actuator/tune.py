@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import yaml
@@ -34,6 +35,10 @@ _HORIZON_TIME_CONSTANTS = 12.0
 _MAX_REPLAY_STEPS = 100_000
 _MAX_REPLAY_OBSERVATIONS = 5_000
 SETTLING_BAND = 0.10
+# The replay picks the setpoint weight: 1 (P on the error, SIMC's structure) or 0 (I-P, the
+# PID's bumpless default), the faster one whose predicted overshoot stays within this (%).
+MAX_OVERSHOOT_PCT = 15.0
+_SETPOINT_WEIGHTS = (1.0, 0.0)
 
 
 class UnknownController(PolicyError):
@@ -143,6 +148,28 @@ def _predict(doc: PolicyDocument, knobs: dict[str, dict[str, Any]], model: Fitte
     }
 
 
+def _with_gains(policy: PolicyDocument, index: int, controller: str, tuning: Tuning,
+                aggressiveness: float) -> PolicyDocument:
+    document = policy.model_dump(mode="json")
+    document["controllers"][index].update(kp=tuning.kp, ki=tuning.ki, kd=tuning.kd, direction=tuning.direction,
+                                          setpoint_weight=tuning.setpoint_weight)
+    document["description"] = (f"{policy.description} " if policy.description else "") + (
+        f"[{controller}: gains from actuator policy tune, {tuning.rule.split(':')[0]}, aggressiveness "
+        f"{aggressiveness:g}, setpoint weight {tuning.setpoint_weight:g}]")[:2000]
+    try:
+        return load_policy(document)
+    except PolicyError as exc:  # gains past MAX_GAIN: a model with next to no gain
+        raise NotIdentifiable(f"the gains for this model do not make a valid policy ({exc}); the knob's effect "
+                              "is too small to control the probe with") from exc
+
+
+def _rank(predicted: dict[str, Any]) -> tuple[bool, float, float]:
+    """Within the overshoot limit first, then the faster settling, then the smaller overshoot."""
+    over = predicted["overshoot_pct"] if predicted["overshoot_pct"] is not None else math.inf
+    settle = predicted["settling_steps"] if predicted["settling_steps"] is not None else math.inf
+    return (over > MAX_OVERSHOOT_PCT, settle, over)
+
+
 def tune_controller(policy: PolicyDocument, knobs: dict[str, dict[str, Any]], controller: str,
                     observations: Sequence[Any], *, aggressiveness: float = 1.0,
                     horizon: int | None = None) -> dict[str, Any]:
@@ -158,21 +185,13 @@ def tune_controller(policy: PolicyDocument, knobs: dict[str, dict[str, Any]], co
     scale = spec.scale or knob.scale
     steps, us, ys = series(observations, spec.probe, spec.knob, float(knob.value), scale)
     model = identify(steps, us, ys, min_move=_min_move(knob, scale))
+    # The law's interval is the policy's probe interval when it declares one (an identification
+    # pre-run may probe more often than the loop will), else the recorded observations' median gap.
     gaps = sorted(b - a for a, b in zip(steps, steps[1:]))
-    every = max(1, int(round(gaps[len(gaps) // 2])))
+    declared = next((p.every for p in policy.probes if p.name == spec.probe and p.every is not None), None)
+    every = declared if declared is not None else max(1, int(round(gaps[len(gaps) // 2])))
     alpha = spec.filter.alpha if spec.filter.kind == "ema" else None
     tuning: Tuning = simc(model, aggressiveness=aggressiveness, interval=every, filter_alpha=alpha)
-
-    document = policy.model_dump(mode="json")
-    document["controllers"][index].update(kp=tuning.kp, ki=tuning.ki, kd=tuning.kd, direction=tuning.direction)
-    document["description"] = (f"{policy.description} " if policy.description else "") + (
-        f"[{controller}: gains from actuator policy tune, {tuning.rule.split(':')[0]}, aggressiveness "
-        f"{aggressiveness:g}]")[:2000]
-    try:
-        proposed = load_policy(document)
-    except PolicyError as exc:  # gains past MAX_GAIN: a model with next to no gain
-        raise NotIdentifiable(f"the gains for this model do not make a valid policy ({exc}); the knob's effect "
-                              "is too small to control the probe with") from exc
 
     # The replay starts where the recorded run started: the knob in effect at the first
     # observation, the model's own initial state.
@@ -184,7 +203,18 @@ def tune_controller(policy: PolicyDocument, knobs: dict[str, dict[str, Any]], co
                                                       10 * every)
     length = min(length, _MAX_REPLAY_STEPS, _MAX_REPLAY_OBSERVATIONS * every)
     start = int(steps[0])
-    predicted = _predict(proposed, replay_knobs, model, spec, length, every, start)
+
+    # The structure, by replay: SIMC assumes P on the error (setpoint weight 1), right for a probe
+    # that starts at rest; a probe that starts moving on its own (KL from 0, drift that grows with
+    # training: the model's transient or drift term) closes part of the initial error without the
+    # knob, and P on that error then overshoots. Both weights are replayed on the fitted model and
+    # the faster one within the overshoot limit is proposed.
+    candidates = []
+    for weight in _SETPOINT_WEIGHTS:
+        t = replace(tuning, setpoint_weight=weight)
+        doc = _with_gains(policy, index, controller, t, aggressiveness)
+        candidates.append((t, doc, _predict(doc, replay_knobs, model, spec, length, every, start)))
+    tuning, proposed, predicted = min(candidates, key=lambda c: _rank(c[2]))
     current = _predict(policy, replay_knobs, model, spec, length, every, start)
 
     warnings = []
@@ -210,7 +240,8 @@ def tune_controller(policy: PolicyDocument, knobs: dict[str, dict[str, Any]], co
         "scale": scale,
         "model": model.to_dict(),
         "gains": tuning.to_dict(),
-        "current_gains": {"kp": spec.kp, "ki": spec.ki, "kd": spec.kd, "direction": spec.direction},
+        "current_gains": {"kp": spec.kp, "ki": spec.ki, "kd": spec.kd, "direction": spec.direction,
+                          "setpoint_weight": spec.setpoint_weight},
         "interval": every,
         "predicted": {"horizon": length, "proposed": predicted, "current": current},
         "policy": proposed.model_dump(mode="json"),
