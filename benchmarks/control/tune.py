@@ -112,7 +112,8 @@ def identification_run(case: Case, seed: int) -> list[SimpleNamespace]:
 
 def tuned_arm(case: Case, result: dict[str, Any]) -> PIDArm:
     g = result["gains"]
-    return PIDArm("tuned", replace(case.hand.config, kp=g["kp"], ki=g["ki"], kd=g["kd"], direction=g["direction"]),
+    return PIDArm("tuned", replace(case.hand.config, kp=g["kp"], ki=g["ki"], kd=g["kd"], direction=g["direction"],
+                                       setpoint_weight=g["setpoint_weight"]),
                   filter_kind=case.hand.filter_kind, filter_params=case.hand.filter_params)
 
 
@@ -129,6 +130,7 @@ def run(aggressiveness: float = 1.0) -> dict[str, Any]:
             hand = summarize(run_arm(case.plant(), case.hand, STEPS, seed), budget)
             m, g, p = result["model"], result["gains"], result["predicted"]["proposed"]
             rows.append({"seed": seed, "model": m["kind"], "gain": m["gain"], "tau": m["tau"], "theta": m["theta"],
+                         "theta_hi": m["theta_hi"],
                          "r2": m["r2"], "kp": g["kp"], "ki": g["ki"], "kd": g["kd"],
                          "predicted_settling": p["settling_steps"],
                          "predicted_overshoot": p["overshoot_pct"], "tuned_settling": tuned["settling"],
