@@ -514,6 +514,9 @@ class TunePublic(_Public):
                           "run's observations' median gap.")
     model: FittedModelPublic
     gains: TuningPublic
+    noise_floor: dict[str, float] | None = Field(
+        None, description="Set when probe noise slowed tau_c: the loop's own jitter (probe sd) before, the limit "
+        "(half the +-10% band), and the tau_c that meets it.")
     current_gains: dict[str, Any]
     predicted: TunePrediction
     policy: dict[str, Any] = Field(description="The policy with the proposed gains (create it with POST /v1/policies).")

@@ -23,7 +23,7 @@ import yaml
 
 from ._exceptions import PolicyError
 from .controllers.identify import FittedModel, NotIdentifiable, identify
-from .controllers.tuning import Tuning, simc
+from .controllers.tuning import Tuning, noise_jitter, simc
 from .policy import ControllerSpec, PolicyDocument, load_policy
 from .run_state import KnobState
 from .simulate import simulate_model
@@ -39,6 +39,8 @@ SETTLING_BAND = 0.10
 # PID's bumpless default), the faster one whose predicted overshoot stays within this (%).
 MAX_OVERSHOOT_PCT = 15.0
 _SETPOINT_WEIGHTS = (1.0, 0.0)
+_NOISE_SLOWDOWN = 1.25
+_NOISE_ROUNDS = 20
 
 
 class UnknownController(PolicyError):
@@ -148,6 +150,15 @@ def _predict(doc: PolicyDocument, knobs: dict[str, dict[str, Any]], model: Fitte
     }
 
 
+def _setpoint_at_start(spec: ControllerSpec) -> float | None:
+    """The controller's setpoint at its first point (``None`` when relative to the probe's start)."""
+    if isinstance(spec.setpoint, (int, float)):
+        return float(spec.setpoint)
+    if isinstance(spec.setpoint, list) and spec.setpoint:
+        return float(spec.setpoint[0][1])
+    return None
+
+
 def _with_gains(policy: PolicyDocument, index: int, controller: str, tuning: Tuning,
                 aggressiveness: float) -> PolicyDocument:
     document = policy.model_dump(mode="json")
@@ -192,6 +203,20 @@ def tune_controller(policy: PolicyDocument, knobs: dict[str, dict[str, Any]], co
     every = declared if declared is not None else max(1, int(round(gaps[len(gaps) // 2])))
     alpha = spec.filter.alpha if spec.filter.kind == "ema" else None
     tuning: Tuning = simc(model, aggressiveness=aggressiveness, interval=every, filter_alpha=alpha)
+    setpoint_now = _setpoint_at_start(spec)
+    noise_floor = None
+    if setpoint_now is not None:
+        # Noise: a loop that moves the probe by its own reaction to probe noise cannot stay in the
+        # band. Slow tau_c (x1.25 at a time) until two sd of that jitter fit inside it.
+        limit = SETTLING_BAND * abs(setpoint_now) / 2.0
+        slower = aggressiveness
+        for _ in range(_NOISE_ROUNDS):
+            jitter = noise_jitter(model, tuning, interval=every, filter_alpha=alpha)
+            if jitter is None or jitter <= limit:
+                break
+            slower /= _NOISE_SLOWDOWN
+            tuning = simc(model, aggressiveness=slower, interval=every, filter_alpha=alpha)
+            noise_floor = {"jitter": jitter, "limit": limit, "tau_c": tuning.tau_c}
 
     # The replay starts where the recorded run started: the knob in effect at the first
     # observation, the model's own initial state.
@@ -240,6 +265,7 @@ def tune_controller(policy: PolicyDocument, knobs: dict[str, dict[str, Any]], co
         "scale": scale,
         "model": model.to_dict(),
         "gains": tuning.to_dict(),
+        "noise_floor": noise_floor,
         "current_gains": {"kp": spec.kp, "ki": spec.ki, "kd": spec.kd, "direction": spec.direction,
                           "setpoint_weight": spec.setpoint_weight},
         "interval": every,

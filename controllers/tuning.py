@@ -36,6 +36,10 @@ plant pole ``1/tau``). The PID's default start is I-P (its first update is bumpl
 error reaches the knob through the integral only), which leaves that pole in the response; the
 tuned controller therefore carries ``setpoint_weight = 1`` (P on the initial error too).
 
+The probe's noise, fed back: :func:`noise_jitter` estimates how much the gains move the probe by
+acting on its noise alone (the fit's residual sd, through the EMA, P and D, then the plant's lag).
+``actuator.tune`` slows ``tau_c`` until twice that stays inside the settling band.
+
 Translation into the PID of ``controllers/pid.py``: it runs in velocity form,
 ``du = kp * d(error) + ki * error * dt - kd * d2(measurement)/dt`` with ``dt`` in optimizer steps
 (the engine's unit), the parallel form of a PID with the setpoint on the integral only. The
@@ -57,7 +61,7 @@ from ._checks import ParameterError, require_positive
 from .identify import FittedModel
 from .pid import Direction
 
-__all__ = ["Tuning", "simc", "effective_dead_time", "filter_lag"]
+__all__ = ["Tuning", "simc", "effective_dead_time", "filter_lag", "noise_jitter"]
 
 
 @dataclass(frozen=True)
@@ -122,3 +126,19 @@ def simc(model: FittedModel, *, aggressiveness: float = 1.0, interval: float = 1
     return Tuning(kp=kc, ki=kc / tau_i, kd=kc * tau_d, direction="direct" if model.gain > 0 else "reverse",
                   tau_c=tau_c, theta_eff=theta, tau_i=tau_i, tau_d=tau_d, aggressiveness=a,
                   rule=rule + ", tau_c = theta_hi/aggressiveness, setpoint weight 1", theta_hi_eff=theta_hi)
+
+
+def noise_jitter(model: FittedModel, tuning: Tuning, *, interval: float = 1.0,
+                 filter_alpha: float | None = None) -> float | None:
+    """The probe's standard deviation that the loop itself causes by acting on probe noise, in
+    probe units: the fit's residual sd through the EMA (variance ``alpha / (2 - alpha)``), into the
+    knob through P and D (``sqrt(kp^2 + 2 (kd/h)^2)``: D differences two samples), held for ``h``
+    steps and smoothed by the plant's lag (variance ``h / (2 tau)``). FOPDT models only (``None``
+    for an integrating one, whose response to knob noise the loop itself bounds)."""
+    if model.kind != "fopdt":
+        return None
+    h = interval
+    alpha = 1.0 if filter_alpha is None else min(1.0, filter_alpha)
+    sigma = model.residual_sd * math.sqrt(alpha / (2.0 - alpha))
+    knob_sd = math.sqrt(tuning.kp ** 2 + 2.0 * (tuning.kd / h) ** 2) * sigma
+    return abs(model.gain) * knob_sd * math.sqrt(min(1.0, h / (2.0 * max(model.tau, 1e-9))))

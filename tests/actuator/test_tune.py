@@ -126,3 +126,20 @@ def test_the_replay_keeps_the_bumpless_start_for_a_probe_that_starts_moving_on_i
     result = tune_controller(linear_policy(1.5), {"custom.u": {**LINEAR, "value": 1.0}}, "c", obs)
     assert result["model"]["transient"] < 0
     assert result["gains"]["setpoint_weight"] == 0.0
+
+
+def test_a_noisy_probe_slows_tau_c_until_the_loops_own_jitter_fits_in_the_band():
+    from actuator.controllers.tuning import noise_jitter
+
+    quiet = [SimpleNamespace(**{**vars(o), "probes": {"custom.y": o.probes["y"]}})
+             for o in fopdt_observations(start=0.0, noise=0.01)]
+    noisy = [SimpleNamespace(**{**vars(o), "probes": {"custom.y": o.probes["y"]}})
+             for o in fopdt_observations(start=0.0, noise=0.3)]
+    q = tune_controller(linear_policy(1.0), {"custom.u": LINEAR}, "c", quiet)
+    n = tune_controller(linear_policy(1.0), {"custom.u": LINEAR}, "c", noisy)
+    assert q["noise_floor"] is None
+    assert n["noise_floor"] is not None and n["gains"]["tau_c"] > 1.5 * q["gains"]["tau_c"]
+    model = identify(*series(noisy, "custom.y", "custom.u", 0.0, "linear")[:3])
+    from actuator.controllers.tuning import Tuning
+    jitter = noise_jitter(model, Tuning(**n["gains"]), interval=n["interval"])
+    assert jitter is not None and 2 * jitter <= 0.1 * 1.0
