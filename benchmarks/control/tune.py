@@ -131,7 +131,8 @@ def run(aggressiveness: float = 1.0) -> dict[str, Any]:
             m, g, p = result["model"], result["gains"], result["predicted"]["proposed"]
             rows.append({"seed": seed, "model": m["kind"], "gain": m["gain"], "tau": m["tau"], "theta": m["theta"],
                          "theta_hi": m["theta_hi"],
-                         "r2": m["r2"], "kp": g["kp"], "ki": g["ki"], "kd": g["kd"],
+                         "r2": m["r2"], "kp": g["kp"], "ki": g["ki"], "kd": g["kd"], "b": g["setpoint_weight"],
+                         "tau_c": g["tau_c"], "noise_slowed": result["noise_floor"] is not None,
                          "predicted_settling": p["settling_steps"],
                          "predicted_overshoot": p["overshoot_pct"], "tuned_settling": tuned["settling"],
                          "tuned_overshoot": tuned["overshoot_pct"], "hand_settling": hand["settling"],
