@@ -125,7 +125,7 @@ def simc(model: FittedModel, *, aggressiveness: float = 1.0, interval: float = 1
         kc, tau_i, tau_d = kc * (1.0 + tau2 / tau_i), tau_i + tau2, tau_i * tau2 / (tau_i + tau2)
     return Tuning(kp=kc, ki=kc / tau_i, kd=kc * tau_d, direction="direct" if model.gain > 0 else "reverse",
                   tau_c=tau_c, theta_eff=theta, tau_i=tau_i, tau_d=tau_d, aggressiveness=a,
-                  rule=rule + ", tau_c = theta_hi/aggressiveness, setpoint weight 1", theta_hi_eff=theta_hi)
+                  rule=rule + ", tau_c = theta_hi/aggressiveness", theta_hi_eff=theta_hi)
 
 
 def noise_jitter(model: FittedModel, tuning: Tuning, *, interval: float = 1.0,

@@ -97,7 +97,8 @@ def _policy(case: Case) -> Any:
 
 
 def identification_run(case: Case, seed: int) -> list[SimpleNamespace]:
-    """The pre-run: the step test on the knob, one observation per interval, as an agent records them."""
+    """The pre-run: the step test on the knob, one observation per interval, as an agent records
+    them: each reports the knob value in effect from then on (the next interval's)."""
     plant = case.plant()
     plant.reset(random.Random(seed))
     nominal, scale = case.knob["value"], case.knob["scale"]
@@ -106,7 +107,8 @@ def identification_run(case: Case, seed: int) -> list[SimpleNamespace]:
         u = case.test.value(k, nominal, scale, case.knob["min"], case.knob["max"])
         obs = plant.step(u)
         values = {case.probe: obs.measurement}
-        out.append(SimpleNamespace(seq=k, step=k + 1, probes=values, metrics={}, knobs={case.knob["name"]: u}))
+        after = case.test.value(k + 1, nominal, scale, case.knob["min"], case.knob["max"])
+        out.append(SimpleNamespace(seq=k, step=k + 1, probes=values, metrics={}, knobs={case.knob["name"]: after}))
     return out
 
 
