@@ -143,3 +143,14 @@ def test_a_noisy_probe_slows_tau_c_until_the_loops_own_jitter_fits_in_the_band()
     from actuator.controllers.tuning import Tuning
     jitter = noise_jitter(model, Tuning(**n["gains"]), interval=n["interval"])
     assert jitter is not None and 2 * jitter <= 0.1 * 1.0
+
+
+def test_series_pairs_each_probe_with_the_knob_the_steps_before_it_ran_at():
+    # the agent reports the knob after the boundary's moves: a step test applied at step 2 shows
+    # in the observation of step 2, but steps 1-2 ran at the old value
+    obs = [SimpleNamespace(seq=i, step=i, probes={"kl_drift": 0.1 * i}, metrics={},
+                           knobs={"learning_rate": 1e-3 if i < 2 else 2e-3}) for i in range(5)]
+    obs.insert(3, SimpleNamespace(seq=2.5, step=2, probes={}, metrics={}, knobs={}))  # no probe: skipped
+    steps, us, ys = series(obs, "kl_drift", "learning_rate", 1e-3, "log")
+    assert steps == [0, 1, 2, 3, 4] and ys == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4])
+    assert us == pytest.approx([math.log(1e-3)] * 3 + [math.log(2e-3)] * 2)
