@@ -554,7 +554,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                "kl_beta_bounds": [la.beta / 4, la.beta * la.beta_cap], "max_step": la.max_step,
                                "restoring": {k: restoring_policy(la, k) for k in RESTORING if k in a.arms}}
                         for loss, la in configs.items()},
-            "start_perplexity": base_ppl, "arms": results,
+            "start_perplexity": base_ppl, "arms": results, "tune_refusals": refusals,
             "command": command_line("dpo_kl", argv),
         }
 
@@ -581,6 +581,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return out
 
     results: list[dict[str, Any]] = []
+    refusals: list[dict[str, Any]] = []
     out: dict[str, Any] = {}
     for la in configs.values():
         names = {"fixed": f"fixed beta {la.beta:g}", "ziegler": "Ziegler adaptive KL", "actuator": "actuator PID",
@@ -591,7 +592,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 arm: dict[str, Any] = {"name": names[kind], "kind": kind}
                 prep = None
                 if kind == "tuned":
-                    prep = identify_and_tune(setup, la, url, seed)
+                    from actuator import ActuatorError
+
+                    try:
+                        prep = identify_and_tune(setup, la, url, seed)
+                    except ActuatorError as exc:  # tune refused (409: not identifiable): no loop to run
+                        refusals.append({"seed": seed, "refused": str(exc)})
+                        console.print(f"  tuned seed {seed}: tune refused: {exc}")
+                        out = report(results)
+                        continue
                     arm["policy"] = prep["tune"]["policy"]
                     g, m = prep["tune"]["gains"], prep["tune"]["model"]
                     console.print(f"  tuned seed {seed}: {m['kind']} gain {m['gain']:.4g} tau {m['tau']:.3g} theta "
