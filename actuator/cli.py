@@ -231,16 +231,18 @@ def policy_tune(
     console.rule(f"{r['controller']}: {r['probe']} vs {r['knob']} ({r['scale']} scale), run {r['run_id']}")
     if m["kind"] == "fopdt":
         console.print(f"model: FOPDT  gain {m['gain']:.4g} {r['probe']} per {unit}, time constant {m['tau']:.3g} "
-                      f"steps, dead time {m['theta']:.3g} steps")
+                      f"steps, dead time {m['theta']:.3g} steps (up to {m['theta_hi']:.3g})")
     else:
         console.print(f"model: integrating  rate {m['gain']:.4g} {r['probe']} per {unit} per step, dead time "
-                      f"{m['theta']:.3g} steps")
+                      f"{m['theta']:.3g} steps (up to {m['theta_hi']:.3g})")
     console.print(f"fit: R² {m['r2']:.3f}, NRMSE {m['nrmse']:.3f}, {m['observations']} observations over "
                   f"{m['steps']} steps (of {r['observations_total']}), knob moved {m['knob_move']:.3g}")
     cur = r["current_gains"]
-    console.print(f"gains: kp {g['kp']:.4g}  ki {g['ki']:.4g}  kd {g['kd']:.4g}  direction {g['direction']}   "
-                  f"(current: kp {cur['kp']:.4g}  ki {cur['ki']:.4g}  kd {cur['kd']:.4g})")
-    console.print(f"rule: {g['rule']}; tau_c {g['tau_c']:.3g}, effective dead time {g['theta_eff']:.3g}, "
+    console.print(f"gains: kp {g['kp']:.4g}  ki {g['ki']:.4g}  kd {g['kd']:.4g}  direction {g['direction']}  "
+                  f"setpoint weight {g['setpoint_weight']:g}   (current: kp {cur['kp']:.4g}  ki {cur['ki']:.4g}  "
+                  f"kd {cur['kd']:.4g})")
+    console.print(f"rule: {g['rule']}; tau_c {g['tau_c']:.3g}, effective dead time {g['theta_eff']:.3g} "
+                  f"(bound {g['theta_hi_eff']:.3g}), "
                   f"tau_I {g['tau_i']:.3g}, tau_D {g['tau_d']:.3g} steps, dt {r['interval']} steps")
     table = Table("predicted (replay on the model)", "settling (±10%)", "overshoot", "decisions")
     for name in ("proposed", "current"):

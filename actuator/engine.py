@@ -150,6 +150,7 @@ class Engine:
             max_step=max_step,
             deadband=spec.deadband,
             cooldown=float(spec.cooldown),
+            setpoint_weight=spec.setpoint_weight,
         )
 
     def _pid(self, spec: ControllerSpec, knob: KnobState, step: int, setpoint_override: Any,

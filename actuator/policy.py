@@ -169,6 +169,10 @@ class ControllerSpec(_Model):
     scale: Scale | None = Field(None, description="Override of the knob's scale.")
     max_step: PositiveFinite | None = Field(None, description="Largest change per decision (scale units).")
     deadband: FiniteFloat = Field(0.0, ge=0)
+    setpoint_weight: FiniteFloat = Field(
+        0.0, ge=0, le=1, description="setpoint only: how much of the error found at the controller's first "
+        "update the proportional term acts on (0: bumpless start, the integral alone closes the initial gap; 1: "
+        "P on the error from the start, the structure SIMC gains assume; `actuator policy tune` sets 1).")
     cooldown: int = Field(0, ge=0, description="Optimizer steps between two changes.")
     priority: int = Field(0, description="When two controllers drive one knob, the higher priority acts.")
     dither: PositiveFinite | None = Field(None, description="maximize only (required): the square-wave "
@@ -222,6 +226,9 @@ class ControllerSpec(_Model):
                     errors.append((name, f"only a maximize controller has {name} (this one is kind {self.kind})"))
             if self.cost_weight:
                 errors.append(("cost_weight", f"only a maximize controller has cost_weight (kind {self.kind})"))
+            if self.kind == "constraint" and self.setpoint_weight:
+                errors.append(("setpoint_weight", "a constraint's multiplier starts at rest: setpoint_weight is a "
+                                                  "setpoint controller's"))
             return errors
         for name in ("dither", "gain"):
             if getattr(self, name) is None:
@@ -235,6 +242,8 @@ class ControllerSpec(_Model):
         for name in ("deadband", "cooldown"):
             if getattr(self, name):
                 errors.append((name, f"a maximize controller does not use {name}: the dither moves every decision"))
+        if self.setpoint_weight:
+            errors.append(("setpoint_weight", "a maximize controller has no setpoint to weigh"))
         if self.scale == "integer":
             errors.append(("scale", "a maximize controller needs a linear or log scale (a dither must be able to "
                                     "move the knob by less than one unit)"))

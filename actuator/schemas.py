@@ -437,7 +437,7 @@ class TuneCreate(_Model):
         "the run's own policy.")
     aggressiveness: float = Field(
         1.0, gt=0, le=10, allow_inf_nan=False,
-        description="tau_c = effective dead time / aggressiveness: 1 is SIMC's tight-control choice, 2 a loop "
+        description="tau_c = effective dead time (its upper bound from the fit) / aggressiveness: 1 is SIMC's tight-control choice, 2 a loop "
         "twice as fast (less robust), 0.5 twice as slow.")
     horizon: PositiveWireInt | None = Field(
         None, description="Steps the predicted response covers (default: the run's span, at least 12 "
@@ -452,6 +452,8 @@ class FittedModelPublic(_Public):
                         "per step.")
     tau: float = Field(description="Time constant (steps); 0 for an integrating model.")
     theta: float = Field(description="Dead time (steps).")
+    theta_hi: float = Field(0.0, description="The largest dead time the data cannot rule out (95% profile "
+                            "likelihood): what tuning sizes the loop on.")
     rate: float
     offset: float
     transient: float
@@ -476,6 +478,10 @@ class TuningPublic(_Public):
     tau_d: float = Field(description="Derivative time (steps), parallel form: kd = kp * tau_d (0: a PI).")
     aggressiveness: float
     rule: str
+    theta_hi_eff: float = Field(0.0, description="theta_hi plus the sampling hold: tau_c = theta_hi_eff / "
+                                "aggressiveness.")
+    setpoint_weight: float = Field(1.0, description="P on this share of the initial error (1: the structure SIMC "
+                                   "assumes).")
 
 
 class PredictedResponse(_Public):
@@ -504,9 +510,13 @@ class TunePublic(_Public):
     probe: str
     knob: str
     scale: Scale
-    interval: int = Field(description="Steps between the run's observations (median): the law's dt.")
+    interval: int = Field(description="Steps between two updates of the law: the policy's probe interval, else the "
+                          "run's observations' median gap.")
     model: FittedModelPublic
     gains: TuningPublic
+    noise_floor: dict[str, float] | None = Field(
+        None, description="Set when probe noise slowed tau_c: the loop's own jitter (probe sd) before, the limit "
+        "(half the +-10% band), and the tau_c that meets it.")
     current_gains: dict[str, Any]
     predicted: TunePrediction
     policy: dict[str, Any] = Field(description="The policy with the proposed gains (create it with POST /v1/policies).")

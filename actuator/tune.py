@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import yaml
 
 from ._exceptions import PolicyError
 from .controllers.identify import FittedModel, NotIdentifiable, identify
-from .controllers.tuning import Tuning, simc
+from .controllers.tuning import Tuning, noise_jitter, simc
 from .policy import ControllerSpec, PolicyDocument, load_policy
 from .run_state import KnobState
 from .simulate import simulate_model
@@ -34,6 +35,12 @@ _HORIZON_TIME_CONSTANTS = 12.0
 _MAX_REPLAY_STEPS = 100_000
 _MAX_REPLAY_OBSERVATIONS = 5_000
 SETTLING_BAND = 0.10
+# The replay picks the setpoint weight: 1 (P on the error, SIMC's structure) or 0 (I-P, the
+# PID's bumpless default), the faster one whose predicted overshoot stays within this (%).
+MAX_OVERSHOOT_PCT = 15.0
+_SETPOINT_WEIGHTS = (1.0, 0.0)
+_NOISE_SLOWDOWN = 1.25
+_NOISE_ROUNDS = 20
 
 
 class UnknownController(PolicyError):
@@ -72,25 +79,34 @@ def _value(obs: Any, probe: str) -> float | None:
 
 def series(observations: Sequence[Any], probe: str, knob: str, initial: float,
            scale: str) -> tuple[list[float], list[float], list[float]]:
-    """Steps, knob (scale units) and probe values of the observations that carry the probe. The
-    knob is the value the agent reported in effect; an observation without it keeps the last."""
+    """Steps, knob (scale units) and probe values of the observations that carry the probe; each
+    knob value is the one the steps up to that observation ran at.
+
+    The agent reads the knobs for an observation at the step boundary, after that boundary's
+    decisions and identification moves: what it reports is in effect from the *next* step on. So
+    the steps up to an observation ran at the value the previous observation reported (``initial``
+    before the first; an observation without the knob keeps the last). Taking the reported value
+    as the one that produced the probe would shift every knob move one interval early and add one
+    interval of dead time to the fit (measured on SmolLM2's DPO KL: theta 1.5 steps, probing
+    every step)."""
     steps: list[float] = []
     us: list[float] = []
     ys: list[float] = []
     current = initial
     for o in sorted(observations, key=lambda o: o.seq):
+        ran_at = current
         reported = (o.knobs or {}).get(knob)
         if isinstance(reported, (int, float)) and math.isfinite(reported):
             current = float(reported)
         y = _value(o, probe)
         if y is None:
             continue
-        if scale == "log" and current <= 0:
+        if scale == "log" and ran_at <= 0:
             continue
-        u = math.log(current) if scale == "log" else current
+        u = math.log(ran_at) if scale == "log" else ran_at
         if steps and o.step <= steps[-1]:
             if o.step == steps[-1]:  # a repeated step: the later reading stands
-                us[-1], ys[-1] = u, y
+                ys[-1] = y
             continue
         steps.append(float(o.step))
         us.append(u)
@@ -143,6 +159,37 @@ def _predict(doc: PolicyDocument, knobs: dict[str, dict[str, Any]], model: Fitte
     }
 
 
+def _setpoint_at_start(spec: ControllerSpec) -> float | None:
+    """The controller's setpoint at its first point (``None`` when relative to the probe's start)."""
+    if isinstance(spec.setpoint, (int, float)):
+        return float(spec.setpoint)
+    if isinstance(spec.setpoint, list) and spec.setpoint:
+        return float(spec.setpoint[0][1])
+    return None
+
+
+def _with_gains(policy: PolicyDocument, index: int, controller: str, tuning: Tuning,
+                aggressiveness: float) -> PolicyDocument:
+    document = policy.model_dump(mode="json")
+    document["controllers"][index].update(kp=tuning.kp, ki=tuning.ki, kd=tuning.kd, direction=tuning.direction,
+                                          setpoint_weight=tuning.setpoint_weight)
+    document["description"] = (f"{policy.description} " if policy.description else "") + (
+        f"[{controller}: gains from actuator policy tune, {tuning.rule.split(':')[0]}, aggressiveness "
+        f"{aggressiveness:g}, setpoint weight {tuning.setpoint_weight:g}]")[:2000]
+    try:
+        return load_policy(document)
+    except PolicyError as exc:  # gains past MAX_GAIN: a model with next to no gain
+        raise NotIdentifiable(f"the gains for this model do not make a valid policy ({exc}); the knob's effect "
+                              "is too small to control the probe with") from exc
+
+
+def _rank(predicted: dict[str, Any]) -> tuple[bool, float, float]:
+    """Within the overshoot limit first, then the faster settling, then the smaller overshoot."""
+    over = predicted["overshoot_pct"] if predicted["overshoot_pct"] is not None else math.inf
+    settle = predicted["settling_steps"] if predicted["settling_steps"] is not None else math.inf
+    return (over > MAX_OVERSHOOT_PCT, settle, over)
+
+
 def tune_controller(policy: PolicyDocument, knobs: dict[str, dict[str, Any]], controller: str,
                     observations: Sequence[Any], *, aggressiveness: float = 1.0,
                     horizon: int | None = None) -> dict[str, Any]:
@@ -158,21 +205,27 @@ def tune_controller(policy: PolicyDocument, knobs: dict[str, dict[str, Any]], co
     scale = spec.scale or knob.scale
     steps, us, ys = series(observations, spec.probe, spec.knob, float(knob.value), scale)
     model = identify(steps, us, ys, min_move=_min_move(knob, scale))
+    # The law's interval is the policy's probe interval when it declares one (an identification
+    # pre-run may probe more often than the loop will), else the recorded observations' median gap.
     gaps = sorted(b - a for a, b in zip(steps, steps[1:]))
-    every = max(1, int(round(gaps[len(gaps) // 2])))
+    declared = next((p.every for p in policy.probes if p.name == spec.probe and p.every is not None), None)
+    every = declared if declared is not None else max(1, int(round(gaps[len(gaps) // 2])))
     alpha = spec.filter.alpha if spec.filter.kind == "ema" else None
     tuning: Tuning = simc(model, aggressiveness=aggressiveness, interval=every, filter_alpha=alpha)
-
-    document = policy.model_dump(mode="json")
-    document["controllers"][index].update(kp=tuning.kp, ki=tuning.ki, kd=tuning.kd, direction=tuning.direction)
-    document["description"] = (f"{policy.description} " if policy.description else "") + (
-        f"[{controller}: gains from actuator policy tune, {tuning.rule.split(':')[0]}, aggressiveness "
-        f"{aggressiveness:g}]")[:2000]
-    try:
-        proposed = load_policy(document)
-    except PolicyError as exc:  # gains past MAX_GAIN: a model with next to no gain
-        raise NotIdentifiable(f"the gains for this model do not make a valid policy ({exc}); the knob's effect "
-                              "is too small to control the probe with") from exc
+    setpoint_now = _setpoint_at_start(spec)
+    noise_floor = None
+    if setpoint_now is not None:
+        # Noise: a loop that moves the probe by its own reaction to probe noise cannot stay in the
+        # band. Slow tau_c (x1.25 at a time) until two sd of that jitter fit inside it.
+        limit = SETTLING_BAND * abs(setpoint_now) / 2.0
+        slower = aggressiveness
+        for _ in range(_NOISE_ROUNDS):
+            jitter = noise_jitter(model, tuning, interval=every, filter_alpha=alpha)
+            if jitter is None or jitter <= limit:
+                break
+            slower /= _NOISE_SLOWDOWN
+            tuning = simc(model, aggressiveness=slower, interval=every, filter_alpha=alpha)
+            noise_floor = {"jitter": jitter, "limit": limit, "tau_c": tuning.tau_c}
 
     # The replay starts where the recorded run started: the knob in effect at the first
     # observation, the model's own initial state.
@@ -184,7 +237,18 @@ def tune_controller(policy: PolicyDocument, knobs: dict[str, dict[str, Any]], co
                                                       10 * every)
     length = min(length, _MAX_REPLAY_STEPS, _MAX_REPLAY_OBSERVATIONS * every)
     start = int(steps[0])
-    predicted = _predict(proposed, replay_knobs, model, spec, length, every, start)
+
+    # The structure, by replay: SIMC assumes P on the error (setpoint weight 1), right for a probe
+    # that starts at rest; a probe that starts moving on its own (KL from 0, drift that grows with
+    # training: the model's transient or drift term) closes part of the initial error without the
+    # knob, and P on that error then overshoots. Both weights are replayed on the fitted model and
+    # the faster one within the overshoot limit is proposed.
+    candidates = []
+    for weight in _SETPOINT_WEIGHTS:
+        t = replace(tuning, setpoint_weight=weight)
+        doc = _with_gains(policy, index, controller, t, aggressiveness)
+        candidates.append((t, doc, _predict(doc, replay_knobs, model, spec, length, every, start)))
+    tuning, proposed, predicted = min(candidates, key=lambda c: _rank(c[2]))
     current = _predict(policy, replay_knobs, model, spec, length, every, start)
 
     warnings = []
@@ -210,7 +274,9 @@ def tune_controller(policy: PolicyDocument, knobs: dict[str, dict[str, Any]], co
         "scale": scale,
         "model": model.to_dict(),
         "gains": tuning.to_dict(),
-        "current_gains": {"kp": spec.kp, "ki": spec.ki, "kd": spec.kd, "direction": spec.direction},
+        "noise_floor": noise_floor,
+        "current_gains": {"kp": spec.kp, "ki": spec.ki, "kd": spec.kd, "direction": spec.direction,
+                          "setpoint_weight": spec.setpoint_weight},
         "interval": every,
         "predicted": {"horizon": length, "proposed": predicted, "current": current},
         "policy": proposed.model_dump(mode="json"),

@@ -94,7 +94,8 @@ class FittedModel:
     """A fitted model and how well it fits. Units: ``gain`` probe units per knob-scale unit
     (FOPDT, steady state); ``rate`` probe units per knob-scale unit per step (integrating);
     ``tau`` and ``theta`` in steps. ``u_ref`` is the knob (scale units) the model is linearised
-    around: the first recorded value."""
+    around: the first recorded value. ``theta_hi`` is the largest dead time the data cannot rule
+    out (see :func:`_theta_upper`): under probe noise the fit's SSE is often nearly flat in theta."""
 
     kind: ModelKind
     gain: float
@@ -111,6 +112,7 @@ class FittedModel:
     knob_move: float
     residual_sd: float
     aic: float = 0.0
+    theta_hi: float = 0.0
     fitted: tuple[float, ...] = field(default=(), repr=False)
 
     @property
@@ -276,6 +278,7 @@ def _fit(kind: ModelKind, t: list[float], u: list[float], y: list[float]) -> Fit
                 sse, tau, theta, improved = r[0], ct, cth, True
         if not improved:
             ftau, dtheta = math.sqrt(ftau), dtheta / 2.0
+    theta_up = _theta_upper(t, du, y, taus, tau, theta, theta_hi, sse, 4 if integrating else 5, integrating)
     final = _fit_at(t, du, y, tau, theta, integrating)
     assert final is not None
     sse, coef, resp = final
@@ -295,8 +298,32 @@ def _fit(kind: ModelKind, t: list[float], u: list[float], y: list[float]) -> Fit
         observations=n, steps=int(span), knob_move=max(du) - min(du),
         residual_sd=math.sqrt(sse / max(1, n - params)),
         aic=n * math.log(max(sse, 1e-300) / n) + 2 * params,
+        theta_hi=theta_up,
         fitted=fitted,
     )
+
+
+# A dead time is ruled out when its best fit's SSE exceeds the best one's by this many residual
+# variances: the 95% point of chi-square with one degree of freedom (a profile-likelihood bound).
+_THETA_CHI2 = 3.84
+_THETA_UPPER_POINTS = 24
+
+
+def _theta_upper(t: list[float], du: list[float], y: list[float], taus: list[float], tau: float, theta: float,
+                 theta_max: float, sse: float, params: int, integrating: bool) -> float:
+    """The largest dead time in ``[theta, theta_max]`` whose best fit (over the tau grid) is not
+    ruled out: ``SSE(theta') <= SSE + 3.84 * sigma^2`` (profile likelihood, 95%). Tuning sizes the
+    loop on it, so a dead time that noise hides cannot make the gains too high."""
+    n = len(y)
+    limit = sse + _THETA_CHI2 * sse / max(1, n - params)
+    best = theta
+    candidates = [theta + (theta_max - theta) * i / _THETA_UPPER_POINTS for i in range(1, _THETA_UPPER_POINTS + 1)]
+    for th in candidates:
+        fits = (_fit_at(t, du, y, tv, th, integrating) for tv in ({tau, *taus} if not integrating else {1.0}))
+        lowest = min((r[0] for r in fits if r is not None), default=math.inf)
+        if lowest <= limit:
+            best = th
+    return best
 
 
 def _refuse_unmoved(u: list[float], min_move: float) -> None:

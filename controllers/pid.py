@@ -36,6 +36,16 @@ Why the pieces are the way they are:
   over budget against 0. Training probes start far from the setpoint (drift starts at 0) and
   the plants are lagging or integrating, so the anticipation of the velocity form is what holds
   them.
+* **Setpoint weight on the start.** ``setpoint_weight`` (``b``) says how much of the error found at
+  the first update P acts on: the start is a setpoint step from the measurement to the setpoint,
+  and the law is ``P = kp * (b * r - y)`` on it. ``b = 0`` (the default) is the bumpless start
+  above (I-P: the initial error reaches the knob through the integral only); ``b = 1`` puts P on
+  the error from the start, the structure the SIMC rules assume (``tau_I = tau`` cancels the plant
+  pole only when P sees the setpoint; under I-P that pole stays in the response and the loop
+  settles in ~2.5 tau). The kick ``b * kp * error`` goes through the limits like any move, and
+  the integral carries the unrealised part, so the velocity form stays bumpless under a rate
+  limit. Only a fresh state (no update yet) kicks: a hand-back (:meth:`PID.bumpless`) never does.
+  Later setpoint changes act on P in full, whatever ``b``.
 * **Order of limits.** bounds -> rate -> bounds again -> integer rounding. Bounds win over the rate
   limit: a knob found outside its bounds (an operator typed a bad value) is brought back at once,
   because bounds are the user's hard statement of what is safe.
@@ -106,6 +116,7 @@ class PIDConfig:
     deadband: float = 0.0
     cooldown: float = 0.0
     integral_limit: float | None = None
+    setpoint_weight: float = 0.0
 
     def validate(self) -> None:
         """Raise :class:`ParameterError` (a ``ValueError``) naming the first invalid field."""
@@ -137,6 +148,9 @@ class PIDConfig:
         require_non_negative("cooldown", self.cooldown)
         if self.integral_limit is not None:
             require_non_negative("integral_limit", self.integral_limit)
+        b = require_finite("setpoint_weight", self.setpoint_weight)
+        if not 0.0 <= b <= 1.0:
+            raise ParameterError("setpoint_weight", f"must be in [0, 1], got {b}")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe: infinite bounds travel as ``None``."""
@@ -287,8 +301,10 @@ class PID:
             hold = "cooldown"
 
         if first:
-            # Bumpless start: whatever the error, the first output is the knob value in effect.
-            seed = fin(fin(cur_s - p, limits) - d, limits)
+            # Bumpless start: whatever the error, the first output is the knob value in effect,
+            # plus, on a fresh state, the setpoint weight's share of P on the initial error.
+            kick = cfg.setpoint_weight * p if st.updates == 0 else 0.0
+            seed = fin(fin(cur_s - (p - kick), limits) - d, limits)
             integral = self._clamp_integral(seed)
             raw = self._sum(p, integral, d, limits)
         else:
@@ -301,7 +317,7 @@ class PID:
         if first:
             # u is cur_s up to float noise (far from it when huge terms swallow cur_s), unless
             # integral_limit cut the seed short.
-            value_s = self._limited(cur_s if integral == seed else u, cur_s, limits)
+            value_s = self._limited(cur_s if integral == seed and kick == 0.0 else u, cur_s, limits)
         elif hold is not None:
             limits.add(hold)
             value_s = self._bounded(cur_s, limits)

@@ -290,10 +290,10 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
 
     model = setup.fresh_model()
     anchor = (KLAnchor(setup.anchor_texts, setup.tok, weight=0.0, batch_size=a.anchor_batch, max_length=64, seed=seed)
-              if arm["kind"] in ("anchor", "lr+anchor") else None)
+              if arm["kind"] in ("anchor", "lr+anchor", "tuned", "identify") else None)
     trainer = make_trainer(setup, model, f"{a.loss_type}-{arm['kind'].replace('+', '-')}", a, seed, anchor)
     knob = KLBetaKnob(trainer)
-    probe = setup.kl_probe(a.probe_every)
+    probe = setup.kl_probe(1 if arm["kind"] == "identify" else a.probe_every)
     trace: list[dict[str, float]] = []
     margins: list[dict[str, float]] = []
     cb = None
@@ -303,12 +303,18 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
             setters=[knob], knobs={"kl_beta": {"min": a.beta / 4, "max": a.beta * a.beta_cap, "max_step": a.max_step}})
         cb.attach(trainer)
         suite = None
-    elif arm["kind"] in RESTORING:
-        policy, knobs = restoring_policy(a, arm["kind"])
+    elif arm["kind"] in RESTORING or arm["kind"] in ("tuned", "identify"):
+        policy, knobs = restoring_policy(a, "lr+anchor") if arm["kind"] in ("tuned", "identify") else \
+            restoring_policy(a, arm["kind"])
+        if arm["kind"] == "tuned":
+            policy = arm["policy"]
+        elif arm["kind"] == "identify":
+            policy["probes"][0]["every"] = 1
         cb = ActuatorCallback(
             policy, url=url, probes=[probe], budget_share=1.0,
-            run_name=f"bench-{SCENARIO}-{a.loss_type}-{arm['kind']}-{seed}", knobs=knobs,
-            setters=[KLAnchorKnob(anchor)] if anchor is not None else None)
+            run_name=f"bench-{SCENARIO}-{a.loss_type}-{arm['kind'].replace('+', '-')}-{seed}", knobs=knobs,
+            setters=[KLAnchorKnob(anchor)] if anchor is not None else None,
+            identify=arm.get("identify"))
         cb.attach(trainer)
         suite = None
     else:
@@ -366,12 +372,31 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
     r = {"arm": arm["name"], "kind": arm["kind"], "loss_type": a.loss_type, "start_beta": a.beta, "seed": seed,
          "trace": trace, "margins": margins,
          "final_perplexity": ppl, "final_beta": knob.read(), "seconds": seconds,
-         "decisions": len(cb.applied) if cb is not None else None}
+         "decisions": len(cb.applied) if cb is not None else None,
+         "run_id": cb.run_id if cb is not None else None}
     r.update(control_quality(trace, a.target, a.band))
     tail = margins[-5:]
     r["reward_margin"] = sum(m["margin"] for m in tail) / max(1, len(tail))
     del trainer, model
     return r
+
+
+def identify_and_tune(setup: Setup, a: argparse.Namespace, url: str, seed: int) -> dict[str, Any]:
+    """The tuned arm's preparation: an identification pre-run of ``--ident-steps`` steps (the agent's
+    identification mode steps the learning rate by ``--ident-size`` log units after
+    ``--ident-hold`` steps, KL probed every step), then ``POST /v1/policies/tune`` on its stored
+    observations for the lr controller of the lr + anchor policy (the anchor keeps its hand gains:
+    tune handles setpoint controllers). Returns the tune response and the pre-run's trace."""
+    from actuator.client import ActuatorClient
+
+    ia = copy.copy(a)
+    ia.steps = a.ident_steps
+    test = {"knob": "learning_rate", "size": a.ident_size, "hold": a.ident_hold,
+            "length": a.ident_steps - a.ident_hold}
+    pre = run_arm(setup, {"name": "identification", "kind": "identify", "identify": test}, ia, url, seed)
+    policy, _ = restoring_policy(a, "lr+anchor")
+    result = ActuatorClient(url, timeout=120).tune_policy(pre["run_id"], "kl-lr", policy=policy)
+    return {"tune": result, "identification": {k: pre[k] for k in ("trace", "seconds", "run_id")}, "test": test}
 
 
 def control_quality(trace: list[dict[str, float]], target: float, band: float) -> dict[str, Any]:
@@ -404,7 +429,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
                 steps = [t["step"] for t in arm["trace"]]
                 label = arm_label(arm, result)
                 line, = ax1.plot(steps, [t["kl_drift"] for t in arm["trace"]], marker=".", label=label)
-                if arm["kind"] in RESTORING:  # the knobs that moved: lr / lr0 (dashed) and w (dotted)
+                if arm["kind"] in (*RESTORING, "tuned"):  # the knobs that moved: lr / lr0 (dashed) and w (dotted)
                     lr0 = arm["trace"][0].get("lr") or result["lr"]
                     if arm["kind"] != "anchor":
                         ax2.step(steps, [t.get("lr", lr0) / lr0 for t in arm["trace"]], where="post", ls="--",
@@ -461,7 +486,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--max-step", type=float, default=1.5, help="PID rate limit, log-beta units per decision")
     ap.add_argument("--n-sums", type=int, default=0, help="hard pairs: right vs wrong sums (default none)")
     ap.add_argument("--arms", nargs="+", default=["fixed", "ziegler", "actuator"],
-                    choices=["fixed", "ziegler", "actuator", *RESTORING],
+                    choices=["fixed", "ziegler", "actuator", *RESTORING, "tuned"],
                     help="actuator = the PID on beta; lr, anchor, lr+anchor = the actuators with authority "
                          "over DPO's KL (see restoring_policy)")
     ap.add_argument("--lr-kp", type=float, default=4.0, help="lr arm: PID kp × 1/target (log-lr units)")
@@ -472,6 +497,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--w-max", type=float, default=5.0, help="anchor arm: largest KL-anchor weight")
     ap.add_argument("--w-step", type=float, default=0.5, help="anchor arm: largest change of w per decision")
     ap.add_argument("--anchor-batch", type=int, default=2, help="anchor texts per step")
+    ap.add_argument("--ident-steps", type=int, default=8,
+                    help="tuned arm: identification pre-run length (steps; default 8 = 20%% of 40)")
+    ap.add_argument("--ident-hold", type=int, default=3, help="tuned arm: steps before the learning-rate step")
+    ap.add_argument("--ident-size", type=float, default=-1.0,
+                    help="tuned arm: the learning-rate step, log units (-1: x0.37; the rate starts at its ceiling)")
     ap.add_argument("--tag", default=None, help="results go to dpo-kl-TAG.json (default dpo-kl.json)")
     ap.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
                     help="training precision (auto: bf16 where the machine has it natively, else fp32)")
@@ -524,7 +554,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                "kl_beta_bounds": [la.beta / 4, la.beta * la.beta_cap], "max_step": la.max_step,
                                "restoring": {k: restoring_policy(la, k) for k in RESTORING if k in a.arms}}
                         for loss, la in configs.items()},
-            "start_perplexity": base_ppl, "arms": results,
+            "start_perplexity": base_ppl, "arms": results, "tune_refusals": refusals,
             "command": command_line("dpo_kl", argv),
         }
 
@@ -551,13 +581,34 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return out
 
     results: list[dict[str, Any]] = []
+    refusals: list[dict[str, Any]] = []
     out: dict[str, Any] = {}
     for la in configs.values():
         names = {"fixed": f"fixed beta {la.beta:g}", "ziegler": "Ziegler adaptive KL", "actuator": "actuator PID",
                  "lr": "Actuator lr PID", "anchor": "Actuator KL anchor (w)", "lr+anchor": "Actuator lr + anchor"}
+        names["tuned"] = "Actuator lr (tuned) + anchor"
         for seed in a.seeds:
             for kind in a.arms:
-                r = run_arm(setup, {"name": names[kind], "kind": kind}, la, url, seed)
+                arm: dict[str, Any] = {"name": names[kind], "kind": kind}
+                prep = None
+                if kind == "tuned":
+                    from actuator import ActuatorError
+
+                    try:
+                        prep = identify_and_tune(setup, la, url, seed)
+                    except ActuatorError as exc:  # tune refused (409: not identifiable): no loop to run
+                        refusals.append({"seed": seed, "refused": str(exc)})
+                        console.print(f"  tuned seed {seed}: tune refused: {exc}")
+                        out = report(results)
+                        continue
+                    arm["policy"] = prep["tune"]["policy"]
+                    g, m = prep["tune"]["gains"], prep["tune"]["model"]
+                    console.print(f"  tuned seed {seed}: {m['kind']} gain {m['gain']:.4g} tau {m['tau']:.3g} theta "
+                                  f"{m['theta']:.3g} (hi {m['theta_hi']:.3g}) R2 {m['r2']:.3f}; kp {g['kp']:.4g} "
+                                  f"ki {g['ki']:.4g} kd {g['kd']:.4g} b {g['setpoint_weight']:g}")
+                r = run_arm(setup, arm, la, url, seed)
+                if prep is not None:
+                    r["tuning"] = prep
                 r["perplexity_increase_pct"] = 100 * (r["final_perplexity"] / base_ppl - 1)
                 results.append(r)
                 out = report(results)  # each arm as it ends: a stopped run keeps what it measured

@@ -142,15 +142,22 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
     from actuator.controllers import ReduceLROnPlateau
 
     setup.reset()
-    trainer = make_trainer(setup, arm["name"].replace(" ", "_"), arm["lr"], a.steps, seed, a.out)
-    drift = setup.KLDrift(setup.drift_prompts, setup.tok, every=a.probe_every, max_length=96)
+    steps = arm.get("steps", a.steps)
+    trainer = make_trainer(setup, arm["name"].replace(" ", "_").replace("(", "").replace(")", ""), arm["lr"], steps,
+                           seed, a.out)
+    every = 1 if arm["kind"] == "identify" else a.probe_every
+    drift = setup.KLDrift(setup.drift_prompts, setup.tok, every=every, max_length=96)
     trace: list[dict[str, float]] = []
     cb = None
-    if arm["kind"] == "actuator":
-        cb = ActuatorCallback(pid_policy(a), url=url, probes=[drift], budget_share=1.0,
-                              run_name=f"bench-{SCENARIO}-{seed}",
+    if arm["kind"] in ("actuator", "tuned", "identify"):
+        policy = arm.get("policy") or pid_policy(a)
+        if arm["kind"] == "identify":
+            policy["probes"] = [{"name": "kl_drift", "every": 1}]
+        cb = ActuatorCallback(policy, url=url, probes=[drift], budget_share=1.0,
+                              run_name=f"bench-{SCENARIO}-{arm['kind']}-{seed}",
                               knobs={"learning_rate": {"min": arm["lr"] / 100, "max": arm["lr"],
-                                                       "max_step": a.max_step}})
+                                                       "max_step": a.max_step}},
+                              identify=arm.get("identify"))
         cb.attach(trainer)
         suite = None
     else:
@@ -179,7 +186,7 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
                               "lr": trainer.optimizer.param_groups[0]["lr"]})
             advance()
 
-    with arm_progress(arm["name"], a.steps) as advance:
+    with arm_progress(arm["name"], steps) as advance:
         trainer.add_callback(Trace())
         t0 = time.time()
         trainer.train()
@@ -189,16 +196,32 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
     return {"arm": arm["name"], "kind": arm["kind"], "start_lr": arm["lr"], "seed": seed, "trace": trace,
             "final": final, "final_lr": trainer.optimizer.param_groups[0]["lr"],
             "final_kl_drift": sum(t["kl_drift"] for t in trace[-3:]) / max(1, len(trace[-3:])),
-            "seconds": seconds, "decisions": decisions,
+            "seconds": seconds, "decisions": decisions, "run_id": cb.run_id if cb is not None else None,
             "steps_over_setpoint": sum(1 for t in trace if t["kl_drift"] > a.setpoint * 1.1)}
 
 
 def pid_policy(a: argparse.Namespace) -> dict[str, Any]:
     """Gains per unit of relative error: an error the size of the setpoint moves ln(lr) by kp."""
-    return {"name": "bench-sft-drift", "controllers": [{
+    return {"name": "bench-sft-drift", "probes": [{"name": "kl_drift", "every": a.probe_every}], "controllers": [{
         "name": "drift-lr", "probe": "kl_drift", "knob": "learning_rate", "setpoint": a.setpoint,
         "kp": a.kp / a.setpoint, "ki": a.ki / a.setpoint, "direction": "direct",
         "filter": {"kind": "ema", "alpha": a.filter_alpha}}]}
+
+
+def identify_and_tune(setup: Setup, a: argparse.Namespace, url: str, seed: int) -> dict[str, Any]:
+    """The tuned arm's preparation: an identification pre-run of ``--ident-steps`` steps from the
+    same start (the agent's identification mode steps the learning rate by ``--ident-size`` log
+    units after ``--ident-hold`` steps; drift probed every step), then ``POST /v1/policies/tune``
+    on its stored observations for the hand policy's controller (same setpoint, filter, probe
+    interval, bounds and rate limit; only the gains are proposed)."""
+    from actuator.client import ActuatorClient
+
+    test = {"knob": "learning_rate", "size": a.ident_size, "hold": a.ident_hold,
+            "length": a.ident_steps - a.ident_hold}
+    pre = run_arm(setup, {"name": "identification", "kind": "identify", "lr": a.lr, "steps": a.ident_steps,
+                          "identify": test}, a, url, seed)
+    result = ActuatorClient(url, timeout=120).tune_policy(pre["run_id"], "drift-lr", policy=pid_policy(a))
+    return {"tune": result, "identification": {k: pre[k] for k in ("trace", "seconds", "run_id")}, "test": test}
 
 
 def pareto(points: list[tuple[str, float, float]]) -> set[str]:
@@ -243,8 +266,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--filter-alpha", type=float, default=1.0,
                     help="EMA weight of the newest drift reading (1 = no filter: the probe is deterministic)")
     ap.add_argument("--arms", nargs="+", default=["sweep", "plateau", "actuator"],
-                    choices=["sweep", "open", "plateau", "actuator"],
+                    choices=["sweep", "open", "plateau", "actuator", "tuned"],
                     help="'open' runs only the open loop at --lr; 'sweep' runs lr/3, lr and 3*lr")
+    ap.add_argument("--ident-steps", type=int, default=8,
+                    help="tuned arm: identification pre-run length (steps; default 8 = 20%% of 40)")
+    ap.add_argument("--ident-hold", type=int, default=3, help="tuned arm: steps before the learning-rate step")
+    ap.add_argument("--ident-size", type=float, default=-1.0,
+                    help="tuned arm: the learning-rate step, log units (-1: x0.37; the rate starts at its ceiling)")
+    ap.add_argument("--tag", default=None, help="results go to sft-drift-TAG.json (default sft-drift.json)")
     a = ap.parse_args(argv)
     if a.quick:
         a.steps = min(a.steps, 16)
@@ -263,17 +292,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         {"name": f"open loop {a.lr * 3:.1e}", "kind": "open", "lr": a.lr * 3},
         {"name": "ReduceLROnPlateau", "kind": "plateau", "lr": a.lr},
         {"name": "actuator PID", "kind": "actuator", "lr": a.lr},
+        {"name": "actuator PID (tuned)", "kind": "tuned", "lr": a.lr},
     ]
     if a.quick:
         arms = [arms[1], arms[3], arms[4]]
-    keep = {"sweep": ("open",), "open": ("open",), "plateau": ("plateau",), "actuator": ("actuator",)}
+    keep = {"sweep": ("open",), "open": ("open",), "plateau": ("plateau",), "actuator": ("actuator",),
+            "tuned": ("tuned",)}
     arms = [arm for arm in arms if any(arm["kind"] in keep[k] for k in a.arms)]
     if "sweep" not in a.arms:
         arms = [arm for arm in arms if arm["kind"] != "open" or arm["lr"] == a.lr]
     results = []
     for seed in a.seeds:
         for arm in arms:
+            prep = None
+            if arm["kind"] == "tuned":
+                prep = identify_and_tune(setup, a, url, seed)
+                arm = {**arm, "policy": prep["tune"]["policy"]}
+                g, m = prep["tune"]["gains"], prep["tune"]["model"]
+                console.print(f"  tuned seed {seed}: {m['kind']} gain {m['gain']:.4g} tau {m['tau']:.3g} theta "
+                              f"{m['theta']:.3g} (hi {m['theta_hi']:.3g}) R2 {m['r2']:.3f}; kp {g['kp']:.4g} "
+                              f"ki {g['ki']:.4g} kd {g['kd']:.4g} b {g['setpoint_weight']:g}")
             r = run_arm(setup, arm, a, url, seed)
+            if prep is not None:
+                r["tuning"] = prep
             f = r["final"]
             r["task_gain"] = base["task_loss"] - f["task_loss"]
             r["accuracy_gain"] = f["task_accuracy"] - base["task_accuracy"]
@@ -291,7 +332,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     for seed in a.seeds:
         mine = [r for r in results if r["seed"] == seed]
-        points = [(r["arm"], r["task_gain"], r["final_kl_drift"]) for r in mine if r["kind"] in ("open", "actuator")]
+        points = [(r["arm"], r["task_gain"], r["final_kl_drift"]) for r in mine
+                  if r["kind"] in ("open", "actuator", "tuned")]
         front = pareto(points)
         out["pareto_front"][f"seed {seed}"] = sorted(front)
         for r in mine:
@@ -302,18 +344,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                           "-" if r["decisions"] is None else str(r["decisions"]), "yes" if r["arm"] in front else "",
                           f"{r['seconds']:.0f}")
         ref = next((r for r in mine if r["kind"] == "open" and r["start_lr"] == a.lr), None)
-        pid = next((r for r in mine if r["kind"] == "actuator"), None)
-        if ref and pid:
-            out["targets"][f"seed {seed}"] = {
-                "task_gain_no_worse_loss": pid["task_gain"] >= ref["task_gain"],
-                "task_gain_no_worse_accuracy": pid["final"]["task_accuracy"] >= ref["final"]["task_accuracy"],
-                "drift_at_most_one_third": pid["final_kl_drift"] <= ref["final_kl_drift"] / 3,
-                "drift_ratio": pid["final_kl_drift"] / ref["final_kl_drift"],
-                "on_or_beyond_pareto_front": pid["arm"] in front,
-            }
+        for kind in ("actuator", "tuned"):
+            pid = next((r for r in mine if r["kind"] == kind), None)
+            if ref and pid:
+                out["targets"][f"seed {seed}" + (" tuned" if kind == "tuned" else "")] = {
+                    "task_gain_no_worse_loss": pid["task_gain"] >= ref["task_gain"],
+                    "task_gain_no_worse_accuracy": pid["final"]["task_accuracy"] >= ref["final"]["task_accuracy"],
+                    "drift_at_most_one_third": pid["final_kl_drift"] <= ref["final_kl_drift"] / 3,
+                    "drift_ratio": pid["final_kl_drift"] / ref["final_kl_drift"],
+                    "on_or_beyond_pareto_front": pid["arm"] in front,
+                }
     console.print(table)
     console.print(f"targets: {out['targets']}")
-    save_results(SCENARIO, out, plot, t_start)
+    save_results(f"{SCENARIO}-{a.tag}" if a.tag else SCENARIO, out, plot, t_start)
     return out
 
 

@@ -97,7 +97,8 @@ def _policy(case: Case) -> Any:
 
 
 def identification_run(case: Case, seed: int) -> list[SimpleNamespace]:
-    """The pre-run: the step test on the knob, one observation per interval, as an agent records them."""
+    """The pre-run: the step test on the knob, one observation per interval, as an agent records
+    them: each reports the knob value in effect from then on (the next interval's)."""
     plant = case.plant()
     plant.reset(random.Random(seed))
     nominal, scale = case.knob["value"], case.knob["scale"]
@@ -106,13 +107,15 @@ def identification_run(case: Case, seed: int) -> list[SimpleNamespace]:
         u = case.test.value(k, nominal, scale, case.knob["min"], case.knob["max"])
         obs = plant.step(u)
         values = {case.probe: obs.measurement}
-        out.append(SimpleNamespace(seq=k, step=k + 1, probes=values, metrics={}, knobs={case.knob["name"]: u}))
+        after = case.test.value(k + 1, nominal, scale, case.knob["min"], case.knob["max"])
+        out.append(SimpleNamespace(seq=k, step=k + 1, probes=values, metrics={}, knobs={case.knob["name"]: after}))
     return out
 
 
 def tuned_arm(case: Case, result: dict[str, Any]) -> PIDArm:
     g = result["gains"]
-    return PIDArm("tuned", replace(case.hand.config, kp=g["kp"], ki=g["ki"], kd=g["kd"], direction=g["direction"]),
+    return PIDArm("tuned", replace(case.hand.config, kp=g["kp"], ki=g["ki"], kd=g["kd"], direction=g["direction"],
+                                       setpoint_weight=g["setpoint_weight"]),
                   filter_kind=case.hand.filter_kind, filter_params=case.hand.filter_params)
 
 
@@ -129,7 +132,9 @@ def run(aggressiveness: float = 1.0) -> dict[str, Any]:
             hand = summarize(run_arm(case.plant(), case.hand, STEPS, seed), budget)
             m, g, p = result["model"], result["gains"], result["predicted"]["proposed"]
             rows.append({"seed": seed, "model": m["kind"], "gain": m["gain"], "tau": m["tau"], "theta": m["theta"],
-                         "r2": m["r2"], "kp": g["kp"], "ki": g["ki"], "kd": g["kd"],
+                         "theta_hi": m["theta_hi"],
+                         "r2": m["r2"], "kp": g["kp"], "ki": g["ki"], "kd": g["kd"], "b": g["setpoint_weight"],
+                         "tau_c": g["tau_c"], "noise_slowed": result["noise_floor"] is not None,
                          "predicted_settling": p["settling_steps"],
                          "predicted_overshoot": p["overshoot_pct"], "tuned_settling": tuned["settling"],
                          "tuned_overshoot": tuned["overshoot_pct"], "hand_settling": hand["settling"],

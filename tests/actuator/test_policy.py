@@ -135,3 +135,14 @@ def test_protect_one_liner():
     assert protect_policy({"kl_drift": 0.1}).name == protect_policy({"kl_drift": 0.1}).name  # stable name
     with pytest.raises(PolicyError):
         protect_policy({})
+
+
+def test_setpoint_weight_is_a_setpoint_controllers_and_defaults_to_the_bumpless_start():
+    base = {"name": "c", "probe": "kl_drift", "knob": "learning_rate", "setpoint": 0.1, "kp": 1.0}
+    assert load_policy({"name": "p", "controllers": [base]}).controllers[0].setpoint_weight == 0.0
+    assert load_policy({"name": "p", "controllers": [{**base, "setpoint_weight": 1}]}).controllers[0].setpoint_weight == 1
+    with pytest.raises(PolicyError, match="setpoint_weight"):
+        load_policy({"name": "p", "controllers": [{**base, "setpoint_weight": 1.5}]})
+    with pytest.raises(PolicyError, match="setpoint_weight"):
+        load_policy({"name": "p", "controllers": [{**base, "knob": "kl_weight", "kind": "constraint",
+                                                   "setpoint_weight": 1}]})

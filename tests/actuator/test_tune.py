@@ -72,3 +72,85 @@ def test_refusals():
     # a 3% move on a log knob is below the 5% it takes
     with pytest.raises(KnobDidNotMove, match="larger than 0.05"):
         tune_controller(policy(0.35), {"learning_rate": KNOB}, "c", observations(factor=1.03))
+
+
+def fopdt_observations(*, start: float, u0: float = 0.0, seed: int = 0, noise: float = 0.01) -> list[SimpleNamespace]:
+    """y -> 2 * u through a lag of 8 steps and 2 steps of dead time, from y = ``start`` (at rest
+    when start = 2 * u0), a step of +0.5 on a linear knob at step 20, a probe every step."""
+    rng = random.Random(seed)
+    y, pipe, out = start, [u0, u0], []
+    for step in range(61):
+        u = u0 + (0.5 if step > 20 else 0.0)
+        if step:
+            pipe.append(u)
+            y += (2.0 * pipe.pop(0) - y) * (1 - math.exp(-1 / 8))
+        out.append(SimpleNamespace(seq=step, step=step, probes={"y": y + rng.gauss(0, noise)}, metrics={},
+                                   knobs={"custom.u": u}))
+    return out
+
+
+LINEAR = {"name": "custom.u", "value": 0.0, "min": -2.0, "max": 2.0, "scale": "linear"}
+
+
+def linear_policy(setpoint: float) -> object:
+    return load_policy({"name": "p", "controllers": [{"name": "c", "probe": "custom.y", "knob": "custom.u",
+                                                      "setpoint": setpoint, "kp": 0.5, "ki": 0.1}]})
+
+
+def test_the_replay_picks_p_on_the_error_for_a_plant_at_rest_and_it_settles_faster():
+    obs = [SimpleNamespace(**{**vars(o), "probes": {"custom.y": o.probes["y"]}}) for o in fopdt_observations(start=0.0)]
+    result = tune_controller(linear_policy(1.5), {"custom.u": LINEAR}, "c", obs)
+    g, pred = result["gains"], result["predicted"]["proposed"]
+    assert g["setpoint_weight"] == 1.0 and result["policy"]["controllers"][0]["setpoint_weight"] == 1.0
+    # SIMC's target: about tau_c + theta to reach the band, where I-P (b = 0) keeps the plant's tau
+    doc = load_policy(result["policy"])
+    slow = load_policy({**result["policy"], "controllers": [{**result["policy"]["controllers"][0],
+                                                             "setpoint_weight": 0.0}]})
+    model = identify(*series(obs, "custom.y", "custom.u", 0.0, "linear")[:3])
+
+    def settle(d: object) -> int:
+        sim = simulate_model(d, {"custom.u": LINEAR}, model, probe="custom.y", knob="custom.u", steps=120, every=1)
+        ys = [t["probe"] for t in sim["trace"]]
+        last_out = max(i for i, y in enumerate(ys) if abs(y - 1.5) > 0.15)
+        return last_out + 1
+
+    assert settle(doc) < 0.7 * settle(slow)
+    assert pred["settling_steps"] is not None and pred["overshoot_pct"] <= 15.0
+
+
+def test_the_replay_keeps_the_bumpless_start_for_a_probe_that_starts_moving_on_its_own():
+    # y starts at 0 and rises towards 2 * u0 = 2 by itself (KL starts at 0 whatever beta is):
+    # and past the setpoint 1.5: P on the initial error (+1.5) would raise the knob the plant needs lowered
+    obs = [SimpleNamespace(**{**vars(o), "probes": {"custom.y": o.probes["y"]}})
+           for o in fopdt_observations(start=0.0, u0=1.0)]
+    result = tune_controller(linear_policy(1.5), {"custom.u": {**LINEAR, "value": 1.0}}, "c", obs)
+    assert result["model"]["transient"] < 0
+    assert result["gains"]["setpoint_weight"] == 0.0
+
+
+def test_a_noisy_probe_slows_tau_c_until_the_loops_own_jitter_fits_in_the_band():
+    from actuator.controllers.tuning import noise_jitter
+
+    quiet = [SimpleNamespace(**{**vars(o), "probes": {"custom.y": o.probes["y"]}})
+             for o in fopdt_observations(start=0.0, noise=0.01)]
+    noisy = [SimpleNamespace(**{**vars(o), "probes": {"custom.y": o.probes["y"]}})
+             for o in fopdt_observations(start=0.0, noise=0.3)]
+    q = tune_controller(linear_policy(1.0), {"custom.u": LINEAR}, "c", quiet)
+    n = tune_controller(linear_policy(1.0), {"custom.u": LINEAR}, "c", noisy)
+    assert q["noise_floor"] is None
+    assert n["noise_floor"] is not None and n["gains"]["tau_c"] > 1.5 * q["gains"]["tau_c"]
+    model = identify(*series(noisy, "custom.y", "custom.u", 0.0, "linear")[:3])
+    from actuator.controllers.tuning import Tuning
+    jitter = noise_jitter(model, Tuning(**n["gains"]), interval=n["interval"])
+    assert jitter is not None and 2 * jitter <= 0.1 * 1.0
+
+
+def test_series_pairs_each_probe_with_the_knob_the_steps_before_it_ran_at():
+    # the agent reports the knob after the boundary's moves: a step test applied at step 2 shows
+    # in the observation of step 2, but steps 1-2 ran at the old value
+    obs = [SimpleNamespace(seq=i, step=i, probes={"kl_drift": 0.1 * i}, metrics={},
+                           knobs={"learning_rate": 1e-3 if i < 2 else 2e-3}) for i in range(5)]
+    obs.insert(3, SimpleNamespace(seq=2.5, step=2, probes={}, metrics={}, knobs={}))  # no probe: skipped
+    steps, us, ys = series(obs, "kl_drift", "learning_rate", 1e-3, "log")
+    assert steps == [0, 1, 2, 3, 4] and ys == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4])
+    assert us == pytest.approx([math.log(1e-3)] * 3 + [math.log(2e-3)] * 2)

@@ -391,3 +391,26 @@ def test_setpoint_step_causes_no_derivative_kick() -> None:
     # whereas the same error change coming from the measurement does move D
     out2 = PID(cfg).update(0.0, 1.0, before, out.state)
     assert out2.d == pytest.approx(10.0)
+
+
+def test_setpoint_weight_puts_p_on_the_initial_error_of_a_fresh_state_only():
+    # b = 0 (default): bumpless start, the first update outputs the knob in effect
+    pid0 = PID(PIDConfig(setpoint=1.0, kp=0.5, ki=0.1))
+    assert pid0.update(0.0, 1.0, 0.0).value == 0.0
+    # b = 1: P acts on the initial error at once (kp * 1.0), the rest of the law as before
+    pid1 = PID(PIDConfig(setpoint=1.0, kp=0.5, ki=0.1, setpoint_weight=1.0))
+    out = pid1.update(0.0, 1.0, 0.0)
+    assert out.value == pytest.approx(0.5) and out.changed
+    nxt = pid1.update(0.0, 1.0, out.value, out.state)  # then the integral acts: + ki * e * dt
+    assert nxt.value == pytest.approx(0.6)
+    # b = 0.5: half the kick; under a rate limit the kick is cut and the integral carries the rest
+    assert PID(PIDConfig(setpoint=1.0, kp=0.5, setpoint_weight=0.5)).update(0.0, 1.0, 0.0).value == pytest.approx(0.25)
+    lim = PID(PIDConfig(setpoint=1.0, kp=0.5, setpoint_weight=1.0, max_step=0.2))
+    first = lim.update(0.0, 1.0, 0.0)
+    assert first.value == pytest.approx(0.2) and "rate" in first.limited_by
+    assert lim.update(0.0, 1.0, first.value, first.state).value == pytest.approx(0.4)
+    # a hand-back after a manual override is bumpless whatever b
+    back = pid1.bumpless(0.3, 0.0, nxt.state)
+    assert pid1.update(0.0, 1.0, 0.3, back).value == pytest.approx(0.3)
+    with pytest.raises(ValueError, match="setpoint_weight"):
+        PID(PIDConfig(setpoint=1.0, kp=0.5, setpoint_weight=1.5))

@@ -150,3 +150,36 @@ def test_step_test_schedule():
     assert StepTest(size=0.6, length=3).value(0, 8, "integer") == 9.0
     with pytest.raises(ParameterError, match="size"):
         StepTest(size=0.0, length=3)
+
+
+def test_theta_hi_bounds_the_dead_time_the_noise_hides_and_sizes_tau_c():
+    # noise-free: the SSE rises at once past the fitted dead time
+    clean = identify(*record(gain=2.0, tau=8.0, delay=2, steps=80))
+    assert clean.theta <= clean.theta_hi <= clean.theta + 1.0
+    # noisy: the bound widens, and it never lies below the fit
+    for seed in range(5):
+        noisy = identify(*record(gain=2.0, tau=8.0, delay=2, noise=0.15, steps=60, step_at=20, size=0.5, seed=seed))
+        assert noisy.theta_hi >= noisy.theta
+        assert noisy.theta_hi >= 1.0, noisy  # the true dead time (2) is not ruled out
+    # SIMC sizes tau_c on the bound, Kc keeps the best-fit dead time
+    from dataclasses import replace
+    m = replace(clean, theta=0.5, theta_hi=2.0)
+    t = simc(m)
+    assert t.tau_c == pytest.approx(2.5) and t.theta_eff == pytest.approx(1.0) and t.theta_hi_eff == pytest.approx(2.5)
+    assert t.kp == pytest.approx(m.tau / (abs(m.gain) * (2.5 + 1.0)))
+    assert t.setpoint_weight == 1.0  # SIMC's structure: P on the error
+
+
+def test_noise_jitter_is_the_probe_noise_fed_back_through_the_gains_and_the_plant_lag():
+    from dataclasses import replace
+
+    from actuator.controllers.tuning import noise_jitter
+
+    m = replace(identify(*record(gain=2.0, tau=8.0, delay=2, steps=80)), residual_sd=0.1)
+    t = simc(m)
+    assert noise_jitter(m, t) == pytest.approx(2.0 * t.kp * 0.1 * math.sqrt(1 / 16), rel=0.05)
+    # an EMA (alpha 0.5: variance / 3) and a derivative (two samples: 2 kd^2)
+    t2 = simc(m, filter_alpha=0.5)
+    expected = 2.0 * math.sqrt(t2.kp ** 2 + 2 * t2.kd ** 2) * 0.1 * math.sqrt(1 / 3) * math.sqrt(1 / 16)
+    assert noise_jitter(m, t2, filter_alpha=0.5) == pytest.approx(expected, rel=0.05)
+    assert noise_jitter(identify(*record(gain=0.05, delay=1, integrating=True)), t) is None
