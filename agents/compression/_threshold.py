@@ -24,7 +24,7 @@ decisions; the compress-rank benchmark's Actuator arm went over its budget right
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -45,6 +45,37 @@ def _short(name: str) -> str:
         if name.startswith(prefix):
             return name[len(prefix):]
     return name
+
+
+def check_threshold(name: str, value: Any) -> float:
+    """A log-scale threshold knob's value: a finite number > 0, or ``ValueError`` naming ``name``."""
+    try:
+        tau = float(value)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name}: must be a positive number, got {value!r}") from exc
+    if not math.isfinite(tau) or tau <= 0:
+        raise ValueError(f"{name}: must be a finite number > 0 (a log-scale knob), got {value!r}")
+    return tau
+
+
+def smallest_threshold_within(params_at: Callable[[float], int], params: int, low: float, high: float,
+                              floor: str, iterations: int = 60) -> float:
+    """The smallest threshold in [low, high] (bisection in log) at which ``params_at`` is at most
+    ``params`` (``params_at`` falls as the threshold rises); ``ValueError`` naming ``params`` if
+    even ``high`` is above it (``floor`` says what limits the smallest model)."""
+    lo, hi = math.log(low), math.log(high)
+    if params_at(math.exp(hi)) > params:
+        raise ValueError(f"params: {params} is below the smallest model this knob reaches "
+                         f"({params_at(math.exp(hi))} at {floor})")
+    if params_at(math.exp(lo)) <= params:
+        return math.exp(lo)
+    for _ in range(iterations):
+        mid = (lo + hi) / 2
+        if params_at(math.exp(mid)) <= params:
+            hi = mid
+        else:
+            lo = mid
+    return math.exp(hi)
 
 
 class ThresholdKnob:
@@ -156,13 +187,7 @@ class ThresholdKnob:
         return self.read()
 
     def _check(self, value: float) -> float:
-        try:
-            tau = float(value)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"{self.name}: must be a positive number, got {value!r}") from exc
-        if not math.isfinite(tau) or tau <= 0:
-            raise ValueError(f"{self.name}: must be a finite number > 0 (a log-scale knob), got {value!r}")
-        return tau
+        return check_threshold(self.name, value)
 
     # -- allocation ---------------------------------------------------------------------------
     def ranks_for(self, threshold: float) -> dict[str, int]:
@@ -199,20 +224,9 @@ class ThresholdKnob:
         parameters: the parameter-budget view of this knob. Raises ``ValueError`` naming
         ``params`` if even the largest threshold cannot reach it."""
         positive = torch.cat([s[s > 0] for s in self.scores.values()])
-        lo = math.log(min(self._bounds[0], float(positive.min())) / 2)
-        hi = math.log(max(self._bounds[1], float(positive.max())) * 2)
-        if self.params_at(math.exp(hi)) > params:
-            raise ValueError(f"params: {params} is below the smallest model this knob reaches "
-                             f"({self.params_at(math.exp(hi))} at min_rank {self.min_rank})")
-        if self.params_at(math.exp(lo)) <= params:
-            return math.exp(lo)
-        for _ in range(iterations):
-            mid = (lo + hi) / 2
-            if self.params_at(math.exp(mid)) <= params:
-                hi = mid
-            else:
-                lo = mid
-        return math.exp(hi)
+        return smallest_threshold_within(self.params_at, params, min(self._bounds[0], float(positive.min())) / 2,
+                                         max(self._bounds[1], float(positive.max())) * 2,
+                                         f"min_rank {self.min_rank}", iterations)
 
     def _equal_size_threshold(self, params: int, iterations: int = 60) -> float:
         """A ``τ`` on the current sensitivities whose model has the largest count not above

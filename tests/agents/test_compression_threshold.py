@@ -340,29 +340,39 @@ def test_export_refuses_a_model_without_low_rank_layers(tmp_path) -> None:
 # --- under the controller -----------------------------------------------------------------------
 
 
-def test_pid_moves_the_threshold_in_a_real_trainer_and_reports_the_ranks(tmp_path, char_tokenizer, sqlite_service):
-    import httpx
-    from transformers import Trainer, TrainerCallback, TrainingArguments
+def pid_trainer(tmp_path, tokenizer, url: str, model: nn.Module, knob) -> tuple:  # noqa: ANN001
+    """A 12-step Trainer whose callback runs a pure-I PID on perplexity driving ``knob`` (a
+    threshold) through the real service: perplexity far below a +500% setpoint, so a direct-acting
+    PID raises the threshold at every decision."""
+    from transformers import Trainer, TrainingArguments
 
     from actuator.agents.callback import ActuatorCallback
     from actuator.agents.probes import Perplexity
 
-    from agent_helpers import HELD_OUT, NARROW_TASK, SlowSteps, lm_dataset
+    from agent_helpers import HELD_OUT, NARROW_TASK, lm_dataset
 
-    model, calib = _factorised()
-    knob = ThresholdKnob(model, calib, refresh_every=4)
-    start = knob.read()
-    # Perplexity far below a +500% setpoint: a direct-acting PID raises τ at every decision.
-    policy = {"name": "test-threshold", "probes": [{"name": "perplexity", "every": 2}],
-              "controllers": [{"name": "ppl-threshold", "probe": "perplexity", "knob": "compression_threshold",
+    policy = {"name": f"test-{knob.name}", "probes": [{"name": "perplexity", "every": 2}],
+              "controllers": [{"name": "ppl-threshold", "probe": "perplexity", "knob": knob.name,
                                "setpoint": "+500%", "kp": 0.0, "ki": 1.0, "direction": "direct"}]}
     args = TrainingArguments(output_dir=str(tmp_path), max_steps=12, per_device_train_batch_size=2,
                              learning_rate=1e-3, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
                              disable_tqdm=True)
-    trainer = Trainer(model=model, args=args, train_dataset=lm_dataset(char_tokenizer, NARROW_TASK))
-    cb = ActuatorCallback(policy, url=sqlite_service.url, probes=[Perplexity(HELD_OUT, char_tokenizer, every=2)],
-                          setters=[knob], knobs={"compression_threshold": {"max_step": 0.7}},
-                          budget_share=1.0).attach(trainer)
+    trainer = Trainer(model=model, args=args, train_dataset=lm_dataset(tokenizer, NARROW_TASK))
+    cb = ActuatorCallback(policy, url=url, probes=[Perplexity(HELD_OUT, tokenizer, every=2)], setters=[knob],
+                          knobs={knob.name: {"max_step": 0.7}}, budget_share=1.0).attach(trainer)
+    return trainer, cb
+
+
+def test_pid_moves_the_threshold_in_a_real_trainer_and_reports_the_ranks(tmp_path, char_tokenizer, sqlite_service):
+    import httpx
+    from transformers import TrainerCallback
+
+    from agent_helpers import SlowSteps
+
+    model, calib = _factorised()
+    knob = ThresholdKnob(model, calib, refresh_every=4)
+    start = knob.read()
+    trainer, cb = pid_trainer(tmp_path, char_tokenizer, sqlite_service.url, model, knob)
     in_forward: list[tuple[int, dict[str, int]]] = []
 
     class Ranks(TrainerCallback):
