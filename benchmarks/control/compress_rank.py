@@ -30,6 +30,18 @@ on held-out text every ``--probe-every`` steps). Budget: the dense model's held-
 - ``matched`` (``--match-arm``, after ``actuator``) — one-shot τ at the Actuator arm's final
   parameter count (known only afterwards). *Matched parameter count.*
 
+Width arms (structured pruning of MLP channels, ``ChannelThresholdKnob``: one global τ on each
+channel's ``‖h_j‖·‖W_down[:, j]‖``, masked while training, sliced by the export; on the dense,
+unfactorised model, because a low-rank factorisation of SmolLM2 saves nothing above rank 419):
+
+- ``width-oneshot`` — the largest channel τ within the budget offline (log bisection), set at
+  step 0; then the fine-tune. *Matched perplexity budget.*
+- ``width-actuator`` — a PID on perplexity moving log τ (``preset:compress-width`` with gains in
+  this run's units, :func:`width_policy`), from the τ of 99% of the dense parameters.
+  *Matched perplexity budget*; its size is the result.
+- ``width-matched`` (``--match-arm``, after ``width-actuator``) — one-shot channel τ at that
+  arm's final parameter count. *Matched parameter count.*
+
 Reported per arm: final parameters (export) and share of dense, final perplexity and its rise,
 steps over budget (probe intervals whose measurement exceeded the budget, in steps), layers kept
 dense, HotpotQA EM and gold-answer log-prob of the final model, and the exported directory
@@ -37,6 +49,7 @@ re-loaded with plain ``AutoModelForCausalLM.from_pretrained(..., trust_remote_co
 parameter count, weight-file size and perplexity measured again after the reload.
 
     python -m benchmarks.control.compress_rank [--steps 60] [--seeds 0] [--arms ...]   # one file per seed
+    python -m benchmarks.control.compress_rank --arms width-actuator width-oneshot --match-arm --tag=-width
     python -m benchmarks.control.compress_rank --aggregate                            # tables, plot, targets
 """
 
