@@ -143,9 +143,9 @@ class ThresholdKnob:
         self.score_scale = 1.0
         # Export parameters outside the knob's layers (embeddings, attention, norms, biases):
         # constant, so a size is this plus each layer's own count (no module walk per query).
-        stats = compression_stats(model)["layers"]
-        self._other_params = int(compression_stats(model)["model"]["export_params"]) - sum(
-            int(stats[n]["export_params"]) for n in self._layers)
+        stats = compression_stats(model)
+        self._other_params = int(stats["model"]["export_params"]) - sum(
+            int(stats["layers"][n]["export_params"]) for n in self._layers)
         self._summary_cache: tuple[tuple[int, ...], dict[str, Any]] | None = None
         self._measure()
         positive = torch.cat([s[s > 0] for s in self.scores.values()])
