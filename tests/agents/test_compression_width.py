@@ -138,6 +138,8 @@ def test_the_sliced_export_has_the_masked_models_logits_without_actuator(tmp_pat
     assert rep["custom_code"] and rep["pruned_mlps"] == 2 and rep["factored_layers"] == 0
     assert rep["params"] == knob.summary()["compression.params"]
     assert knob.widths == widths and channel_masks(model)  # the live model keeps its masks
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, before)  # and still runs masked
     config = json.loads((tmp_path / "width" / "config.json").read_text())
     assert config["resized_layers"]["model.layers.0.mlp.up_proj"]["out_features"] == widths[MLPS[0]]
     assert config["resized_layers"]["model.layers.1.mlp.down_proj"]["in_features"] == widths[MLPS[1]]
