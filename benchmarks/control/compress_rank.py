@@ -277,23 +277,29 @@ def pid_policy(a: argparse.Namespace, start_ppl: float) -> dict[str, Any]:
     }
 
 
-def width_policy(a: argparse.Namespace, start_ppl: float, span: float) -> dict[str, Any]:
+def width_policy(a: argparse.Namespace, dense_ppl: float, span: float) -> dict[str, Any]:
     """``preset:compress-width`` with gains in this run's units: ``span`` = ln τ from the start
-    (99% of the dense parameters) to the τ of 85% offline. At full headroom the integral climbs
-    ``span`` in ``--width-climb`` of the run; ``kp`` gives back a quarter of ``span`` as the
-    headroom is used up; a decision moves ln τ by at most ``span / 5``; the guardrail steps back
-    by one such move."""
-    setpoint = a.budget - a.backoff
-    headroom = start_ppl * setpoint / 100
+    (99% of the dense parameters) to the τ of 85% offline (about 0.6 on SmolLM2: the parameter
+    count is steep in τ). At full headroom the integral climbs ``span`` in ``--width-climb`` of
+    the run; ``kp`` gives back a quarter of ``span`` as the headroom is used up; a decision moves
+    ln τ by at most ``span / --width-moves``; the guardrail steps back by one such move.
+
+    Setpoint and guardrail are absolute, from the *dense* perplexity: the run starts at 99%, whose
+    first measurement would otherwise become the baseline of "+8%" / "+10%" and loosen the budget.
+    (Seed 0 with a 5th of the span per decision, half the run to climb and relative setpoints
+    ended in a limit cycle between the PID and the guardrail at 92% / 95% of dense.)"""
+    headroom = dense_ppl * (a.budget - a.backoff) / 100
     per_step = span / max(1.0, a.width_climb * a.steps)
+    move = span / a.width_moves
     return {
         "name": "bench-compress-width",
         "probes": [{"name": "perplexity", "every": a.probe_every}],
         "controllers": [{"name": "ppl-width", "probe": "perplexity", "knob": KNOB["width"],
-                         "setpoint": f"+{setpoint:g}%", "kp": 0.25 * span / headroom, "ki": per_step / headroom,
+                         "setpoint": dense_ppl + headroom, "kp": 0.25 * span / headroom, "ki": per_step / headroom,
                          "direction": "direct", "filter": {"kind": "ema", "alpha": 0.6}}],
-        "guardrails": [{"name": "ppl-budget", "probe": "perplexity", "bound": "upper", "threshold": f"+{a.budget:g}%",
-                        "action": "adjust", "knob": KNOB["width"], "factor": math.exp(-span / 5), "consecutive": 1}],
+        "guardrails": [{"name": "ppl-budget", "probe": "perplexity", "bound": "upper",
+                        "threshold": dense_ppl * (1 + a.budget / 100), "action": "adjust", "knob": KNOB["width"],
+                        "factor": math.exp(-move), "consecutive": 1}],
     }
 
 
@@ -362,7 +368,8 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
         span = arm["span"]
         cb = ActuatorCallback(width_policy(a, setup.dense_ppl, span), url=url, probes=[probe], budget_share=1.0,
                               run_name=f"bench-{SCENARIO}-width-{seed}", setters=[knob],
-                              knobs={knob_name: {"min": arm["tau"], "max": knob.bounds[1], "max_step": span / 5}})
+                              knobs={knob_name: {"min": arm["tau"], "max": knob.bounds[1],
+                                                 "max_step": span / a.width_moves}})
         cb.attach(trainer)
     else:
         suite = ProbeSuite([probe], budget_share=1.0)
@@ -621,9 +628,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--match-arm", action="store_true",
                     help="also run one-shot τ at the Actuator arm's final size (each Actuator arm: low rank, channels)")
     ap.add_argument("--min-channels", type=int, default=64, help="width arms: the fewest channels an MLP keeps")
-    ap.add_argument("--width-climb", type=float, default=0.5,
+    ap.add_argument("--width-climb", type=float, default=1.0,
                     help="width Actuator: at full headroom, ln τ climbs from 99%% to 85%% of dense in this share "
                          "of the run")
+    ap.add_argument("--width-moves", type=float, default=10.0,
+                    help="width Actuator: a decision moves ln τ by at most (99%%→85%% span) / this")
     ap.add_argument("--tag", default="", help="suffix of the per-seed result files")
     ap.add_argument("--aggregate", action="store_true", help="combine the per-seed files; run nothing")
     a = ap.parse_args(argv)
