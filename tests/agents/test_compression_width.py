@@ -234,3 +234,12 @@ def test_pid_moves_the_channel_threshold_in_a_real_trainer(tmp_path, char_tokeni
     assert run["knobs"]["mlp_channel_threshold"]["scale"] == "log"
     assert run["knobs"]["mlp_channel_threshold"]["min"] == pytest.approx(knob.bounds[0])
     assert run["knobs_in_effect"]["mlp_channel_threshold"] == pytest.approx(knob.read())
+
+
+def test_default_rate_limit_is_fine_for_bunched_importances() -> None:
+    import math
+
+    from actuator.agents.callback import default_knob_spec
+
+    spec = default_knob_spec("mlp_channel_threshold", 2.0)
+    assert spec["scale"] == "log" and spec["max_step"] == pytest.approx(math.log(1.05))
