@@ -58,8 +58,9 @@ KNOWN_PROBES = frozenset(
         "compression.flops",
     }
 )
-KNOWN_KNOBS = frozenset({"learning_rate", "kl_beta", "distill_lambda", "rank", "compression_threshold", "gkd_beta",
-                         "kl_weight", "onpolicy_fraction", "divergence_mix", "distill_temperature"})
+KNOWN_KNOBS = frozenset({"learning_rate", "kl_beta", "distill_lambda", "rank", "compression_threshold",
+                         "mlp_channel_threshold", "gkd_beta", "kl_weight", "onpolicy_fraction", "divergence_mix",
+                         "distill_temperature"})
 # The values a probe can take: a setpoint or threshold outside them can never be met.
 PROBE_RANGES: dict[str, tuple[float, float]] = {
     "perplexity": (1.0, math.inf),
@@ -448,7 +449,7 @@ def list_presets() -> list[str]:
 
 def load_preset(name: str) -> PolicyDocument:
     """A shipped preset by name: sft-capability, dpo-kl, draft-distill, compress-ppl, compress-threshold,
-    protect-capability."""
+    compress-width, protect-capability."""
     path = _PRESETS / f"{name}.yaml"
     if not path.exists():
         raise PolicyError(f"no preset {name!r}; presets: {list_presets()}")

@@ -5,8 +5,10 @@
   without rebuilding the optimizer; :class:`ThresholdKnob` (``compression_threshold``) sets each
   layer's rank from one threshold on its components' sensitivities
   (:func:`component_sensitivities`); :func:`compression_stats` reports parameters and FLOPs.
+* :class:`ChannelThresholdKnob` (``mlp_channel_threshold``) prunes MLP channels (structured
+  width) under one threshold on their activation-weighted importance, by masking.
 * :func:`export_pretrained` writes a model that plain ``transformers`` loads (factors where they
-  are smaller, dense weights elsewhere).
+  are smaller, dense weights elsewhere, masked MLP channels sliced out).
 * :func:`export_truncated` turns the model into real rank-r pairs (:class:`TruncatedLinear`);
   :func:`save_compressed` / :func:`load_compressed` persist either form.
 * :class:`LoraRankKnob` masks PEFT LoRA components; :class:`AdaLoraBudgetKnob` steers AdaLoRA's
@@ -17,6 +19,7 @@ from ._io import MANIFEST_NAME, load_compressed, save_compressed
 from ._export import export_pretrained
 from ._knobs import AdaLoraBudgetKnob, LoraRankKnob, RankKnob
 from ._threshold import ThresholdKnob
+from ._width import ChannelThresholdKnob, channel_masks, gated_mlps
 from ._lowrank import (
     DEFAULT_MLP_TARGETS,
     LowRankLinear,
@@ -53,6 +56,9 @@ __all__ = [
     "MANIFEST_NAME",
     "RankKnob",
     "ThresholdKnob",
+    "ChannelThresholdKnob",
+    "channel_masks",
+    "gated_mlps",
     "LoraRankKnob",
     "AdaLoraBudgetKnob",
 ]

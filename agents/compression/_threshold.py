@@ -11,17 +11,20 @@ dense weight.
 
 Why a threshold and not a parameter budget as the controlled scalar: both map to the same
 allocations (a budget is a τ found by bisection), but τ is the quantity the allocation is
-optimal *for*, its effect on perplexity is smooth on a log scale (the sensitivities span many
-decades), and it keeps its meaning when the sensitivities are measured again: after a refresh
-the same τ cuts further in layers that fine-tuning made less sensitive, which is exactly what
-closing the loop is for. A budget would instead force the same size whatever the layers
-recovered. :meth:`ThresholdKnob.threshold_for_params` gives the budget view for open-loop use.
+optimal *for*, and its effect on perplexity is smooth on a log scale (the sensitivities span
+many decades). :meth:`ThresholdKnob.threshold_for_params` gives the budget view for open-loop use.
+
+Re-measuring the sensitivities while fine-tuning (:meth:`ThresholdKnob.refresh`) moves
+parameters from layers that fine-tuning made less sensitive to those it made more so, at the
+size in effect: how far to cut stays the controller's decision, made on what the probe measures.
+(Re-applying the same τ to the new sensitivities would let a refresh resize the model between
+decisions; the compress-rank benchmark's Actuator arm went over its budget right after one.)
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -42,6 +45,37 @@ def _short(name: str) -> str:
         if name.startswith(prefix):
             return name[len(prefix):]
     return name
+
+
+def check_threshold(name: str, value: Any) -> float:
+    """A log-scale threshold knob's value: a finite number > 0, or ``ValueError`` naming ``name``."""
+    try:
+        tau = float(value)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name}: must be a positive number, got {value!r}") from exc
+    if not math.isfinite(tau) or tau <= 0:
+        raise ValueError(f"{name}: must be a finite number > 0 (a log-scale knob), got {value!r}")
+    return tau
+
+
+def smallest_threshold_within(params_at: Callable[[float], int], params: int, low: float, high: float,
+                              floor: str, iterations: int = 60) -> float:
+    """The smallest threshold in [low, high] (bisection in log) at which ``params_at`` is at most
+    ``params`` (``params_at`` falls as the threshold rises); ``ValueError`` naming ``params`` if
+    even ``high`` is above it (``floor`` says what limits the smallest model)."""
+    lo, hi = math.log(low), math.log(high)
+    if params_at(math.exp(hi)) > params:
+        raise ValueError(f"params: {params} is below the smallest model this knob reaches "
+                         f"({params_at(math.exp(hi))} at {floor})")
+    if params_at(math.exp(lo)) <= params:
+        return math.exp(lo)
+    for _ in range(iterations):
+        mid = (lo + hi) / 2
+        if params_at(math.exp(mid)) <= params:
+            hi = mid
+        else:
+            lo = mid
+    return math.exp(hi)
 
 
 class ThresholdKnob:
@@ -68,7 +102,8 @@ class ThresholdKnob:
     ``apply(τ)`` sets, in each layer, ``k = #{i : e_i ≥ τ}`` (at least ``min_rank``) — the
     first k components, since truncation keeps a prefix (the sensitivities are sorted after the
     SVD and stay nearly so while fine-tuning) — or the full rank where ``k`` is at or above the
-    layer's break-even. Growing back is lowering ``τ``: masked components come back with their
+    layer's break-even. A refresh keeps ``τ`` and the parameter count, and re-allocates the
+    ranks (:meth:`refresh`). Growing back is lowering ``τ``: masked components come back with their
     kept values (see :class:`LowRankLinear`). Do not drive the uniform ``rank`` knob on the same
     layers at the same time.
     """
@@ -105,6 +140,13 @@ class ThresholdKnob:
         self.normalize = bool(normalize)
         self.refreshes = 0
         self.scores: dict[str, torch.Tensor] = {}
+        self.score_scale = 1.0
+        # Export parameters outside the knob's layers (embeddings, attention, norms, biases):
+        # constant, so a size is this plus each layer's own count (no module walk per query).
+        stats = compression_stats(model)
+        self._other_params = int(stats["model"]["export_params"]) - sum(
+            int(stats["layers"][n]["export_params"]) for n in self._layers)
+        self._summary_cache: tuple[tuple[int, ...], dict[str, Any]] | None = None
         self._measure()
         positive = torch.cat([s[s > 0] for s in self.scores.values()])
         if positive.numel() == 0:
@@ -145,13 +187,7 @@ class ThresholdKnob:
         return self.read()
 
     def _check(self, value: float) -> float:
-        try:
-            tau = float(value)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"{self.name}: must be a positive number, got {value!r}") from exc
-        if not math.isfinite(tau) or tau <= 0:
-            raise ValueError(f"{self.name}: must be a finite number > 0 (a log-scale knob), got {value!r}")
-        return tau
+        return check_threshold(self.name, value)
 
     # -- allocation ---------------------------------------------------------------------------
     def ranks_for(self, threshold: float) -> dict[str, int]:
@@ -170,45 +206,76 @@ class ThresholdKnob:
         for name, k in self.ranks_for(self._tau).items():
             self._layers[name].active_rank = k
 
+    def _params_for(self, ranks: dict[str, int]) -> int:
+        """The exported parameter count with these ranks (as :func:`compression_stats` counts it)."""
+        total = self._other_params
+        for name, k in ranks.items():
+            layer = self._layers[name]
+            i, o = layer.in_features, layer.out_features
+            total += (k * (i + o) if k * (i + o) < i * o else i * o) + (o if layer.bias is not None else 0)
+        return total
+
     def params_at(self, threshold: float) -> int:
         """The exported model's parameter count at ``threshold`` (the model is left as it was)."""
-        before = {n: layer.active_rank for n, layer in self._layers.items()}
-        try:
-            for name, k in self.ranks_for(threshold).items():
-                self._layers[name].active_rank = k
-            return int(compression_stats(self.model)["model"]["export_params"])
-        finally:
-            for name, k in before.items():
-                self._layers[name].active_rank = k
+        return self._params_for(self.ranks_for(threshold))
 
     def threshold_for_params(self, params: int, *, iterations: int = 60) -> float:
         """The smallest ``τ`` (bisection in ``log τ``) whose exported model has at most ``params``
         parameters: the parameter-budget view of this knob. Raises ``ValueError`` naming
         ``params`` if even the largest threshold cannot reach it."""
-        lo, hi = math.log(self._bounds[0] / 2), math.log(self._bounds[1] * 2)
-        if self.params_at(math.exp(hi)) > params:
-            raise ValueError(f"params: {params} is below the smallest model this knob reaches "
-                             f"({self.params_at(math.exp(hi))} at min_rank {self.min_rank})")
-        if self.params_at(math.exp(lo)) <= params:
-            return math.exp(lo)
+        positive = torch.cat([s[s > 0] for s in self.scores.values()])
+        return smallest_threshold_within(self.params_at, params, min(self._bounds[0], float(positive.min())) / 2,
+                                         max(self._bounds[1], float(positive.max())) * 2,
+                                         f"min_rank {self.min_rank}", iterations)
+
+    def _equal_size_threshold(self, params: int, iterations: int = 60) -> float:
+        """A ``τ`` on the current sensitivities whose model has the largest count not above
+        ``params``: the geometric middle of the interval of such ``τ`` (a later decision then
+        cuts or grows about as readily as before), or its top end when that count is the
+        uncompressed one (the next rise starts cutting, as at :meth:`dense_threshold`)."""
+        low = self.threshold_for_params(params, iterations=iterations)
+        count = self.params_at(low)
+        a, b = math.log(low), math.log(max(self._bounds[1], max(float(s.max()) for s in self.scores.values())) * 2)
+        if self.params_at(math.exp(b)) >= count:
+            return math.exp(b)
         for _ in range(iterations):
-            mid = (lo + hi) / 2
-            if self.params_at(math.exp(mid)) <= params:
-                hi = mid
+            mid = (a + b) / 2
+            if self.params_at(math.exp(mid)) >= count:
+                a = mid
             else:
-                lo = mid
-        return math.exp(hi)
+                b = mid
+        high = math.exp(a)
+        uncompressed = self._params_for({n: layer.max_rank for n, layer in self._layers.items()})
+        return high if count >= uncompressed else math.sqrt(low * high)
 
     # -- sensitivities ------------------------------------------------------------------------
     def _measure(self) -> None:
         scores = component_sensitivities(self.model, self.calibration)
         if self.normalize:
             scores = {n: e / e.sum().clamp_min(1e-300) for n, e in scores.items()}
-        self.scores = scores
+        self.scores = {n: e * self.score_scale for n, e in scores.items()}
 
     def refresh(self) -> dict[str, int]:
-        """Measure the sensitivities on the model as it is now and re-apply ``τ``; returns the ranks."""
+        """Measure the sensitivities on the model as it is now and re-allocate the ranks *at the
+        same size*; returns the ranks.
+
+        Only a decision may change how much is cut: a refresh that re-applied the same ``τ`` to
+        the new sensitivities would grow or shrink the model by itself, between decisions, and
+        the controller would see perplexity move with no decision to account for it. So the new
+        sensitivities are rescaled by one common factor (``score_scale``, accumulated over
+        refreshes) chosen so that ``τ`` in effect keeps the exported parameter count it had
+        (the largest count not above it: ranks are integers). What the refresh does change is
+        *where* the parameters go: layers that fine-tuning made more sensitive get components
+        back from those it made less so, which is the loss-optimal allocation at that size. ``τ``
+        itself, and so the controller's state, is unchanged.
+        """
+        before = self._params_for(self.ranks)
+        self.score_scale = 1.0
         self._measure()
+        equal = self._equal_size_threshold(before)
+        # keep ⇔ e_i ≥ τ' ⇔ c·e_i ≥ τ with c = τ / τ'
+        self.score_scale = self._tau / equal
+        self.scores = {n: e * self.score_scale for n, e in self.scores.items()}
         self.refreshes += 1
         self._set_ranks()
         return self.ranks
@@ -229,6 +296,13 @@ class ThresholdKnob:
         """Metrics for observations and trainer logs: the exported parameter count, how many
         layers are dense, the ranks of the factored ones and, for up to 128 layers, each
         layer's rank (``compression.rank.<layer>``)."""
+        key = tuple(layer.active_rank for layer in self._layers.values())
+        if self._summary_cache is None or self._summary_cache[0] != key:
+            # Every observation and trainer log asks; the stats change only with the ranks.
+            self._summary_cache = (key, self._summarize())
+        return {**self._summary_cache[1], "compression.refreshes": float(self.refreshes)}
+
+    def _summarize(self) -> dict[str, float]:
         stats = compression_stats(self.model)
         layers = stats["layers"]
         factored = [s["active_rank"] for n, s in layers.items() if n in self._layers and not s["export_dense"]]
@@ -238,7 +312,6 @@ class ThresholdKnob:
             "compression.dense_layers": float(sum(1 for n in self._layers if layers[n]["export_dense"])),
             "compression.factored_layers": float(len(factored)),
             "compression.rank_mean": float(sum(factored) / len(factored)) if factored else 0.0,
-            "compression.refreshes": float(self.refreshes),
         }
         if len(self._layers) <= _PER_LAYER_METRICS_MAX:
             for name, layer in self._layers.items():

@@ -30,6 +30,18 @@ on held-out text every ``--probe-every`` steps). Budget: the dense model's held-
 - ``matched`` (``--match-arm``, after ``actuator``) — one-shot τ at the Actuator arm's final
   parameter count (known only afterwards). *Matched parameter count.*
 
+Width arms (structured pruning of MLP channels, ``ChannelThresholdKnob``: one global τ on each
+channel's ``‖h_j‖·‖W_down[:, j]‖``, masked while training, sliced by the export; on the dense,
+unfactorised model, because a low-rank factorisation of SmolLM2 saves nothing above rank 419):
+
+- ``width-oneshot`` — the largest channel τ within the budget offline (log bisection), set at
+  step 0; then the fine-tune. *Matched perplexity budget.*
+- ``width-actuator`` — a PID on perplexity moving log τ (``preset:compress-width`` with gains in
+  this run's units, :func:`width_policy`), from the τ of 99% of the dense parameters.
+  *Matched perplexity budget*; its size is the result.
+- ``width-matched`` (``--match-arm``, after ``width-actuator``) — one-shot channel τ at that
+  arm's final parameter count. *Matched parameter count.*
+
 Reported per arm: final parameters (export) and share of dense, final perplexity and its rise,
 steps over budget (probe intervals whose measurement exceeded the budget, in steps), layers kept
 dense, HotpotQA EM and gold-answer log-prob of the final model, and the exported directory
@@ -37,6 +49,7 @@ re-loaded with plain ``AutoModelForCausalLM.from_pretrained(..., trust_remote_co
 parameter count, weight-file size and perplexity measured again after the reload.
 
     python -m benchmarks.control.compress_rank [--steps 60] [--seeds 0] [--arms ...]   # one file per seed
+    python -m benchmarks.control.compress_rank --arms width-actuator width-oneshot --match-arm --tag=-width
     python -m benchmarks.control.compress_rank --aggregate                            # tables, plot, targets
 """
 
@@ -65,9 +78,19 @@ from benchmarks.control.draft_distill import blocks, stdlib_text  # noqa: E402
 SCENARIO = "compress-rank"
 RANK_SWEEP = (576, 560, 544, 528, 512, 496, 480, 448, 419, 384, 320, 256)
 SHARE_SWEEP = (1.0, 0.99, 0.98, 0.97, 0.96, 0.95, 0.94, 0.92, 0.9, 0.875, 0.85, 0.8, 0.75)
-ARMS = ("uniform", "oneshot", "cubic", "actuator")
+WIDTH_SHARES = (0.99, 0.98, 0.97, 0.96, 0.95, 0.94, 0.92, 0.9, 0.875, 0.85)
+LOWRANK_ARMS = ("uniform", "oneshot", "cubic", "actuator")
+WIDTH_ARMS = ("width-actuator", "width-oneshot")
+ARMS = LOWRANK_ARMS + WIDTH_ARMS
 LABELS = {"uniform": "uniform SVD-LLM (one shot)", "oneshot": "global τ (one shot)", "cubic": "global τ, cubic",
-          "actuator": "Actuator PID on τ", "matched": "global τ at Actuator's size"}
+          "actuator": "Actuator PID on τ", "matched": "global τ at Actuator's size",
+          "width-oneshot": "channels, global τ (one shot)", "width-actuator": "Actuator PID on channel τ",
+          "width-matched": "channels, global τ at Actuator's size"}
+KNOB = {"width": "mlp_channel_threshold", "lowrank": "compression_threshold"}
+
+
+def is_width(kind: str) -> bool:
+    return kind.startswith("width-")
 
 
 class Setup:
@@ -89,15 +112,64 @@ class Setup:
         self.dense_ppl = self.perplexity(model)
         self.dense_hotpot = self.hotpot_values(model)
         self.calib = [torch.stack(self.train[i: i + 4]) for i in range(0, a.calibration, 4)]
+        self.min_channels = a.min_channels
+        # The width arms prune the dense model's MLP channels: a copy from before factorisation.
+        self.dense_model = copy.deepcopy(model) if any(is_width(k) for k in a.arms) else None
+        self.names: list[str] = []
+        self.factorize_seconds = 0.0
+        self.model0 = model
+        self.knobs: dict[str, Any] = {}
+        if not any(k in LOWRANK_ARMS for k in a.arms):
+            return
         t0 = time.time()
         with console.status("factorising the MLPs (activation-aware SVD)…"):
             self.names = factorize(model, calibration=self.calib)
         self.factorize_seconds = time.time() - t0
-        self.model0 = model
         # Both allocations on the same layers (each knob sets every layer's rank when applied).
         self.knobs = {kind: ThresholdKnob(model, self.calib, refresh_every=None, normalize=kind == "relative")
                       for kind in ("raw", "relative")}
         self.knob0 = self.knobs["raw"]
+
+    def width_model(self) -> tuple[Any, Any]:
+        """A fresh copy of the dense model with a ChannelThresholdKnob on its MLPs (every channel in)."""
+        from actuator.agents.compression import ChannelThresholdKnob
+
+        assert self.dense_model is not None
+        model = copy.deepcopy(self.dense_model)
+        return model, ChannelThresholdKnob(model, self.calib, min_channels=self.min_channels)
+
+    def width_sweep(self, budget: float, iterations: int) -> dict[str, Any]:
+        """Offline (no fine-tuning): perplexity at the channel τ giving each share of the dense
+        parameter count, and the largest τ within ``budget`` (bisection in log τ)."""
+        model, knob = self.width_model()
+        sweep = []
+        for share in WIDTH_SHARES:
+            tau = knob.threshold_for_params(int(share * self.dense_params))
+            knob.apply(tau)
+            sweep.append({"tau": tau, "share": share, "perplexity": self.perplexity(model),
+                          "params": int(knob.summary()["compression.params"]),
+                          "width_min": min(knob.widths.values())})
+            if sweep[-1]["perplexity"] > 3 * self.dense_ppl:
+                break
+        within = [w["tau"] for w in sweep if w["perplexity"] <= budget]
+        beyond = [w["tau"] for w in sweep if w["perplexity"] > budget and (not within or w["tau"] > max(within))]
+        lo = math.log(max(within) if within else knob.bounds[0])
+        if beyond:
+            hi = math.log(min(beyond))
+            for _ in range(iterations):
+                mid = (lo + hi) / 2
+                knob.apply(math.exp(mid))
+                if self.perplexity(model) <= budget:
+                    lo = mid
+                else:
+                    hi = mid
+        knob.apply(math.exp(lo))
+        out = {"sweep": sweep, "tau_budget": math.exp(lo), "perplexity": self.perplexity(model),
+               "params": int(knob.summary()["compression.params"]), "tau_bounds": list(knob.bounds),
+               "tau_start": knob.threshold_for_params(int(0.99 * self.dense_params)),
+               "tau_85": knob.threshold_for_params(int(0.85 * self.dense_params))}
+        del model, knob
+        return out
 
     def use(self, allocation: str) -> None:
         self.knob0 = self.knobs[allocation]
@@ -205,6 +277,32 @@ def pid_policy(a: argparse.Namespace, start_ppl: float) -> dict[str, Any]:
     }
 
 
+def width_policy(a: argparse.Namespace, dense_ppl: float, span: float) -> dict[str, Any]:
+    """``preset:compress-width`` with gains in this run's units: ``span`` = ln τ from the start
+    (99% of the dense parameters) to the τ of 85% offline (about 0.6 on SmolLM2: the parameter
+    count is steep in τ). At full headroom the integral climbs ``span`` in ``--width-climb`` of
+    the run; ``kp`` gives back a quarter of ``span`` as the headroom is used up; a decision moves
+    ln τ by at most ``span / --width-moves``; the guardrail steps back by one such move.
+
+    Setpoint and guardrail are absolute, from the *dense* perplexity: the run starts at 99%, whose
+    first measurement would otherwise become the baseline of "+8%" / "+10%" and loosen the budget.
+    (Seed 0 with a 5th of the span per decision, half the run to climb and relative setpoints
+    ended in a limit cycle between the PID and the guardrail at 92% / 95% of dense.)"""
+    headroom = dense_ppl * (a.budget - a.backoff) / 100
+    per_step = span / max(1.0, a.width_climb * a.steps)
+    move = span / a.width_moves
+    return {
+        "name": "bench-compress-width",
+        "probes": [{"name": "perplexity", "every": a.probe_every}],
+        "controllers": [{"name": "ppl-width", "probe": "perplexity", "knob": KNOB["width"],
+                         "setpoint": dense_ppl + headroom, "kp": 0.25 * span / headroom, "ki": per_step / headroom,
+                         "direction": "direct", "filter": {"kind": "ema", "alpha": 0.6}}],
+        "guardrails": [{"name": "ppl-budget", "probe": "perplexity", "bound": "upper",
+                        "threshold": dense_ppl * (1 + a.budget / 100), "action": "adjust", "knob": KNOB["width"],
+                        "factor": math.exp(-move), "consecutive": 1}],
+    }
+
+
 def export_and_reload(setup: Setup, model: Any, path: Path) -> dict[str, Any]:
     """Export, reload in plain transformers (no Actuator code on the load path), re-measure."""
     from transformers import AutoModelForCausalLM
@@ -231,14 +329,26 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
     from actuator.controllers import FixedSchedule
 
     kind = arm["kind"]
-    model = copy.deepcopy(setup.model0).train()
+    width = is_width(kind)
+    if width:
+        model, knob = setup.width_model()
+        model.train()
+    else:
+        model = copy.deepcopy(setup.model0).train()
+    knob_name = KNOB["width" if width else "lowrank"]
+
+    def size(model: Any) -> int:
+        return int(knob.summary()["compression.params"]) if width else setup.params_at(model)
+
     trainer = make_trainer(setup, model, kind, a, seed)
     probe = setup.ppl_probe(a.probe_every)
     budget = setup.dense_ppl * (1 + a.budget / 100)
     trace: list[dict[str, Any]] = []
     cb = suite = schedule = None
-    if kind == "uniform":
-        knob: Any = RankKnob(model)
+    if width:
+        knob.apply(arm["tau"])  # the one-shot τ, or the Actuator's starting point
+    elif kind == "uniform":
+        knob = RankKnob(model)
         knob.apply(arm["rank"])
     else:
         knob = ThresholdKnob(model, setup.calib, refresh_every=a.refresh_every if kind == "actuator" else None,
@@ -254,11 +364,18 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
                               knobs={"compression_threshold": {"min": knob.bounds[0], "max": knob.bounds[1],
                                                                "max_step": a.max_step}})
         cb.attach(trainer)
+    elif kind == "width-actuator":
+        span = arm["span"]
+        cb = ActuatorCallback(width_policy(a, setup.dense_ppl, span), url=url, probes=[probe], budget_share=1.0,
+                              run_name=f"bench-{SCENARIO}-width-{seed}", setters=[knob],
+                              knobs={knob_name: {"min": arm["tau"], "max": knob.bounds[1],
+                                                 "max_step": span / a.width_moves}})
+        cb.attach(trainer)
     else:
         suite = ProbeSuite([probe], budget_share=1.0)
 
     def record(step: int, ppl: float, model: Any) -> None:
-        trace.append({"step": step, "perplexity": ppl, "knob": knob.read(), "params": setup.params_at(model)})
+        trace.append({"step": step, "perplexity": ppl, "knob": knob.read(), "params": size(model)})
 
     class Trace(TrainerCallback):
         def on_train_begin(self, args, state, control, model=None, **kw):  # noqa: ANN001
@@ -272,7 +389,7 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
                 if not trace and cb.history and "perplexity" in cb.history[0]["probes"]:
                     h0 = cb.history[0]
                     trace.append({"step": 0, "perplexity": h0["probes"]["perplexity"],
-                                  "knob": h0["knobs"]["compression_threshold"],
+                                  "knob": h0["knobs"][knob_name],
                                   "params": h0["metrics"].get("compression.params", setup.dense_params)})
                 h = cb.history[-1] if cb.history else None
                 if h is not None and h["step"] == step and step > 0 and "perplexity" in h["probes"]:
@@ -297,18 +414,23 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
     over = sum(int(cur["step"] - prev["step"]) for prev, cur in zip(trace, trace[1:]) if cur["perplexity"] > budget)
     from actuator.agents.compression import compression_stats
 
-    stats = compression_stats(model)
-    layer_ranks = {n: s["active_rank"] for n, s in stats["layers"].items()}
-    dense_layers = sum(1 for s in stats["layers"].values() if s["export_dense"])
+    if width:
+        # Layers here are MLPs; "dense" ones kept every channel.
+        layer_ranks = knob.widths
+        dense_layers = sum(1 for w in layer_ranks.values() if w == model.config.intermediate_size)
+    else:
+        stats = compression_stats(model)
+        layer_ranks = {n: s["active_rank"] for n, s in stats["layers"].items()}
+        dense_layers = sum(1 for s in stats["layers"].values() if s["export_dense"])
     export = export_and_reload(setup, model, a.out / f"export-{kind}-{seed}")
-    final_params = setup.params_at(model)
+    final_params = size(model)
     r = {"arm": arm["name"], "kind": kind, "seed": seed, "matched_on": arm["matched_on"], "trace": trace,
          "final_knob": knob.read(), "final_params": final_params, "param_ratio": final_params / setup.dense_params,
          "final_perplexity": final_ppl, "perplexity_increase_pct": 100 * (final_ppl / setup.dense_ppl - 1),
          "final_within_budget": final_ppl <= budget, "steps_over_budget": over, "dense_layers": dense_layers,
          "layer_ranks": layer_ranks, "hotpotqa": hotpot, "export": export, "seconds": seconds,
          "refreshes": getattr(knob, "refreshes", None), "decisions": len(cb.applied) if cb is not None else None,
-         "target": {k: v for k, v in arm.items() if k in ("rank", "tau", "params")}}
+         "target": {k: v for k, v in arm.items() if k in ("rank", "tau", "params", "span")}}
     del trainer, model
     return r
 
@@ -319,6 +441,12 @@ def run_seed(a: argparse.Namespace, seed: int, setup: Setup, offline: dict[str, 
     for kind in arms:
         if kind == "uniform":
             arm = {"kind": kind, "rank": offline["uniform_rank"], "matched_on": "perplexity budget (offline sweep)"}
+        elif kind == "width-oneshot":
+            arm = {"kind": kind, "tau": offline["width"]["tau_budget"], "matched_on": "perplexity budget (offline bisection)"}
+        elif kind == "width-actuator":
+            w = offline["width"]
+            arm = {"kind": kind, "tau": w["tau_start"], "span": math.log(w["tau_85"] / w["tau_start"]),
+                   "matched_on": "perplexity budget (closed loop)"}
         elif kind in ("oneshot", "cubic"):
             arm = {"kind": kind, "tau": offline["tau_budget"], "matched_on": "perplexity budget (offline bisection)"}
         else:
@@ -331,6 +459,15 @@ def run_seed(a: argparse.Namespace, seed: int, setup: Setup, offline: dict[str, 
             tau = setup.knob0.threshold_for_params(target)
             results.append(run_arm(setup, {"kind": "matched", "name": LABELS["matched"], "tau": tau, "params": target,
                                            "matched_on": "parameter count (Actuator's final)"}, a, url, seed))
+            console.print(_row_text(results[-1], setup.dense_params))
+        if kind == "width-actuator" and a.match_arm:
+            target = results[-1]["final_params"]
+            _, knob = setup.width_model()
+            tau = knob.threshold_for_params(target)
+            del _, knob
+            results.append(run_arm(setup, {"kind": "width-matched", "name": LABELS["width-matched"], "tau": tau,
+                                           "params": target, "matched_on": "parameter count (Actuator's final)"},
+                                   a, url, seed))
             console.print(_row_text(results[-1], setup.dense_params))
     return {"seed": seed, "arms": results}
 
@@ -355,7 +492,9 @@ def aggregate(tag: str = "") -> dict[str, Any]:
     if not files:
         raise SystemExit(f"no {SCENARIO}-seed*.json in {RESULTS}: run the seeds first")
     runs = [json.loads(f.read_text()) for f in files]
-    head = runs[0]
+    # The low-rank and the width arms may come from separate runs (tags): each sweep from a run that has it.
+    head = dict(next((r for r in runs if r.get("rank_sweep") or r.get("tau_sweep")), runs[0]))
+    head["width_sweep"] = next((r["width_sweep"] for r in runs if r.get("width_sweep")), {})
     arms = [r for run in runs for r in run["arms"]]
     by_kind: dict[str, list[dict[str, Any]]] = {}
     for r in arms:
@@ -389,22 +528,27 @@ def aggregate(tag: str = "") -> dict[str, Any]:
     console.print(f"dense: {dense / 1e6:.2f}M params, ppl {head['dense_perplexity']:.2f}, HotpotQA "
                   f"{head['dense_hotpotqa']}")
     targets: dict[str, Any] = {}
-    act = summary.get("actuator")
-    if act:
-        mean = statistics.mean
+    mean = statistics.mean
+    # Open-loop arms at the same perplexity budget (the matched-size arms are matched on size instead).
+    open_loop = {k: s for k, s in summary.items() if k in ("uniform", "oneshot", "cubic", "width-oneshot")}
+    for act_kind in ("actuator", "width-actuator"):
+        act = summary.get(act_kind)
+        if not act:
+            continue
+        t: dict[str, Any] = {}
         within = all(act["within_budget"])
-        targets["params_le_85pct_within_budget"] = {"met": within and mean(act["param_ratio"]) <= 0.85,
-                                                    "ratio": mean(act["param_ratio"]), "all_within_budget": within}
-        targets["stretch_params_le_75pct"] = {"met": within and mean(act["param_ratio"]) <= 0.75}
-        open_loop = {k: s for k, s in summary.items() if k in ("uniform", "oneshot", "cubic")}
+        t["params_le_85pct_within_budget"] = {"met": within and mean(act["param_ratio"]) <= 0.85,
+                                              "ratio": mean(act["param_ratio"]), "all_within_budget": within}
+        t["stretch_params_le_75pct"] = {"met": within and mean(act["param_ratio"]) <= 0.75}
         if open_loop:
             best_over = min(mean(s["steps_over_budget"]) for s in open_loop.values())
-            targets["fewer_params_than_every_open_loop_arm"] = {
+            t["fewer_params_than_every_open_loop_arm"] = {
                 "met": all(mean(act["params"]) < mean(s["params"]) for s in open_loop.values()),
-                "actuator": mean(act["params"]), **{k: mean(s["params"]) for k, s in open_loop.items()}}
-            targets["no_more_steps_over_budget_than_best_open_loop"] = {
-                "met": mean(act["steps_over_budget"]) <= best_over, "actuator": mean(act["steps_over_budget"]),
+                act_kind: mean(act["params"]), **{k: mean(s["params"]) for k, s in open_loop.items()}}
+            t["no_more_steps_over_budget_than_best_open_loop"] = {
+                "met": mean(act["steps_over_budget"]) <= best_over, act_kind: mean(act["steps_over_budget"]),
                 "best_open_loop": best_over}
+        targets[act_kind] = t
     console.print(f"targets: {targets}")
     out = {**{k: v for k, v in head.items() if k not in ("arms", "seed", "machine")},
            "seeds": sorted({r["seed"] for r in arms}), "arms": arms, "summary": summary, "targets": targets,
@@ -427,7 +571,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
             colors.setdefault(arm["kind"], line.get_color())
             kw["color"] = colors[arm["kind"]]
             ax2.plot(steps, [t["params"] / 1e6 for t in arm["trace"]], label=label, **kw)
-            if arm["kind"] != "uniform":
+            if arm["kind"] != "uniform" and not is_width(arm["kind"]):
                 ax3.plot(steps, [t["knob"] for t in arm["trace"]], label=label, **kw)
         ax1.axhline(result["budget_perplexity"], ls="--", color="black", label=f"budget (+{result['budget_pct']:g}%)")
         ax1.axhline(result["dense_perplexity"], ls=":", color="grey", label="dense")
@@ -436,18 +580,21 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax2.axhline(0.85 * result["dense_params"] / 1e6, ls="--", color="tab:red", alpha=0.5, label="85% of dense")
         ax2.set_title("parameters of the exported model (M)")
         ax3.set_yscale("log")
-        ax3.set_title("threshold τ on " + ("each layer's σ² shares" if result.get("allocation") == "relative"
-                                           else "whitened σ²"))
+        ax3.set_title("low-rank threshold τ on " + ("each layer's σ² shares" if result.get("allocation") == "relative"
+                                                    else "whitened σ²"))
         for ax in (ax1, ax2, ax3):
             ax.set_xlabel("step")
             ax.legend(fontsize=7)
         # Offline: perplexity against size before fine-tuning, uniform rank vs global threshold.
-        ax4.plot([s["params"] / 1e6 for s in result["rank_sweep"]], [s["perplexity"] for s in result["rank_sweep"]],
-                 marker="o", label="uniform rank")
-        ax4.plot([s["params"] / 1e6 for s in result["tau_sweep"]], [s["perplexity"] for s in result["tau_sweep"]],
-                 marker="s", label="global τ")
+        dense_pt = [(result["dense_params"] / 1e6, result["dense_perplexity"])]
+        for sweep, marker, label in ((result.get("rank_sweep") or [], "o", "uniform rank"),
+                                     (result.get("tau_sweep") or [], "s", "global τ (ranks)"),
+                                     ((result.get("width_sweep") or {}).get("sweep") or [], "^", "global τ (channels)")):
+            if sweep:
+                pts = dense_pt + [(s["params"] / 1e6, s["perplexity"]) for s in sweep]
+                ax4.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, label=label)
         ax4.axhline(result["budget_perplexity"], ls="--", color="black")
-        ax4.set_ylim(result["dense_perplexity"] * 0.95, result["dense_perplexity"] * 1.6)
+        ax4.set_ylim(result["dense_perplexity"] * 0.95, result["dense_perplexity"] * 2.0)
         ax4.set_xlabel("parameters (M)")
         ax4.set_title("before fine-tuning (offline sweep)")
         ax4.legend(fontsize=7)
@@ -478,7 +625,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--allocation", choices=("raw", "relative", "auto"), default="auto",
                     help="τ on absolute sensitivities or on each layer's shares; auto: the smaller model "
                          "within budget offline")
-    ap.add_argument("--match-arm", action="store_true", help="also run one-shot τ at the Actuator arm's final size")
+    ap.add_argument("--match-arm", action="store_true",
+                    help="also run one-shot τ at the Actuator arm's final size (each Actuator arm: low rank, channels)")
+    ap.add_argument("--min-channels", type=int, default=64, help="width arms: the fewest channels an MLP keeps")
+    ap.add_argument("--width-climb", type=float, default=1.0,
+                    help="width Actuator: at full headroom, ln τ climbs from 99%% to 85%% of dense in this share "
+                         "of the run")
+    ap.add_argument("--width-moves", type=float, default=10.0,
+                    help="width Actuator: a decision moves ln τ by at most (99%%→85%% span) / this")
     ap.add_argument("--tag", default="", help="suffix of the per-seed result files")
     ap.add_argument("--aggregate", action="store_true", help="combine the per-seed files; run nothing")
     a = ap.parse_args(argv)
@@ -495,8 +649,41 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     setup = Setup(a)
     budget = setup.dense_ppl * (1 + a.budget / 100)
     console.print(f"dense: {setup.dense_params / 1e6:.1f}M params, held-out perplexity {setup.dense_ppl:.2f}, "
-                  f"budget {budget:.2f} (+{a.budget:g}%); factorised {len(setup.names)} MLP projections in "
-                  f"{setup.factorize_seconds:.0f} s; τ range {setup.knob0.bounds[0]:.3g} … {setup.knob0.bounds[1]:.3g}")
+                  f"budget {budget:.2f} (+{a.budget:g}%)")
+    width: dict[str, Any] = {}
+    if setup.dense_model is not None:
+        width = setup.width_sweep(budget, a.bisect)
+        console.print("offline, channels: " + ", ".join(
+            f"{w['params'] / 1e6:.1f}M: {w['perplexity']:.2f}" for w in width["sweep"])
+            + f" → τ {width['tau_budget']:.3g} ({width['params'] / 1e6:.2f}M, ppl {width['perplexity']:.2f})")
+    offline: dict[str, Any] = {"width": width}
+    head = {
+        "scenario": SCENARIO, "steps": a.steps, "budget_pct": a.budget, "budget_perplexity": budget,
+        "dense_perplexity": setup.dense_ppl, "dense_params": setup.dense_params, "dense_hotpotqa": setup.dense_hotpot,
+        "lr": a.lr, "backoff_pct": a.backoff, "param_break_even_rank": 576 * 1536 / (576 + 1536),
+        "batch_size": a.batch_size, "seq_len": a.seq_len, "probe_every": a.probe_every,
+        "refresh_every": a.refresh_every, "width_sweep": width, "min_channels": a.min_channels,
+        "width_pid": width_policy(a, setup.dense_ppl, math.log(width["tau_85"] / width["tau_start"])) if width else None,
+        "command": command_line("compress_rank", argv),
+    }
+    if setup.knobs:
+        lowrank_offline(a, setup, budget, head, offline)
+    out: dict[str, Any] = {}
+    for seed in a.seeds:
+        res = run_seed(a, seed, setup, offline, url)
+        out = {**head, "seed": seed, "arms": res["arms"], "machine": machine(), "wall_seconds": time.time() - t_start}
+        path = RESULTS / f"{SCENARIO}-seed{seed}{a.tag}.json"
+        path.write_text(json.dumps(out, indent=2, default=str))
+        console.print(f"wrote {path}")
+    return out
+
+
+def lowrank_offline(a: argparse.Namespace, setup: Setup, budget: float, head: dict[str, Any],
+                    offline: dict[str, Any]) -> None:
+    """The low-rank arms' offline sweeps (uniform rank, global τ on both allocations); fills
+    ``head`` and ``offline``."""
+    console.print(f"factorised {len(setup.names)} MLP projections in {setup.factorize_seconds:.0f} s; "
+                  f"τ range {setup.knob0.bounds[0]:.3g} … {setup.knob0.bounds[1]:.3g}")
     rank_sweep = setup.rank_sweep() if "uniform" in a.arms else []
     within = [s for s in rank_sweep if s["perplexity"] <= budget]
     uniform_rank = int(min(s["rank"] for s in within)) if within else 576
@@ -520,27 +707,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     tau_budget, tau_sweep = sweeps[a.allocation]["tau_budget"], sweeps[a.allocation]["sweep"]
     oneshot_params, oneshot_ppl = sweeps[a.allocation]["params"], sweeps[a.allocation]["perplexity"]
     console.print(f"allocation: {a.allocation}")
-    offline = {"uniform_rank": uniform_rank, "tau_budget": tau_budget}
-    head = {
-        "scenario": SCENARIO, "steps": a.steps, "budget_pct": a.budget, "budget_perplexity": budget,
-        "dense_perplexity": setup.dense_ppl, "dense_params": setup.dense_params, "dense_hotpotqa": setup.dense_hotpot,
-        "lr": a.lr, "backoff_pct": a.backoff, "param_break_even_rank": 576 * 1536 / (576 + 1536),
-        "batch_size": a.batch_size, "seq_len": a.seq_len, "probe_every": a.probe_every,
-        "refresh_every": a.refresh_every, "tau_bounds": list(setup.knob0.bounds),
+    offline.update({"uniform_rank": uniform_rank, "tau_budget": tau_budget})
+    head.update({
+        "tau_bounds": list(setup.knob0.bounds),
         "cubic": {"t_init": a.t_init, "t_final": max(a.t_init + 1, round(a.steps * a.t_final))},
         "pid": pid_policy(a, setup.dense_ppl), "rank_sweep": rank_sweep, "tau_sweep": tau_sweep,
         "allocation": a.allocation, "allocation_sweeps": sweeps,
-        "offline": {**offline, "tau_budget_params": oneshot_params, "tau_budget_perplexity": oneshot_ppl},
-        "command": command_line("compress_rank", argv),
-    }
-    out: dict[str, Any] = {}
-    for seed in a.seeds:
-        res = run_seed(a, seed, setup, offline, url)
-        out = {**head, "seed": seed, "arms": res["arms"], "machine": machine(), "wall_seconds": time.time() - t_start}
-        path = RESULTS / f"{SCENARIO}-seed{seed}{a.tag}.json"
-        path.write_text(json.dumps(out, indent=2, default=str))
-        console.print(f"wrote {path}")
-    return out
+        "offline": {"uniform_rank": uniform_rank, "tau_budget": tau_budget, "tau_budget_params": oneshot_params,
+                    "tau_budget_perplexity": oneshot_ppl},
+    })
 
 
 if __name__ == "__main__":

@@ -86,9 +86,10 @@ def test_setpoint_schedules():
 
 def test_presets_load_and_cover_the_four_tasks():
     assert set(list_presets()) == {"sft-capability", "dpo-kl", "rl-kl", "draft-distill", "compress-ppl",
-                                   "compress-threshold", "protect-capability"}
+                                   "compress-threshold", "compress-width", "protect-capability"}
     knobs = {load_preset(n).controllers[0].knob for n in list_presets()}
-    assert knobs == {"learning_rate", "kl_beta", "distill_lambda", "rank", "compression_threshold", "kl_weight"}
+    assert knobs == {"learning_rate", "kl_beta", "distill_lambda", "rank", "compression_threshold",
+                     "mlp_channel_threshold", "kl_weight"}
     assert load_preset("rl-kl").controllers[0].direction == "reverse"
     # DPO: the learning rate (direct: a higher rate drifts faster) and the KL-anchor weight
     # (a constraint, reverse: more weight, less KL); beta alone cannot hold DPO's KL.
@@ -97,6 +98,7 @@ def test_presets_load_and_cover_the_four_tasks():
     assert (lr.knob, lr.kind, lr.direction) == ("learning_rate", "setpoint", "direct")
     # A higher threshold cuts more components, so perplexity rises with the knob: direct acting.
     assert load_preset("compress-threshold").controllers[0].direction == "direct"
+    assert load_preset("compress-width").controllers[0].direction == "direct"
     protect = load_preset("protect-capability").controllers[0]
     assert (protect.kind, protect.bound, protect.direction) == ("constraint", "upper", "reverse")
 

@@ -125,6 +125,9 @@ def _plain_trainer(tmp_path, tokenizer) -> Trainer:
     ("preset:compress-ppl", r"knobs\.rank: .*no LowRankLinear layers.*actuator\.agents\.compression\.factorize"),
     ("preset:compress-threshold",
      r"knobs\.compression_threshold: .*calibration.*actuator\.agents\.compression\.ThresholdKnob\(model, calibration\)"),
+    ("preset:compress-width",
+     r"knobs\.mlp_channel_threshold: .*calibration.*actuator\.agents\.compression\.ChannelThresholdKnob\(model, "
+     r"calibration\)"),
     ("preset:draft-distill", r"knobs\.distill_lambda: .*actuator\.agents\.distill\.DistillLambdaKnob"),
     ({"name": "custom", "controllers": [{"name": "c", "probe": "kl_drift", "knob": "custom.temperature",
                                          "setpoint": 0.1, "kp": 1.0}]},
