@@ -4,7 +4,7 @@
 
 The forgetting scenario's run (narrow task, batch 4, lr 9e-5) three ways, rotated round by round
 so machine noise hits all alike: the open loop; ``kl_weight`` = 1 with the benchmark's anchor
-(batch 2 × 64 tokens, every position); with ``--topics`` also 96 tokens over the 200 topic
+(batch 2 × 64 tokens, every position); the same at anchor batch 1; with ``--topics`` also 96 tokens over the 200 topic
 prompts too. Each round runs ``--steps`` steps per arm from the same start; the first step
 of each arm-round is dropped (warm-up). Reported: median CPU seconds (this process; with one
 torch thread it ignores other processes' load) and wall seconds per step per arm, and each
@@ -73,10 +73,11 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(tempfile.mkdtemp(prefix="actuator-anchor-overhead-"))
     setup = Setup(0, hotpot_records=1)
     with console.status("anchor sets (the starting model's own answers)…"):
-        shipped = anchor_set(setup.model, setup.tok)
-        arms: dict[str, Any] = {"open loop": None, "anchor w=1 (72 texts, 64 tokens)": (shipped, 64)}
+        shipped = anchor_set(setup.model, setup.tok, close_cut=True)  # as the forgetting benchmark
+        arms: dict[str, Any] = {"open loop": None, "anchor w=1 (72 texts, 64 tokens)": (shipped, 64, 2),
+                                "anchor w=1, batch 1": (shipped, 64, 1)}
         if a.topics:
-            arms["anchor w=1 (272 texts, 96 tokens)"] = (anchor_set(setup.model, setup.tok, topics=200), 96)
+            arms["anchor w=1 (272 texts, 96 tokens)"] = (anchor_set(setup.model, setup.tok, topics=200), 96, 2)
     times: dict[str, list[float]] = {name: [] for name in arms}
     cpu: dict[str, list[float]] = {name: [] for name in arms}
     for rnd in range(a.rounds):
@@ -84,8 +85,8 @@ def main(argv: list[str] | None = None) -> None:
             setup.reset()
             trainer = make_trainer(setup, "overhead", a.lr, a.steps, rnd, out)
             if spec is not None:
-                texts, length = spec
-                anchor = KLAnchor(texts, setup.tok, weight=1.0, batch_size=2, max_length=length, top_k=64, seed=rnd)
+                texts, length, batch = spec
+                anchor = KLAnchor(texts, setup.tok, weight=1.0, batch_size=batch, max_length=length, top_k=64, seed=rnd)
                 trainer = anchor_trainer(Trainer)(model=setup.model, args=trainer.args, train_dataset=setup.train,
                                                   data_collator=trainer.data_collator, kl_anchor=anchor)
             clock = _StepClock()
