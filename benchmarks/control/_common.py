@@ -7,6 +7,7 @@ the scenarios never download anything.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -180,3 +181,27 @@ def save_results(scenario: str, out: dict[str, Any], plot: Callable[[dict[str, A
     plot(out, RESULTS / f"{scenario}.png")
     took = f" ({out['wall_seconds']:.0f} s)" if "wall_seconds" in out else ""
     console.print(f"wrote {RESULTS / (scenario + '.json')} and {scenario}.png{took}")
+
+
+# -- the tuned arm (issue 16): identification pre-run, then ``tune`` ---------------------------
+def identification_args(ap: argparse.ArgumentParser) -> None:
+    """The tuned arm's pre-run options, shared by the scenarios that have one."""
+    ap.add_argument("--ident-steps", type=int, default=8,
+                    help="tuned arm: identification pre-run length (steps; default 8 = 20%% of 40)")
+    ap.add_argument("--ident-hold", type=int, default=3, help="tuned arm: steps before the learning-rate step")
+    ap.add_argument("--ident-size", type=float, default=-1.0,
+                    help="tuned arm: the learning-rate step, log units (-1: x0.37; the rate starts at its ceiling)")
+
+
+def identification_test(a: argparse.Namespace) -> dict[str, Any]:
+    """The agent's identification mode for the pre-run: step the learning rate once."""
+    return {"knob": "learning_rate", "size": a.ident_size, "hold": a.ident_hold,
+            "length": a.ident_steps - a.ident_hold}
+
+
+def tune_summary(seed: int, prep: dict[str, Any]) -> str:
+    """One line: the fitted model and the proposed gains of a tuned arm."""
+    g, m = prep["tune"]["gains"], prep["tune"]["model"]
+    return (f"  tuned seed {seed}: {m['kind']} gain {m['gain']:.4g} tau {m['tau']:.3g} theta "
+            f"{m['theta']:.3g} (hi {m['theta_hi']:.3g}) R2 {m['r2']:.3f}; kp {g['kp']:.4g} "
+            f"ki {g['ki']:.4g} kd {g['kd']:.4g} b {g['setpoint_weight']:g}")

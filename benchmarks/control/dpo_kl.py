@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.control._common import (
-    scenario_args,
+    scenario_args, identification_args, identification_test, tune_summary,
     arm_label, figure, record_targets,
     command_line, console, arm_progress, native_precision, pick_threads, precision_args, save_results,
     start_controller,
@@ -391,8 +391,7 @@ def identify_and_tune(setup: Setup, a: argparse.Namespace, url: str, seed: int) 
 
     ia = copy.copy(a)
     ia.steps = a.ident_steps
-    test = {"knob": "learning_rate", "size": a.ident_size, "hold": a.ident_hold,
-            "length": a.ident_steps - a.ident_hold}
+    test = identification_test(a)
     pre = run_arm(setup, {"name": "identification", "kind": "identify", "identify": test}, ia, url, seed)
     policy, _ = restoring_policy(a, "lr+anchor")
     result = ActuatorClient(url, timeout=120).tune_policy(pre["run_id"], "kl-lr", policy=policy)
@@ -497,11 +496,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--w-max", type=float, default=5.0, help="anchor arm: largest KL-anchor weight")
     ap.add_argument("--w-step", type=float, default=0.5, help="anchor arm: largest change of w per decision")
     ap.add_argument("--anchor-batch", type=int, default=2, help="anchor texts per step")
-    ap.add_argument("--ident-steps", type=int, default=8,
-                    help="tuned arm: identification pre-run length (steps; default 8 = 20%% of 40)")
-    ap.add_argument("--ident-hold", type=int, default=3, help="tuned arm: steps before the learning-rate step")
-    ap.add_argument("--ident-size", type=float, default=-1.0,
-                    help="tuned arm: the learning-rate step, log units (-1: x0.37; the rate starts at its ceiling)")
+    identification_args(ap)
     ap.add_argument("--tag", default=None, help="results go to dpo-kl-TAG.json (default dpo-kl.json)")
     ap.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
                     help="training precision (auto: bf16 where the machine has it natively, else fp32)")
@@ -602,10 +597,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         out = report(results)
                         continue
                     arm["policy"] = prep["tune"]["policy"]
-                    g, m = prep["tune"]["gains"], prep["tune"]["model"]
-                    console.print(f"  tuned seed {seed}: {m['kind']} gain {m['gain']:.4g} tau {m['tau']:.3g} theta "
-                                  f"{m['theta']:.3g} (hi {m['theta_hi']:.3g}) R2 {m['r2']:.3f}; kp {g['kp']:.4g} "
-                                  f"ki {g['ki']:.4g} kd {g['kd']:.4g} b {g['setpoint_weight']:g}")
+                    console.print(tune_summary(seed, prep))
                 r = run_arm(setup, arm, la, url, seed)
                 if prep is not None:
                     r["tuning"] = prep

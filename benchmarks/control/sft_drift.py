@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.control._common import (
-    scenario_args,
+    scenario_args, identification_args, identification_test, tune_summary,
     figure, arm_progress, command_line, console, pick_threads, save_results, start_controller,
 )
 
@@ -216,8 +216,7 @@ def identify_and_tune(setup: Setup, a: argparse.Namespace, url: str, seed: int) 
     interval, bounds and rate limit; only the gains are proposed)."""
     from actuator.client import ActuatorClient
 
-    test = {"knob": "learning_rate", "size": a.ident_size, "hold": a.ident_hold,
-            "length": a.ident_steps - a.ident_hold}
+    test = identification_test(a)
     pre = run_arm(setup, {"name": "identification", "kind": "identify", "lr": a.lr, "steps": a.ident_steps,
                           "identify": test}, a, url, seed)
     result = ActuatorClient(url, timeout=120).tune_policy(pre["run_id"], "drift-lr", policy=pid_policy(a))
@@ -268,11 +267,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--arms", nargs="+", default=["sweep", "plateau", "actuator"],
                     choices=["sweep", "open", "plateau", "actuator", "tuned"],
                     help="'open' runs only the open loop at --lr; 'sweep' runs lr/3, lr and 3*lr")
-    ap.add_argument("--ident-steps", type=int, default=8,
-                    help="tuned arm: identification pre-run length (steps; default 8 = 20%% of 40)")
-    ap.add_argument("--ident-hold", type=int, default=3, help="tuned arm: steps before the learning-rate step")
-    ap.add_argument("--ident-size", type=float, default=-1.0,
-                    help="tuned arm: the learning-rate step, log units (-1: x0.37; the rate starts at its ceiling)")
+    identification_args(ap)
     ap.add_argument("--tag", default=None, help="results go to sft-drift-TAG.json (default sft-drift.json)")
     a = ap.parse_args(argv)
     if a.quick:
@@ -308,10 +303,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if arm["kind"] == "tuned":
                 prep = identify_and_tune(setup, a, url, seed)
                 arm = {**arm, "policy": prep["tune"]["policy"]}
-                g, m = prep["tune"]["gains"], prep["tune"]["model"]
-                console.print(f"  tuned seed {seed}: {m['kind']} gain {m['gain']:.4g} tau {m['tau']:.3g} theta "
-                              f"{m['theta']:.3g} (hi {m['theta_hi']:.3g}) R2 {m['r2']:.3f}; kp {g['kp']:.4g} "
-                              f"ki {g['ki']:.4g} kd {g['kd']:.4g} b {g['setpoint_weight']:g}")
+                console.print(tune_summary(seed, prep))
             r = run_arm(setup, arm, a, url, seed)
             if prep is not None:
                 r["tuning"] = prep
