@@ -40,11 +40,12 @@ and refuses, with what/why/what-to-do, every case where the write would be silen
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .knobs import KnobNotSupported
 
-__all__ = ["KLBetaKnob", "VERIFIED_TRAINERS"]
+__all__ = ["KLBetaKnob", "VERIFIED_TRAINERS", "feedforward_kl_beta"]
 
 # The trainers whose loss reads `trainer.beta` as a KL coefficient at every step (trl 1.16).
 VERIFIED_TRAINERS = ("DPOTrainer", "GRPOTrainer", "RLOOTrainer")
@@ -180,3 +181,79 @@ class KLBetaKnob:
             raise ValueError(f"kl_beta must be finite and > 0 (a log-scale knob), got {value}")
         self.trainer.beta = value
         return self.read()
+
+
+def feedforward_kl_beta(model: Any, tokenizer: Any, prompts: Sequence[str], reward_func: Callable[..., Any],
+                        target: float, *, samples: int = 8, max_new_tokens: int = 24, batch_size: int = 8,
+                        seed: int = 0, columns: Mapping[str, Sequence[Any]] | None = None) -> Any:
+    """Where to start ``kl_beta`` for online RL (RLOO, GRPO): the β at which the KL-regularised
+    optimum sits at ``target`` nats per token of ``policy_kl``, from the starting model alone.
+
+    The model samples ``samples`` answers (temperature 1, no top-k/top-p, at most
+    ``max_new_tokens``, cut after the first end-of-turn token) to each of ``prompts`` (text already
+    in the model's prompt format, as the trainer's ``prompt`` column); ``reward_func`` scores them
+    with TRL's reward-function signature (``prompts=, completions=, completion_ids=`` and the
+    dataset's other ``columns`` by name); :func:`actuator.controllers.kl_coefficient_for_target`
+    turns the within-prompt reward variance and the mean answer length into
+    ``β₀ = sqrt(Var[r] / (2·target·L))``. Returns its :class:`~actuator.controllers.KLStart`.
+
+    Start the trainer at ``β₀`` (``GRPOConfig(beta=β₀)``) and let the PID on log β trim it:
+    feedforward puts the knob near its operating point before the first measurement, so the KL
+    does not overshoot while feedback is still getting there (BENCHMARKS.md, rl-kl). It runs no
+    training step and leaves the global RNG as it found it. Raises ``ValueError`` naming the
+    field for bad arguments, and :class:`~actuator.controllers.ParameterError` when the reward
+    never varies within a prompt (β then has no optimum to move).
+    """
+    import torch
+    from transformers import GenerationConfig
+
+    from actuator.controllers import kl_coefficient_for_target
+
+    if samples < 2:
+        raise ValueError(f"samples: need at least 2 answers per prompt for a variance, got {samples}")
+    if max_new_tokens < 1 or batch_size < 1:
+        raise ValueError("max_new_tokens and batch_size must be >= 1")
+    prompts = list(prompts)
+    if not prompts or not all(isinstance(p, str) and p for p in prompts):
+        raise ValueError("prompts: need a non-empty list of non-empty strings")
+    columns = dict(columns or {})
+    for key, values in columns.items():
+        if len(values) != len(prompts):
+            raise ValueError(f"columns.{key}: {len(values)} values for {len(prompts)} prompts")
+    eos = [t for t in {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
+           if isinstance(t, int) and t >= 0 and t != getattr(tokenizer, "unk_token_id", None)]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                              num_return_sequences=samples, pad_token_id=pad, eos_token_id=eos or None)
+    groups: list[list[float]] = []
+    lengths: list[int] = []
+    side = tokenizer.padding_side
+    was_training = model.training
+    try:
+        tokenizer.padding_side = "left"
+        model.eval()
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            torch.manual_seed(seed)
+            for i in range(0, len(prompts), batch_size):
+                batch = prompts[i: i + batch_size]
+                enc = tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=False)
+                enc = {k: v.to(next(model.parameters()).device) for k, v in enc.items()}
+                out = model.generate(**enc, generation_config=config)
+                ids_list, texts, owners = [], [], []
+                for j, row in enumerate(out[:, enc["input_ids"].shape[1]:].tolist()):
+                    cut = next((k for k, t in enumerate(row) if t in eos), None)
+                    ids = row if cut is None else row[: cut + 1]
+                    ids_list.append(ids)
+                    texts.append(tokenizer.decode(ids, skip_special_tokens=True))
+                    owners.append(i + j // samples)
+                rewards = reward_func(prompts=[prompts[o] for o in owners], completions=texts, completion_ids=ids_list,
+                                      **{k: [v[o] for o in owners] for k, v in columns.items()})
+                for j, r in enumerate(rewards):
+                    if j % samples == 0:
+                        groups.append([])
+                    groups[-1].append(float(r))
+                lengths.extend(len(ids) for ids in ids_list)
+    finally:
+        tokenizer.padding_side = side
+        model.train(was_training)
+    return kl_coefficient_for_target(groups, lengths, target)

@@ -9,6 +9,7 @@ be replayed from stored state. ``dt`` is always an argument and state is always 
 from ._checks import ParameterError
 from .baselines import AdaptiveKLController, AdaptiveKLState, FixedSchedule, PlateauState, ReduceLROnPlateau
 from .extremum import ExtremumConfig, ExtremumOutput, ExtremumSeeking, ExtremumState
+from .feedforward import KLStart, kl_coefficient_for_target
 from .filters import (
     EMA,
     EMAState,
@@ -56,6 +57,9 @@ __all__ = [
     "Setpoint",
     "setpoint_at",
     "validate_setpoint",
+    # feedforward
+    "KLStart",
+    "kl_coefficient_for_target",
     # baselines
     "AdaptiveKLController",
     "AdaptiveKLState",

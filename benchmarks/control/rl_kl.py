@@ -90,6 +90,10 @@ HELD_OUT = [  # KL probe only, never trained on
     "What do bees make?", "Which animal is known as the king of the jungle?",
     "What color do you get by mixing blue and yellow?", "What is the capital of Italy?",
     "What is 12 + 9?", "What is 7 times 6?", "How many wheels does a bicycle have?", "What is the opposite of hot?",
+    # --probe-prompts 16 adds these (the first 8 are the original probe)
+    "What is the capital of Spain?", "How many legs does a cat have?", "What is 15 + 27?",
+    "Which animal says moo?", "What is the boiling point of water in Celsius?", "What is 9 times 8?",
+    "What color is the sky on a clear day?", "Who was the first person to walk on the Moon?",
 ]
 
 
@@ -153,7 +157,9 @@ class Setup:
             model.save_pretrained(self.path)
             self.tok.save_pretrained(self.path)
         self.ref = model.eval().requires_grad_(False)
-        self.kl_prompts = [prompt_text(q) for q in HELD_OUT]
+        if not 2 <= a.probe_prompts <= len(HELD_OUT):
+            raise SystemExit(f"--probe-prompts must be in 2..{len(HELD_OUT)}, got {a.probe_prompts}")
+        self.kl_prompts = [prompt_text(q) for q in HELD_OUT[: a.probe_prompts]]
         self.ppl = Perplexity(GENERAL_TEXT, self.tok, every=None, batch_size=4)
 
     def kl_probe(self, a: argparse.Namespace, seed: int) -> Any:
@@ -162,6 +168,20 @@ class Setup:
         return PolicyKL(self.kl_prompts, self.tok, reference=self.ref, every=a.probe_every,
                         max_new_tokens=a.max_new_tokens, samples=a.probe_samples, seed=seed,
                         use_chat_template=False, batch_size=8)
+
+    def start_beta(self, a: argparse.Namespace, seed: int) -> dict[str, Any]:
+        """The feedforward β (``--beta auto``): the starting model samples ``--auto-samples``
+        answers to each training prompt of this seed; the within-prompt variance of their task
+        reward and their mean length give the β at which the KL-regularised optimum sits at the
+        target (``actuator.agents.trl_knobs.feedforward_kl_beta``, second order). No sweep, no
+        training step."""
+        from actuator.agents.trl_knobs import feedforward_kl_beta
+
+        rows = task_rows(seed, a.n_sums)
+        start = feedforward_kl_beta(self.ref, self.tok, rows["prompt"], TaskReward(a.length_cost), a.target,
+                                    samples=a.auto_samples, max_new_tokens=a.max_new_tokens, seed=10_000 + seed,
+                                    columns={"gold": rows["gold"]})
+        return {**start.as_dict(), "samples_per_prompt": a.auto_samples, "prompts": start.groups}
 
     def perplexity(self, model: Any) -> float:
         from actuator.agents.probes import ProbeSuite
@@ -227,7 +247,8 @@ def run_arm(setup: Setup, kind: str, arm: dict[str, Any], a: argparse.Namespace,
     if arm["kind"] == "actuator":
         cb = ActuatorCallback(
             pid_policy(a), url=url, probes=[probe], budget_share=1.0, run_name=f"bench-{SCENARIO}-{kind}-{seed}",
-            setters=[knob], knobs={"kl_beta": {"min": a.beta, "max": a.beta * 100, "max_step": a.max_step}})
+            setters=[knob], knobs={"kl_beta": {"min": a.beta * a.beta_bounds[0], "max": a.beta * a.beta_bounds[1],
+                                        "max_step": a.max_step}})
         cb.attach(trainer)
     else:
         suite = ProbeSuite([probe], budget_share=1.0)
@@ -440,7 +461,9 @@ def seed_file(seed: int, trainer: str) -> Path:
 def aggregate(a: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
     results: list[dict[str, Any]] = []
     meta: dict[str, Any] = {}
-    for path in sorted(p for p in RESULTS.glob(f"{SCENARIO}-*-seed*.json") if f"{SCENARIO}-x-" not in p.name):
+    paths = (sorted(RESULTS.glob(f"{SCENARIO}-x-{a.tag}-*-seed*.json")) if a.tag else
+             sorted(p for p in RESULTS.glob(f"{SCENARIO}-*-seed*.json") if f"{SCENARIO}-x-" not in p.name))
+    for path in paths:
         part = json.loads(path.read_text())
         results.extend(part["arms"])
         meta = {k: v for k, v in part.items() if k != "arms"}
@@ -452,18 +475,37 @@ def aggregate(a: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
     s = summarise(results, ns)
     print_tables(results, s["summary"], ns)
     out = {**meta, "seeds": sorted({r["seed"] for r in results}), "arms": results, "summary": s["summary"],
-           "command": command_line("rl_kl", argv), "parts": sorted(p.name for p in RESULTS.glob(f"{SCENARIO}-*-seed*.json") if f"{SCENARIO}-x-" not in p.name)}
+           "command": command_line("rl_kl", argv), "parts": [p.name for p in paths]}
     out.pop("wall_seconds", None)
     record_targets(out, s["targets"])
-    save_results(SCENARIO, out, plot)
+    save_results(f"{SCENARIO}-x-{a.tag}" if a.tag else SCENARIO, out, plot)
     return out
+
+
+def beta_arg(text: str) -> float | str:
+    if text == "auto":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--beta: a number > 0 or 'auto', got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"--beta: must be > 0, got {text!r}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     scenario_args(ap, SCENARIO, steps=24, quick="12 steps, the Actuator arm and one fixed beta")
     ap.add_argument("--trainer", nargs="+", choices=["rloo", "grpo"], default=["rloo"])
-    ap.add_argument("--beta", type=float, default=0.1, help="starting beta of Ziegler, early stopping and the PID")
+    ap.add_argument("--beta", type=beta_arg, default=0.1,
+                    help="starting beta of Ziegler, early stopping and the PID, or 'auto': the feedforward beta "
+                    "from the starting model's reward variance and answer length (Setup.start_beta), per seed")
+    ap.add_argument("--auto-samples", type=int, default=8, help="answers per training prompt for --beta auto")
+    ap.add_argument("--beta-bounds", type=float, nargs=2, default=[1.0, 100.0], metavar=("LO", "HI"),
+                    help="the PID's kl_beta bounds as multiples of the starting beta")
+    ap.add_argument("--probe-prompts", type=int, default=8,
+                    help=f"held-out prompts of the KL probe (2..{len(HELD_OUT)}; the first 8 are the original set)")
     ap.add_argument("--betas", type=float, nargs="+", default=[0.1, 0.5, 2.5], help="the fixed-beta sweep")
     ap.add_argument("--target", type=float, default=0.04, help="KL target, nats per token (policy_kl)")
     ap.add_argument("--band", type=float, default=0.10)
@@ -486,11 +528,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--tag", default=None, help="a variant run: results go to rl-kl-x-TAG-<trainer>-seed<N>.json, "
                     "which --aggregate leaves out")
     a = ap.parse_args(argv)
+    if a.auto_samples < 2:
+        ap.error("--auto-samples must be >= 2 (a variance needs two answers per prompt)")
+    if not 0 < a.beta_bounds[0] <= 1 <= a.beta_bounds[1]:
+        ap.error("--beta-bounds LO HI must satisfy 0 < LO <= 1 <= HI")
     if a.aggregate:
         return aggregate(a, argv)
     if a.quick:
         a.steps = min(a.steps, 12)
-        a.betas = [a.beta]
+        a.betas = [a.beta] if a.beta != "auto" else []
         a.arms = [x for x in a.arms if x != "ziegler"]
     if a.horizon is None:
         a.horizon = float(a.probe_every * a.prompts * a.samples)
@@ -506,16 +552,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for seed in a.seeds:
             t_start = time.time()
             results = []
+            sa = copy.copy(a)
+            if a.beta == "auto":
+                with console.status(f"seed {seed}: feedforward beta from the starting model's samples…"):
+                    sa.feedforward = setup.start_beta(a, seed)
+                sa.beta = sa.feedforward["beta"]
+                console.print(f"seed {seed}: feedforward beta {sa.beta:.4g} (reward variance "
+                              f"{sa.feedforward['reward_variance']:.4f}, mean answer length "
+                              f"{sa.feedforward['mean_length']:.1f} tokens, {sa.feedforward['prompts']} prompts)")
             for arm_kind in a.arms:
                 arms = ([{"name": f"fixed β {b:g}", "kind": "fixed", "beta": b} for b in a.betas]
                         if arm_kind == "fixed" else
                         [{"name": {"ziegler": "Ziegler adaptive KL", "actuator": "actuator PID"}[arm_kind],
                           "kind": arm_kind}])
                 for arm in arms:
-                    r = run_arm(setup, kind, arm, a, url, seed)
+                    r = run_arm(setup, kind, arm, sa, url, seed)
                     r["perplexity_increase_pct"] = 100 * (r["final_perplexity"] / base_ppl - 1)
                     results.append(r)
-                    out = save_seed(kind, seed, results, a, argv, base_ppl, t_start)  # each arm as it ends
+                    out = save_seed(kind, seed, results, sa, argv, base_ppl, t_start)  # each arm as it ends
     return out
 
 
@@ -533,8 +587,10 @@ def save_seed(kind: str, seed: int, results: list[dict[str, Any]], a: argparse.N
            "band": a.band, "lr": a.lr, "prompts": a.prompts, "samples": a.samples,
            "max_new_tokens": a.max_new_tokens, "length_cost": a.length_cost, "probe_every": a.probe_every,
            "ziegler_horizon": a.horizon, "start_beta": a.beta, "betas": a.betas,
+           "feedforward": getattr(a, "feedforward", None), "probe_prompts": a.probe_prompts,
+           "probe_samples": a.probe_samples, "beta_bounds": a.beta_bounds,
            "pid": pid_policy(a)["controllers"][0], "max_step": a.max_step,
-           "kl_beta_bounds": [a.beta, a.beta * 100], "start_perplexity": base_ppl, "arms": arms,
+           "kl_beta_bounds": [a.beta * a.beta_bounds[0], a.beta * a.beta_bounds[1]], "start_perplexity": base_ppl, "arms": arms,
            "command": command_line("rl_kl", argv), "wall_seconds": time.time() - t_start}
     name = f"{SCENARIO}-x-{a.tag}-{kind}-seed{seed}" if a.tag else f"{SCENARIO}-{kind}-seed{seed}"
     save_results(name if not a.quick else f"{SCENARIO}-quick", out, plot)

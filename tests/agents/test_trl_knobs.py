@@ -381,3 +381,70 @@ def test_controller_moves_the_beta_rl_trainers_really_use(kind, tmp_path, char_t
     assert used[steps] > 0.05
     observed = [h["probes"]["policy_kl"] for h in cb.history if "policy_kl" in h["probes"]]
     assert observed and observed[-1] > 0
+
+
+# -- feedforward: where to start kl_beta ------------------------------------------------------
+class RecordingReward:
+    """A reward in TRL's signature that depends on the sampled text (so it varies) and records
+    everything it was given."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+
+    def __call__(self, prompts, completions, completion_ids, gold, **_):
+        self.calls.append({"prompts": prompts, "completions": completions, "ids": completion_ids, "gold": gold})
+        return [float(sum(c.count(ch) for ch in g)) - 0.01 * len(ids)
+                for c, g, ids in zip(completions, gold, completion_ids)]
+
+
+def test_feedforward_kl_beta_uses_the_rewards_and_lengths_it_sampled(char_tokenizer) -> None:
+    import statistics
+
+    import torch
+
+    from actuator.controllers import kl_coefficient_for_target
+    from actuator.agents.trl_knobs import feedforward_kl_beta
+
+    model = tiny_llama(seed=3).train()
+    prompts = ["1+2=", "3+4=", "5+0=", "2+2=", "7+1="]
+    gold = ["aeiou", "xyz", "123", "abc", "0"]
+    reward = RecordingReward()
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    start = feedforward_kl_beta(model, char_tokenizer, prompts, reward, 0.05, samples=3, max_new_tokens=6,
+                                batch_size=2, seed=7, columns={"gold": gold})
+    # the run's RNG, the model's mode and the tokenizer's padding side are as they were
+    assert torch.equal(torch.get_rng_state(), before)
+    assert model.training and char_tokenizer.padding_side == "right"
+    # every prompt got 3 answers, the dataset's column travelled with its own prompt
+    seen_prompts = [p for c in reward.calls for p in c["prompts"]]
+    assert seen_prompts == [p for p in prompts for _ in range(3)]
+    assert [g for c in reward.calls for g in c["gold"]] == [g for g in gold for _ in range(3)]
+    ids = [i for c in reward.calls for i in c["ids"]]
+    assert all(1 <= len(i) <= 6 for i in ids)
+    assert all(2 not in i[:-1] for i in ids)  # cut after the first end token, never past it
+    # β is exactly the formula on what the reward returned
+    scorer = RecordingReward()
+    rewards = [r for c in reward.calls for r in scorer(c["prompts"], c["completions"], c["ids"], c["gold"])]
+    groups = [rewards[i: i + 3] for i in range(0, len(rewards), 3)]
+    expected = kl_coefficient_for_target(groups, [len(i) for i in ids], 0.05)
+    assert start == expected
+    assert start.mean_length == pytest.approx(statistics.fmean(len(i) for i in ids))
+    # the same seed samples the same answers
+    again = feedforward_kl_beta(model, char_tokenizer, prompts, RecordingReward(), 0.05, samples=3, max_new_tokens=6,
+                                batch_size=2, seed=7, columns={"gold": gold})
+    assert again == start
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"samples": 1}, "samples"),
+    ({"prompts": []}, "prompts"),
+    ({"columns": {"gold": ["a"]}}, "columns.gold"),
+])
+def test_feedforward_kl_beta_refuses_bad_arguments(char_tokenizer, kwargs, field) -> None:
+    from actuator.agents.trl_knobs import feedforward_kl_beta
+
+    args = {"prompts": ["1+2=", "3+4="], "samples": 2, "columns": {"gold": ["3", "7"]}} | kwargs
+    with pytest.raises(ValueError, match=field):
+        feedforward_kl_beta(tiny_llama(), char_tokenizer, args["prompts"], RecordingReward(), 0.05,
+                            samples=args["samples"], max_new_tokens=4, columns=args["columns"])
