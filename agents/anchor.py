@@ -224,9 +224,8 @@ class KLAnchor:
             top_idx[row, :n], top_logp[row, :n], tail[row, :n] = idx.long(), lp, tl
         logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
         per_pos = bucket_kl(logits, top_idx.to(device), top_logp.to(device), tail.to(device))
-        keep = mask.bool()
-        for row, i in enumerate(picks):
-            keep[row, :self._starts[i]] = False
+        starts = torch.tensor([self._starts[i] for i in picks], device=mask.device)
+        keep = mask.bool() & (torch.arange(width, device=mask.device)[None, :] >= starts[:, None])
         kl = per_pos[keep].mean()
         self.forwards += 1
         value = float(kl.detach())
