@@ -396,8 +396,14 @@ def summarise(results: list[dict[str, Any]], a: argparse.Namespace) -> dict[str,
             }
         fixed = [n for n in arms if n.startswith("fixed")]
         pick_seed = seeds[0]
-        picked = min(fixed, key=lambda n: next(r["abs_error"] for r in rs if r["arm"] == n and r["seed"] == pick_seed),
+        on_pick_seed = [n for n in fixed if any(r["arm"] == n and r["seed"] == pick_seed for r in rs)]
+        picked = min(on_pick_seed, key=lambda n: next(r["abs_error"] for r in rs if r["arm"] == n and r["seed"] == pick_seed),
                      default=None)
+        if getattr(a, "fixed_picked", None) is not None:  # picked on seed 0 of an earlier sweep (--fixed-picked)
+            picked = f"fixed β {a.fixed_picked:g}"
+            pick_seed = 0
+            if picked not in fixed:
+                raise SystemExit(f"--fixed-picked {a.fixed_picked:g}: no '{picked}' arm in the results")
         hindsight = min(fixed, key=lambda n: table[n]["abs_error"][0], default=None)
         summary[kind] = {"arms": table, "fixed_picked_on_seed": pick_seed, "fixed_picked": picked,
                          "fixed_best_in_hindsight": hindsight}
@@ -525,6 +531,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--tail", type=int, default=5, help="steps averaged for the reward at the end")
     ap.add_argument("--arms", nargs="+", default=["actuator", "ziegler", "fixed"])
     ap.add_argument("--aggregate", action="store_true", help="combine the per-seed result files")
+    ap.add_argument("--fixed-picked", type=float, default=None,
+                    help="with --aggregate: the fixed beta picked on seed 0 by an earlier sweep (when the sweep is "
+                    "not among the files), compared with the PID on the other seeds")
     ap.add_argument("--tag", default=None, help="a variant run: results go to rl-kl-x-TAG-<trainer>-seed<N>.json, "
                     "which --aggregate leaves out")
     a = ap.parse_args(argv)
