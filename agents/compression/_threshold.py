@@ -40,7 +40,8 @@ __all__ = ["ThresholdKnob"]
 _PER_LAYER_METRICS_MAX = 128
 
 
-def _short(name: str) -> str:
+def short_layer_name(name: str) -> str:
+    """A module name without the decoder-stack prefix (for per-layer metric keys)."""
     for prefix in ("model.layers.", "model.decoder.layers.", "transformer.h.", "layers."):
         if name.startswith(prefix):
             return name[len(prefix):]
@@ -78,7 +79,29 @@ def smallest_threshold_within(params_at: Callable[[float], int], params: int, lo
     return math.exp(hi)
 
 
-class ThresholdKnob:
+class LogThresholdKnob:
+    """What the threshold knobs share: the value is a log-scale threshold (``check_threshold``),
+    ``apply`` checks it, stores it and re-allocates (``_allocate``), ``read`` returns it."""
+
+    name: str
+    _tau: float
+
+    def read(self) -> float:
+        return self._tau
+
+    def apply(self, value: float) -> float:
+        self._tau = self._check(value)
+        self._allocate()
+        return self.read()
+
+    def _check(self, value: float) -> float:
+        return check_threshold(self.name, value)
+
+    def _allocate(self) -> None:
+        raise NotImplementedError
+
+
+class ThresholdKnob(LogThresholdKnob):
     """Global threshold ``τ`` on component sensitivities (log scale); sets each layer's active rank.
 
     Args:
@@ -178,16 +201,8 @@ class ThresholdKnob:
             return min(positive)
         return float(torch.cat([s[s > 0] for s in self.scores.values()]).min())
 
-    def read(self) -> float:
-        return self._tau
-
-    def apply(self, value: float) -> float:
-        self._tau = self._check(value)
+    def _allocate(self) -> None:
         self._set_ranks()
-        return self.read()
-
-    def _check(self, value: float) -> float:
-        return check_threshold(self.name, value)
 
     # -- allocation ---------------------------------------------------------------------------
     def ranks_for(self, threshold: float) -> dict[str, int]:
@@ -315,5 +330,5 @@ class ThresholdKnob:
         }
         if len(self._layers) <= _PER_LAYER_METRICS_MAX:
             for name, layer in self._layers.items():
-                out[f"compression.rank.{_short(name)}"[:64]] = float(layer.active_rank)
+                out[f"compression.rank.{short_layer_name(name)}"[:64]] = float(layer.active_rank)
         return out

@@ -33,20 +33,13 @@ from torch import nn
 
 from ..knobs import KnobNotSupported
 from ._lowrank import _calibrate
-from ._threshold import check_threshold, smallest_threshold_within
+from ._threshold import LogThresholdKnob, short_layer_name, smallest_threshold_within
 
 __all__ = ["ChannelThresholdKnob", "channel_masks", "gated_mlps"]
 
 _PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 # The attribute a masked MLP carries, read by export_pretrained.
 _ATTR = "_actuator_channel_mask"
-
-
-def _short(name: str) -> str:
-    for prefix in ("model.layers.", "model.decoder.layers.", "transformer.h.", "layers."):
-        if name.startswith(prefix):
-            return name[len(prefix):]
-    return name
 
 
 def gated_mlps(model: nn.Module) -> dict[str, nn.Module]:
@@ -126,7 +119,7 @@ def channel_importance(model: nn.Module, mlps: dict[str, nn.Module], calibration
     return out
 
 
-class ChannelThresholdKnob:
+class ChannelThresholdKnob(LogThresholdKnob):
     """Global threshold ``τ`` on MLP channel importance (log scale); masks each layer's channels.
 
     Args:
@@ -186,16 +179,8 @@ class ChannelThresholdKnob:
         at ``min_channels``)."""
         return self._bounds
 
-    def read(self) -> float:
-        return self._tau
-
-    def apply(self, value: float) -> float:
-        self._tau = self._check(value)
+    def _allocate(self) -> None:
         self._set_masks()
-        return self.read()
-
-    def _check(self, value: float) -> float:
-        return check_threshold(self.name, value)
 
     # -- allocation -------------------------------------------------------------------------
     def keep_for(self, threshold: float) -> dict[str, torch.Tensor]:
@@ -254,7 +239,7 @@ class ChannelThresholdKnob:
             }
             if len(widths) <= 128:
                 for name, w in widths.items():
-                    out[f"compression.width.{_short(name)}"[:64]] = float(w)
+                    out[f"compression.width.{short_layer_name(name)}"[:64]] = float(w)
             self._summary_cache = (key, out)
         return dict(self._summary_cache[1])
 
