@@ -427,14 +427,15 @@ def summarise(results: list[dict[str, Any]], a: argparse.Namespace) -> dict[str,
                          "fixed_best_in_hindsight": hindsight}
         pid = table.get("actuator PID")
         zie = table.get("Ziegler adaptive KL")
-        if pid and zie and picked:
+        if pid and picked:  # without a Ziegler arm (a variant run) its comparison is None
             later = [s for s in seeds if s != pick_seed] or seeds
             def on(name: str, key: str, rs: list[dict[str, Any]] = rs, later: list[int] = later) -> list[float]:
                 return [r[key] for r in rs if r["arm"] == name and r["seed"] in later]
             closest = min(fixed, key=lambda n: table[n]["abs_error"][0])
             targets[kind] = {
-                "settles_in_half_ziegler_steps": pid["settling_step"][0] <= zie["settling_step"][0] / 2,
-                "pid_settling_step": pid["settling_step"], "ziegler_settling_step": zie["settling_step"],
+                "settles_in_half_ziegler_steps": (pid["settling_step"][0] <= zie["settling_step"][0] / 2
+                                                  if zie else None),
+                "pid_settling_step": pid["settling_step"], "ziegler_settling_step": zie["settling_step"] if zie else None,
                 "overshoot_at_most_15pct": pid["overshoot_pct"][0] <= 15.0, "pid_overshoot_pct": pid["overshoot_pct"],
                 "abs_error_at_most_picked_fixed": mean_sd(on("actuator PID", "abs_error"))[0]
                 <= mean_sd(on(picked, "abs_error"))[0],
