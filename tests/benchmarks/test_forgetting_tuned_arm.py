@@ -31,6 +31,11 @@ def test_the_tuned_arm_runs_alone_when_asked_and_tunes_the_hand_policys_controll
     assert kinds.index("tuned") == kinds.index("actuator") + 1
 
 
+def test_the_anchor_batch_defaults_to_1_and_2_stays_reachable():
+    assert parser().parse_args([]).anchor_batch == 1
+    assert parser().parse_args(["--anchor-batch", "2"]).anchor_batch == 2
+
+
 def test_results_go_to_benchmarks_results_unless_a_subfolder_is_named():
     assert parser().parse_args([]).results == RESULTS
     a = parser().parse_args(["--results", "benchmarks/results/forgetting-batch1"])
