@@ -560,7 +560,7 @@ def plot(out: dict[str, Any], by_arm: dict[str, dict[int, dict[str, Any]]], path
         ax2.set_xlabel("general perplexity rise % (lower is better)")
         ax2.set_ylabel("task accuracy")
         ax2.set_title("task vs perplexity rise")
-        for name in [n for n in by_arm if out["rows"][n]["kind"] == "actuator"]:
+        for name in [n for n in by_arm if out["rows"][n]["kind"] in ("actuator", "tuned")]:
             for seed, arm in sorted(by_arm.get(name, {}).items()):
                 tr = arm["trace"]
                 if tr:
