@@ -20,7 +20,8 @@ stopping on the drift probe; a fixed anchor weight w over a sweep; 25% replay of
 plain SFT data; LoRA r=8 at the same learning rate; WiSE-FT (the open-loop end point interpolated
 towards the start at the largest ratio that meets the budget); the learning-rate PID of
 sft-drift; and **Actuator**: w under the constraint controller (PID-Lagrangian) holding drift
-within the budget, at the open loop's learning rate, w starting at 0.
+within the budget, at the open loop's learning rate, w starting at 0; and the same controller with
+gains from ``policy tune`` on an 8-step identification pre-run that steps w (``--arms tuned``, issue 16).
 
 One process runs one or more seeds and writes ``forgetting-seed<N>.json`` per seed; ``--aggregate``
 reads them and writes ``forgetting.json`` / ``.png`` with mean ± sd, the fixed w picked on seed 0
