@@ -1,5 +1,9 @@
 """Tune a policy's controller from a recorded run: identify, apply SIMC, validate by replay.
 
+Setpoint controllers (PID) and constraint controllers (PID-Lagrangian: a PI on the violation,
+so SIMC's PI gains apply while the constraint binds; its direction is its bound's, and a
+recorded response of the other sign is refused).
+
 1. The controller's probe and the knob values in effect (as the agent reported them) are read
    from the run's observations, the knob in its scale (``ln`` for log-scale knobs), and a FOPDT
    or integrating model is fitted (:func:`controllers.identify.identify`, stdlib least squares).
@@ -28,7 +32,7 @@ from .policy import ControllerSpec, PolicyDocument, load_policy
 from .run_state import KnobState
 from .simulate import simulate_model
 
-__all__ = ["NotIdentifiable", "UnknownController", "settling_steps", "overshoot_pct", "series", "tune_controller"]
+__all__ = ["NotIdentifiable", "UnknownController", "WrongDirection", "settling_steps", "overshoot_pct", "series", "tune_controller"]
 
 # The replay's length: enough closed-loop time constants to see settling, within a bound on work.
 _HORIZON_TIME_CONSTANTS = 12.0
@@ -45,6 +49,12 @@ _NOISE_ROUNDS = 20
 
 class UnknownController(PolicyError):
     """The policy has no setpoint controller of that name."""
+
+
+class WrongDirection(NotIdentifiable):
+    """A constraint's knob moved the probe the way its bound does not limit."""
+
+    problem = "wrong_direction"
 
 
 def settling_steps(values: Sequence[float], setpoints: Sequence[float], band: float = SETTLING_BAND) -> int | None:
@@ -128,9 +138,10 @@ def _min_move(knob: KnobState, scale: str) -> float:
 def _controller(policy: PolicyDocument, name: str) -> tuple[int, ControllerSpec]:
     for i, c in enumerate(policy.controllers):
         if c.name == name:
-            if c.kind != "setpoint":
+            if c.kind not in ("setpoint", "constraint"):
                 raise UnknownController(f"controller {name!r} is a {c.kind} controller; tune handles setpoint "
-                                        "controllers (PID)", [{"loc": "controller", "msg": "not a setpoint controller"}])
+                                        "controllers (PID) and constraint controllers (PID-Lagrangian)",
+                                        [{"loc": "controller", "msg": "not a setpoint or constraint controller"}])
             return i, c
     names = [c.name for c in policy.controllers]
     raise UnknownController(f"the policy {policy.name!r} has no controller {name!r} (controllers: {names})",
@@ -171,8 +182,12 @@ def _setpoint_at_start(spec: ControllerSpec) -> float | None:
 def _with_gains(policy: PolicyDocument, index: int, controller: str, tuning: Tuning,
                 aggressiveness: float) -> PolicyDocument:
     document = policy.model_dump(mode="json")
-    document["controllers"][index].update(kp=tuning.kp, ki=tuning.ki, kd=tuning.kd, direction=tuning.direction,
-                                          setpoint_weight=tuning.setpoint_weight)
+    if document["controllers"][index].get("kind") == "constraint":
+        # The multiplier's direction is its bound's, and it starts at rest: only the gains change.
+        document["controllers"][index].update(kp=tuning.kp, ki=tuning.ki, kd=tuning.kd)
+    else:
+        document["controllers"][index].update(kp=tuning.kp, ki=tuning.ki, kd=tuning.kd, direction=tuning.direction,
+                                              setpoint_weight=tuning.setpoint_weight)
     document["description"] = (f"{policy.description} " if policy.description else "") + (
         f"[{controller}: gains from actuator policy tune, {tuning.rule.split(':')[0]}, aggressiveness "
         f"{aggressiveness:g}, setpoint weight {tuning.setpoint_weight:g}]")[:2000]
@@ -181,6 +196,19 @@ def _with_gains(policy: PolicyDocument, index: int, controller: str, tuning: Tun
     except PolicyError as exc:  # gains past MAX_GAIN: a model with next to no gain
         raise NotIdentifiable(f"the gains for this model do not make a valid policy ({exc}); the knob's effect "
                               "is too small to control the probe with") from exc
+
+
+def _check_bound(spec: ControllerSpec, model: FittedModel) -> None:
+    """A constraint's multiplier pushes one way only (an upper bound needs a knob that lowers the
+    probe): a recorded response the other way cannot be tuned for, whatever its fit."""
+    lowers = model.gain < 0
+    if lowers != (spec.bound == "upper"):
+        moved = "lowered" if lowers else "raised"
+        raise WrongDirection(
+            f"in the recorded run raising {spec.knob} {moved} {spec.probe} (fitted gain {model.gain:+.4g}, "
+            f"R2 {model.r2:.2f}), but a {spec.bound}-bound constraint needs a knob that "
+            f"{'lowers' if spec.bound == 'upper' else 'raises'} it: identify where the constraint binds, with the "
+            "probe past its start in the direction the budget limits")
 
 
 def _rank(predicted: dict[str, Any]) -> tuple[bool, float, float]:
@@ -212,6 +240,8 @@ def tune_controller(policy: PolicyDocument, knobs: dict[str, dict[str, Any]], co
     every = declared if declared is not None else max(1, int(round(gaps[len(gaps) // 2])))
     alpha = spec.filter.alpha if spec.filter.kind == "ema" else None
     tuning: Tuning = simc(model, aggressiveness=aggressiveness, interval=every, filter_alpha=alpha)
+    if spec.kind == "constraint":
+        _check_bound(spec, model)
     setpoint_now = _setpoint_at_start(spec)
     noise_floor = None
     if setpoint_now is not None:
@@ -244,7 +274,7 @@ def tune_controller(policy: PolicyDocument, knobs: dict[str, dict[str, Any]], co
     # knob, and P on that error then overshoots. Both weights are replayed on the fitted model and
     # the faster one within the overshoot limit is proposed.
     candidates = []
-    for weight in _SETPOINT_WEIGHTS:
+    for weight in (_SETPOINT_WEIGHTS if spec.kind == "setpoint" else (0.0,)):
         t = replace(tuning, setpoint_weight=weight)
         doc = _with_gains(policy, index, controller, t, aggressiveness)
         candidates.append((t, doc, _predict(doc, replay_knobs, model, spec, length, every, start)))

@@ -184,19 +184,21 @@ def save_results(scenario: str, out: dict[str, Any], plot: Callable[[dict[str, A
 
 
 # -- the tuned arm (issue 16): identification pre-run, then ``tune`` ---------------------------
-def identification_args(ap: argparse.ArgumentParser) -> None:
-    """The tuned arm's pre-run options, shared by the scenarios that have one."""
+def identification_args(ap: argparse.ArgumentParser, size: float = -1.0,
+                        size_help: str = "the learning-rate step, log units (-1: x0.37; the rate starts at its "
+                                         "ceiling)") -> None:
+    """The tuned arm's pre-run options, shared by the scenarios that have one (``size``: the
+    default step of the knob the scenario identifies, in its scale)."""
     ap.add_argument("--ident-steps", type=int, default=8,
                     help="tuned arm: identification pre-run length (steps; default 8 = 20%% of 40)")
-    ap.add_argument("--ident-hold", type=int, default=3, help="tuned arm: steps before the learning-rate step")
-    ap.add_argument("--ident-size", type=float, default=-1.0,
-                    help="tuned arm: the learning-rate step, log units (-1: x0.37; the rate starts at its ceiling)")
+    ap.add_argument("--ident-hold", type=int, default=3, help="tuned arm: steps before the knob's step")
+    ap.add_argument("--ident-size", type=float, default=size, help=f"tuned arm: {size_help}")
 
 
-def identification_test(a: argparse.Namespace) -> dict[str, Any]:
-    """The agent's identification mode for the pre-run: step the learning rate once."""
-    return {"knob": "learning_rate", "size": a.ident_size, "hold": a.ident_hold,
-            "length": a.ident_steps - a.ident_hold}
+def identification_test(a: argparse.Namespace, knob: str = "learning_rate") -> dict[str, Any]:
+    """The agent's identification mode for the pre-run: step ``knob`` once (by ``--ident-size`` in
+    its scale) after ``--ident-hold`` steps, held to the pre-run's end."""
+    return {"knob": knob, "size": a.ident_size, "hold": a.ident_hold, "length": a.ident_steps - a.ident_hold}
 
 
 def tune_summary(seed: int, prep: dict[str, Any]) -> str:

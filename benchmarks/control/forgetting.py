@@ -20,7 +20,8 @@ stopping on the drift probe; a fixed anchor weight w over a sweep; 25% replay of
 plain SFT data; LoRA r=8 at the same learning rate; WiSE-FT (the open-loop end point interpolated
 towards the start at the largest ratio that meets the budget); the learning-rate PID of
 sft-drift; and **Actuator**: w under the constraint controller (PID-Lagrangian) holding drift
-within the budget, at the open loop's learning rate, w starting at 0.
+within the budget, at the open loop's learning rate, w starting at 0; and the same controller with
+gains from ``policy tune`` on an 8-step identification pre-run that steps w (``--arms tuned``, issue 16).
 
 One process runs one or more seeds and writes ``forgetting-seed<N>.json`` per seed; ``--aggregate``
 reads them and writes ``forgetting.json`` / ``.png`` with mean ± sd, the fixed w picked on seed 0
@@ -40,7 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.control._common import (
-    RESULTS, command_line, console, figure, machine, pick_threads, scenario_args, start_controller,
+    RESULTS, command_line, console, figure, identification_args, identification_test, machine, pick_threads,
+    scenario_args, start_controller, tune_summary,
 )
 from benchmarks.control.sft_drift import GENERAL_PROMPTS, Setup, make_trainer
 
@@ -146,9 +148,9 @@ def build_trainer(setup: ForgettingSetup, arm: dict[str, Any], a: argparse.Names
 
     setup.reset()
     name = arm["name"].replace(" ", "_").replace("=", "")
-    trainer = make_trainer(setup, name, arm["lr"], a.steps, seed, a.out)
+    trainer = make_trainer(setup, name, arm["lr"], arm.get("steps", a.steps), seed, a.out)
     kind, anc = arm["kind"], None
-    if kind in ("fixed", "actuator"):
+    if kind in ("fixed", "actuator", "tuned", "identify"):
         anc = anchor(setup, arm.get("w", 0.0), seed, a)
         trainer = anchor_trainer(Trainer)(model=setup.model, args=trainer.args, train_dataset=setup.train,
                                           data_collator=trainer.data_collator, kl_anchor=anc)
@@ -198,17 +200,18 @@ def run_arm(setup: ForgettingSetup, arm: dict[str, Any], a: argparse.Namespace, 
     kind = arm["kind"]
     # The drift probe runs in training only where an arm acts on it (and on the open loop at the
     # scenario's lr, for the trace plot); every arm gets the same final evaluation.
-    probed = kind in ("plateau", "early", "lr-pid", "actuator") or arm.get("keep_end", False)
-    drift = setup.controlled_probe(a, a.probe_every if probed else None)
+    probed = kind in ("plateau", "early", "lr-pid", "actuator", "tuned", "identify") or arm.get("keep_end", False)
+    # The identification pre-run probes every step: the fit needs the response's shape.
+    drift = setup.controlled_probe(a, (1 if kind == "identify" else a.probe_every) if probed else None)
     key, (ceiling, _) = a.constraint, limit(a)
     trace: list[dict[str, float]] = []
     cb, suite = None, None
-    if kind in ("actuator", "lr-pid"):
-        policy = constraint_policy(a) if kind == "actuator" else lr_pid_policy(a)
-        knobs = ({"kl_weight": {"min": 0.0, "max": a.w_max, "max_step": a.w_step}} if kind == "actuator" else
-                 {"learning_rate": {"min": arm["lr"] / 100, "max": arm["lr"], "max_step": 1.5}})
+    if kind in ("actuator", "tuned", "identify", "lr-pid"):
+        policy = lr_pid_policy(a) if kind == "lr-pid" else arm.get("policy") or constraint_policy(a)
+        knobs = ({"learning_rate": {"min": arm["lr"] / 100, "max": arm["lr"], "max_step": 1.5}} if kind == "lr-pid"
+                 else {"kl_weight": {"min": 0.0, "max": a.w_max, "max_step": a.w_step}})
         cb = ActuatorCallback(policy, url=url, probes=[drift], budget_share=1.0, knobs=knobs,
-                              run_name=f"bench-{SCENARIO}-{kind}-{seed}").attach(trainer)
+                              run_name=f"bench-{SCENARIO}-{kind}-{seed}", identify=arm.get("identify")).attach(trainer)
     elif probed:
         suite = ProbeSuite([drift], budget_share=1.0)
         suite.setup(setup.model)
@@ -252,16 +255,39 @@ def run_arm(setup: ForgettingSetup, arm: dict[str, Any], a: argparse.Namespace, 
         # reset loads the start weights into it, strictly).
         setup.model = trainer.model = trainer.model.merge_and_unload()
         setup.model.requires_grad_(True)  # PEFT froze the base weights; the next arm trains them all
-    final = setup.capability(trainer)
+    final = setup.capability(trainer) if kind != "identify" else {}  # a pre-run's end is not a result
     steps_run = trainer.state.global_step
     result = {"arm": arm["name"], "kind": kind, "constraint": {"probe": key, "budget": a.budget, "ceiling": ceiling}, "lr": arm["lr"], "w": arm.get("w"), "seed": seed, "trace": trace,
               "final": final, "seconds": seconds, "seconds_per_step": seconds / max(1, steps_run), "steps": steps_run,
               "decisions": len(cb.applied) if cb is not None else None,
+              "run_id": cb.run_id if cb is not None else None,
               "anchor_forwards": anc.forwards if anc is not None else None,
               "final_w": anc.weight if anc is not None else None,
               "decision_log": [{k: d[k] for k in ("step", "knob", "applied", "reason")} for d in cb.applied][:60]
               if cb is not None else None}
     return result
+
+
+def identify_and_tune(setup: ForgettingSetup, a: argparse.Namespace, url: str, seed: int) -> dict[str, Any]:
+    """The tuned arm's preparation (issue 16): an identification pre-run of ``--ident-steps`` steps
+    from the same start (the agent's identification mode steps ``kl_weight`` from 0 by
+    ``--ident-size`` after ``--ident-hold`` steps; the budgeted probe read every step), then
+    ``POST /v1/policies/tune`` on its observations for the hand policy's constraint controller
+    (same budget, bounds and rate limit; only the gains are proposed). A refusal comes back as
+    ``{"refused": message}`` with the pre-run's trace: there is then no loop to run."""
+    from actuator import ActuatorError
+    from actuator.client import ActuatorClient
+
+    test = identification_test(a, knob="kl_weight")
+    pre = run_arm(setup, {"name": "identification", "kind": "identify", "lr": a.lr, "steps": a.ident_steps,
+                          "identify": test}, a, url, seed)
+    ident = {"trace": pre["trace"], "seconds": pre["seconds"], "run_id": pre["run_id"], "final": pre["final"]}
+    try:
+        result = ActuatorClient(url, timeout=120).tune_policy(pre["run_id"], "capability-budget",
+                                                              policy=constraint_policy(a))
+    except ActuatorError as exc:  # 409: the pre-run identifies nothing the constraint can use
+        return {"refused": str(exc), "identification": ident, "test": test}
+    return {"tune": result, "identification": ident, "test": test}
 
 
 def wise_ft(setup: ForgettingSetup, end_state: dict[str, torch.Tensor], a: argparse.Namespace, seed: int,
@@ -314,6 +340,7 @@ def arms_for(a: argparse.Namespace) -> list[dict[str, Any]]:
         {"name": "LoRA r=8", "kind": "lora", "lr": lr},
         {"name": label(a, "lr PID"), "kind": "lr-pid", "lr": lr},
         {"name": label(a, f"Actuator kp {a.kp:g} ki {a.ki:g}"), "kind": "actuator", "lr": lr},
+        {"name": label(a, "Actuator (tuned)"), "kind": "tuned", "lr": lr},
     ]
     if a.arms:  # in the order given, the arms that matter most first; "wise" (re-)runs the open loop at lr
         def rank(arm: dict[str, Any]) -> int:
@@ -345,10 +372,22 @@ def run_seeds(a: argparse.Namespace) -> None:
         base = setup.capability(base_trainer)
         a.start_ppl = base["perplexity"]
         console.print(f"seed {seed} start: {json.dumps({k: round(v, 4) for k, v in base.items() if isinstance(v, float)})}")
-        results = []
+        results: list[dict[str, Any]] = []
+        tuning: list[dict[str, Any]] = []
         for arm in arms_for(a):
             console.print(f"[bold]{arm['name']}[/] (seed {seed})")
+            if arm["kind"] == "tuned":
+                prep = identify_and_tune(setup, a, url, seed)
+                tuning.append({"seed": seed, **prep})
+                if "refused" in prep:
+                    console.print(f"  tuned seed {seed}: tune refused: {prep['refused']}")
+                    _write_seed(a, seed, base, results, t_start, tuning)
+                    continue
+                console.print(tune_summary(seed, prep))
+                arm = {**arm, "policy": prep["tune"]["policy"]}
             r = run_arm(setup, arm, a, url, seed)
+            if arm["kind"] == "tuned":
+                r["tuning"] = tuning[-1]
             r["metrics"] = gains(base, r["final"])
             console.print(f"  -> {json.dumps({k: round(v, 4) for k, v in r['metrics'].items()})} in {r['seconds']:.0f} s")
             results.append(r)
@@ -359,18 +398,19 @@ def run_seeds(a: argparse.Namespace) -> None:
                 console.print(f"  WiSE-FT alpha {w['alpha']:.3f} -> "
                               f"{json.dumps({k: round(v, 4) for k, v in w['metrics'].items()})}")
                 results.append(w)
-            _write_seed(a, seed, base, results, t_start)
+            _write_seed(a, seed, base, results, t_start, tuning)
 
 
 def _write_seed(a: argparse.Namespace, seed: int, base: dict[str, float], results: list[dict[str, Any]],
-                t_start: float) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
+                t_start: float, tuning: list[dict[str, Any]] | None = None) -> None:
+    a.results.mkdir(parents=True, exist_ok=True)
     out = {"scenario": SCENARIO, "seed": seed, "steps": a.steps, "lr": a.lr, "budget": a.budget,
            "controller": constraint_policy(a)["controllers"][0], "anchor_batch": a.anchor_batch,
            "anchor_length": a.anchor_length, "anchor_topics": a.anchor_topics,
            "answers_only": a.answers_only, "open_cut_answers": a.open_cut_answers, "start": base, "arms": results, "machine": machine(),
-           "wall_seconds": time.time() - t_start, "command": command_line("forgetting", a.argv)}
-    (RESULTS / f"{SCENARIO}-seed{seed}{a.tag}.json").write_text(json.dumps(out, indent=2, default=str))
+           "wall_seconds": time.time() - t_start, "command": command_line("forgetting", a.argv),
+           "tuning": tuning or []}
+    (a.results / f"{SCENARIO}-seed{seed}{a.tag}.json").write_text(json.dumps(out, indent=2, default=str))
 
 
 # -- aggregation --------------------------------------------------------------------------------
@@ -381,10 +421,10 @@ def _ms(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-def aggregate(tag: str = "") -> dict[str, Any]:
+def aggregate(tag: str = "", results: Path = RESULTS) -> dict[str, Any]:
     # One seed may come in parts (``--arms`` split over invocations, ``--tag -partN``): merged by arm.
     parts: dict[int, dict[str, Any]] = {}
-    for f in sorted(RESULTS.glob(f"{SCENARIO}-seed*.json")):
+    for f in sorted(results.glob(f"{SCENARIO}-seed*.json")):
         part = json.loads(f.read_text())
         if tag and tag not in f.stem or "calib" in f.stem:
             continue
@@ -395,7 +435,7 @@ def aggregate(tag: str = "") -> dict[str, Any]:
         merged["commands"].append(part["command"])
     runs = [parts[s] for s in sorted(parts)]
     if not runs:
-        raise SystemExit(f"no {SCENARIO}-seed*.json in {RESULTS}: run the seeds first")
+        raise SystemExit(f"no {SCENARIO}-seed*.json in {results}: run the seeds first")
     seeds = sorted(r["seed"] for r in runs)
     by_arm: dict[str, dict[int, dict[str, Any]]] = {}
     for run in runs:
@@ -433,7 +473,7 @@ def aggregate(tag: str = "") -> dict[str, Any]:
                            "commands": sorted({c for r in runs for c in r["commands"]}), "machine": runs[-1]["machine"]}
     targets: dict[str, Any] = {}
     open_kinds = ("open", "replay", "lora", "wise", "early")
-    for act_name in [n for n in by_arm if rows[n]["kind"] == "actuator"]:
+    for act_name in [n for n in by_arm if rows[n]["kind"] in ("actuator", "tuned")]:
         c = next(iter(by_arm[act_name].values()))["constraint"]
         constraint, budget = c["probe"], c["budget"]
         t: dict[str, Any] = {"constraint": c}
@@ -455,7 +495,7 @@ def aggregate(tag: str = "") -> dict[str, Any]:
                                                         "dominated_by": dominated_by, "met": not dominated_by}
         picked = pick(constraint, budget, [0]) if 0 in seeds else None
         t["fixed_w_picked_on_seed0"], t["fixed_w_best_in_hindsight"] = picked, pick(constraint, budget, others)
-        if picked and others:
+        if picked and others and any(s in by_arm[act_name] for s in others):  # an arm run on seed 0 only: no match
             p_acc, a_acc2 = ms(picked, others, "task_accuracy"), ms(act_name, others, "task_accuracy")
             t["matches_fixed_w_picked_on_seed0"] = {
                 "picked": picked, "seeds": others, "fixed_accuracy": p_acc, "actuator_accuracy": a_acc2,
@@ -481,8 +521,8 @@ def aggregate(tag: str = "") -> dict[str, Any]:
     out["fixed_marks"] = {n: [a for a, t in targets.items() if isinstance(t, dict) and t.get("fixed_w_picked_on_seed0")
                               == n] for n in fixed}
     out["targets"] = targets
-    (RESULTS / f"{SCENARIO}{tag}.json").write_text(json.dumps(out, indent=2, default=str))
-    plot(out, by_arm, RESULTS / f"{SCENARIO}{tag}.png")
+    (results / f"{SCENARIO}{tag}.json").write_text(json.dumps(out, indent=2, default=str))
+    plot(out, by_arm, results / f"{SCENARIO}{tag}.png")
     print_table(out)
     return out
 
@@ -521,7 +561,7 @@ def plot(out: dict[str, Any], by_arm: dict[str, dict[int, dict[str, Any]]], path
         ax2.set_xlabel("general perplexity rise % (lower is better)")
         ax2.set_ylabel("task accuracy")
         ax2.set_title("task vs perplexity rise")
-        for name in [n for n in by_arm if out["rows"][n]["kind"] == "actuator"]:
+        for name in [n for n in by_arm if out["rows"][n]["kind"] in ("actuator", "tuned")]:
             for seed, arm in sorted(by_arm.get(name, {}).items()):
                 tr = arm["trace"]
                 if tr:
@@ -532,7 +572,7 @@ def plot(out: dict[str, Any], by_arm: dict[str, dict[int, dict[str, Any]]], path
         ax3.legend(fontsize=6)
 
 
-def main(argv: list[str] | None = None) -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     scenario_args(ap, SCENARIO, steps=40, quick="12 steps, open loop, one fixed w and Actuator")
     ap.add_argument("--lr", type=float, default=9e-5, help="the learning rate at which the open loop forgets")
@@ -549,7 +589,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--w-step", type=float, default=0.25, help="largest change of w per decision")
     ap.add_argument("--fixed-w", type=float, nargs="+", default=[0.1, 0.3, 1.0, 3.0])
     ap.add_argument("--probe-every", type=int, default=2)
-    ap.add_argument("--anchor-batch", type=int, default=2)
+    ap.add_argument("--anchor-batch", type=int, default=1,
+                    help="anchor texts per step (1: 1.35x the open loop's step, BENCHMARKS.md 'forgetting'; the "
+                         "3-seed table of every arm was measured at 2: pass --anchor-batch 2 to reproduce it)")
     ap.add_argument("--anchor-length", type=int, default=64)
     ap.add_argument("--anchor-topics", type=int, default=0,
                     help="extra anchor prompts from general topics (actuator.agents.general.topic_prompts)")
@@ -560,13 +602,22 @@ def main(argv: list[str] | None = None) -> None:
                     help="the anchor's KL on answer positions only (KLAnchor response_template)")
     ap.add_argument("--hotpot", type=int, default=6, help="HotpotQA records in the capability evaluation")
     ap.add_argument("--arms", nargs="+", default=None,
-                    choices=["open", "plateau", "early", "fixed", "replay", "lora", "wise", "lr-pid", "actuator"])
+                    choices=["open", "plateau", "early", "fixed", "replay", "lora", "wise", "lr-pid", "actuator",
+                             "tuned"])
+    identification_args(ap, size=2.0, size_help="the anchor weight's step from 0, linear (default 2: w_max)")
     ap.add_argument("--tag", default="", help="suffix of the result files (calibration runs)")
+    ap.add_argument("--results", type=Path, default=RESULTS,
+                    help="folder of the per-seed files and the aggregate (variants and calibrations: a subfolder, "
+                         "so they do not mix with the arm rows of benchmarks/results)")
     ap.add_argument("--aggregate", action="store_true", help="combine the per-seed files; run nothing")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parser().parse_args(argv)
     a.argv = argv
     if a.aggregate:
-        aggregate(a.tag)
+        aggregate(a.tag, a.results)
         return
     if a.quick:
         a.steps, a.fixed_w, a.arms = min(a.steps, 12), a.fixed_w[:1], a.arms or ["open", "fixed", "actuator"]

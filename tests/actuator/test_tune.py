@@ -12,7 +12,7 @@ import pytest
 from actuator.controllers.identify import KnobDidNotMove, identify
 from actuator.policy import load_policy
 from actuator.simulate import simulate_model
-from actuator.tune import UnknownController, series, tune_controller
+from actuator.tune import UnknownController, WrongDirection, series, tune_controller
 
 KNOB = {"name": "learning_rate", "value": 1e-3, "min": 1e-4, "max": 4e-3, "scale": "log", "max_step": 0.2}
 
@@ -64,9 +64,10 @@ def test_an_unreachable_setpoint_is_flagged():
 def test_refusals():
     with pytest.raises(UnknownController, match="no controller 'x'"):
         tune_controller(policy(0.35), {"learning_rate": KNOB}, "x", observations())
-    with pytest.raises(UnknownController, match="constraint controller"):
-        tune_controller(policy(0.35, kind="constraint"), {"learning_rate": {**KNOB, "scale": "linear", "min": 0.0}},
-                        "c", observations())
+    maximize = load_policy({"name": "p", "controllers": [{"name": "c", "kind": "maximize", "probe": "kl_drift",
+                                                          "knob": "learning_rate", "dither": 0.1, "gain": 0.1}]})
+    with pytest.raises(UnknownController, match="maximize controller"):
+        tune_controller(maximize, {"learning_rate": KNOB}, "c", observations())
     with pytest.raises(UnknownController, match="does not declare"):
         tune_controller(policy(0.35), {"kl_beta": {**KNOB, "name": "kl_beta"}}, "c", observations())
     # a 3% move on a log knob is below the 5% it takes
@@ -154,3 +155,40 @@ def test_series_pairs_each_probe_with_the_knob_the_steps_before_it_ran_at():
     steps, us, ys = series(obs, "kl_drift", "learning_rate", 1e-3, "log")
     assert steps == [0, 1, 2, 3, 4] and ys == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4])
     assert us == pytest.approx([math.log(1e-3)] * 3 + [math.log(2e-3)] * 2)
+
+
+WEIGHT = {"name": "kl_weight", "value": 0.0, "min": 0.0, "max": 2.0, "scale": "linear", "max_step": 0.25}
+
+
+def weight_observations(gain: float) -> list[SimpleNamespace]:
+    """perplexity = 50 + gain * w through a lag of 4 steps; w steps 0 -> 1 at step 3."""
+    y, out = 50.0, []
+    for step in range(31):
+        w = 1.0 if step > 3 else 0.0
+        if step:
+            y += (50.0 + gain * w - y) * (1 - math.exp(-1 / 4))
+        # the agent reports the value in effect from the next step on (see series)
+        out.append(SimpleNamespace(seq=step, step=step, probes={"perplexity": y}, metrics={},
+                                   knobs={"kl_weight": 1.0 if step >= 3 else 0.0}))
+    return out
+
+
+def budget_policy() -> object:
+    return load_policy({"name": "p", "controllers": [{"name": "budget", "kind": "constraint", "probe": "perplexity",
+                                                      "knob": "kl_weight", "setpoint": 48.0, "kp": 0.1, "ki": 0.01}]})
+
+
+def test_a_constraint_controller_gets_simc_gains_and_keeps_its_bound():
+    result = tune_controller(budget_policy(), {"kl_weight": WEIGHT}, "budget", weight_observations(-4.0))
+    assert result["model"]["gain"] == pytest.approx(-4.0, rel=0.2)
+    assert result["model"]["tau"] == pytest.approx(4.0, rel=0.2)
+    c = result["policy"]["controllers"][0]
+    assert c["kind"] == "constraint" and c["bound"] == "upper" and c["setpoint_weight"] == 0.0
+    assert c["kp"] == pytest.approx(result["gains"]["kp"]) and c["kp"] > 0 and c["ki"] > 0
+    assert load_policy(result["policy"]).controllers[0].kp == c["kp"]
+
+
+def test_a_constraint_knob_that_moved_the_probe_the_wrong_way_is_refused():
+    # raising the anchor weight raised the perplexity: an upper bound cannot be held with that
+    with pytest.raises(WrongDirection, match="raised perplexity.*upper-bound constraint needs a knob that lowers"):
+        tune_controller(budget_policy(), {"kl_weight": WEIGHT}, "budget", weight_observations(+4.0))
