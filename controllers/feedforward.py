@@ -6,7 +6,8 @@ overshoots before two decisions can act (BENCHMARKS.md, rl-kl). Feedforward puts
 the point where the probe would sit at the target, from a model of the plant; feedback then trims
 what the model got wrong.
 
-KL coefficient of online RL. The KL-regularised objective ``E_π[r] − β·KL(π ‖ π_ref)`` has the
+KL coefficient of online RL in RLOO's form (a sequence-level penalty on the raw reward; GRPO
+normalises advantages and penalises per token, a different scale). The KL-regularised objective ``E_π[r] − β·KL(π ‖ π_ref)`` has the
 optimum ``π*(y|x) ∝ π_ref(y|x)·exp(r(x, y)/β)`` (the exponential tilt of the reference), and to
 second order in ``1/β``::
 
