@@ -214,6 +214,8 @@ def feedforward_kl_beta(model: Any, tokenizer: Any, prompts: Sequence[str], rewa
 
     from actuator.controllers import kl_coefficient_for_target
 
+    from .probes._common import encode, eos_token_ids, model_device, pad_batch, pad_token_id
+
     if samples < 2:
         raise ValueError(f"samples: need at least 2 answers per prompt for a variance, got {samples}")
     if max_new_tokens < 1 or batch_size < 1:
@@ -225,31 +227,29 @@ def feedforward_kl_beta(model: Any, tokenizer: Any, prompts: Sequence[str], rewa
     for key, values in columns.items():
         if len(values) != len(prompts):
             raise ValueError(f"columns.{key}: {len(values)} values for {len(prompts)} prompts")
-    eos = [t for t in {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
-           if isinstance(t, int) and t >= 0 and t != getattr(tokenizer, "unk_token_id", None)]
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    eos = eos_token_ids(model, tokenizer)
+    pad = pad_token_id(tokenizer)
     config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
                               num_return_sequences=samples, pad_token_id=pad, eos_token_id=eos or None)
     groups: list[list[float]] = []
     lengths: list[int] = []
-    side = tokenizer.padding_side
     was_training = model.training
     try:
-        tokenizer.padding_side = "left"
         model.eval()
         with torch.random.fork_rng(devices=[]), torch.no_grad():
             torch.manual_seed(seed)
             for i in range(0, len(prompts), batch_size):
                 batch = prompts[i: i + batch_size]
-                enc = tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=False)
-                enc = {k: v.to(next(model.parameters()).device) for k, v in enc.items()}
-                out = model.generate(**enc, generation_config=config)
+                # as TRL's RL trainers tokenize prompts: no special tokens added, padded on the left
+                ids, mask = pad_batch(encode(tokenizer, batch, add_special_tokens=False), pad, side="left",
+                                      device=model_device(model))
+                out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
                 ids_list, texts, owners = [], [], []
-                for j, row in enumerate(out[:, enc["input_ids"].shape[1]:].tolist()):
+                for j, row in enumerate(out[:, ids.shape[1]:].tolist()):
                     cut = next((k for k, t in enumerate(row) if t in eos), None)
-                    ids = row if cut is None else row[: cut + 1]
-                    ids_list.append(ids)
-                    texts.append(tokenizer.decode(ids, skip_special_tokens=True))
+                    answer = row if cut is None else row[: cut + 1]
+                    ids_list.append(answer)
+                    texts.append(tokenizer.decode(answer, skip_special_tokens=True))
                     owners.append(i + j // samples)
                 rewards = reward_func(prompts=[prompts[o] for o in owners], completions=texts, completion_ids=ids_list,
                                       **{k: [v[o] for o in owners] for k, v in columns.items()})
@@ -257,8 +257,7 @@ def feedforward_kl_beta(model: Any, tokenizer: Any, prompts: Sequence[str], rewa
                     if j % samples == 0:
                         groups.append([])
                     groups[-1].append(float(r))
-                lengths.extend(len(ids) for ids in ids_list)
+                lengths.extend(len(a) for a in ids_list)
     finally:
-        tokenizer.padding_side = side
         model.train(was_training)
     return kl_coefficient_for_target(groups, lengths, target)

@@ -311,14 +311,18 @@ def quality(trace: list[dict[str, float]], a: argparse.Namespace) -> dict[str, A
     the probe's sampling noise alone puts single measurements outside a ±10 % band (sd ≈ 18 % of
     the target with 16 answers per measurement), so the smoothed figures say whether the *policy's*
     KL settled. The targets are judged on the raw ones."""
-    raw = [{"step": t["step"], "kl_drift": t["policy_kl"]} for t in trace]
-    q = control_quality(raw, a.target, a.band)
+    q = control_quality([{"step": t["step"], "kl_drift": t["policy_kl"]} for t in trace], a.target, a.band)
     q["abs_error"] = abs(q["final_kl"] - a.target)
-    smooth = [{"step": t["step"], "kl_drift": statistics.fmean(x["kl_drift"] for x in raw[max(0, i - 2): i + 1])}
-              for i, t in enumerate(raw)]
-    qs = control_quality(smooth, a.target, a.band)
-    q["settling_step_ma3"], q["overshoot_pct_ma3"] = qs["settling_step"], qs["overshoot_pct"]
+    q.update(smoothed_quality(trace, a))
     return q
+
+
+def smoothed_quality(trace: list[dict[str, float]], a: argparse.Namespace) -> dict[str, Any]:
+    """Settling step and overshoot of the trailing 3-measurement mean of the probe trace."""
+    kl = [t["policy_kl"] for t in trace]
+    smooth = [{"step": t["step"], "kl_drift": statistics.fmean(kl[max(0, i - 2): i + 1])} for i, t in enumerate(trace)]
+    qs = control_quality(smooth, a.target, a.band)
+    return {"settling_step_ma3": qs["settling_step"], "overshoot_pct_ma3": qs["overshoot_pct"]}
 
 
 def early_stop(fixed: dict[str, Any], a: argparse.Namespace) -> dict[str, Any]:
@@ -394,10 +398,9 @@ def summarise(results: list[dict[str, Any]], a: argparse.Namespace) -> dict[str,
         table = {}
         for name in arms:
             sel = [r for r in rs if r["arm"] == name]
-            for r in sel:  # files written before the smoothed figures existed: from the stored trace
-                if "settling_step_ma3" not in r and r["kind"] != "early_stop":
-                    q = quality(r["trace"], a)
-                    r["settling_step_ma3"], r["overshoot_pct_ma3"] = q["settling_step_ma3"], q["overshoot_pct_ma3"]
+            for r in sel:  # derived from the stored trace (also for files written before these figures)
+                if r["kind"] != "early_stop":
+                    r.update(smoothed_quality(r["trace"], a))
             settle = [(r["settling_step"] if r["settling_step"] is not None else a.steps + 1) for r in sel]
             settle3 = [(r.get("settling_step_ma3") if r.get("settling_step_ma3") is not None else a.steps + 1)
                        for r in sel if r["kind"] != "early_stop"]
