@@ -185,14 +185,18 @@ class KLBetaKnob:
 
 def feedforward_kl_beta(model: Any, tokenizer: Any, prompts: Sequence[str], reward_func: Callable[..., Any],
                         target: float, *, samples: int = 8, max_new_tokens: int = 24, batch_size: int = 8,
-                        seed: int = 0, columns: Mapping[str, Sequence[Any]] | None = None) -> Any:
-    """Where to start ``kl_beta`` for RLOO: the β at which the KL-regularised optimum sits at
-    ``target`` nats per token of ``policy_kl``, from the starting model alone.
+                        seed: int = 0, columns: Mapping[str, Sequence[Any]] | None = None,
+                        scale_rewards: str | bool = "none") -> Any:
+    """Where to start ``kl_beta``: the β at which the KL-regularised optimum sits at ``target``
+    nats per token of ``policy_kl``, from the starting model alone.
 
-    Derived for RLOO's form, a sequence-level penalty on the raw reward (``r − β·KL``). It does
-    not give GRPO's β: GRPO normalises advantages per group and adds its KL per token, a different
-    scale. And it is the optimum's KL, which a short run at a small learning rate does not reach:
-    a start, for the PID to trim (on the rl-kl benchmark 0.28–0.31, where the sweep's best was 0.5).
+    ``scale_rewards`` says what β is weighed against in the trainer's loss. RLOO penalises the
+    raw reward (``r − β·KL``): leave it at ``"none"``. GRPO adds ``β·KL`` to a loss on the
+    *normalised* advantage: pass its config's ``scale_rewards`` (``"group"`` by default; TRL's
+    older booleans are read as ``True`` → ``"group"``, ``False`` → ``"none"``), and the variance is
+    taken of the advantages as GRPO computes them (``actuator.controllers.feedforward``). It is the
+    optimum's KL, which a short run at a small learning rate does not reach: a start, for the PID to
+    trim (on the rl-kl benchmark RLOO's β₀ was 0.28–0.31 where the sweep's best was 0.5).
 
     The model samples ``samples`` answers (temperature 1, no top-k/top-p, at most
     ``max_new_tokens``, cut after the first end-of-turn token) to each of ``prompts`` (text already
@@ -202,7 +206,7 @@ def feedforward_kl_beta(model: Any, tokenizer: Any, prompts: Sequence[str], rewa
     turns the within-prompt reward variance and the mean answer length into
     ``β₀ = sqrt(Var[r] / (2·target·L))``. Returns its :class:`~actuator.controllers.KLStart`.
 
-    Start the trainer at ``β₀`` (``RLOOConfig(beta=β₀)``) and let the PID on log β trim it:
+    Start the trainer at ``β₀`` (``RLOOConfig(beta=β₀)``, ``GRPOConfig(beta=β₀)``) and let the PID on log β trim it:
     feedforward puts the knob near its operating point before the first measurement, so the KL
     does not overshoot while feedback is still getting there (BENCHMARKS.md, rl-kl). It runs no
     training step and leaves the global RNG as it found it. Raises ``ValueError`` naming the
@@ -218,6 +222,9 @@ def feedforward_kl_beta(model: Any, tokenizer: Any, prompts: Sequence[str], rewa
 
     if samples < 2:
         raise ValueError(f"samples: need at least 2 answers per prompt for a variance, got {samples}")
+    scale = ("group" if scale_rewards else "none") if isinstance(scale_rewards, bool) else scale_rewards
+    if scale not in ("none", "group", "batch"):
+        raise ValueError(f"scale_rewards: must be 'none', 'group' or 'batch' (GRPOConfig's), got {scale_rewards!r}")
     if max_new_tokens < 1 or batch_size < 1:
         raise ValueError("max_new_tokens and batch_size must be >= 1")
     prompts = list(prompts)
@@ -260,4 +267,4 @@ def feedforward_kl_beta(model: Any, tokenizer: Any, prompts: Sequence[str], rewa
                 lengths.extend(len(a) for a in ids_list)
     finally:
         model.train(was_training)
-    return kl_coefficient_for_target(groups, lengths, target)
+    return kl_coefficient_for_target(groups, lengths, target, scale=scale)

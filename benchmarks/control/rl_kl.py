@@ -169,18 +169,20 @@ class Setup:
                         max_new_tokens=a.max_new_tokens, samples=a.probe_samples, seed=seed,
                         use_chat_template=False, batch_size=8)
 
-    def start_beta(self, a: argparse.Namespace, seed: int) -> dict[str, Any]:
+    def start_beta(self, a: argparse.Namespace, seed: int, kind: str) -> dict[str, Any]:
         """The feedforward β (``--beta auto``): the starting model samples ``--auto-samples``
-        answers to each training prompt of this seed; the within-prompt variance of their task
-        reward and their mean length give the β at which the KL-regularised optimum sits at the
-        target (``actuator.agents.trl_knobs.feedforward_kl_beta``, second order). No sweep, no
-        training step."""
+        answers to each training prompt of this seed; the within-prompt variance of what β is
+        weighed against (RLOO: the task reward; GRPO: its group-normalised advantage, TRL's
+        default ``scale_rewards="group"``) and their mean length give the β at which the
+        KL-regularised optimum sits at the target (``actuator.agents.trl_knobs.feedforward_kl_beta``,
+        second order). No sweep, no training step."""
         from actuator.agents.trl_knobs import feedforward_kl_beta
 
         rows = task_rows(seed, a.n_sums)
         start = feedforward_kl_beta(self.ref, self.tok, rows["prompt"], TaskReward(a.length_cost), a.target,
                                     samples=a.auto_samples, max_new_tokens=a.max_new_tokens, seed=10_000 + seed,
-                                    columns={"gold": rows["gold"]})
+                                    columns={"gold": rows["gold"]},
+                                    scale_rewards="group" if kind == "grpo" else "none")
         return {**start.as_dict(), "samples_per_prompt": a.auto_samples, "prompts": start.groups}
 
     def perplexity(self, model: Any) -> float:
@@ -587,7 +589,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             sa = copy.copy(a)
             if a.beta == "auto":
                 with console.status(f"seed {seed}: feedforward beta from the starting model's samples…"):
-                    sa.feedforward = setup.start_beta(a, seed)
+                    sa.feedforward = setup.start_beta(a, seed, kind)
                 sa.beta = sa.feedforward["beta"]
                 console.print(f"seed {seed}: feedforward beta {sa.beta:.4g} (reward variance "
                               f"{sa.feedforward['reward_variance']:.4f}, mean answer length "
@@ -626,7 +628,6 @@ def save_seed(kind: str, seed: int, results: list[dict[str, Any]], a: argparse.N
            "command": command_line("rl_kl", argv), "wall_seconds": time.time() - t_start}
     name = f"{SCENARIO}-x-{a.tag}-{kind}-seed{seed}" if a.tag else f"{SCENARIO}-{kind}-seed{seed}"
     save_results(name if not a.quick else f"{SCENARIO}-quick", out, plot)
-    return out
     return out
 
 

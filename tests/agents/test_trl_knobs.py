@@ -434,17 +434,44 @@ def test_feedforward_kl_beta_uses_the_rewards_and_lengths_it_sampled(char_tokeni
     again = feedforward_kl_beta(model, char_tokenizer, prompts, RecordingReward(), 0.05, samples=3, max_new_tokens=6,
                                 batch_size=2, seed=7, columns={"gold": gold})
     assert again == start
+    # GRPO's scale: the same answers, their variance taken of the advantages as TRL computes them
+    grpo = feedforward_kl_beta(model, char_tokenizer, prompts, RecordingReward(), 0.05, samples=3, max_new_tokens=6,
+                               batch_size=2, seed=7, columns={"gold": gold}, scale_rewards="group")
+    assert grpo == kl_coefficient_for_target(groups, [len(i) for i in ids], 0.05, scale="group")
+    legacy = feedforward_kl_beta(model, char_tokenizer, prompts, RecordingReward(), 0.05, samples=3, max_new_tokens=6,
+                                 batch_size=2, seed=7, columns={"gold": gold}, scale_rewards=True)
+    assert legacy == grpo
+
+
+def test_group_scale_matches_grpo_trainer_advantages() -> None:
+    """The advantage variance the feedforward weighs β against is that of the advantages TRL's
+    GRPOTrainer computes: (r − group mean) / (nanstd + 1e-4), its own nanstd."""
+    import statistics
+
+    import torch
+    from trl.trainer.utils import nanstd
+
+    from actuator.controllers import kl_coefficient_for_target
+
+    groups = [[0.9, -0.1, 0.05, 0.3], [1.0, 1.0, 0.0, 0.98], [0.2, 0.2, 0.2, 0.2]]
+    rewards = torch.tensor(groups, dtype=torch.float64)
+    adv = (rewards - rewards.mean(dim=1, keepdim=True)) / (nanstd(rewards, dim=1).unsqueeze(1) + 1e-4)
+    trl_variance = statistics.fmean(statistics.variance(row) for row in adv.tolist())
+    start = kl_coefficient_for_target(groups, [5] * 12, 0.05, scale="group")
+    assert start.reward_variance == pytest.approx(trl_variance, rel=1e-6)
 
 
 @pytest.mark.parametrize(("kwargs", "field"), [
     ({"samples": 1}, "samples"),
     ({"prompts": []}, "prompts"),
     ({"columns": {"gold": ["a"]}}, "columns.gold"),
+    ({"scale_rewards": "dapo"}, "scale_rewards"),
 ])
 def test_feedforward_kl_beta_refuses_bad_arguments(char_tokenizer, kwargs, field) -> None:
     from actuator.agents.trl_knobs import feedforward_kl_beta
 
-    args = {"prompts": ["1+2=", "3+4="], "samples": 2, "columns": {"gold": ["3", "7"]}} | kwargs
+    args = {"prompts": ["1+2=", "3+4="], "samples": 2, "columns": {"gold": ["3", "7"]}, "scale_rewards": "none"} | kwargs
     with pytest.raises(ValueError, match=field):
         feedforward_kl_beta(tiny_llama(), char_tokenizer, args["prompts"], RecordingReward(), 0.05,
-                            samples=args["samples"], max_new_tokens=4, columns=args["columns"])
+                            samples=args["samples"], max_new_tokens=4, columns=args["columns"],
+                            scale_rewards=args["scale_rewards"])

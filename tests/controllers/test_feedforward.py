@@ -47,6 +47,40 @@ def test_prompts_with_one_sample_are_ignored() -> None:
     assert with_single.reward_variance == pytest.approx(0.5)
 
 
+def test_group_scale_weighs_beta_against_the_normalised_advantage() -> None:
+    """GRPO's β meets (r − mean)/(std + 1e-4): every group whose reward varies has advantage
+    variance ≈ 1 whatever the reward's units, a constant group has 0, so β no longer scales with
+    the reward while the raw ("none") β does."""
+    groups = [[0.0, 1.0, 1.0, 0.0], [0.2, 0.4, 0.9, 0.1], [3.0, 3.0, 3.0, 3.0]]
+    lengths = [10] * 12
+    grpo = kl_coefficient_for_target(groups, lengths, 0.05, scale="group")
+    assert grpo.scale == "group" and grpo.as_dict()["scale"] == "group"
+    # two varying groups at ≈ 1 (the 1e-4 in the denominator shaves a little), the constant one at 0
+    assert grpo.reward_variance == pytest.approx(2 / 3, rel=1e-3)
+    assert grpo.beta == pytest.approx(math.sqrt((2 / 3) / (2 * 0.05 * 10)), rel=1e-3)
+    scaled = kl_coefficient_for_target([[100 * r for r in g] for g in groups], lengths, 0.05, scale="group")
+    assert scaled.beta == pytest.approx(grpo.beta, rel=1e-3)  # up to the 1e-4
+    raw = kl_coefficient_for_target(groups, lengths, 0.05)
+    assert kl_coefficient_for_target([[100 * r for r in g] for g in groups], lengths, 0.05).beta == \
+        pytest.approx(100 * raw.beta)
+
+
+def test_batch_scale_divides_by_the_pooled_std() -> None:
+    import statistics
+
+    groups = [[0.0, 1.0], [0.0, 3.0]]
+    start = kl_coefficient_for_target(groups, [4] * 4, 0.1, scale="batch")
+    std = statistics.stdev([0.0, 1.0, 0.0, 3.0]) + 1e-4
+    expected = statistics.fmean([statistics.variance(g) / std ** 2 for g in groups])
+    assert start.reward_variance == pytest.approx(expected)
+
+
+def test_refuses_an_unknown_scale() -> None:
+    with pytest.raises(ParameterError) as err:
+        kl_coefficient_for_target([[0.0, 1.0]], [3, 3], 0.1, scale="dapo")
+    assert err.value.field == "scale"
+
+
 @pytest.mark.parametrize(("groups", "lengths", "target", "field"), [
     ([[1.0]], [3], 0.1, "reward_groups"),                    # no prompt with two answers
     ([[1.0, 1.0], [0.0, 0.0]], [3] * 4, 0.1, "reward_groups"),  # the reward never varies
