@@ -64,6 +64,8 @@ MIN_OBSERVATIONS = 6
 DRIFT_MIN_OBSERVATIONS = 20
 # It is kept when n * ln(SSE without / SSE with) exceeds this: chi-square, one degree of freedom, 1%.
 _DRIFT_CHI2 = 6.63
+# ... and fitted with time constants up to this share of the record's span.
+_DRIFT_TAU_SPAN = 0.5
 # The knob term's excursion must stand this many residual standard deviations clear of the noise.
 MIN_SIGNAL_TO_NOISE = 2.0
 _TAU_POINTS = 36
@@ -278,7 +280,10 @@ def _fit(kind: ModelKind, t: list[float], u: list[float], y: list[float], drift:
     span = t[-1] - t[0]
     gaps = sorted(b - a for a, b in zip(t, t[1:]))
     h = gaps[len(gaps) // 2]
-    tau_lo, tau_hi = max(0.3 * h, 0.2), 5.0 * span
+    # With a drift term the transient must die out within the record (tau <= span / 2): a slower one
+    # and the drift make a parabola between them, and an integrating plant's delayed ramp was then
+    # fitted as a FOPDT of tau 157 steps with a drift, on 80 steps.
+    tau_lo, tau_hi = max(0.3 * h, 0.2), (_DRIFT_TAU_SPAN if drift else 5.0) * span
     taus = [1.0] if integrating else [tau_lo * (tau_hi / tau_lo) ** (i / (_TAU_POINTS - 1)) for i in range(_TAU_POINTS)]
     theta_hi = span / 3.0
     thetas = [theta_hi * i / (_THETA_POINTS - 1) for i in range(_THETA_POINTS)]
@@ -299,7 +304,7 @@ def _fit(kind: ModelKind, t: list[float], u: list[float], y: list[float], drift:
         improved = False
         cands = [(tau, max(0.0, theta - dtheta)), (tau, min(theta_hi, theta + dtheta))]
         if not integrating:
-            cands += [(max(tau / ftau, 0.05), theta), (tau * ftau, theta)]
+            cands += [(max(tau / ftau, 0.05), theta), (min(tau * ftau, tau_hi) if drift else tau * ftau, theta)]
         for ct, cth in cands:
             r = _fit_at(t, du, y, ct, cth, integrating, drift)
             if r is not None and r[0] < sse:

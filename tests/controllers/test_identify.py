@@ -124,7 +124,33 @@ def test_a_drifting_model_replays_its_own_fit_and_its_balance_point_moves():
     assert sim == pytest.approx(list(m.fitted), abs=1e-6)
     # to hold the same probe value 10 steps later the knob must make up 10 steps of drift
     target = m.offset + m.gain * 0.5
-    assert m.steady_knob(target, at_step=10) == pytest.approx(m.u_ref + 0.5 + 0.2 / m.gain)
+    assert m.steady_knob(target, at_step=10) == pytest.approx(m.u_ref + 0.5 - 10 * m.drift / m.gain)
+    assert -10 * m.drift / m.gain == pytest.approx(0.2 / 1.5, rel=1e-3)
+
+
+@pytest.mark.parametrize("delay", [2, 5, 10])
+def test_integrating_plant_rate_and_dead_time_within_20_percent(delay):
+    for seed in range(3):
+        m = identify(*record(gain=0.05, delay=delay, noise=0.01, integrating=True, steps=80, seed=seed))
+        # the drift term does not make a near-integrating FOPDT of it (tau is capped at half the span)
+        assert m.kind == "integrating", m
+        assert m.rate == pytest.approx(0.05, rel=0.2) and m.theta == pytest.approx(delay, rel=0.2)
+
+
+@pytest.mark.parametrize("plant, kind, drifts", [
+    ({"gain": 2.0, "tau": 8.0, "delay": 2}, "fopdt", False),
+    ({"gain": 2.0, "tau": 8.0, "delay": 2, "ramp": -0.01}, "fopdt", True),
+    ({"gain": -0.5, "tau": 15.0, "delay": 4, "ramp": 0.005}, "fopdt", True),
+    ({"gain": 0.05, "delay": 3, "integrating": True}, "integrating", None),
+])
+def test_model_selection_picks_the_structure_of_known_plants(plant, kind, drifts):
+    ramp = plant.pop("ramp", 0.0)
+    for seed in range(3):
+        ts, us, ys = record(**plant, noise=0.01, steps=80, step_at=20, size=0.5, seed=seed)
+        m = identify(ts, us, [y + ramp * t for y, t in zip(ys, ts)])
+        assert m.kind == kind, m
+        if drifts is not None:
+            assert (m.drift != 0.0) == drifts, m
 
 
 def test_the_model_replays_its_own_fit():
