@@ -289,14 +289,21 @@ def tune_controller(policy: PolicyDocument, knobs: dict[str, dict[str, Any]], co
                         "starting point")
     setpoint = predicted["response"][-1]["setpoint"] if predicted.get("response") else None
     if setpoint is not None:
-        needed = model.steady_knob(setpoint)
-        if needed is not None:
+        # A FOPDT with a drift term moves its balance point: check the replay's end as well.
+        for at in (0, length) if model.kind == "fopdt" and model.drift else (0,):
+            needed = model.steady_knob(setpoint, at_step=at)
+            if needed is None:
+                break
             value = math.exp(min(needed, 700.0)) if scale == "log" else needed
             lo = knob.min if spec.min is None else max(knob.min, spec.min)
             hi = knob.max if spec.max is None else min(knob.max, spec.max)
             if not lo <= value <= hi:
+                when = (f" after {at} steps (the probe drifts {model.drift:+.3g} per step on its own)" if at
+                        else "")
                 warnings.append(f"by the model, holding {spec.probe} at {setpoint:.4g} needs {spec.knob} ~ "
-                                f"{value:.4g}, outside its bounds [{lo:.4g}, {hi:.4g}]: the setpoint is out of reach")
+                                f"{value:.4g}{when}, outside its bounds [{lo:.4g}, {hi:.4g}]: the setpoint is out "
+                                "of reach")
+                break
     if predicted["settling_steps"] is None:
         warnings.append(f"the replay does not settle within +-10% in {length} steps")
     return {

@@ -143,6 +143,24 @@ def test_the_replay_weighs_p_on_the_initial_error_down_for_a_probe_that_starts_m
     assert replay(b)[0] <= 0.5 * replay(0.0)[0]  # and faster than I-P
 
 
+def test_a_drifting_probe_is_fitted_with_its_drift_and_a_setpoint_it_drifts_out_of_reach_is_flagged():
+    # the probe falls 0.04 per step on its own: 1.5 needs u = 0.75 at the start, past the bound 2
+    # after ~60 steps
+    obs = [SimpleNamespace(**{**vars(o), "probes": {"custom.y": o.probes["y"] - 0.04 * o.step}})
+           for o in fopdt_observations(start=0.0)]
+    result = tune_controller(linear_policy(1.5), {"custom.u": LINEAR}, "c", obs)
+    m = result["model"]
+    assert m["kind"] == "fopdt" and m["drift"] == pytest.approx(-0.04, rel=0.1)
+    assert m["gain"] == pytest.approx(2.0, rel=0.2)
+    reach = [w for w in result["warnings"] if "out of reach" in w]
+    assert reach and "after" in reach[0] and "per step on its own" in reach[0], result["warnings"]
+    # without the drift: reachable, no warning
+    flat = tune_controller(linear_policy(1.5), {"custom.u": LINEAR}, "c",
+                           [SimpleNamespace(**{**vars(o), "probes": {"custom.y": o.probes["y"]}})
+                            for o in fopdt_observations(start=0.0)])
+    assert flat["model"]["drift"] == 0.0 and not any("out of reach" in w for w in flat["warnings"])
+
+
 def test_a_noisy_probe_slows_tau_c_until_the_loops_own_jitter_fits_in_the_band():
     from actuator.controllers.tuning import noise_jitter
 
