@@ -231,7 +231,8 @@ def policy_tune(
     console.rule(f"{r['controller']}: {r['probe']} vs {r['knob']} ({r['scale']} scale), run {r['run_id']}")
     if m["kind"] == "fopdt":
         console.print(f"model: FOPDT  gain {m['gain']:.4g} {r['probe']} per {unit}, time constant {m['tau']:.3g} "
-                      f"steps, dead time {m['theta']:.3g} steps (up to {m['theta_hi']:.3g})")
+                      f"steps, dead time {m['theta']:.3g} steps (up to {m['theta_hi']:.3g})"
+                      + (f", drifting {m['drift']:.4g} per step on its own" if m.get("drift") else ""))
     else:
         console.print(f"model: integrating  rate {m['gain']:.4g} {r['probe']} per {unit} per step, dead time "
                       f"{m['theta']:.3g} steps (up to {m['theta_hi']:.3g})")

@@ -457,7 +457,8 @@ class FittedModelPublic(_Public):
     rate: float
     offset: float
     transient: float
-    drift: float
+    drift: float = Field(description="Probe units per step the probe moves on its own: the integrating model's "
+                         "drift at the first knob value, or a FOPDT's drift term (0 when not significant).")
     u_ref: float
     r2: float = Field(description="Share of the probe's variance the model explains.")
     nrmse: float = Field(description="RMS residual / the probe's range.")

@@ -39,10 +39,10 @@ _HORIZON_TIME_CONSTANTS = 12.0
 _MAX_REPLAY_STEPS = 100_000
 _MAX_REPLAY_OBSERVATIONS = 5_000
 SETTLING_BAND = 0.10
-# The replay picks the setpoint weight: 1 (P on the error, SIMC's structure) or 0 (I-P, the
-# PID's bumpless default), the faster one whose predicted overshoot stays within this (%).
+# The replay picks the setpoint weight, from 1 (P on the error, SIMC's structure) to 0 (I-P, the
+# PID's bumpless default) in quarters: the fastest whose predicted overshoot stays within this (%).
 MAX_OVERSHOOT_PCT = 15.0
-_SETPOINT_WEIGHTS = (1.0, 0.0)
+_SETPOINT_WEIGHTS = (1.0, 0.75, 0.5, 0.25, 0.0)
 _NOISE_SLOWDOWN = 1.25
 _NOISE_ROUNDS = 20
 
@@ -271,8 +271,10 @@ def tune_controller(policy: PolicyDocument, knobs: dict[str, dict[str, Any]], co
     # The structure, by replay: SIMC assumes P on the error (setpoint weight 1), right for a probe
     # that starts at rest; a probe that starts moving on its own (KL from 0, drift that grows with
     # training: the model's transient or drift term) closes part of the initial error without the
-    # knob, and P on that error then overshoots. Both weights are replayed on the fitted model and
-    # the faster one within the overshoot limit is proposed.
+    # knob, and P on all of that error then overshoots, while with none of it (I-P) the P on the
+    # rising measurement brakes the approach (the KL plant's seed 3: 11 intervals at 0, 3 at 0.25).
+    # Weights 1, 0.75, ..., 0 are replayed on the fitted model and the fastest within the overshoot
+    # limit is proposed.
     candidates = []
     for weight in (_SETPOINT_WEIGHTS if spec.kind == "setpoint" else (0.0,)):
         t = replace(tuning, setpoint_weight=weight)
@@ -287,14 +289,21 @@ def tune_controller(policy: PolicyDocument, knobs: dict[str, dict[str, Any]], co
                         "starting point")
     setpoint = predicted["response"][-1]["setpoint"] if predicted.get("response") else None
     if setpoint is not None:
-        needed = model.steady_knob(setpoint)
-        if needed is not None:
+        # A FOPDT with a drift term moves its balance point: check the replay's end as well.
+        for at in (0, length) if model.kind == "fopdt" and model.drift else (0,):
+            needed = model.steady_knob(setpoint, at_step=at)
+            if needed is None:
+                break
             value = math.exp(min(needed, 700.0)) if scale == "log" else needed
             lo = knob.min if spec.min is None else max(knob.min, spec.min)
             hi = knob.max if spec.max is None else min(knob.max, spec.max)
             if not lo <= value <= hi:
+                when = (f" after {at} steps (the probe drifts {model.drift:+.3g} per step on its own)" if at
+                        else "")
                 warnings.append(f"by the model, holding {spec.probe} at {setpoint:.4g} needs {spec.knob} ~ "
-                                f"{value:.4g}, outside its bounds [{lo:.4g}, {hi:.4g}]: the setpoint is out of reach")
+                                f"{value:.4g}{when}, outside its bounds [{lo:.4g}, {hi:.4g}]: the setpoint is out "
+                                "of reach")
+                break
     if predicted["settling_steps"] is None:
         warnings.append(f"the replay does not settle within +-10% in {length} steps")
     return {

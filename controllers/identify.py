@@ -4,8 +4,13 @@ Two models, both with the knob in its own scale (``ln(knob)`` for a log-scale kn
 sees it) and time in optimizer steps, the unit of the engine's ``dt``:
 
 * **FOPDT** (first order plus dead time): ``tau * dx/dt = u(t - theta) - u_ref - x``,
-  ``y = offset + gain * x + transient * exp(-(t - t0) / tau)``. The transient term lets the run
-  start away from equilibrium (KL starts at 0 whatever beta is), with the same time constant.
+  ``y = offset + gain * x + transient * exp(-(t - t0) / tau) [+ drift * (t - t0)]``. The
+  transient term lets the run start away from equilibrium (KL starts at 0 whatever beta is),
+  with the same time constant. The optional drift term is a probe that also moves on its own, at
+  a steady rate, whatever the knob does: drift from the base model that accumulates with
+  learning progress, reward pressure that grows as training finds more to exploit. Without it,
+  a step test taken while the probe drifts credits the knob with the drift (on the simulated
+  drift-vs-lr plant: a gain twice the plant's, BENCHMARKS.md "Gains without a sweep").
 * **Integrating**: ``dz/dt = u(t - theta) - u_ref``, ``y = offset + drift * (t - t0) + rate * z``
   (a probe that keeps moving as long as the knob is off its balance point, e.g. drift that
   accumulates with the learning rate).
@@ -13,10 +18,14 @@ sees it) and time in optimizer steps, the unit of the engine's ``dt``:
 How the fit works: the knob is held piecewise constant between observations (the value an
 observation reports was in effect since the previous one), so for a given ``(tau, theta)`` the
 response to it is computed exactly at the observation times, and ``y`` is *linear* in the
-remaining parameters: three columns, solved by least squares. ``(tau, theta)`` come from a
-log-spaced grid refined by coordinate search; the model with the lower AIC wins (the
-integrating model has one parameter fewer, so it wins a tie, which is what a time constant far
-beyond the data looks like). Stdlib only: a 3x3 solve needs no numpy.
+remaining parameters: three or four columns, solved by least squares. ``(tau, theta)`` come
+from a log-spaced grid refined by coordinate search. Three candidates compete: FOPDT, FOPDT with
+drift, integrating; the lowest AIC wins (the integrating model has one parameter fewer, so it wins
+a tie, which is what a time constant far beyond the data looks like). The drift term is a nested
+extension of the FOPDT and must first be significant on its own: a likelihood-ratio test at 1%
+(AIC alone admits a spurious drift one fit in six, measured at up to 12% of a step's response),
+on at least :data:`DRIFT_MIN_OBSERVATIONS` observations (a short record cannot tell a drift from
+a slow transient). Stdlib only: a 4x4 solve needs no numpy.
 
 Refusals are :class:`NotIdentifiable` subclasses naming the problem: too few observations, a
 knob that never moved, or a move whose effect is lost in the probe's noise.
@@ -50,6 +59,13 @@ __all__ = [
 ModelKind = Literal["fopdt", "integrating"]
 
 MIN_OBSERVATIONS = 6
+# The drift term is a sixth parameter: below this many observations it is not tried (the
+# likelihood-ratio test's chi-square is an asymptotic result).
+DRIFT_MIN_OBSERVATIONS = 20
+# It is kept when n * ln(SSE without / SSE with) exceeds this: chi-square, one degree of freedom, 1%.
+_DRIFT_CHI2 = 6.63
+# ... and fitted with time constants up to this share of the record's span.
+_DRIFT_TAU_SPAN = 0.5
 # The knob term's excursion must stand this many residual standard deviations clear of the noise.
 MIN_SIGNAL_TO_NOISE = 2.0
 _TAU_POINTS = 36
@@ -93,9 +109,11 @@ class ModelState:
 class FittedModel:
     """A fitted model and how well it fits. Units: ``gain`` probe units per knob-scale unit
     (FOPDT, steady state); ``rate`` probe units per knob-scale unit per step (integrating);
-    ``tau`` and ``theta`` in steps. ``u_ref`` is the knob (scale units) the model is linearised
-    around: the first recorded value. ``theta_hi`` is the largest dead time the data cannot rule
-    out (see :func:`_theta_upper`): under probe noise the fit's SSE is often nearly flat in theta."""
+    ``tau`` and ``theta`` in steps; ``drift`` probe units per step the probe moves on its own
+    (0 for a FOPDT fitted without the term). ``u_ref`` is the knob (scale units) the model is
+    linearised around: the first recorded value. ``theta_hi`` is the largest dead time the data
+    cannot rule out (see :func:`_theta_upper`): under probe noise the fit's SSE is often nearly
+    flat in theta."""
 
     kind: ModelKind
     gain: float
@@ -133,7 +151,8 @@ class FittedModel:
     def output(self, state: ModelState) -> float:
         """The noise-free probe value at ``state``."""
         if self.kind == "fopdt":
-            return self.offset + self.gain * state.x + self.transient * math.exp(-state.t / self.tau)
+            return (self.offset + self.drift * state.t + self.gain * state.x
+                    + self.transient * math.exp(-state.t / self.tau))
         return self.offset + self.drift * state.t + self.gain * state.x
 
     def step(self, state: ModelState, u: float) -> tuple[float, ModelState]:
@@ -149,12 +168,13 @@ class FittedModel:
         return self.output(nxt), nxt
 
     def steady_knob(self, target: float, at_step: float = 0.0) -> float | None:
-        """The knob (scale units) at which the model rests at ``target`` (FOPDT), or stops moving
-        (integrating); ``None`` without a gain."""
+        """The knob (scale units) at which the model rests at ``target`` (FOPDT; with a drift term,
+        where it is at ``at_step`` steps from the start), or stops moving (integrating); ``None``
+        without a gain."""
         if self.gain == 0:
             return None
         if self.kind == "fopdt":
-            return self.u_ref + (target - self.offset) / self.gain
+            return self.u_ref + (target - self.offset - self.drift * at_step) / self.gain
         return self.u_ref - self.drift / self.gain
 
 
@@ -231,26 +251,39 @@ def _least_squares(columns: list[list[float]], y: list[float]) -> tuple[list[flo
 
 
 def _fit_at(t: list[float], du: list[float], y: list[float], tau: float, theta: float,
-            integrating: bool) -> tuple[float, list[float], list[float]] | None:
-    """SSE, coefficients and the knob response for one (tau, theta)."""
+            integrating: bool, drift: bool = False) -> tuple[float, list[float], list[float]] | None:
+    """SSE, coefficients (offset, gain, transient or drift[, drift]) and the knob response for
+    one (tau, theta); ``drift`` adds a steady-rate column to a FOPDT."""
     resp = _responses(t, du, tau, theta, integrating)
     t0 = t[0]
-    second = [tj - t0 for tj in t] if integrating else [math.exp(-(tj - t0) / tau) for tj in t]
-    fit = _least_squares([[1.0] * len(t), resp, second], y)
+    ramp = [tj - t0 for tj in t]
+    columns = [[1.0] * len(t), resp, ramp if integrating else [math.exp(-(tj - t0) / tau) for tj in t]]
+    if drift and not integrating:
+        columns.append(ramp)
+    fit = _least_squares(columns, y)
     if fit is None:
         return None
     coef, sse = fit
     return sse, coef, resp
 
 
-def _fit(kind: ModelKind, t: list[float], u: list[float], y: list[float]) -> FittedModel:
+def _params(integrating: bool, drift: bool) -> int:
+    """Fitted parameters: the linear coefficients plus theta (and tau for a FOPDT)."""
+    return 4 if integrating else 6 if drift else 5
+
+
+def _fit(kind: ModelKind, t: list[float], u: list[float], y: list[float], drift: bool = False) -> FittedModel:
     integrating = kind == "integrating"
+    drift = drift and not integrating
     u_ref = u[0]
     du = [v - u_ref for v in u]
     span = t[-1] - t[0]
     gaps = sorted(b - a for a, b in zip(t, t[1:]))
     h = gaps[len(gaps) // 2]
-    tau_lo, tau_hi = max(0.3 * h, 0.2), 5.0 * span
+    # With a drift term the transient must die out within the record (tau <= span / 2): a slower one
+    # and the drift make a parabola between them, and an integrating plant's delayed ramp was then
+    # fitted as a FOPDT of tau 157 steps with a drift, on 80 steps.
+    tau_lo, tau_hi = max(0.3 * h, 0.2), (_DRIFT_TAU_SPAN if drift else 5.0) * span
     taus = [1.0] if integrating else [tau_lo * (tau_hi / tau_lo) ** (i / (_TAU_POINTS - 1)) for i in range(_TAU_POINTS)]
     theta_hi = span / 3.0
     thetas = [theta_hi * i / (_THETA_POINTS - 1) for i in range(_THETA_POINTS)]
@@ -258,7 +291,7 @@ def _fit(kind: ModelKind, t: list[float], u: list[float], y: list[float]) -> Fit
     best: tuple[float, float, float] | None = None
     for tau in taus:
         for theta in thetas:
-            r = _fit_at(t, du, y, tau, theta, integrating)
+            r = _fit_at(t, du, y, tau, theta, integrating, drift)
             if r is not None and (best is None or r[0] < best[0]):
                 best = (r[0], tau, theta)
     if best is None:
@@ -271,28 +304,29 @@ def _fit(kind: ModelKind, t: list[float], u: list[float], y: list[float]) -> Fit
         improved = False
         cands = [(tau, max(0.0, theta - dtheta)), (tau, min(theta_hi, theta + dtheta))]
         if not integrating:
-            cands += [(max(tau / ftau, 0.05), theta), (tau * ftau, theta)]
+            cands += [(max(tau / ftau, 0.05), theta), (min(tau * ftau, tau_hi) if drift else tau * ftau, theta)]
         for ct, cth in cands:
-            r = _fit_at(t, du, y, ct, cth, integrating)
+            r = _fit_at(t, du, y, ct, cth, integrating, drift)
             if r is not None and r[0] < sse:
                 sse, tau, theta, improved = r[0], ct, cth, True
         if not improved:
             ftau, dtheta = math.sqrt(ftau), dtheta / 2.0
-    theta_up = _theta_upper(t, du, y, taus, tau, theta, theta_hi, sse, 4 if integrating else 5, integrating)
-    final = _fit_at(t, du, y, tau, theta, integrating)
+    params = _params(integrating, drift)
+    theta_up = _theta_upper(t, du, y, taus, tau, theta, theta_hi, sse, params, integrating, drift)
+    final = _fit_at(t, du, y, tau, theta, integrating, drift)
     assert final is not None
     sse, coef, resp = final
-    offset, gain, second = coef
+    offset, gain, second = coef[:3]
+    ramp = coef[3] if drift else 0.0
     n = len(y)
     mean = sum(y) / n
     sst = sum((v - mean) ** 2 for v in y)
     fitted = tuple(offset + gain * r + second * (tj - t[0] if integrating else math.exp(-(tj - t[0]) / tau))
-                   for r, tj in zip(resp, t))
+                   + ramp * (tj - t[0]) for r, tj in zip(resp, t))
     spread = max(y) - min(y)
-    params = 4 if integrating else 5
     return FittedModel(
         kind=kind, gain=gain, tau=0.0 if integrating else tau, theta=theta, offset=offset,
-        transient=0.0 if integrating else second, drift=second if integrating else 0.0, u_ref=u_ref,
+        transient=0.0 if integrating else second, drift=second if integrating else ramp, u_ref=u_ref,
         r2=1.0 - sse / sst if sst > 0 else 0.0,
         nrmse=math.sqrt(sse / n) / spread if spread > 0 else 0.0,
         observations=n, steps=int(span), knob_move=max(du) - min(du),
@@ -310,7 +344,7 @@ _THETA_UPPER_POINTS = 24
 
 
 def _theta_upper(t: list[float], du: list[float], y: list[float], taus: list[float], tau: float, theta: float,
-                 theta_max: float, sse: float, params: int, integrating: bool) -> float:
+                 theta_max: float, sse: float, params: int, integrating: bool, drift: bool = False) -> float:
     """The largest dead time in ``[theta, theta_max]`` whose best fit (over the tau grid) is not
     ruled out: ``SSE(theta') <= SSE + 3.84 * sigma^2`` (profile likelihood, 95%). Tuning sizes the
     loop on it, so a dead time that noise hides cannot make the gains too high."""
@@ -319,7 +353,7 @@ def _theta_upper(t: list[float], du: list[float], y: list[float], taus: list[flo
     best = theta
     candidates = [theta + (theta_max - theta) * i / _THETA_UPPER_POINTS for i in range(1, _THETA_UPPER_POINTS + 1)]
     for th in candidates:
-        fits = (_fit_at(t, du, y, tv, th, integrating) for tv in ({tau, *taus} if not integrating else {1.0}))
+        fits = (_fit_at(t, du, y, tv, th, integrating, drift) for tv in ({tau, *taus} if not integrating else {1.0}))
         lowest = min((r[0] for r in fits if r is not None), default=math.inf)
         if lowest <= limit:
             best = th
@@ -346,9 +380,10 @@ def _response_of(model: FittedModel, t: list[float], u: list[float]) -> list[flo
 
 
 def fit_fopdt(steps: Sequence[float], knob: Sequence[float], probe: Sequence[float], *,
-              min_move: float = 0.0) -> FittedModel:
-    """Fit a FOPDT model (``knob`` in scale units, ``steps`` in optimizer steps)."""
-    return identify(steps, knob, probe, min_move=min_move, kind="fopdt")
+              min_move: float = 0.0, drift: bool | None = False) -> FittedModel:
+    """Fit a FOPDT model (``knob`` in scale units, ``steps`` in optimizer steps); ``drift``: with
+    the drift term (True), without (False), or with it when it is significant (None)."""
+    return identify(steps, knob, probe, min_move=min_move, kind="fopdt", drift=drift)
 
 
 def fit_integrating(steps: Sequence[float], knob: Sequence[float], probe: Sequence[float], *,
@@ -358,20 +393,30 @@ def fit_integrating(steps: Sequence[float], knob: Sequence[float], probe: Sequen
 
 
 def identify(steps: Sequence[float], knob: Sequence[float], probe: Sequence[float], *,
-             min_move: float = 0.0, kind: ModelKind | None = None) -> FittedModel:
-    """Fit both models (or only ``kind``) and keep the one with the lower AIC.
+             min_move: float = 0.0, kind: ModelKind | None = None, drift: bool | None = None) -> FittedModel:
+    """Fit the candidate models and keep the one with the lower AIC: FOPDT (with the drift term
+    when it is significant, from :data:`DRIFT_MIN_OBSERVATIONS` observations on) and integrating;
+    ``kind`` keeps one structure, ``drift`` forces the FOPDT's drift term on (True) or off (False).
 
     Raises :class:`TooFewObservations`, :class:`KnobDidNotMove` or :class:`NoResponse`.
     """
     t, u, y = _check_data(steps, knob, probe)
     _refuse_unmoved(u, require_non_negative("min_move", min_move))
     kinds: tuple[ModelKind, ...] = (kind,) if kind is not None else ("fopdt", "integrating")
+    drifts = (drift,) if drift is not None else (False, True) if len(t) >= DRIFT_MIN_OBSERVATIONS else (False,)
     models = []
     for k in kinds:
-        try:
-            models.append(_fit(k, t, u, y))
-        except KnobDidNotMove:
-            continue
+        fits = []
+        for d in drifts if k == "fopdt" else (False,):
+            try:
+                fits.append(_fit(k, t, u, y, d))
+            except KnobDidNotMove:
+                continue
+        if len(fits) == 2:  # with and without drift: the term must be significant
+            plain, drifting = fits
+            # n ln(SSE_plain / SSE_drift), from the AICs (n ln(SSE/n) + 2p, one parameter apart)
+            fits = [drifting if plain.aic - drifting.aic + 2.0 > _DRIFT_CHI2 else plain]
+        models.extend(fits)
     if not models:
         raise KnobDidNotMove("the knob's recorded values leave its effect undetermined")
     model = min(models, key=lambda m: m.aic)

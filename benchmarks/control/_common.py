@@ -201,6 +201,36 @@ def identification_test(a: argparse.Namespace, knob: str = "learning_rate") -> d
     return {"knob": knob, "size": a.ident_size, "hold": a.ident_hold, "length": a.ident_steps - a.ident_hold}
 
 
+def identify_and_tune(run_arm: Callable[..., dict[str, Any]], setup: Any, a: argparse.Namespace, url: str,
+                      seed: int, *, controller: str, policy: Callable[[], dict[str, Any]],
+                      knob: str = "learning_rate", arm: dict[str, Any] | None = None,
+                      run_args: argparse.Namespace | None = None,
+                      keep: Sequence[str] = ("trace", "seconds", "run_id"),
+                      refusals: bool = False) -> dict[str, Any]:
+    """The tuned arm's preparation, for the scenarios that have one: an identification pre-run
+    through the scenario's ``run_arm(setup, arm, args, url, seed)`` (``arm``: its fields beside
+    the name, the kind and the agent's identification mode on ``knob``; ``run_args``: the
+    scenario's arguments for it, default ``a``), then ``POST /v1/policies/tune`` on its stored
+    observations for ``controller`` of ``policy()`` (built after the pre-run). Returns the tune
+    response, the pre-run's ``keep`` fields and the step test. With ``refusals`` a 409 (nothing
+    the controller can use was identified) comes back as ``{"refused": message}`` instead of
+    raising: there is then no loop to run."""
+    from actuator import ActuatorError
+    from actuator.client import ActuatorClient
+
+    test = identification_test(a, knob=knob)
+    pre = run_arm(setup, {"name": "identification", "kind": "identify", **(arm or {}), "identify": test},
+                  a if run_args is None else run_args, url, seed)
+    ident = {k: pre[k] for k in keep}
+    try:
+        result = ActuatorClient(url, timeout=120).tune_policy(pre["run_id"], controller, policy=policy())
+    except ActuatorError as exc:
+        if not refusals:
+            raise
+        return {"refused": str(exc), "identification": ident, "test": test}
+    return {"tune": result, "identification": ident, "test": test}
+
+
 def tune_summary(seed: int, prep: dict[str, Any]) -> str:
     """One line: the fitted model and the proposed gains of a tuned arm."""
     g, m = prep["tune"]["gains"], prep["tune"]["model"]

@@ -60,8 +60,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.control._common import identify_and_tune as _identify_and_tune
 from benchmarks.control._common import (
-    scenario_args, identification_args, identification_test, tune_summary,
+    scenario_args, identification_args, tune_summary,
     arm_label, figure, record_targets,
     command_line, console, arm_progress, native_precision, pick_threads, precision_args, save_results,
     start_controller,
@@ -387,15 +388,10 @@ def identify_and_tune(setup: Setup, a: argparse.Namespace, url: str, seed: int) 
     ``--ident-hold`` steps, KL probed every step), then ``POST /v1/policies/tune`` on its stored
     observations for the lr controller of the lr + anchor policy (the anchor keeps its hand gains:
     tune handles setpoint controllers). Returns the tune response and the pre-run's trace."""
-    from actuator.client import ActuatorClient
-
     ia = copy.copy(a)
     ia.steps = a.ident_steps
-    test = identification_test(a)
-    pre = run_arm(setup, {"name": "identification", "kind": "identify", "identify": test}, ia, url, seed)
-    policy, _ = restoring_policy(a, "lr+anchor")
-    result = ActuatorClient(url, timeout=120).tune_policy(pre["run_id"], "kl-lr", policy=policy)
-    return {"tune": result, "identification": {k: pre[k] for k in ("trace", "seconds", "run_id")}, "test": test}
+    return _identify_and_tune(run_arm, setup, a, url, seed, controller="kl-lr",
+                              policy=lambda: restoring_policy(a, "lr+anchor")[0], run_args=ia)
 
 
 def control_quality(trace: list[dict[str, float]], target: float, band: float) -> dict[str, Any]:

@@ -41,9 +41,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.control._common import (
-    RESULTS, command_line, console, figure, identification_args, identification_test, machine, pick_threads,
+    RESULTS, command_line, console, figure, identification_args, machine, pick_threads,
     scenario_args, start_controller, tune_summary,
 )
+from benchmarks.control._common import identify_and_tune as _identify_and_tune
 from benchmarks.control.sft_drift import GENERAL_PROMPTS, Setup, make_trainer
 
 import torch  # noqa: E402
@@ -275,19 +276,10 @@ def identify_and_tune(setup: ForgettingSetup, a: argparse.Namespace, url: str, s
     ``POST /v1/policies/tune`` on its observations for the hand policy's constraint controller
     (same budget, bounds and rate limit; only the gains are proposed). A refusal comes back as
     ``{"refused": message}`` with the pre-run's trace: there is then no loop to run."""
-    from actuator import ActuatorError
-    from actuator.client import ActuatorClient
-
-    test = identification_test(a, knob="kl_weight")
-    pre = run_arm(setup, {"name": "identification", "kind": "identify", "lr": a.lr, "steps": a.ident_steps,
-                          "identify": test}, a, url, seed)
-    ident = {"trace": pre["trace"], "seconds": pre["seconds"], "run_id": pre["run_id"], "final": pre["final"]}
-    try:
-        result = ActuatorClient(url, timeout=120).tune_policy(pre["run_id"], "capability-budget",
-                                                              policy=constraint_policy(a))
-    except ActuatorError as exc:  # 409: the pre-run identifies nothing the constraint can use
-        return {"refused": str(exc), "identification": ident, "test": test}
-    return {"tune": result, "identification": ident, "test": test}
+    return _identify_and_tune(run_arm, setup, a, url, seed, controller="capability-budget",
+                              policy=lambda: constraint_policy(a), knob="kl_weight",
+                              arm={"lr": a.lr, "steps": a.ident_steps},
+                              keep=("trace", "seconds", "run_id", "final"), refusals=True)
 
 
 def wise_ft(setup: ForgettingSetup, end_state: dict[str, torch.Tensor], a: argparse.Namespace, seed: int,

@@ -36,8 +36,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.control._common import identify_and_tune as _identify_and_tune
 from benchmarks.control._common import (
-    scenario_args, identification_args, identification_test, tune_summary,
+    scenario_args, identification_args, tune_summary,
     figure, arm_progress, command_line, console, pick_threads, save_results, start_controller,
 )
 
@@ -214,13 +215,8 @@ def identify_and_tune(setup: Setup, a: argparse.Namespace, url: str, seed: int) 
     units after ``--ident-hold`` steps; drift probed every step), then ``POST /v1/policies/tune``
     on its stored observations for the hand policy's controller (same setpoint, filter, probe
     interval, bounds and rate limit; only the gains are proposed)."""
-    from actuator.client import ActuatorClient
-
-    test = identification_test(a)
-    pre = run_arm(setup, {"name": "identification", "kind": "identify", "lr": a.lr, "steps": a.ident_steps,
-                          "identify": test}, a, url, seed)
-    result = ActuatorClient(url, timeout=120).tune_policy(pre["run_id"], "drift-lr", policy=pid_policy(a))
-    return {"tune": result, "identification": {k: pre[k] for k in ("trace", "seconds", "run_id")}, "test": test}
+    return _identify_and_tune(run_arm, setup, a, url, seed, controller="drift-lr", policy=lambda: pid_policy(a),
+                              arm={"lr": a.lr, "steps": a.ident_steps})
 
 
 def pareto(points: list[tuple[str, float, float]]) -> set[str]:

@@ -119,14 +119,46 @@ def test_the_replay_picks_p_on_the_error_for_a_plant_at_rest_and_it_settles_fast
     assert pred["settling_steps"] is not None and pred["overshoot_pct"] <= 15.0
 
 
-def test_the_replay_keeps_the_bumpless_start_for_a_probe_that_starts_moving_on_its_own():
-    # y starts at 0 and rises towards 2 * u0 = 2 by itself (KL starts at 0 whatever beta is):
-    # and past the setpoint 1.5: P on the initial error (+1.5) would raise the knob the plant needs lowered
+def test_the_replay_weighs_p_on_the_initial_error_down_for_a_probe_that_starts_moving_on_its_own():
+    # y starts at 0 and rises towards 2 * u0 = 2 by itself (KL starts at 0 whatever beta is), past
+    # the setpoint 1.5: P on all of the initial error (+1.5) raises the knob the plant needs lowered
+    # and overshoots; none of it (I-P) leaves P braking the rise, and the approach is slow
     obs = [SimpleNamespace(**{**vars(o), "probes": {"custom.y": o.probes["y"]}})
            for o in fopdt_observations(start=0.0, u0=1.0)]
-    result = tune_controller(linear_policy(1.5), {"custom.u": {**LINEAR, "value": 1.0}}, "c", obs)
+    knobs = {"custom.u": {**LINEAR, "value": 1.0}}
+    result = tune_controller(linear_policy(1.5), knobs, "c", obs)
     assert result["model"]["transient"] < 0
-    assert result["gains"]["setpoint_weight"] == 0.0
+    b, pred = result["gains"]["setpoint_weight"], result["predicted"]["proposed"]
+    assert 0.0 < b < 1.0 and pred["overshoot_pct"] <= 15.0
+    model = identify(*series(obs, "custom.y", "custom.u", 1.0, "linear")[:3])
+
+    def replay(weight: float) -> tuple[int, float]:
+        c = {**result["policy"]["controllers"][0], "setpoint_weight": weight}
+        sim = simulate_model(load_policy({**result["policy"], "controllers": [c]}), knobs, model, probe="custom.y",
+                             knob="custom.u", steps=120, every=1)
+        ys = [t["probe"] for t in sim["trace"]]
+        return max(i for i, y in enumerate(ys) if abs(y - 1.5) > 0.15) + 1, (max(ys) - 1.5) / 1.5 * 100
+
+    assert replay(1.0)[1] > 15.0  # P on the whole error
+    assert replay(b)[0] <= 0.5 * replay(0.0)[0]  # and faster than I-P
+
+
+def test_a_drifting_probe_is_fitted_with_its_drift_and_a_setpoint_it_drifts_out_of_reach_is_flagged():
+    # the probe falls 0.04 per step on its own: 1.5 needs u = 0.75 at the start, past the bound 2
+    # after ~60 steps
+    obs = [SimpleNamespace(**{**vars(o), "probes": {"custom.y": o.probes["y"] - 0.04 * o.step}})
+           for o in fopdt_observations(start=0.0)]
+    result = tune_controller(linear_policy(1.5), {"custom.u": LINEAR}, "c", obs)
+    m = result["model"]
+    assert m["kind"] == "fopdt" and m["drift"] == pytest.approx(-0.04, rel=0.1)
+    assert m["gain"] == pytest.approx(2.0, rel=0.2)
+    reach = [w for w in result["warnings"] if "out of reach" in w]
+    assert reach and "after" in reach[0] and "per step on its own" in reach[0], result["warnings"]
+    # without the drift: reachable, no warning
+    flat = tune_controller(linear_policy(1.5), {"custom.u": LINEAR}, "c",
+                           [SimpleNamespace(**{**vars(o), "probes": {"custom.y": o.probes["y"]}})
+                            for o in fopdt_observations(start=0.0)])
+    assert flat["model"]["drift"] == 0.0 and not any("out of reach" in w for w in flat["warnings"])
 
 
 def test_a_noisy_probe_slows_tau_c_until_the_loops_own_jitter_fits_in_the_band():
