@@ -20,6 +20,9 @@ Plants
 :class:`RLKLPlant`
     Fitted to the real rl-kl traces (RLOO on SmolLM2-135M): an integrating KL whose rate falls
     with ln(beta), for the PID vs Ziegler comparison the real benchmark measured.
+:class:`GRPOKLPlant`
+    Fitted to the real rl-kl traces on GRPO: a KL pushed up at a constant rate by the reward and
+    pulled back in proportion to beta·KL (:func:`fit_restoring_kl` fits it), for the same comparison.
 :class:`LRDriftPlant`
     Drift from the base model vs learning rate (direct acting), for PID vs ReduceLROnPlateau and
     an open-loop fixed learning rate.
@@ -278,6 +281,121 @@ class RLKLPlant:
 
 
 @dataclass
+class GRPOKLPlant:
+    """KL(policy ‖ start) of a short GRPO run vs beta, *fitted to the real traces* of
+    ``benchmarks/control/rl_kl.py --trainer grpo`` (SmolLM2-135M-Instruct, lr 3e-5, 4×4
+    completions, 24 steps, probe every 2 steps; :func:`fit_restoring_kl`).
+
+    GRPO puts ``β·KL`` in the loss next to the policy-gradient term on a group-normalised
+    advantage. Adam normalises the update, so the reward's push moves the policy at a roughly
+    constant rate, and the KL term's gradient pulls back in proportion to ``β`` and to how far the
+    policy has gone::
+
+        dKL/dstep = push − pull · β · KL
+
+    a first-order lag with an equilibrium ``KL* = push / (pull·β)`` (KL ∝ 1/β, not the optimum's
+    1/β²: the run never gets near π_ref·exp(A/β) at this learning rate) and a time constant
+    ``1 / (pull·β)`` that shortens as β grows: at small β the KL ramps almost linearly (β 0.1: 0.24
+    after 20 steps), at large β it flattens within a few steps (β 2: flat at 0.025 from step 4).
+    One interval = ``interval`` steps (:func:`restoring_step`, exact at constant β); the probe reads the KL at the
+    interval's end with Gaussian noise ``noise_sd`` (the fit's residual sd); KL ≥ 0. The class
+    defaults are the fit of :data:`GRPO_FIT` (see BENCHMARKS.md, rl-kl on GRPO).
+    """
+
+    push: float = 0.0125
+    pull: float = 0.174
+    interval: int = 2
+    noise_sd: float = 0.004
+    initial_knob: float = 0.76
+    setpoint: float = 0.04
+    name: str = "grpo_kl"
+    knob_name: str = "kl_beta"
+
+    def reset(self, rng: random.Random) -> None:
+        self._rng = rng
+        self._kl = 0.0
+
+    def step(self, knob: float) -> Observation:
+        self._kl = restoring_step(self._kl, knob, self.interval, self.push, self.pull)
+        return Observation(measurement=max(0.0, self._kl + self._rng.gauss(0.0, self.noise_sd)), true=self._kl)
+
+
+def restoring_step(kl: float, beta: float, dt: float, push: float, pull: float) -> float:
+    """The exact solution of ``dKL/dt = push − pull·β·KL`` over ``dt`` steps at constant β:
+    ``KL* + (KL − KL*)·exp(−pull·β·dt)`` with ``KL* = push/(pull·β)``."""
+    rate = pull * beta
+    decay = math.exp(-rate * dt)
+    return max(0.0, kl * decay + push * (1.0 - decay) / rate)
+
+
+@dataclass(frozen=True)
+class RestoringFit:
+    """Least-squares fit of ``dKL/dstep = push − pull·β·KL`` (:func:`fit_restoring_kl`)."""
+
+    push: float
+    pull: float
+    r2: float  # of the one-interval-ahead KL prediction
+    residual_sd: float  # of that prediction (the probe's noise plus model error)
+    intervals: int
+
+    def equilibrium(self, beta: float) -> float:
+        return self.push / (self.pull * beta)
+
+
+def fit_restoring_kl(traces: Sequence[Sequence[tuple[float, float, float]]]) -> RestoringFit:
+    """Fit :class:`GRPOKLPlant` to recorded traces of ``(step, kl, beta)``, where ``beta`` at a
+    step is the β in effect over the interval that ended there (the rl-kl traces' convention).
+
+    Each interval ``(s0, kl0) → (s1, kl1)`` at β is predicted by :func:`restoring_step` from the
+    measured ``kl0``; at a given ``pull`` the prediction is linear in ``push`` (closed form), and
+    ``pull`` is found by golden-section search on the sum of squared errors (log scale, 1e-4 to
+    10). ``kl0`` is the measured start, so probe noise biases ``pull`` a little low: the
+    errors-in-variables caveat of any one-step-ahead fit. Raises ``ValueError`` with fewer than
+    three intervals or when β·KL never varies."""
+    rows: list[tuple[float, float, float, float]] = []  # kl0, beta, dt, kl1
+    for trace in traces:
+        for (s0, k0, _), (s1, k1, b1) in zip(trace, trace[1:]):
+            if s1 <= s0:
+                raise ValueError(f"traces: steps must increase, got {s0} then {s1}")
+            if not b1 > 0:
+                raise ValueError(f"traces: beta must be > 0, got {b1}")
+            rows.append((k0, b1, s1 - s0, k1))
+    if len(rows) < 3:
+        raise ValueError(f"traces: need at least 3 intervals, got {len(rows)}")
+    if len({round(b * k, 12) for k, b, _, _ in rows}) < 2:
+        raise ValueError("traces: beta * KL never varies, so the pull cannot be identified")
+
+    def solve(pull: float) -> tuple[float, float]:
+        # kl1 = kl0·d + push·g with d = exp(−pull·β·dt), g = (1 − d)/(pull·β): push by least squares
+        num = den = 0.0
+        parts = []
+        for k0, b, dt, k1 in rows:
+            d = math.exp(-pull * b * dt)
+            g = (1.0 - d) / (pull * b)
+            parts.append((k0 * d, g, k1))
+            num += g * (k1 - k0 * d)
+            den += g * g
+        push = num / den
+        return push, sum((k1 - a - push * g) ** 2 for a, g, k1 in parts)
+
+    lo, hi = math.log(1e-4), math.log(10.0)
+    ratio = (math.sqrt(5.0) - 1.0) / 2.0
+    for _ in range(80):
+        m1, m2 = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
+        if solve(math.exp(m1))[1] <= solve(math.exp(m2))[1]:
+            hi = m2
+        else:
+            lo = m1
+    pull = math.exp((lo + hi) / 2.0)
+    push, sse = solve(pull)
+    ys = [k1 for *_, k1 in rows]
+    mean = sum(ys) / len(ys)
+    syy = sum((y - mean) ** 2 for y in ys)
+    return RestoringFit(push=push, pull=pull, r2=1.0 - sse / syy if syy > 0 else 0.0,
+                        residual_sd=math.sqrt(sse / max(1, len(rows) - 2)), intervals=len(rows))
+
+
+@dataclass
 class LRDriftPlant:
     """Drift from the base model vs learning rate during supervised fine-tuning.
 
@@ -363,12 +481,18 @@ class PIDArm:
     filter_kind: str = "none"
     filter_params: dict[str, Any] = field(default_factory=dict)
     dt: float = 1.0
+    #: (measurement, knob) of a probe taken before the first interval, as the real callback's
+    #: probe at step 0 (KL = 0 at the start): the PID's bumpless start is seeded there.
+    prime: tuple[float, float] | None = None
 
     def reset(self) -> None:
         self._pid = PID(self.config)
         self._filter = make_filter(self.filter_kind, **self.filter_params)  # type: ignore[arg-type]
         self._fstate: Any = None
         self._state: PIDState | None = None
+        if self.prime is not None:
+            y, self._fstate = self._filter.update(self.prime[0], self._fstate)
+            self._state = self._pid.update(y, self.dt, self.prime[1], self._state).state
 
     def decide(self, k: int, obs: Observation, knob: float) -> float:
         y, self._fstate = self._filter.update(obs.measurement, self._fstate)
@@ -565,6 +689,24 @@ def rl_kl_scenario(steps: int = 12) -> Scenario:
     return Scenario(plant_factory=RLKLPlant, arms=[pid, ziegler, fixed], steps=steps)
 
 
+def grpo_kl_scenario(steps: int = 12, beta0: float = 0.76, **plant: float) -> Scenario:
+    """The real rl-kl benchmark's GRPO arms on :class:`GRPOKLPlant`: all start at the feedforward
+    β₀ (``--beta auto``, 0.75–0.78 on the three seeds); the PID at the benchmark's gains (kp
+    1/target per relative error, ki 0.1/target per step = 0.2/target per 2-step interval, ±1
+    ln-unit per decision, β in [β₀/10, 10·β₀]) seeded by the probe at step 0 (KL 0), as the
+    callback does; Ziegler's controller at the benchmark's horizon (one interval's 32 samples);
+    and β₀ held fixed. ``steps`` = 12 intervals is the real run's length; ``plant`` overrides
+    :class:`GRPOKLPlant`'s fitted constants (``push``, ``pull``, ``noise_sd``)."""
+    target = GRPOKLPlant().setpoint
+    pid = PIDArm("pid", PIDConfig(setpoint=target, kp=1.0 / target, ki=0.2 / target, kd=0.0, out_min=beta0 / 10,
+                                  out_max=10 * beta0, scale="log", direction="reverse", max_step=1.0),
+                 prime=(0.0, beta0))
+    ziegler = AdaptiveKLArm("adaptive_kl", AdaptiveKLController(beta0, target=target, horizon=32), n_steps=32)
+    fixed = FixedArm("fixed_beta", FixedSchedule.constant(beta0))
+    return Scenario(plant_factory=lambda: GRPOKLPlant(initial_knob=beta0, **plant), arms=[pid, ziegler, fixed],
+                    steps=steps)
+
+
 def lr_scenario() -> Scenario:
     """PID vs ReduceLROnPlateau vs fixed LR on :class:`LRDriftPlant` (budget 1.0, start 2e-4).
 
@@ -630,6 +772,8 @@ def _main() -> None:
     for title, scenario, budget in (
         ("KL vs beta (target 6)", kl_scenario(), None),
         ("drift vs learning rate (budget 1.0)", lr_scenario(), 1.0),
+        ("RLOO KL vs beta, fitted to rl-kl (target 0.04, 12 intervals)", rl_kl_scenario(12), None),
+        ("GRPO KL vs beta, fitted to rl-kl --trainer grpo (target 0.04, 12 intervals)", grpo_kl_scenario(12), None),
     ):
         print(f"== {title}, seeds {list(seeds)}")
         figures = compare(scenario, seeds, budget)

@@ -498,6 +498,11 @@ def aggregate(a: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
         part = json.loads(path.read_text())
         results.extend(part["arms"])
         meta = {k: v for k, v in part.items() if k != "arms"}
+    stops = {r["start_beta"] for r in results if r["kind"] == "early_stop"}
+    if len(stops) > 1:  # early stopping derived from fixed arms at different betas: one row per beta
+        for r in results:
+            if r["kind"] == "early_stop":
+                r["arm"] = f"early stopping (β {r['start_beta']:g})"
     if not results:
         raise SystemExit(f"no {SCENARIO}-*-seed*.json in {RESULTS}: run the seeds first")
     ns = copy.copy(a)

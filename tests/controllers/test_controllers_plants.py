@@ -20,6 +20,7 @@ from benchmarks.control.plants import (  # noqa: E402
     compare,
     kl_scenario,
     lr_scenario,
+    grpo_kl_scenario,
     rl_kl_scenario,
     run_arm,
 )
@@ -131,3 +132,48 @@ def test_controllers_import_only_the_standard_library_and_themselves() -> None:
             for name in names:
                 assert name not in forbidden, f"{path.name} imports {name}"
                 assert name in sys.stdlib_module_names or name == "__future__", f"{path.name} imports {name}"
+
+
+def test_grpo_kl_plant_keeps_what_the_real_run_measured() -> None:
+    """The plant fitted to the real GRPO rl-kl traces (SmolLM2-135M, 24 steps = 12 intervals, every
+    arm from the feedforward β₀) keeps what the real run showed on every seed: the PID's peak is
+    under half of Ziegler's (measured 14/14/39% vs 83/43/89%), Ziegler's overshoots by more than
+    50%, the fixed β₀ runs away, and the PID ends within 20% of the target (measured 0.0059,
+    0.0023, 0.0024 for 0.04). The plant is stationary and settles the PID within 12 intervals on
+    most seeds, which the real run did not (a slow oscillation, BENCHMARKS.md): settling is not
+    asserted from it."""
+    res = compare(grpo_kl_scenario(12), SEEDS)
+    target = 0.04
+    for pid, ziegler, fixed in zip(res["pid"], res["adaptive_kl"], res["fixed_beta"]):
+        assert pid["overshoot_pct"] < ziegler["overshoot_pct"] / 2
+        assert ziegler["overshoot_pct"] > 50.0
+        assert fixed["overshoot_pct"] > 100.0
+        assert abs(pid["ss_error"]) < 0.2 * target
+
+
+def test_restoring_fit_recovers_the_grpo_plant_it_simulates() -> None:
+    """``fit_restoring_kl`` on traces of :class:`GRPOKLPlant` itself (β steps, the probe's noise)
+    recovers push and pull within 20%, exactly without noise; too little data is refused."""
+    import random
+
+    from benchmarks.control.plants import GRPOKLPlant, fit_restoring_kl
+
+    def traces(noise: float) -> list[list[tuple[float, float, float]]]:
+        out = []
+        for seed, betas in enumerate(([0.3] * 6 + [2.0] * 6, [1.0] * 12, [3.0] * 4 + [0.5] * 8)):
+            plant = GRPOKLPlant(push=0.01, pull=0.2, noise_sd=noise)
+            plant.reset(random.Random(seed))
+            trace = [(0.0, 0.0, betas[0])]
+            for i, b in enumerate(betas, start=1):
+                trace.append((2.0 * i, plant.step(b).measurement, b))
+            out.append(trace)
+        return out
+
+    exact = fit_restoring_kl(traces(0.0))
+    assert exact.push == pytest.approx(0.01, rel=1e-4) and exact.pull == pytest.approx(0.2, rel=1e-4)
+    assert exact.r2 == pytest.approx(1.0)
+    noisy = fit_restoring_kl(traces(0.002))
+    assert noisy.push == pytest.approx(0.01, rel=0.2) and noisy.pull == pytest.approx(0.2, rel=0.2)
+    assert noisy.equilibrium(1.0) == pytest.approx(0.05, rel=0.25)
+    with pytest.raises(ValueError, match="traces"):
+        fit_restoring_kl([[(0.0, 0.0, 1.0), (2.0, 0.02, 1.0)]])
