@@ -217,13 +217,14 @@ def feedforward_kl_beta(model: Any, tokenizer: Any, prompts: Sequence[str], rewa
     from transformers import GenerationConfig
 
     from actuator.controllers import kl_coefficient_for_target
+    from actuator.controllers.feedforward import SCALES
 
     from .probes._common import encode, eos_token_ids, model_device, pad_batch, pad_token_id
 
     if samples < 2:
         raise ValueError(f"samples: need at least 2 answers per prompt for a variance, got {samples}")
     scale = ("group" if scale_rewards else "none") if isinstance(scale_rewards, bool) else scale_rewards
-    if scale not in ("none", "group", "batch"):
+    if scale not in SCALES:
         raise ValueError(f"scale_rewards: must be 'none', 'group' or 'batch' (GRPOConfig's), got {scale_rewards!r}")
     if max_new_tokens < 1 or batch_size < 1:
         raise ValueError("max_new_tokens and batch_size must be >= 1")

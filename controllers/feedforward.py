@@ -70,11 +70,13 @@ def _scaled(groups: list[list[float]], scale: str) -> list[list[float]]:
     variance unchanged) and divided by the group's or the batch's sample std plus TRL's 1e-4."""
     if scale == "none":
         return groups
-    if scale == "group":
-        return [[(r - statistics.fmean(g)) / (statistics.stdev(g) + _STD_EPS) for r in g] for g in groups]
-    pooled = [r for g in groups for r in g]
-    std = statistics.stdev(pooled) + _STD_EPS
-    return [[(r - statistics.fmean(g)) / std for r in g] for g in groups]
+    pooled = statistics.stdev([r for g in groups for r in g]) if scale == "batch" else 0.0
+    out = []
+    for g in groups:
+        mean = statistics.fmean(g)
+        std = (statistics.stdev(g) if scale == "group" else pooled) + _STD_EPS
+        out.append([(r - mean) / std for r in g])
+    return out
 
 
 def kl_coefficient_for_target(reward_groups: Sequence[Sequence[float]], lengths: Sequence[float],

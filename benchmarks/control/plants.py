@@ -241,8 +241,26 @@ class KLBetaPlant:
         return Observation(measurement=seen + self._rng.gauss(0.0, sd), true=self._kl)
 
 
+class _FittedKLPlant:
+    """What the plants fitted to rl-kl share: KL starts at 0, :meth:`advance` (the subclass's
+    law) moves it over one interval at the knob's β, the probe reads it with Gaussian noise."""
+
+    noise_sd: float
+
+    def advance(self, kl: float, knob: float) -> float:
+        raise NotImplementedError
+
+    def reset(self, rng: random.Random) -> None:
+        self._rng = rng
+        self._kl = 0.0
+
+    def step(self, knob: float) -> Observation:
+        self._kl = self.advance(self._kl, knob)
+        return Observation(measurement=max(0.0, self._kl + self._rng.gauss(0.0, self.noise_sd)), true=self._kl)
+
+
 @dataclass
-class RLKLPlant:
+class RLKLPlant(_FittedKLPlant):
     """KL(policy ‖ start) of a short RLOO run vs beta, *fitted to the real traces* of
     ``benchmarks/control/rl_kl.py`` (SmolLM2-135M-Instruct, lr 3e-5, 4×4 completions, 24 steps,
     probe every 2 steps).
@@ -270,18 +288,12 @@ class RLKLPlant:
     name: str = "rl_kl"
     knob_name: str = "kl_beta"
 
-    def reset(self, rng: random.Random) -> None:
-        self._rng = rng
-        self._kl = 0.0
-
-    def step(self, knob: float) -> Observation:
-        slope = self.drift + self.rate * math.log(knob / self.beta_ref)
-        self._kl = max(0.0, self._kl + self.interval * slope)
-        return Observation(measurement=max(0.0, self._kl + self._rng.gauss(0.0, self.noise_sd)), true=self._kl)
+    def advance(self, kl: float, knob: float) -> float:
+        return max(0.0, kl + self.interval * (self.drift + self.rate * math.log(knob / self.beta_ref)))
 
 
 @dataclass
-class GRPOKLPlant:
+class GRPOKLPlant(_FittedKLPlant):
     """KL(policy ‖ start) of a short GRPO run vs beta, *fitted to the real traces* of
     ``benchmarks/control/rl_kl.py --trainer grpo`` (SmolLM2-135M-Instruct, lr 3e-5, 4×4
     completions, 24 steps, probe every 2 steps; :func:`fit_restoring_kl`).
@@ -315,13 +327,8 @@ class GRPOKLPlant:
     name: str = "grpo_kl"
     knob_name: str = "kl_beta"
 
-    def reset(self, rng: random.Random) -> None:
-        self._rng = rng
-        self._kl = 0.0
-
-    def step(self, knob: float) -> Observation:
-        self._kl = restoring_step(self._kl, knob, self.interval, self.push, self.pull)
-        return Observation(measurement=max(0.0, self._kl + self._rng.gauss(0.0, self.noise_sd)), true=self._kl)
+    def advance(self, kl: float, knob: float) -> float:
+        return restoring_step(kl, knob, self.interval, self.push, self.pull)
 
 
 def restoring_step(kl: float, beta: float, dt: float, push: float, pull: float) -> float:
