@@ -115,6 +115,9 @@ class Setup:
         self.min_channels = a.min_channels
         # The width arms prune the dense model's MLP channels: a copy from before factorisation.
         self.dense_model = copy.deepcopy(model) if any(is_width(k) for k in a.arms) else None
+        # --distill: the dense model as a frozen teacher of every arm's fine-tune (its own copy:
+        # DistillationTrainer freezes it, and the width arms copy ``dense_model`` to train).
+        self.teacher = copy.deepcopy(model) if a.distill > 0 else None
         self.names: list[str] = []
         self.factorize_seconds = 0.0
         self.model0 = model
@@ -253,7 +256,13 @@ def make_trainer(setup: Setup, model: Any, name: str, a: argparse.Namespace, see
         learning_rate=a.lr, lr_scheduler_type="constant", logging_steps=1, save_strategy="no", report_to=[],
         use_cpu=True, seed=seed, disable_tqdm=True, dataloader_num_workers=0, weight_decay=0.0,
     )
-    trainer = Trainer(model=model, args=args, train_dataset=train)
+    if a.distill > 0:
+        from actuator.agents.distill import DistillationTrainer
+
+        trainer = DistillationTrainer(model=model, args=args, train_dataset=train, teacher_model=setup.teacher,
+                                      distill_lambda=a.distill, temperature=a.distill_temperature)
+    else:
+        trainer = Trainer(model=model, args=args, train_dataset=train)
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
     return trainer
@@ -633,9 +642,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                          "of the run")
     ap.add_argument("--width-moves", type=float, default=10.0,
                     help="width Actuator: a decision moves ln τ by at most (99%%→85%% span) / this")
+    ap.add_argument("--distill", type=float, default=0.0, metavar="LAMBDA",
+                    help="every arm's fine-tune distils from the dense model: loss = λ·T²·KL(dense ‖ pruned) + "
+                         "(1−λ)·CE (DistillationTrainer; Minitron's recovery); 0 = cross-entropy alone")
+    ap.add_argument("--distill-temperature", type=float, default=1.0, help="T of --distill")
     ap.add_argument("--tag", default="", help="suffix of the per-seed result files")
     ap.add_argument("--aggregate", action="store_true", help="combine the per-seed files; run nothing")
     a = ap.parse_args(argv)
+    if not 0.0 <= a.distill <= 1.0:
+        ap.error(f"--distill must be in [0, 1], got {a.distill}")
+    if a.distill_temperature <= 0:
+        ap.error(f"--distill-temperature must be > 0, got {a.distill_temperature}")
     if a.aggregate:
         return aggregate(a.tag)
     if a.quick:
@@ -662,6 +679,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "dense_perplexity": setup.dense_ppl, "dense_params": setup.dense_params, "dense_hotpotqa": setup.dense_hotpot,
         "lr": a.lr, "backoff_pct": a.backoff, "param_break_even_rank": 576 * 1536 / (576 + 1536),
         "batch_size": a.batch_size, "seq_len": a.seq_len, "probe_every": a.probe_every,
+        "distill": a.distill, "distill_temperature": a.distill_temperature,
         "refresh_every": a.refresh_every, "width_sweep": width, "min_channels": a.min_channels,
         "width_pid": width_policy(a, setup.dense_ppl, math.log(width["tau_85"] / width["tau_start"])) if width else None,
         "command": command_line("compress_rank", argv),

@@ -23,8 +23,9 @@ Arms (one invocation per seed, same data, learning rate, probe and starting β):
   same probe. Its horizon (10 000 samples in the paper, for runs of millions of episodes) is
   rescaled to this run: ``--horizon`` defaults to the samples of one probe interval, so every
   update moves β by up to the paper's ±20 % clip — the fastest the rule allows;
-- early stopping: the fixed-β run at the starting β, stopped at the first measurement at or
-  above the target (derived from that arm's trace: the same seed gives the same run up to there);
+- early stopping: the fixed-β run at the starting β (or ``--early-stop-beta``), stopped at the
+  first measurement at or above the target (derived from that arm's trace: the same seed gives
+  the same run up to there);
 - **Actuator**: a reverse-acting PID on log β through the real controller service
   (``ActuatorCallback`` + ``KLBetaKnob`` + the ``policy_kl`` probe), gains from the rule below.
 
@@ -518,6 +519,19 @@ def aggregate(a: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
     return out
 
 
+def early_stop_arg(text: str) -> float | str:
+    """``--early-stop-beta``: a beta of the fixed sweep, ``start`` (the starting beta) or ``none``."""
+    if text in ("start", "none"):
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a beta, 'start' or 'none', got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+    return value
+
+
 def beta_arg(text: str) -> float | str:
     if text == "auto":
         return text
@@ -558,6 +572,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--kp", type=float, default=1.0, help="PID kp in log-beta per relative KL error (× 1/target)")
     ap.add_argument("--ki", type=float, default=0.1, help="PID ki per step (× 1/target)")
     ap.add_argument("--max-step", type=float, default=1.0, help="rate limit, log-beta units per decision")
+    ap.add_argument("--early-stop-beta", type=early_stop_arg, default="start",
+                    help="the fixed arm early stopping is cut from: a beta of --betas, 'start' (the starting "
+                    "--beta) or 'none' (no early-stopping row)")
     ap.add_argument("--tail", type=int, default=5, help="steps averaged for the reward at the end")
     ap.add_argument("--arms", nargs="+", default=["actuator", "ziegler", "fixed"])
     ap.add_argument("--aggregate", action="store_true", help="combine the per-seed result files")
@@ -617,7 +634,8 @@ def save_seed(kind: str, seed: int, results: list[dict[str, Any]], a: argparse.N
     """Write the seed's result file with the arms so far (plus early stopping once the fixed arm at
     the starting beta is in), so a stopped run keeps what it measured."""
     arms = list(results)
-    start_fixed = next((r for r in arms if r["kind"] == "fixed" and r["start_beta"] == a.beta), None)
+    stop_beta = a.beta if a.early_stop_beta == "start" else a.early_stop_beta
+    start_fixed = next((r for r in arms if r["kind"] == "fixed" and r["start_beta"] == stop_beta), None)
     if start_fixed is not None:
         arms.append(early_stop(start_fixed, a))
     s = summarise(arms, a)
