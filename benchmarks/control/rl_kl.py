@@ -58,6 +58,7 @@ import math
 import random
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -519,36 +520,29 @@ def aggregate(a: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
     return out
 
 
-def early_stop_arg(text: str) -> float | str:
-    """``--early-stop-beta``: a beta of the fixed sweep, ``start`` (the starting beta) or ``none``."""
-    if text in ("start", "none"):
-        return text
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a beta, 'start' or 'none', got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
-    return value
+def beta_or_word(*words: str) -> Callable[[str], float | str]:
+    """An argparse type: a beta > 0, or one of ``words`` (argparse names the flag in its error)."""
+    choices = " or ".join(repr(w) for w in words)
 
+    def parse(text: str) -> float | str:
+        if text in words:
+            return text
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"a number > 0 or {choices}, got {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+        return value
 
-def beta_arg(text: str) -> float | str:
-    if text == "auto":
-        return text
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--beta: a number > 0 or 'auto', got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"--beta: must be > 0, got {text!r}")
-    return value
+    return parse
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     scenario_args(ap, SCENARIO, steps=24, quick="12 steps, the Actuator arm and one fixed beta")
     ap.add_argument("--trainer", nargs="+", choices=["rloo", "grpo"], default=["rloo"])
-    ap.add_argument("--beta", type=beta_arg, default=0.1,
+    ap.add_argument("--beta", type=beta_or_word("auto"), default=0.1,
                     help="starting beta of Ziegler, early stopping and the PID, or 'auto': the feedforward beta "
                     "from the starting model's reward variance and answer length (Setup.start_beta), per seed")
     ap.add_argument("--auto-samples", type=int, default=8, help="answers per training prompt for --beta auto")
@@ -572,7 +566,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--kp", type=float, default=1.0, help="PID kp in log-beta per relative KL error (× 1/target)")
     ap.add_argument("--ki", type=float, default=0.1, help="PID ki per step (× 1/target)")
     ap.add_argument("--max-step", type=float, default=1.0, help="rate limit, log-beta units per decision")
-    ap.add_argument("--early-stop-beta", type=early_stop_arg, default="start",
+    ap.add_argument("--early-stop-beta", type=beta_or_word("start", "none"), default="start",
                     help="the fixed arm early stopping is cut from: a beta of --betas, 'start' (the starting "
                     "--beta) or 'none' (no early-stopping row)")
     ap.add_argument("--tail", type=int, default=5, help="steps averaged for the reward at the end")
