@@ -1,5 +1,5 @@
 # Actuator — two commands on a fresh Debian/Ubuntu machine with Python 3.11:
-#   make demo   set up, then run the main job (SmolLM2 SFT steered by a PID on KL drift)
+#   make demo   set up, then run the main job (SmolLM2 SFT; a constraint controller turns a KL anchor to keep general perplexity within budget)
 #   make test   set up, then run the test suite (starts real Postgres/Redis/Prometheus processes)
 SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
