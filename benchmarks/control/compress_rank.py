@@ -290,7 +290,7 @@ def width_policy(a: argparse.Namespace, dense_ppl: float, span: float) -> dict[s
     """``preset:compress-width`` with gains in this run's units: ``span`` = ln τ from the start
     (99% of the dense parameters) to the τ of 85% offline (about 0.6 on SmolLM2: the parameter
     count is steep in τ). At full headroom the integral climbs ``span`` in ``--width-climb`` of
-    the run; ``kp`` gives back a quarter of ``span`` as the headroom is used up; a decision moves
+    the run; ``kp`` gives back ``--width-kp`` (a quarter) of ``span`` as the headroom is used up; a decision moves
     ln τ by at most ``span / --width-moves``; the guardrail steps back by one such move.
 
     Setpoint and guardrail are absolute, from the *dense* perplexity: the run starts at 99%, whose
@@ -304,7 +304,7 @@ def width_policy(a: argparse.Namespace, dense_ppl: float, span: float) -> dict[s
         "name": "bench-compress-width",
         "probes": [{"name": "perplexity", "every": a.probe_every}],
         "controllers": [{"name": "ppl-width", "probe": "perplexity", "knob": KNOB["width"],
-                         "setpoint": dense_ppl + headroom, "kp": 0.25 * span / headroom, "ki": per_step / headroom,
+                         "setpoint": dense_ppl + headroom, "kp": a.width_kp * span / headroom, "ki": per_step / headroom,
                          "direction": "direct", "filter": {"kind": "ema", "alpha": 0.6}}],
         "guardrails": [{"name": "ppl-budget", "probe": "perplexity", "bound": "upper",
                         "threshold": dense_ppl * (1 + a.budget / 100), "action": "adjust", "knob": KNOB["width"],
@@ -640,6 +640,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--width-climb", type=float, default=1.0,
                     help="width Actuator: at full headroom, ln τ climbs from 99%% to 85%% of dense in this share "
                          "of the run")
+    ap.add_argument("--width-kp", type=float, default=0.25,
+                    help="width Actuator: kp gives back this share of the 99%%→85%% span as the headroom is used up "
+                         "(0.25 limit-cycles once pruning is steep; `policy tune` on a recorded run proposes ~0.01)")
     ap.add_argument("--width-moves", type=float, default=10.0,
                     help="width Actuator: a decision moves ln τ by at most (99%%→85%% span) / this")
     ap.add_argument("--distill", type=float, default=0.0, metavar="LAMBDA",
