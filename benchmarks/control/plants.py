@@ -241,11 +241,16 @@ class KLBetaPlant:
         return Observation(measurement=seen + self._rng.gauss(0.0, sd), true=self._kl)
 
 
+@dataclass
 class _FittedKLPlant:
     """What the plants fitted to rl-kl share: KL starts at 0, :meth:`advance` (the subclass's
-    law) moves it over one interval at the knob's β, the probe reads it with Gaussian noise."""
+    law) moves it over one interval of ``interval`` steps at the knob's β, the probe reads it with
+    Gaussian noise ``noise_sd``; the benchmark's target and knob."""
 
-    noise_sd: float
+    noise_sd: float = 0.0
+    interval: int = 2
+    setpoint: float = 0.04
+    knob_name: str = "kl_beta"
 
     def advance(self, kl: float, knob: float) -> float:
         raise NotImplementedError
@@ -281,12 +286,9 @@ class RLKLPlant(_FittedKLPlant):
     drift: float = 0.0095
     rate: float = -0.0054
     beta_ref: float = 0.1
-    interval: int = 2
     noise_sd: float = 0.0074
     initial_knob: float = 0.1
-    setpoint: float = 0.04
     name: str = "rl_kl"
-    knob_name: str = "kl_beta"
 
     def advance(self, kl: float, knob: float) -> float:
         return max(0.0, kl + self.interval * (self.drift + self.rate * math.log(knob / self.beta_ref)))
@@ -320,12 +322,9 @@ class GRPOKLPlant(_FittedKLPlant):
 
     push: float = 0.0128
     pull: float = 0.181
-    interval: int = 2
     noise_sd: float = 0.006
     initial_knob: float = 0.76
-    setpoint: float = 0.04
     name: str = "grpo_kl"
-    knob_name: str = "kl_beta"
 
     def advance(self, kl: float, knob: float) -> float:
         return restoring_step(kl, knob, self.interval, self.push, self.pull)
