@@ -582,6 +582,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ap.error("--auto-samples must be >= 2 (a variance needs two answers per prompt)")
     if not 0 < a.beta_bounds[0] <= 1 <= a.beta_bounds[1]:
         ap.error("--beta-bounds LO HI must satisfy 0 < LO <= 1 <= HI")
+    if isinstance(a.early_stop_beta, float) and "fixed" in a.arms and a.early_stop_beta not in a.betas:
+        ap.error(f"--early-stop-beta {a.early_stop_beta:g} is not among --betas {a.betas}: no fixed arm to cut it from")
     if a.aggregate:
         return aggregate(a, argv)
     if a.quick:
