@@ -21,7 +21,9 @@ Arms (every arm λ = 1 except today's, so they differ in one thing each):
   draft's own continuations (GKD's λ; ``--prompt-tokens`` of each block are the prompt);
 * ``linear``       on-policy fraction rising linearly 0 → 1 over the compute budget;
 * ``actuator``     on-policy fraction under the maximising controller (``kind: maximize``,
-  extremum seeking on the control probe's α) through the real service and ActuatorCallback.
+  extremum seeking on the control probe's α) through the real service and ActuatorCallback;
+* ``actuator-T``   the distillation temperature under the same maximising controller (log scale),
+  forward KL on the text, starting at T = 2 (``DistillationTrainer``'s default, not a pick).
 
 **Equal compute, not equal steps**: generation costs CPU, so every arm trains until it has used
 ``--budget`` seconds of process CPU time (training, its own generations and its control probes;
@@ -32,8 +34,8 @@ Seeds: ``--seeds`` change the data order, the on-policy coins and samples; the p
 the teacher's samples are the same for every seed. Fixed settings are picked on seed 0 and
 evaluated on the others (``--aggregate``); the best in hindsight is shown beside.
 
-    python -m benchmarks.control.draft_distill --seeds 0 [--arms ...] [--tag -partN] [--budget 150]
-    python -m benchmarks.control.draft_distill --aggregate
+    python -m benchmarks.control.draft_distill --seeds 0 [--arms ...] [--budget 180 --tag=-b180[-partN]]
+    python -m benchmarks.control.draft_distill --aggregate [--tag=-b180]   # draft-distill[-b180].json / .png
 """
 
 from __future__ import annotations
@@ -128,7 +130,9 @@ def heldout_ce(model: nn.Module, data: list[torch.Tensor], batch_size: int = 8) 
 
 ARMS: dict[str, dict[str, Any]] = {
     "actuator": {"name": "Actuator (maximize)", "lambda": 1.0, "temperature": 1.0, "divergence": "forward",
-                 "onpolicy": 0.5, "controller": True},
+                 "onpolicy": 0.5, "controller": "onpolicy_fraction"},
+    "actuator-T": {"name": "Actuator (maximize T)", "lambda": 1.0, "temperature": 2.0, "divergence": "forward",
+                   "onpolicy": 0.0, "controller": "distill_temperature"},
     "lambda1-T2": {"name": "fixed λ=1, T=2 (today's)", "lambda": 1.0, "temperature": 2.0,
                    "divergence": "forward", "onpolicy": 0.0},
     "fkl-T1": {"name": "forward KL, T=1 (on-policy 0)", "lambda": 1.0, "temperature": 1.0,
@@ -204,36 +208,52 @@ def make_trainer(setup: Setup, model: nn.Module, arm: dict[str, Any], a: argpars
     return trainer
 
 
-def es_policy(a: argparse.Namespace) -> dict[str, Any]:
-    """Extremum seeking on the on-policy fraction, maximising the control probe's α."""
+ACTUATORS = tuple(k for k, v in ARMS.items() if v.get("controller"))
+
+
+def es_policy(a: argparse.Namespace, knob: str = "onpolicy_fraction") -> dict[str, Any]:
+    """Extremum seeking on ``knob`` (the on-policy fraction, linear; or the distillation
+    temperature, log scale), maximising the control probe's α."""
+    if knob == "distill_temperature":
+        law = {"scale": "log", "dither": a.t_dither, "gain": a.t_gain, "max_step": a.t_step}
+    else:
+        law = {"dither": a.dither, "gain": a.gain, "max_step": a.es_step}
     return {
-        "name": "bench-draft-distill-maximize",
+        "name": f"bench-draft-distill-maximize-{knob}",
         "probes": [{"name": "draft", "every": a.probe_every}],
         "controllers": [{"name": "max-acceptance", "kind": "maximize", "probe": "draft.acceptance",
-                         "knob": "onpolicy_fraction", "dither": a.dither, "gain": a.gain,
-                         "max_step": a.es_step}],
+                         "knob": knob, **law}],
     }
+
+
+def knob_limits(a: argparse.Namespace, knob: str) -> dict[str, float]:
+    if knob == "distill_temperature":
+        return {"min": a.t_bounds[0], "max": a.t_bounds[1], "max_step": 1.0}
+    return {"min": 0.0, "max": 1.0, "max_step": 0.5}
 
 
 def run_arm(setup: Setup, key: str, a: argparse.Namespace, url: str, seed: int) -> dict[str, Any]:
     from transformers import TrainerCallback
 
     from actuator.agents.callback import ActuatorCallback
-    from actuator.agents.distill import OnPolicyFractionKnob
+    from actuator.agents.distill import DistillTemperatureKnob, OnPolicyFractionKnob
     from actuator.agents.probes import ProbeSuite
 
     arm = {**ARMS[key], "key": key}
     model = copy.deepcopy(setup.student0).train()
     trainer = make_trainer(setup, model, arm, a, seed)
     knob = OnPolicyFractionKnob(trainer)
+    temperature = DistillTemperatureKnob(trainer)
     trace: list[dict[str, float]] = []
     logs: list[dict[str, float]] = []
     cb = None
     suite = None
     if arm.get("controller"):
-        cb = ActuatorCallback(es_policy(a), url=url, probes=[setup.control], budget_share=1.0,
-                              run_name=f"bench-{SCENARIO}-{seed}", setters=[knob],
-                              knobs={"onpolicy_fraction": {"min": 0.0, "max": 1.0, "max_step": 0.5}})
+        turned = arm["controller"]
+        cb = ActuatorCallback(es_policy(a, turned), url=url, probes=[setup.control], budget_share=1.0,
+                              run_name=f"bench-{SCENARIO}-{key}-{seed}",
+                              setters=[temperature if turned == "distill_temperature" else knob],
+                              knobs={turned: knob_limits(a, turned)})
         cb.attach(trainer)
     else:
         suite = ProbeSuite([setup.control], budget_share=1.0)
@@ -245,7 +265,8 @@ def run_arm(setup: Setup, key: str, a: argparse.Namespace, url: str, seed: int) 
     def record(step: int, values: dict[str, float]) -> None:
         # the step-0 probe ran at train begin, before any training (the callback's is read later)
         trace.append({"step": step, "cpu_seconds": used() if step else 0.0, "acceptance": values["draft.acceptance"],
-                      "tokens_per_call": values["draft.tokens_per_call"], "onpolicy_fraction": knob.read()})
+                      "tokens_per_call": values["draft.tokens_per_call"], "onpolicy_fraction": knob.read(),
+                      "temperature": temperature.read()})
 
     class Budget(TrainerCallback):
         def on_train_begin(self, args, state, control, model=None, **kw):  # noqa: ANN001
@@ -290,6 +311,7 @@ def run_arm(setup: Setup, key: str, a: argparse.Namespace, url: str, seed: int) 
     r = {"arm": arm["name"], "key": key, "seed": seed, "trace": trace, "train_logs": logs, "final": final,
          "steps": trainer.state.global_step, "cpu_seconds": cpu, "wall_seconds": wall,
          "onpolicy_steps": sum(shares), "final_onpolicy_fraction": knob.read(),
+         "final_temperature": temperature.read(),
          "decisions": len(cb.applied) if cb is not None else None,
          "reasons": [d.get("reason") for d in (cb.applied if cb is not None else [])][:60]}
     console.print(f"  {arm['name']} seed {seed}: α {final['acceptance']:.4f}, tokens/call "
@@ -307,6 +329,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     with figure(path) as (fig, axes):
         ax1, ax2, ax3 = axes[0]
         colors: dict[str, Any] = {}
+        ax2t: Any = None
         for arm in result["arms"]:
             label = arm["arm"] if arm["key"] not in colors else None
             kw = {"color": colors[arm["key"]]} if arm["key"] in colors else {}
@@ -315,6 +338,12 @@ def plot(result: dict[str, Any], path: Path) -> None:
             colors.setdefault(arm["key"], line.get_color())
             ax2.plot([t["cpu_seconds"] for t in arm["trace"]], [t["onpolicy_fraction"] for t in arm["trace"]],
                      color=colors[arm["key"]], lw=1, alpha=0.8)
+            if ARMS[arm["key"]].get("controller") == "distill_temperature":
+                if ax2t is None:
+                    ax2t = ax2.twinx()
+                ax2t.plot([t["cpu_seconds"] for t in arm["trace"]], [t.get("temperature", math.nan) for t in arm["trace"]],
+                          color=colors[arm["key"]], lw=1, ls=":", alpha=0.8)
+                ax2t.set_ylabel("T (dotted)")
         keys = list(colors)
         summary = result.get("summary", {})
         means = [summary.get(k, {}).get("alpha_mean", float("nan")) for k in keys]
@@ -326,7 +355,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax1.set_title("α on teacher samples (control probe, γ = 4)")
         ax1.set_xlabel("CPU seconds")
         ax1.legend(fontsize=7)
-        ax2.set_title("on-policy fraction in effect")
+        ax2.set_title("on-policy fraction (solid) and T (dotted) in effect")
         ax2.set_xlabel("CPU seconds")
         ax2.set_ylim(-0.05, 1.05)
         ax3.set_title("final α, evaluation set (mean ± sd over seeds)")
@@ -345,6 +374,8 @@ def aggregate(tag: str = "") -> dict[str, Any]:
     meta: dict[str, Any] = {}
     pattern = f"{SCENARIO}-seed*{tag}*.json" if tag else f"{SCENARIO}-seed*.json"
     for f in sorted(RESULTS.glob(pattern)):
+        if not tag and not f.stem.removeprefix(f"{SCENARIO}-seed").isdigit():
+            continue  # a tagged run (another budget) is aggregated with its --tag
         d = json.loads(f.read_text())
         meta = meta or {k: v for k, v in d.items() if k != "arms"}
         for r in d["arms"]:
@@ -369,28 +400,33 @@ def aggregate(tag: str = "") -> dict[str, Any]:
                       "cpu_seconds_mean": statistics.fmean(r["cpu_seconds"] for r in rs)}
     targets: dict[str, Any] = {}
     fixed0 = [k for k in FIXED if (k, 0) in arms]
-    if fixed0 and "actuator" in summary:
+    if fixed0 and any(k in summary for k in ACTUATORS):
         pick = max(fixed0, key=lambda k: arms[(k, 0)]["final"]["acceptance"])
-        eval_seeds = [s for s in seeds if s != 0 and (pick, s) in arms and ("actuator", s) in arms]
         hindsight = max((k for k in FIXED if k in summary and summary[k]["alpha_eval_mean"] is not None),
                         key=lambda k: summary[k]["alpha_eval_mean"], default=None)
         targets["picked_on_seed_0"] = pick
         targets["best_in_hindsight_seeds_1_2"] = hindsight
-        if eval_seeds:
+        for act in (k for k in ACTUATORS if k in summary):
+            suffix = "" if act == "actuator" else f"_{act.removeprefix('actuator-')}"
+            eval_seeds = [s for s in seeds if s != 0 and (pick, s) in arms and (act, s) in arms]
+            if not eval_seeds:
+                continue
             fixed_alpha = statistics.fmean(arms[(pick, s)]["final"]["acceptance"] for s in eval_seeds)
-            act_alpha = statistics.fmean(arms[("actuator", s)]["final"]["acceptance"] for s in eval_seeds)
+            act_alpha = statistics.fmean(arms[(act, s)]["final"]["acceptance"] for s in eval_seeds)
             rel = act_alpha / fixed_alpha - 1
-            targets["alpha_gain_vs_picked"] = {"seeds": eval_seeds, "actuator": act_alpha, "picked_fixed": fixed_alpha,
-                                               "relative": rel, "target": 0.078, "met": rel >= 0.078}
+            targets[f"alpha_gain_vs_picked{suffix}"] = {
+                "arm": act, "seeds": eval_seeds, "actuator": act_alpha, "picked_fixed": fixed_alpha,
+                "relative": rel, "target": 0.078, "met": rel >= 0.078}
             # time (CPU-s on the control probe) to reach the α the picked fixed arm ends at
             ratios = []
             for s in eval_seeds:
-                fx, ac = arms[(pick, s)], arms[("actuator", s)]
+                fx, ac = arms[(pick, s)], arms[(act, s)]
                 goal = fx["trace"][-1]["acceptance"]
                 t_fx, t_ac = _time_to(fx["trace"], goal), _time_to(ac["trace"], goal)
                 ratios.append(None if t_ac is None or not t_fx else t_ac / t_fx)
-            targets["time_to_fixed_final_alpha"] = {"seeds": eval_seeds, "ratio": ratios, "target": 0.6,
-                                                    "met": all(r is not None and r <= 0.6 for r in ratios)}
+            targets[f"time_to_fixed_final_alpha{suffix}"] = {
+                "arm": act, "seeds": eval_seeds, "ratio": ratios, "target": 0.6,
+                "met": all(r is not None and r <= 0.6 for r in ratios)}
     out = {**meta, "scenario": SCENARIO, "seeds": seeds, "arms": list(arms.values()), "summary": summary}
     record_targets(out, targets)
     table = Table(title=f"{SCENARIO}: final α on held-out teacher samples, {meta.get('budget')} CPU-s per arm")
@@ -403,9 +439,9 @@ def aggregate(tag: str = "") -> dict[str, Any]:
                       f"{v['onpolicy_steps_mean']:.0f}")
     console.print(table)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{SCENARIO}.json").write_text(json.dumps(out, indent=2, default=str))
-    plot(out, RESULTS / f"{SCENARIO}.png")
-    console.print(f"wrote {RESULTS / (SCENARIO + '.json')} and {SCENARIO}.png")
+    (RESULTS / f"{SCENARIO}{tag}.json").write_text(json.dumps(out, indent=2, default=str))
+    plot(out, RESULTS / f"{SCENARIO}{tag}.png")
+    console.print(f"wrote {RESULTS / f'{SCENARIO}{tag}.json'} and {SCENARIO}{tag}.png")
     return out
 
 
@@ -428,9 +464,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     ap.add_argument("--dither", type=float, default=0.15, help="ES dither amplitude (on-policy fraction)")
     ap.add_argument("--gain", type=float, default=20.0, help="ES step per unit of estimated dα/dfraction")
     ap.add_argument("--es-step", type=float, default=0.1, help="largest move of the ES centre per decision")
-    ap.add_argument("--tag", default="", help="suffix of the per-seed result files (parts of a seed)")
+    ap.add_argument("--t-dither", type=float, default=0.15, help="actuator-T: ES dither amplitude (ln T)")
+    ap.add_argument("--t-gain", type=float, default=30.0, help="actuator-T: ES step (ln T) per unit of dα/d ln T")
+    ap.add_argument("--t-step", type=float, default=0.1, help="actuator-T: largest move of the centre (ln T)")
+    ap.add_argument("--t-bounds", type=float, nargs=2, default=(0.7, 4.0), metavar=("MIN", "MAX"),
+                    help="actuator-T: range of T")
+    ap.add_argument("--tag", default="", help="suffix of the per-seed result files; --aggregate --tag=T combines the "
+                                              "files whose suffix starts with T (T-part1, T-part2 …) into "
+                                              "draft-distill{T}.json, no tag the untagged files only")
     ap.add_argument("--aggregate", action="store_true", help="combine the per-seed files; run nothing")
     a = ap.parse_args(argv)
+    if not 0 < a.t_bounds[0] < a.t_bounds[1]:
+        ap.error(f"--t-bounds must be 0 < MIN < MAX, got {a.t_bounds[0]} {a.t_bounds[1]}")
     if a.aggregate:
         aggregate(a.tag)
         return None
@@ -440,7 +485,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     a.out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(pick_threads(a.threads))
 
-    url = start_controller(a.out) if "actuator" in a.arms else ""
+    url = start_controller(a.out) if any(k in a.arms for k in ACTUATORS) else ""
     t_start = time.time()
     setup = Setup(a)
     start = setup.measure(setup.student0)
@@ -465,7 +510,8 @@ def _save(a: argparse.Namespace, argv: list[str] | None, setup: Setup, start: di
            "probe_every": a.probe_every, "probe": {"texts": a.probe_texts, "eval_texts": a.eval_texts,
                                                    "prompt_tokens": a.probe_prompt_tokens,
                                                    "new_tokens": a.probe_new_tokens},
-           "es_policy": es_policy(a)["controllers"][0], "start": start, "arms": results,
+           "es_policy": es_policy(a)["controllers"][0],
+           "es_policy_temperature": es_policy(a, "distill_temperature")["controllers"][0], "start": start, "arms": results,
            "command": command_line("draft_distill", argv), "machine": machine(),
            "wall_seconds": time.time() - t_start}
     RESULTS.mkdir(parents=True, exist_ok=True)
