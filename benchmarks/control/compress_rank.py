@@ -580,7 +580,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
             colors.setdefault(arm["kind"], line.get_color())
             kw["color"] = colors[arm["kind"]]
             ax2.plot(steps, [t["params"] / 1e6 for t in arm["trace"]], label=label, **kw)
-            if arm["kind"] != "uniform" and not is_width(arm["kind"]):
+            if arm["kind"] != "uniform" and all("knob" in t for t in arm["trace"]):
                 ax3.plot(steps, [t["knob"] for t in arm["trace"]], label=label, **kw)
         ax1.axhline(result["budget_perplexity"], ls="--", color="black", label=f"budget (+{result['budget_pct']:g}%)")
         ax1.axhline(result["dense_perplexity"], ls=":", color="grey", label="dense")
@@ -589,8 +589,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax2.axhline(0.85 * result["dense_params"] / 1e6, ls="--", color="tab:red", alpha=0.5, label="85% of dense")
         ax2.set_title("parameters of the exported model (M)")
         ax3.set_yscale("log")
-        ax3.set_title("low-rank threshold τ on " + ("each layer's σ² shares" if result.get("allocation") == "relative"
-                                                    else "whitened σ²"))
+        lowrank = "each layer's σ² shares" if result.get("allocation") == "relative" else "whitened σ²"
+        ax3.set_title(f"threshold τ (low rank: on {lowrank}; width: on channel importance)", fontsize=9)
         for ax in (ax1, ax2, ax3):
             ax.set_xlabel("step")
             ax.legend(fontsize=7)
