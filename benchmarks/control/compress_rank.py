@@ -80,12 +80,12 @@ RANK_SWEEP = (576, 560, 544, 528, 512, 496, 480, 448, 419, 384, 320, 256)
 SHARE_SWEEP = (1.0, 0.99, 0.98, 0.97, 0.96, 0.95, 0.94, 0.92, 0.9, 0.875, 0.85, 0.8, 0.75)
 WIDTH_SHARES = (0.99, 0.98, 0.97, 0.96, 0.95, 0.94, 0.92, 0.9, 0.875, 0.85)
 LOWRANK_ARMS = ("uniform", "oneshot", "cubic", "actuator")
-WIDTH_ARMS = ("width-actuator", "width-oneshot")
+WIDTH_ARMS = ("width-actuator", "width-oneshot", "width-cubic")
 ARMS = LOWRANK_ARMS + WIDTH_ARMS
 LABELS = {"uniform": "uniform SVD-LLM (one shot)", "oneshot": "global τ (one shot)", "cubic": "global τ, cubic",
           "actuator": "Actuator PID on τ", "matched": "global τ at Actuator's size",
           "width-oneshot": "channels, global τ (one shot)", "width-actuator": "Actuator PID on channel τ",
-          "width-matched": "channels, global τ at Actuator's size"}
+          "width-matched": "channels, global τ at Actuator's size", "width-cubic": "channels, global τ, cubic"}
 KNOB = {"width": "mlp_channel_threshold", "lowrank": "compression_threshold"}
 
 
@@ -355,7 +355,12 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
     trace: list[dict[str, Any]] = []
     cb = suite = schedule = None
     if width:
-        knob.apply(arm["tau"])  # the one-shot τ, or the Actuator's starting point
+        knob.apply(arm["tau"])  # the one-shot τ, or the Actuator's / the cubic schedule's starting point
+        if kind == "width-cubic":
+            # Open-loop gradual pruning to a size fixed before the run (Zhu & Gupta's cubic in ln τ).
+            arm["tau_final"] = knob.threshold_for_params(arm["params"])
+            t_final = max(a.t_init + 1, round(a.steps * a.t_final))
+            schedule = FixedSchedule.cubic(math.log(arm["tau"]), math.log(arm["tau_final"]), a.t_init, t_final)
     elif kind == "uniform":
         knob = RankKnob(model)
         knob.apply(arm["rank"])
@@ -439,7 +444,7 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
          "final_within_budget": final_ppl <= budget, "steps_over_budget": over, "dense_layers": dense_layers,
          "layer_ranks": layer_ranks, "hotpotqa": hotpot, "export": export, "seconds": seconds,
          "refreshes": getattr(knob, "refreshes", None), "decisions": len(cb.applied) if cb is not None else None,
-         "target": {k: v for k, v in arm.items() if k in ("rank", "tau", "params", "span")}}
+         "target": {k: v for k, v in arm.items() if k in ("rank", "tau", "params", "span", "tau_final")}}
     del trainer, model
     return r
 
@@ -452,6 +457,10 @@ def run_seed(a: argparse.Namespace, seed: int, setup: Setup, offline: dict[str, 
             arm = {"kind": kind, "rank": offline["uniform_rank"], "matched_on": "perplexity budget (offline sweep)"}
         elif kind == "width-oneshot":
             arm = {"kind": kind, "tau": offline["width"]["tau_budget"], "matched_on": "perplexity budget (offline bisection)"}
+        elif kind == "width-cubic":
+            share = a.width_target
+            arm = {"kind": kind, "tau": offline["width"]["tau_start"], "params": int(share * setup.dense_params),
+                   "matched_on": f"parameter count ({100 * share:g}% of dense, --width-target)"}
         elif kind == "width-actuator":
             w = offline["width"]
             arm = {"kind": kind, "tau": w["tau_start"], "span": math.log(w["tau_85"] / w["tau_start"]),
@@ -645,6 +654,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                          "(0.25 limit-cycles once pruning is steep; `policy tune` on a recorded run proposes ~0.01)")
     ap.add_argument("--width-moves", type=float, default=10.0,
                     help="width Actuator: a decision moves ln τ by at most (99%%→85%% span) / this")
+    ap.add_argument("--width-target", type=float, default=0.85, metavar="SHARE",
+                    help="width-cubic: the share of the dense parameter count the cubic schedule ends at "
+                         "(from 99%%, over --t-init … --t-final of the run)")
     ap.add_argument("--distill", type=float, default=0.0, metavar="LAMBDA",
                     help="every arm's fine-tune distils from the dense model: loss = λ·T²·KL(dense ‖ pruned) + "
                          "(1−λ)·CE (DistillationTrainer; Minitron's recovery); 0 = cross-entropy alone")
@@ -654,6 +666,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     a = ap.parse_args(argv)
     if not 0.0 <= a.distill <= 1.0:
         ap.error(f"--distill must be in [0, 1], got {a.distill}")
+    if not 0.0 < a.width_target < 1.0:
+        ap.error(f"--width-target must be in (0, 1), got {a.width_target}")
     if a.distill_temperature <= 0:
         ap.error(f"--distill-temperature must be > 0, got {a.distill_temperature}")
     if a.aggregate:
