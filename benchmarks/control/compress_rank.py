@@ -355,6 +355,8 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
     trace: list[dict[str, Any]] = []
     cb = suite = schedule = None
     if width:
+        if "tau" not in arm:  # matched on parameter count: the threshold that leaves arm["params"]
+            arm["tau"] = knob.threshold_for_params(arm["params"])
         knob.apply(arm["tau"])  # the one-shot τ, or the Actuator's / the cubic schedule's starting point
         if kind == "width-cubic":
             # Open-loop gradual pruning to a size fixed before the run (Zhu & Gupta's cubic in ln τ).
@@ -480,10 +482,7 @@ def run_seed(a: argparse.Namespace, seed: int, setup: Setup, offline: dict[str, 
             console.print(_row_text(results[-1], setup.dense_params))
         if kind == "width-actuator" and a.match_arm:
             target = results[-1]["final_params"]
-            _, knob = setup.width_model()
-            tau = knob.threshold_for_params(target)
-            del _, knob
-            results.append(run_arm(setup, {"kind": "width-matched", "name": LABELS["width-matched"], "tau": tau,
+            results.append(run_arm(setup, {"kind": "width-matched", "name": LABELS["width-matched"],
                                            "params": target, "matched_on": "parameter count (Actuator's final)"},
                                    a, url, seed))
             console.print(_row_text(results[-1], setup.dense_params))

@@ -211,25 +211,23 @@ def make_trainer(setup: Setup, model: nn.Module, arm: dict[str, Any], a: argpars
 ACTUATORS = tuple(k for k, v in ARMS.items() if v.get("controller"))
 
 
-def es_policy(a: argparse.Namespace, knob: str = "onpolicy_fraction") -> dict[str, Any]:
-    """Extremum seeking on ``knob`` (the on-policy fraction, linear; or the distillation
-    temperature, log scale), maximising the control probe's α."""
+def es_knob(a: argparse.Namespace, knob: str) -> tuple[dict[str, Any], dict[str, float]]:
+    """The maximiser's law for ``knob`` (the on-policy fraction, linear; or the distillation
+    temperature, log scale) and the knob's limits on the agent."""
     if knob == "distill_temperature":
-        law = {"scale": "log", "dither": a.t_dither, "gain": a.t_gain, "max_step": a.t_step}
-    else:
-        law = {"dither": a.dither, "gain": a.gain, "max_step": a.es_step}
+        return ({"scale": "log", "dither": a.t_dither, "gain": a.t_gain, "max_step": a.t_step},
+                {"min": a.t_bounds[0], "max": a.t_bounds[1], "max_step": 1.0})
+    return {"dither": a.dither, "gain": a.gain, "max_step": a.es_step}, {"min": 0.0, "max": 1.0, "max_step": 0.5}
+
+
+def es_policy(a: argparse.Namespace, knob: str = "onpolicy_fraction") -> dict[str, Any]:
+    """Extremum seeking on ``knob``, maximising the control probe's α."""
     return {
         "name": f"bench-draft-distill-maximize-{knob}",
         "probes": [{"name": "draft", "every": a.probe_every}],
         "controllers": [{"name": "max-acceptance", "kind": "maximize", "probe": "draft.acceptance",
-                         "knob": knob, **law}],
+                         "knob": knob, **es_knob(a, knob)[0]}],
     }
-
-
-def knob_limits(a: argparse.Namespace, knob: str) -> dict[str, float]:
-    if knob == "distill_temperature":
-        return {"min": a.t_bounds[0], "max": a.t_bounds[1], "max_step": 1.0}
-    return {"min": 0.0, "max": 1.0, "max_step": 0.5}
 
 
 def run_arm(setup: Setup, key: str, a: argparse.Namespace, url: str, seed: int) -> dict[str, Any]:
@@ -250,10 +248,10 @@ def run_arm(setup: Setup, key: str, a: argparse.Namespace, url: str, seed: int) 
     suite = None
     if arm.get("controller"):
         turned = arm["controller"]
+        setter = {"onpolicy_fraction": knob, "distill_temperature": temperature}[turned]
         cb = ActuatorCallback(es_policy(a, turned), url=url, probes=[setup.control], budget_share=1.0,
-                              run_name=f"bench-{SCENARIO}-{key}-{seed}",
-                              setters=[temperature if turned == "distill_temperature" else knob],
-                              knobs={turned: knob_limits(a, turned)})
+                              run_name=f"bench-{SCENARIO}-{key}-{seed}", setters=[setter],
+                              knobs={turned: es_knob(a, turned)[1]})
         cb.attach(trainer)
     else:
         suite = ProbeSuite([setup.control], budget_share=1.0)
