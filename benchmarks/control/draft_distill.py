@@ -459,6 +459,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     ap.add_argument("--probe-prompt-tokens", type=int, default=16)
     ap.add_argument("--probe-new-tokens", type=int, default=24)
     ap.add_argument("--probe-every", type=int, default=2)
+    ap.add_argument("--warm-start", type=int, default=0, metavar="STEPS",
+                    help="first distil the draft off-policy (forward KL, T 1) for STEPS steps, on another data "
+                         "order, and start every arm from there: the later part of a longer run")
     ap.add_argument("--dither", type=float, default=0.15, help="ES dither amplitude (on-policy fraction)")
     ap.add_argument("--gain", type=float, default=20.0, help="ES step per unit of estimated dα/dfraction")
     ap.add_argument("--es-step", type=float, default=0.1, help="largest move of the ES centre per decision")
@@ -472,6 +475,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
                                               "draft-distill{T}.json, no tag the untagged files only")
     ap.add_argument("--aggregate", action="store_true", help="combine the per-seed files; run nothing")
     a = ap.parse_args(argv)
+    if a.warm_start < 0:
+        ap.error(f"--warm-start must be >= 0 steps, got {a.warm_start}")
     if not 0 < a.t_bounds[0] < a.t_bounds[1]:
         ap.error(f"--t-bounds must be 0 < MIN < MAX, got {a.t_bounds[0]} {a.t_bounds[1]}")
     if a.aggregate:
@@ -491,12 +496,30 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
                   f"{setup.n_student / 1e6:.1f}M; {len(setup.train)} train blocks of {a.seq_len} tokens. Start: "
                   f"α {start['acceptance']:.4f}, tokens/call {start['tokens_per_call']:.3f} "
                   f"(teacher sampling {setup.sampling_seconds:.0f} CPU-s, once)")
+    draft0 = setup.student0
     for seed in a.seeds:
         results: list[dict[str, Any]] = []
+        if a.warm_start:
+            setup.student0, start = warm_start(setup, draft0, a, seed)
         for key in a.arms:
             results.append(run_arm(setup, key, a, url, seed))
             _save(a, argv, setup, start, seed, results, t_start)
     return None
+
+
+def warm_start(setup: Setup, draft0: nn.Module, a: argparse.Namespace, seed: int) -> tuple[nn.Module, dict[str, float]]:
+    """The draft after ``a.warm_start`` off-policy forward-KL (T 1) steps from ``draft0``, on a data
+    order of its own (seed + 1000), and its measured start."""
+    model = copy.deepcopy(draft0).train()
+    warm = argparse.Namespace(**{**vars(a), "max_steps": a.warm_start})
+    trainer = make_trainer(setup, model, {**ARMS["fkl-T1"], "key": "warm-start"}, warm, seed + 1000)
+    t0 = time.process_time()
+    trainer.train()
+    model.eval()
+    start = {**setup.measure(model), "warm_start_steps": a.warm_start,
+             "warm_start_cpu_seconds": time.process_time() - t0}
+    console.print(f"seed {seed}: warm start, {a.warm_start} off-policy steps: α {start['acceptance']:.4f}")
+    return model, start
 
 
 def _save(a: argparse.Namespace, argv: list[str] | None, setup: Setup, start: dict[str, float], seed: int,
@@ -505,7 +528,7 @@ def _save(a: argparse.Namespace, argv: list[str] | None, setup: Setup, start: di
     out = {"scenario": SCENARIO, "seed": seed, "budget": a.budget, "draft_layers": a.draft_layers,
            "teacher_params": setup.n_teacher, "draft_params": setup.n_student, "lr": a.lr,
            "batch_size": a.batch_size, "seq_len": a.seq_len, "prompt_tokens": a.prompt_tokens,
-           "probe_every": a.probe_every, "probe": {"texts": a.probe_texts, "eval_texts": a.eval_texts,
+           "probe_every": a.probe_every, "warm_start": a.warm_start, "probe": {"texts": a.probe_texts, "eval_texts": a.eval_texts,
                                                    "prompt_tokens": a.probe_prompt_tokens,
                                                    "new_tokens": a.probe_new_tokens},
            "es_policy": es_policy(a)["controllers"][0],
