@@ -103,17 +103,29 @@ class KLAnchor:
             ``"<|im_start|>assistant\n"`` for SmolLM2). Given, the KL counts only the positions
             that predict a text's answer (after the template's last occurrence); the prompt before
             it is context. Texts without it (plain text) count whole. None: every position counts.
+        sampling: how anchor texts are drawn. ``"uniform"`` (default): at random, with
+            replacement. ``"drift"``: a share ``priority`` of the draws goes to texts already
+            measured, in proportion to the KL last measured on each, so the anchor returns to
+            where the model is drifting most (for a narrow task: the neighbourhood it spills
+            into); the rest stay uniform, so every text keeps being tried. No extra forward: each
+            text's KL comes from the anchor batches themselves.
+        priority: the share of prioritised draws with ``sampling="drift"``, in [0, 1].
     """
 
     def __init__(self, texts: Sequence[str], tokenizer: Any, *, weight: float = 0.0, batch_size: int = 4,
                  max_length: int = 64, top_k: int = 64, seed: int = 0, reference: Any = None,
-                 response_template: str | None = None) -> None:
+                 response_template: str | None = None, sampling: str = "uniform", priority: float = 0.5) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if max_length < 2:
             raise ValueError(f"max_length must be >= 2, got {max_length}")
         if top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {top_k}")
+        if sampling not in ("uniform", "drift"):
+            raise ValueError(f"sampling must be 'uniform' or 'drift', got {sampling!r}")
+        if not 0.0 <= float(priority) <= 1.0:
+            raise ValueError(f"priority must be in [0, 1], got {priority}")
+        self.sampling, self.priority = sampling, float(priority)
         self.batch_size, self.max_length, self.top_k = batch_size, max_length, top_k
         self.pad_id = pad_token_id(tokenizer)
         self._ids = [ids[:max_length] for ids in encode(tokenizer, check_texts(texts, "anchor texts"))]
@@ -138,6 +150,9 @@ class KLAnchor:
         self.last_weight: float | None = None  # the w the latest loss computation used
         self.last_kl: float | None = None
         self._kl_sum, self._kl_n = 0.0, 0
+        # the KL last measured on each text (None: not drawn yet); drives sampling="drift"
+        self._text_kl: list[float | None] = [None] * len(self._ids)
+        self.last_picks: list[int] = []  # the texts of the latest anchor batch
 
     # -- the knob ------------------------------------------------------------------------------
     @property
@@ -210,7 +225,8 @@ class KLAnchor:
         if self._cache is None:
             raise RuntimeError("KLAnchor.setup(model) must run before training (the reference is the model "
                                "at setup); anchor_trainer() and ActuatorCallback do it at train begin")
-        picks = [self._rng.randrange(len(self._ids)) for _ in range(self.batch_size)]
+        picks = [self._draw() for _ in range(self.batch_size)]
+        self.last_picks = picks
         device = next(model.parameters()).device
         ids, mask = pad_batch([self._ids[i] for i in picks], self.pad_id, side="right", device=device)
         width = ids.shape[1]
@@ -227,12 +243,31 @@ class KLAnchor:
         starts = torch.tensor([self._starts[i] for i in picks], device=mask.device)
         keep = mask.bool() & (torch.arange(width, device=mask.device)[None, :] >= starts[:, None])
         kl = per_pos[keep].mean()
+        with torch.no_grad():
+            per_text = (per_pos * keep).sum(-1) / keep.sum(-1).clamp_min(1)
+        for i, value_i in zip(picks, per_text.tolist()):
+            self._text_kl[i] = max(0.0, value_i)
         self.forwards += 1
         value = float(kl.detach())
         self.last_kl = value
         self._kl_sum += value
         self._kl_n += 1
         return w * kl
+
+    def _draw(self) -> int:
+        """One text index: uniform, or (``sampling="drift"``, a ``priority`` share of draws) in
+        proportion to the KL last measured on each text drawn before."""
+        if self.sampling == "drift" and self._rng.random() < self.priority:
+            seen = [(i, v) for i, v in enumerate(self._text_kl) if v is not None and v > 0]
+            total = sum(v for _, v in seen)
+            if total > 0:
+                r = self._rng.random() * total
+                for i, v in seen:
+                    r -= v
+                    if r <= 0:
+                        return i
+                return seen[-1][0]
+        return self._rng.randrange(len(self._ids))
 
     def pop_metrics(self) -> dict[str, float]:
         """``anchor/kl`` (mean since the last call, when the term ran) and ``anchor/kl_weight``."""
@@ -245,7 +280,8 @@ class KLAnchor:
     # -- checkpoint state ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {"weight": self._weight, "rng": self._rng.getstate(), "cache": self._cache,
-                "forwards": self.forwards, "top_k": self.top_k, "num_texts": len(self._ids)}
+                "forwards": self.forwards, "top_k": self.top_k, "num_texts": len(self._ids),
+                "text_kl": list(self._text_kl)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("num_texts") != len(self._ids) or state.get("top_k") != self.top_k:
@@ -255,6 +291,8 @@ class KLAnchor:
         self._rng.setstate(state["rng"])
         self._cache = state["cache"]
         self.forwards = int(state.get("forwards", 0))
+        # states saved before drift sampling existed carry no per-text KL: start unmeasured
+        self._text_kl = list(state.get("text_kl") or [None] * len(self._ids))
 
     def save(self, directory: str) -> str:
         path = os.path.join(directory, STATE_FILE)

@@ -111,7 +111,8 @@ def anchor(setup: ForgettingSetup, weight: float, seed: int, a: argparse.Namespa
 
     return KLAnchor(setup.anchor_texts, setup.tok, weight=weight, batch_size=a.anchor_batch,
                     max_length=a.anchor_length, top_k=64, seed=seed,
-                    response_template=response_template(setup.tok) if a.answers_only else None)
+                    response_template=response_template(setup.tok) if a.answers_only else None,
+                    sampling=a.anchor_sampling, priority=a.anchor_priority)
 
 
 def limit(a: argparse.Namespace) -> tuple[float, float]:
@@ -399,7 +400,8 @@ def _write_seed(a: argparse.Namespace, seed: int, base: dict[str, float], result
     out = {"scenario": SCENARIO, "seed": seed, "steps": a.steps, "lr": a.lr, "budget": a.budget,
            "controller": constraint_policy(a)["controllers"][0], "anchor_batch": a.anchor_batch,
            "anchor_length": a.anchor_length, "anchor_topics": a.anchor_topics,
-           "answers_only": a.answers_only, "open_cut_answers": a.open_cut_answers, "start": base, "arms": results, "machine": machine(),
+           "answers_only": a.answers_only, "open_cut_answers": a.open_cut_answers,
+           "anchor_sampling": a.anchor_sampling, "anchor_priority": a.anchor_priority, "start": base, "arms": results, "machine": machine(),
            "wall_seconds": time.time() - t_start, "command": command_line("forgetting", a.argv),
            "tuning": tuning or []}
     (a.results / f"{SCENARIO}-seed{seed}{a.tag}.json").write_text(json.dumps(out, indent=2, default=str))
@@ -590,6 +592,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--open-cut-answers", action="store_true",
                     help="no end-of-turn after an anchor answer cut at 40 tokens (the library default; the "
                          "3-seed tables were measured closing them)")
+    ap.add_argument("--anchor-sampling", choices=["uniform", "drift"], default="uniform",
+                    help="how anchor texts are drawn: uniform, or drift (a share --anchor-priority in proportion to "
+                         "each text's last measured KL)")
+    ap.add_argument("--anchor-priority", type=float, default=0.5, help="share of drift-prioritised anchor draws")
     ap.add_argument("--answers-only", action="store_true",
                     help="the anchor's KL on answer positions only (KLAnchor response_template)")
     ap.add_argument("--hotpot", type=int, default=6, help="HotpotQA records in the capability evaluation")
@@ -606,7 +612,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    a = parser().parse_args(argv)
+    ap = parser()
+    a = ap.parse_args(argv)
+    if not 0.0 <= a.anchor_priority <= 1.0:
+        ap.error(f"--anchor-priority must be in [0, 1], got {a.anchor_priority}")
     a.argv = argv
     if a.aggregate:
         aggregate(a.tag, a.results)

@@ -267,3 +267,39 @@ def test_self_answers_close_finished_answers_only(char_tokenizer):
     assert cut.startswith("u:hi|a:") and not cut.endswith("|") and len(cut) > len("u:hi|a:") + 1
     [closed] = self_answers(model, tok, ["hi"], max_new_tokens=6, close_cut=True)  # the earlier behaviour
     assert closed.endswith("|") and closed.startswith(cut[:-1].rstrip())
+
+
+def test_drift_sampling_returns_to_the_texts_that_drift_and_survives_a_checkpoint(char_tokenizer):
+    """``sampling="drift"`` draws measured texts in proportion to their last KL: after the model
+    changes on one text only, that text takes most of the draws; uniform sampling does not."""
+    texts = ["aaaa aaaa aaaa", "zzzz zzzz zzzz"]
+    model = tiny_llama(seed=0)
+    drift = KLAnchor(texts, char_tokenizer, weight=1.0, batch_size=1, max_length=16, top_k=128, seed=0,
+                     sampling="drift", priority=0.9)
+    uniform = KLAnchor(texts, char_tokenizer, weight=1.0, batch_size=1, max_length=16, top_k=128, seed=0)
+    for a in (drift, uniform):
+        a.setup(model)
+    with torch.no_grad():  # move the model on the 'a' text only: its embedding row
+        model.get_input_embeddings().weight[char_tokenizer("a")["input_ids"][-1]] += 3.0
+    counts = {"drift": [0, 0], "uniform": [0, 0]}
+    with torch.no_grad():
+        for _ in range(60):
+            for name, a in (("drift", drift), ("uniform", uniform)):
+                a.loss(model)
+                counts[name][a.last_picks[0]] += 1
+    kl = drift.state_dict()["text_kl"]
+    assert kl[0] > 10 * kl[1]  # the measured per-text KL: the moved text drifts
+    assert counts["drift"][0] >= 48  # ~0.9 x share of the KL + 0.1 x uniform ≈ 0.95 of 60
+    assert 18 <= counts["uniform"][0] <= 42
+    # the per-text KL is checkpoint state: a restored anchor draws the same texts next
+    restored = KLAnchor(texts, char_tokenizer, weight=1.0, batch_size=1, max_length=16, top_k=128, seed=0,
+                        sampling="drift", priority=0.9)
+    restored.load_state_dict(drift.state_dict())
+    with torch.no_grad():
+        picks = [(drift.loss(model), drift.last_picks[0])[1] for _ in range(10)]
+        again = [(restored.loss(model), restored.last_picks[0])[1] for _ in range(10)]
+    assert picks == again
+    with pytest.raises(ValueError, match="sampling"):
+        KLAnchor(texts, char_tokenizer, sampling="kl")
+    with pytest.raises(ValueError, match="priority"):
+        KLAnchor(texts, char_tokenizer, sampling="drift", priority=1.5)
