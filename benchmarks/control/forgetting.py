@@ -45,7 +45,7 @@ from benchmarks.control._common import (
     scenario_args, start_controller, tune_summary,
 )
 from benchmarks.control._common import identify_and_tune as _identify_and_tune
-from benchmarks.control.sft_drift import GENERAL_PROMPTS, Setup, make_trainer
+from benchmarks.control.sft_drift import GENERAL_PROMPTS, Setup, collator, make_trainer
 
 import torch  # noqa: E402
 
@@ -57,8 +57,9 @@ SCENARIO = "forgetting"
 class ForgettingSetup(Setup):
     """sft-drift's model, data and probes, plus the anchor set, embedding drift and the references."""
 
-    def __init__(self, seed: int, hotpot_records: int, anchor_topics: int = 0, close_cut: bool = True) -> None:
-        super().__init__(seed, hotpot_records)
+    def __init__(self, seed: int, hotpot_records: int, anchor_topics: int = 0, close_cut: bool = True,
+                 completion_only: bool = False) -> None:
+        super().__init__(seed, hotpot_records, completion_only)
         from actuator.agents.probes import EmbeddingDrift
 
         self.embedding = EmbeddingDrift(GENERAL_PROMPTS, self.tok, every=None, max_new_tokens=24,
@@ -144,7 +145,7 @@ def lr_pid_policy(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def build_trainer(setup: ForgettingSetup, arm: dict[str, Any], a: argparse.Namespace, seed: int) -> tuple[Any, Any]:
-    from transformers import DataCollatorForLanguageModeling, Trainer
+    from transformers import Trainer
 
     from actuator.agents.anchor import anchor_trainer
 
@@ -164,12 +165,13 @@ def build_trainer(setup: ForgettingSetup, arm: dict[str, Any], a: argparse.Names
         from datasets import Dataset
 
         n = len(setup.train) // 3  # 1 in 4 of the mixed set is general data
-        rep = Dataset.from_dict({"input_ids": [general["input_ids"][i % len(setup.anchor_texts)] for i in range(n)],
-                                 "attention_mask": [general["attention_mask"][i % len(setup.anchor_texts)]
-                                                    for i in range(n)]})
-        mixed = concatenate_datasets([setup.train, rep]).shuffle(seed=seed)
+        columns = {"input_ids": [general["input_ids"][i % len(setup.anchor_texts)] for i in range(n)],
+                   "attention_mask": [general["attention_mask"][i % len(setup.anchor_texts)] for i in range(n)]}
+        if "labels" in setup.train.column_names:  # --completion-only: replayed text counts whole
+            columns["labels"] = [list(ids) for ids in columns["input_ids"]]
+        mixed = concatenate_datasets([setup.train, Dataset.from_dict(columns)]).shuffle(seed=seed)
         trainer = Trainer(model=setup.model, args=trainer.args, train_dataset=mixed,
-                          data_collator=DataCollatorForLanguageModeling(setup.tok, mlm=False))
+                          data_collator=collator(setup.tok, mixed))
         _quiet(trainer)
     elif kind == "lora":
         from peft import LoraConfig, get_peft_model
@@ -360,7 +362,7 @@ def run_seeds(a: argparse.Namespace) -> None:
     for seed in a.seeds:
         t_start = time.time()
         setup = ForgettingSetup(seed, hotpot_records=a.hotpot, anchor_topics=a.anchor_topics,
-                                close_cut=not a.open_cut_answers)
+                                close_cut=not a.open_cut_answers, completion_only=a.completion_only)
         base_trainer = make_trainer(setup, "base", a.lr, 1, seed, a.out)
         base = setup.capability(base_trainer)
         a.start_ppl = base["perplexity"]
@@ -401,7 +403,7 @@ def _write_seed(a: argparse.Namespace, seed: int, base: dict[str, float], result
            "controller": constraint_policy(a)["controllers"][0], "anchor_batch": a.anchor_batch,
            "anchor_length": a.anchor_length, "anchor_topics": a.anchor_topics,
            "answers_only": a.answers_only, "open_cut_answers": a.open_cut_answers,
-           "anchor_sampling": a.anchor_sampling, "anchor_priority": a.anchor_priority, "start": base, "arms": results, "machine": machine(),
+           "completion_only": a.completion_only, "anchor_sampling": a.anchor_sampling, "anchor_priority": a.anchor_priority, "start": base, "arms": results, "machine": machine(),
            "wall_seconds": time.time() - t_start, "command": command_line("forgetting", a.argv),
            "tuning": tuning or []}
     (a.results / f"{SCENARIO}-seed{seed}{a.tag}.json").write_text(json.dumps(out, indent=2, default=str))
@@ -596,6 +598,9 @@ def parser() -> argparse.ArgumentParser:
                     help="how anchor texts are drawn: uniform, or drift (a share --anchor-priority in proportion to "
                          "each text's last measured KL)")
     ap.add_argument("--anchor-priority", type=float, default=0.5, help="share of drift-prioritised anchor draws")
+    ap.add_argument("--completion-only", action="store_true",
+                    help="the task loss counts the answers only (TRL SFTTrainer's prompt-completion default); "
+                         "without it every token of the chat text counts, the request included")
     ap.add_argument("--answers-only", action="store_true",
                     help="the anchor's KL on answer positions only (KLAnchor response_template)")
     ap.add_argument("--hotpot", type=int, default=6, help="HotpotQA records in the capability evaluation")

@@ -56,22 +56,38 @@ WORDS = ("apple river candle mountain window garden silver rocket planet forest 
          "canyon beacon walnut quartz ember willow").split()
 
 
-def task_dataset(tok: Any, n: int, seed: int, max_length: int = 64) -> Any:
+def task_dataset(tok: Any, n: int, seed: int, max_length: int = 64, completion_only: bool = False) -> Any:
+    """``n`` chat examples of the task. ``completion_only``: a ``labels`` column that counts the
+    answer only (the system prompt and the request are context, -100), as TRL's SFTTrainer does
+    for prompt-completion data; without it the loss counts every token."""
     from datasets import Dataset
 
     rng = random.Random(seed)
-    texts = []
+    texts, prompt_lengths = [], []
     for _ in range(n):
         w = rng.choice(WORDS)
         texts.append(chat(tok, f"Reverse the word: {w}", "-".join(reversed(w))))
+        prompt_lengths.append(len(tok(chat(tok, f"Reverse the word: {w}"), add_special_tokens=False)["input_ids"]))
     enc = tok(texts, truncation=True, max_length=max_length)
-    return Dataset.from_dict({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
+    columns = {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+    if completion_only:
+        columns["labels"] = [[-100] * min(k, len(ids)) + ids[k:] for ids, k in zip(enc["input_ids"], prompt_lengths)]
+    return Dataset.from_dict(columns)
+
+
+def collator(tok: Any, dataset: Any) -> Any:
+    """Pads a batch; labels are the inputs, or the dataset's own ``labels`` (completion-only) padded with -100."""
+    from transformers import DataCollatorForLanguageModeling, DataCollatorForSeq2Seq
+
+    if "labels" in dataset.column_names:
+        return DataCollatorForSeq2Seq(tok, padding=True, label_pad_token_id=-100)
+    return DataCollatorForLanguageModeling(tok, mlm=False)
 
 
 class Setup:
     """The model, data and probes every arm shares."""
 
-    def __init__(self, seed: int, hotpot_records: int) -> None:
+    def __init__(self, seed: int, hotpot_records: int, completion_only: bool = False) -> None:
         from actuator.agents.models import load_smollm2
         from actuator.agents.probes import HotpotQA, KLDrift, Perplexity
 
@@ -79,8 +95,8 @@ class Setup:
             # answers must learn to end: pad with <|endoftext|>, not the end-of-turn token
             self.model, self.tok = load_smollm2(pad_with_endoftext=True)
         self.base = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        self.train = task_dataset(self.tok, 400, seed)
-        self.heldout = task_dataset(self.tok, 32, seed + 1000)
+        self.train = task_dataset(self.tok, 400, seed, completion_only=completion_only)
+        self.heldout = task_dataset(self.tok, 32, seed + 1000, completion_only=completion_only)
         self.drift_prompts = [chat(self.tok, q) for q in GENERAL_PROMPTS]
         self.ppl = Perplexity(GENERAL_TEXT, self.tok, every=None, batch_size=4)
         self.hotpot = HotpotQA(None, self.tok, every=None, max_examples=hotpot_records, max_new_tokens=8)
@@ -118,7 +134,7 @@ class Setup:
 
 
 def make_trainer(setup: Setup, name: str, lr: float, steps: int, seed: int, out: Path) -> Any:
-    from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments
+    from transformers import Trainer, TrainingArguments
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     torch.manual_seed(seed)
@@ -128,7 +144,7 @@ def make_trainer(setup: Setup, name: str, lr: float, steps: int, seed: int, out:
         seed=seed, disable_tqdm=True, dataloader_num_workers=0, weight_decay=0.0, per_device_eval_batch_size=8,
     )
     trainer = Trainer(model=setup.model, args=args, train_dataset=setup.train,
-                      data_collator=DataCollatorForLanguageModeling(setup.tok, mlm=False))
+                      data_collator=collator(setup.tok, setup.train))
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
     return trainer
