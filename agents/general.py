@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["PROBE_PROMPTS", "PROBE_TEXTS", "ANCHOR_PROMPTS", "ANCHOR_TEXTS", "chat", "self_answers", "anchor_set",
-           "topic_prompts", "response_template"]
+           "topic_prompts", "response_template", "reading_set"]
 
 PROBE_PROMPTS = [
     "What is the capital of France?", "Explain in one sentence why the sky is blue.",
@@ -121,30 +121,37 @@ def self_answers(model: Any, tokenizer: Any, prompts: list[str], *, max_new_toke
     a cut-off answer does not (closing it would put an end-of-turn where the model never ends).
     ``close_cut=True`` closes every answer, as this function did before: the forgetting benchmark's
     3-seed tables and the demo's figures were measured with it."""
+    texts = [chat(tokenizer, p) for p in prompts]
+    out = []
+    for p, text, (answer, finished) in zip(prompts, texts, _continue(model, tokenizer, texts, max_new_tokens, batch_size)):
+        out.append(chat(tokenizer, p, answer.strip()) if finished or close_cut else text + answer)
+    return out
+
+
+def _continue(model: Any, tokenizer: Any, texts: list[str], max_new_tokens: int,
+              batch_size: int) -> list[tuple[str, bool]]:
+    """The model's greedy continuation of each rendered prompt, and whether it ended its turn."""
     import torch
 
     was_training, side = model.training, tokenizer.padding_side
     model.eval()
     tokenizer.padding_side = "left"
     ends = _end_ids(model, tokenizer)
-    out_texts = []
+    out: list[tuple[str, bool]] = []
     try:
         with torch.no_grad():
-            for i in range(0, len(prompts), batch_size):
-                batch = prompts[i:i + batch_size]
-                enc = tokenizer([chat(tokenizer, p) for p in batch], return_tensors="pt", padding=True,
+            for i in range(0, len(texts), batch_size):
+                enc = tokenizer(texts[i:i + batch_size], return_tensors="pt", padding=True,
                                 add_special_tokens=False).to(next(model.parameters()).device)
-                out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
+                gen = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
                                      pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
-                new = out[:, enc["input_ids"].shape[1]:]
+                new = gen[:, enc["input_ids"].shape[1]:]
                 answers = tokenizer.batch_decode(new, skip_special_tokens=True)
-                for p, a, ids in zip(batch, answers, new.tolist()):
-                    finished = any(t in ends for t in ids)
-                    out_texts.append(chat(tokenizer, p, a.strip()) if finished or close_cut else chat(tokenizer, p) + a)
+                out += [(a, any(t in ends for t in ids)) for a, ids in zip(answers, new.tolist())]
     finally:
         tokenizer.padding_side = side
         model.train(was_training)
-    return out_texts
+    return out
 
 
 def _end_ids(model: Any, tokenizer: Any) -> set[int]:
@@ -179,3 +186,37 @@ def anchor_set(model: Any, tokenizer: Any, *, topics: int = 0, max_new_tokens: i
     prompts = list(ANCHOR_PROMPTS) + topic_prompts(topics)
     return self_answers(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
                         close_cut=close_cut) + list(ANCHOR_TEXTS)
+
+
+def _turn_end(tokenizer: Any) -> str:
+    """What the chat template puts after an assistant answer (``"<|im_end|>\n"`` for SmolLM2)."""
+    closed, open_ = chat(tokenizer, "x", "y"), chat(tokenizer, "x") + "y"
+    return closed[len(open_):] if closed.startswith(open_) else ""
+
+
+def reading_set(model: Any, tokenizer: Any, *, n: int = 24, seed: int = 1, max_prompt_tokens: int = 192,
+                max_new_tokens: int = 16, records: list[dict] | None = None) -> list[str]:
+    """Reading-comprehension anchor texts: ``n`` multi-hop questions in the HotpotQA probe's own
+    prompt format (its instruction, the paragraphs cut to ``max_prompt_tokens``: distractors go
+    first, so the two gold paragraphs stay), each with the model's own greedy answer.
+
+    By default the records come from a synthetic world of another ``seed`` than the probe's
+    shipped set (seed 0), and any record sharing a paragraph title with the shipped set is left
+    out: the anchor reads the way the probe asks, about entities the probe never shows. Pass
+    ``records`` (official-format dicts) to anchor on your own reading data instead."""
+    from actuator.agents.probes import build_prompt, generate_synthetic_hotpotqa, load_hotpotqa
+
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    if records is None:
+        shipped = {title for r in load_hotpotqa(None) for title, _ in r["context"]}
+        size = max(n, 40)  # one pool for every n <= 40: a smaller n takes a prefix of the same records
+        records = [r for r in generate_synthetic_hotpotqa(n_bridge=size, n_comparison=size, seed=seed)
+                   if not {title for title, _ in r["context"]} & shipped]
+    records = records[:n]
+    if len(records) < n:
+        raise ValueError(f"n: only {len(records)} reading records available, asked for {n}")
+    prompts = [build_prompt(r, tokenizer, max_prompt_tokens=max_prompt_tokens).text for r in records]
+    end = _turn_end(tokenizer)
+    return [text + (answer.strip() + end if finished else answer)
+            for text, (answer, finished) in zip(prompts, _continue(model, tokenizer, prompts, max_new_tokens, 4))]

@@ -58,7 +58,7 @@ class ForgettingSetup(Setup):
     """sft-drift's model, data and probes, plus the anchor set, embedding drift and the references."""
 
     def __init__(self, seed: int, hotpot_records: int, anchor_topics: int = 0, close_cut: bool = True,
-                 completion_only: bool = False) -> None:
+                 completion_only: bool = False, anchor_reading: int = 0) -> None:
         super().__init__(seed, hotpot_records, completion_only)
         from actuator.agents.probes import EmbeddingDrift
 
@@ -66,6 +66,15 @@ class ForgettingSetup(Setup):
                                         reference=self._base_model())
         with console.status(f"anchor set: the starting model's own answers to {len(ANCHOR_PROMPTS) + anchor_topics} general prompts, and {len(ANCHOR_TEXTS)} plain sentences…"):
             self.anchor_texts = anchor_set(self.model, self.tok, topics=anchor_topics, close_cut=close_cut)
+        self.reading_length = 0  # the longest reading text's tokens: the anchor keeps them whole
+        if anchor_reading:
+            from actuator.agents.general import reading_set
+
+            with console.status(f"anchor set: the starting model's own answers to {anchor_reading} reading questions "
+                                "(another synthetic world than the HotpotQA probe's)…"):
+                reading = reading_set(self.model, self.tok, n=anchor_reading)
+            self.reading_length = max(len(self.tok(t, add_special_tokens=False)["input_ids"]) for t in reading)
+            self.anchor_texts += reading
 
     def drift_probe(self, every: int | None, reference: Any = None) -> Any:
         return self.KLDrift(self.drift_prompts, self.tok, every=every, max_length=96, reference=reference)
@@ -111,7 +120,7 @@ def anchor(setup: ForgettingSetup, weight: float, seed: int, a: argparse.Namespa
     from actuator.agents.general import response_template
 
     return KLAnchor(setup.anchor_texts, setup.tok, weight=weight, batch_size=a.anchor_batch,
-                    max_length=a.anchor_length, top_k=64, seed=seed,
+                    max_length=max(a.anchor_length, setup.reading_length), top_k=64, seed=seed,
                     response_template=response_template(setup.tok) if a.answers_only else None,
                     sampling=a.anchor_sampling, priority=a.anchor_priority)
 
@@ -161,7 +170,7 @@ def build_trainer(setup: ForgettingSetup, arm: dict[str, Any], a: argparse.Names
     elif kind == "replay":
         from datasets import concatenate_datasets
 
-        general = setup.tok(setup.anchor_texts, truncation=True, max_length=64)
+        general = setup.tok(setup.anchor_texts, truncation=True, max_length=max(64, setup.reading_length))
         from datasets import Dataset
 
         n = len(setup.train) // 3  # 1 in 4 of the mixed set is general data
@@ -362,7 +371,8 @@ def run_seeds(a: argparse.Namespace) -> None:
     for seed in a.seeds:
         t_start = time.time()
         setup = ForgettingSetup(seed, hotpot_records=a.hotpot, anchor_topics=a.anchor_topics,
-                                close_cut=not a.open_cut_answers, completion_only=a.completion_only)
+                                close_cut=not a.open_cut_answers, completion_only=a.completion_only,
+                                anchor_reading=a.anchor_reading)
         base_trainer = make_trainer(setup, "base", a.lr, 1, seed, a.out)
         base = setup.capability(base_trainer)
         a.start_ppl = base["perplexity"]
@@ -401,7 +411,7 @@ def _write_seed(a: argparse.Namespace, seed: int, base: dict[str, float], result
     a.results.mkdir(parents=True, exist_ok=True)
     out = {"scenario": SCENARIO, "seed": seed, "steps": a.steps, "lr": a.lr, "budget": a.budget,
            "controller": constraint_policy(a)["controllers"][0], "anchor_batch": a.anchor_batch,
-           "anchor_length": a.anchor_length, "anchor_topics": a.anchor_topics,
+           "anchor_length": a.anchor_length, "anchor_topics": a.anchor_topics, "anchor_reading": a.anchor_reading,
            "answers_only": a.answers_only, "open_cut_answers": a.open_cut_answers,
            "completion_only": a.completion_only, "anchor_sampling": a.anchor_sampling, "anchor_priority": a.anchor_priority, "start": base, "arms": results, "machine": machine(),
            "wall_seconds": time.time() - t_start, "command": command_line("forgetting", a.argv),
@@ -591,6 +601,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--anchor-length", type=int, default=64)
     ap.add_argument("--anchor-topics", type=int, default=0,
                     help="extra anchor prompts from general topics (actuator.agents.general.topic_prompts)")
+    ap.add_argument("--anchor-reading", type=int, default=0,
+                    help="extra anchor texts: reading questions in the HotpotQA probe's format about another synthetic "
+                         "world, with the starting model's own answers (actuator.agents.general.reading_set); "
+                         "kept whole (~200 tokens) whatever --anchor-length")
     ap.add_argument("--open-cut-answers", action="store_true",
                     help="no end-of-turn after an anchor answer cut at 40 tokens (the library default; the "
                          "3-seed tables were measured closing them)")

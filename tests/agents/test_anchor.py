@@ -303,3 +303,42 @@ def test_drift_sampling_returns_to_the_texts_that_drift_and_survives_a_checkpoin
         KLAnchor(texts, char_tokenizer, sampling="kl")
     with pytest.raises(ValueError, match="priority"):
         KLAnchor(texts, char_tokenizer, sampling="drift", priority=1.5)
+
+
+def test_reading_set_asks_the_probes_way_about_entities_the_probe_never_shows(char_tokenizer):
+    """Reading anchor texts: the HotpotQA probe's own prompt (instruction, gold paragraphs kept,
+    distractors cut first) with the model's own answer; no paragraph title of the shipped probe set."""
+    import copy
+
+    from actuator.agents.general import reading_set
+    from actuator.agents.probes import build_prompt, generate_synthetic_hotpotqa, load_hotpotqa
+
+    tok = copy.deepcopy(char_tokenizer)
+    tok.chat_template = ("{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}|{% endfor %}"
+                         "{% if add_generation_prompt %}a:{% endif %}")
+    model = tiny_llama(seed=0)
+    model.generation_config.eos_token_id = 3  # <unk>: never generated, every answer is cut
+    texts = reading_set(model, tok, n=3, max_prompt_tokens=600, max_new_tokens=5)
+    records = generate_synthetic_hotpotqa(n_bridge=40, n_comparison=40, seed=1)[:3]
+    shipped = {title for r in load_hotpotqa(None) for title, _ in r["context"]}
+    assert len(texts) == 3
+    for text, record in zip(texts, records):
+        prompt = build_prompt(record, tok, max_prompt_tokens=600)
+        assert text.startswith(prompt.text) and prompt.text.endswith("a:")
+        assert f"Question: {record['question']}" in text and len(prompt.ids) <= 600
+        gold = {t for t, _ in record["supporting_facts"]}
+        assert all(f"{t}: " in prompt.text for t in gold)  # the paragraphs the question needs stay
+        assert not any(f"{t}: " in text for t in shipped)
+        enc = tok(prompt.text, return_tensors="pt", add_special_tokens=False)
+        own = model.generate(**enc, max_new_tokens=5, do_sample=False, pad_token_id=0)[0, enc["input_ids"].shape[1]:]
+        assert text[len(prompt.text):] == tok.decode(own, skip_special_tokens=True)  # cut: not closed
+    first = int(model.generate(**tok(texts[0][:texts[0].rindex("a:") + 2], return_tensors="pt",
+                                     add_special_tokens=False), max_new_tokens=1, do_sample=False,
+                                pad_token_id=0)[0, -1])
+    model.generation_config.eos_token_id = first  # the model now ends its answer at once: closed with "|"
+    [ended] = reading_set(model, tok, n=1, max_prompt_tokens=600, max_new_tokens=5)
+    assert ended.endswith("|") and ended.startswith(texts[0][:texts[0].rindex("a:") + 2])
+    with pytest.raises(ValueError, match="n: only 1 reading records"):
+        reading_set(model, tok, n=2, records=records[:1], max_prompt_tokens=600)
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        reading_set(model, tok, n=0)
