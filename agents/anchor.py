@@ -243,10 +243,11 @@ class KLAnchor:
         starts = torch.tensor([self._starts[i] for i in picks], device=mask.device)
         keep = mask.bool() & (torch.arange(width, device=mask.device)[None, :] >= starts[:, None])
         kl = per_pos[keep].mean()
-        with torch.no_grad():
-            per_text = (per_pos * keep).sum(-1) / keep.sum(-1).clamp_min(1)
-        for i, value_i in zip(picks, per_text.tolist()):
-            self._text_kl[i] = max(0.0, value_i)
+        if self.sampling == "drift":  # the per-text KL only drift sampling reads: no work on the step otherwise
+            with torch.no_grad():
+                per_text = (per_pos * keep).sum(-1) / keep.sum(-1).clamp_min(1)
+            for i, value_i in zip(picks, per_text.tolist()):
+                self._text_kl[i] = max(0.0, value_i)
         self.forwards += 1
         value = float(kl.detach())
         self.last_kl = value

@@ -1,6 +1,6 @@
 """forgetting, gold token by token: where the HotpotQA gold-answer log-prob is lost, and whether a
-strong anchor with reading texts keeps it (BENCHMARKS.md, forgetting, "Completion-only loss and
-the reading anchor").
+strong anchor with reading texts keeps it (BENCHMARKS.md, forgetting, "Completion-only loss, a KL
+budget, and a reading anchor").
 
 Seed 0, the whole-text task loss: the start, the open loop at 9e-5 and a fixed anchor weight
 w = 2 over the shipped anchor plus 24 reading texts (``--anchor-reading 24``). For each of the 6
@@ -21,6 +21,8 @@ import torch.nn.functional as F
 from benchmarks.control import forgetting as fg
 from benchmarks.control._common import RESULTS
 
+from actuator.agents.probes._hotpotqa import DEFAULT_MAX_PROMPT
+
 OUT = RESULTS / "forgetting-reading" / "gold-tokens-seed0.json"
 
 
@@ -28,7 +30,7 @@ def per_token(setup: fg.ForgettingSetup) -> list[dict[str, Any]]:
     hp, rows = setup.hotpot, []
     setup.model.eval()
     for i in hp._selection(len(hp.records), hp.max_examples):
-        prompt, gold = hp._prompt(i, 2048)
+        prompt, gold = hp._prompt(i, DEFAULT_MAX_PROMPT)  # the probe's own prompt and gold ids
         with torch.no_grad():
             logits = setup.model(input_ids=torch.tensor([prompt.ids + gold])).logits[0, len(prompt.ids) - 1:-1]
             lp = F.log_softmax(logits.float(), -1).gather(-1, torch.tensor(gold)[:, None])[:, 0].tolist()

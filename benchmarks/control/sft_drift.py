@@ -67,7 +67,8 @@ def task_dataset(tok: Any, n: int, seed: int, max_length: int = 64, completion_o
     for _ in range(n):
         w = rng.choice(WORDS)
         texts.append(chat(tok, f"Reverse the word: {w}", "-".join(reversed(w))))
-        prompt_lengths.append(len(tok(chat(tok, f"Reverse the word: {w}"), add_special_tokens=False)["input_ids"]))
+        if completion_only:
+            prompt_lengths.append(len(tok(chat(tok, f"Reverse the word: {w}"), add_special_tokens=False)["input_ids"]))
     enc = tok(texts, truncation=True, max_length=max_length)
     columns = {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
     if completion_only:
