@@ -46,6 +46,7 @@ KNOWN_PROBES = frozenset(
     {
         "perplexity",
         "kl_drift",
+        "answer_kl",
         "policy_kl",
         "embedding_drift",
         "answer_agreement",
@@ -65,6 +66,7 @@ KNOWN_KNOBS = frozenset({"learning_rate", "kl_beta", "distill_lambda", "rank", "
 PROBE_RANGES: dict[str, tuple[float, float]] = {
     "perplexity": (1.0, math.inf),
     "kl_drift": (0.0, math.inf),
+    "answer_kl": (0.0, math.inf),
     "policy_kl": (0.0, math.inf),
     "embedding_drift": (0.0, 2.0),
     "answer_agreement": (0.0, 1.0),
@@ -458,7 +460,7 @@ def load_preset(name: str) -> PolicyDocument:
 
 # Probes where higher is better get a lower bound; drift-like probes an upper bound.
 _HIGHER_IS_BETTER = ("hotpotqa.", "draft.", "answer_agreement")
-_DRIFT = ("kl_drift", "policy_kl", "embedding_drift")
+_DRIFT = ("kl_drift", "answer_kl", "policy_kl", "embedding_drift")
 
 
 def protect_policy(
@@ -473,7 +475,7 @@ def protect_policy(
     anchor: bool = False,
 ) -> PolicyDocument:
     """The one-line form: ``{"hotpotqa.gold_logprob": "-5%", "kl_drift": 0.1}`` → a policy with
-    one guardrail per entry. Drift probes (``kl_drift``, ``embedding_drift``) get an upper bound
+    one guardrail per entry. Drift probes (``kl_drift``, ``answer_kl``, ``policy_kl``, ``embedding_drift``) get an upper bound
     and the ``on_drift`` action; other probes get ``on_breach``. Probes where higher is better
     (HotpotQA, draft acceptance, agreement) are protected from below, the rest from above.
     ``adjust`` and ``rollback`` scale ``knob`` by ``factor``.

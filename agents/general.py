@@ -2,6 +2,9 @@
 
 - ``PROBE_PROMPTS`` (8 general chat questions) and ``PROBE_TEXTS`` (8 sentences): held-out sets
   for drift, embedding-drift and perplexity probes.
+- ``CONTROL_PROMPTS`` (12 more general chat requests, 4 of them acting on a quoted word): for the
+  probe a controller holds within a budget (:class:`actuator.agents.probes.AnswerKL`), so the
+  held-out ``PROBE_PROMPTS`` stay a judge the controller never sees.
 - ``ANCHOR_PROMPTS`` (52 other general chat requests, 12 of them acting on a quoted word) and ``ANCHOR_TEXTS`` (20 other plain
   sentences): for a KL anchor (:class:`actuator.agents.anchor.KLAnchor`), the prompts with the
   starting model's own answers (:func:`self_answers`; :func:`anchor_set` builds both). Disjoint
@@ -17,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["PROBE_PROMPTS", "PROBE_TEXTS", "ANCHOR_PROMPTS", "ANCHOR_TEXTS", "chat", "self_answers", "anchor_set",
-           "topic_prompts", "response_template", "reading_set"]
+           "topic_prompts", "response_template", "reading_set", "CONTROL_PROMPTS"]
 
 PROBE_PROMPTS = [
     "What is the capital of France?", "Explain in one sentence why the sky is blue.",
@@ -100,7 +103,17 @@ REQUEST_SHAPES = (
     "Tell me about {}.", "Tell me one interesting fact about {}.", "Explain {} to a child in one sentence.",
     "Write a short sentence about {}.", "What should everyone know about {}?",
 )
+# The controller's own probe set: neither the held-out judge's nor the anchor's (three disjoint sets,
+# so the anchor cannot pass the controller's probe by anchoring on it, nor the controller the judge's).
+CONTROL_PROMPTS = [
+    "What is the capital of Canada?", "Why do cats purr?", "Write a short thank-you note to a neighbour.",
+    "How many sides does a hexagon have?", "Name two fruits that are yellow.", "What does a barometer measure?",
+    "Give one tip for learning a new language.", "Describe autumn in one sentence.",
+    "Translate 'good night' into French.", "Write the word 'garden' in capital letters.",
+    "What is the plural of 'child'?", "Use the word 'quiet' in a short sentence.",
+]
 assert not set(ANCHOR_PROMPTS) & set(PROBE_PROMPTS)
+assert not set(CONTROL_PROMPTS) & (set(PROBE_PROMPTS) | set(ANCHOR_PROMPTS))
 assert not set(ANCHOR_TEXTS) & set(PROBE_TEXTS)
 
 

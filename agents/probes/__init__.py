@@ -16,6 +16,9 @@ Perplexity             ``perplexity``: exp(mean token NLL),            1 forward
                        window past ``max_length``
 KLDrift                ``kl_drift``: mean token KL(ref ‖ current)      2 forward passes;
 (``kl_drift``)         over the prompts' non-padding positions         0.28 s / prompt
+AnswerKL               ``answer_kl``: mean token KL(ref ‖ current)     2 forward passes over
+(``answer_kl``)        over the first k tokens of the reference's own  prompt + k tokens (the
+                       greedy answers (where a format takeover shows)  answers made once)
 PolicyKL               ``policy_kl``: mean token KL(current ‖ ref)     sampling + 2 forward
 (``policy_kl``)        over the current model's own sampled answers    passes (online RL's KL)
 DraftAcceptance        ``draft.acceptance`` α = E Σ_v min(p, q) on     teacher samples drawn once,
@@ -58,7 +61,7 @@ field, ``ProbeSetupError`` for a missing reference); data errors are raised at c
 from ._base import Probe
 from ._common import probe_mode
 from ._draft import DraftAcceptance, acceptance_rate, expected_tokens_per_call, sample_continuations
-from ._drift import EmbeddingDrift, KLDrift, PolicyKL, load_minilm, token_kl
+from ._drift import AnswerKL, EmbeddingDrift, KLDrift, PolicyKL, load_minilm, token_kl
 from ._errors import (
     HotpotQAFormatError,
     ProbeDataError,
@@ -95,6 +98,7 @@ __all__ = [
     "probe_mode",
     "Perplexity",
     "KLDrift",
+    "AnswerKL",
     "PolicyKL",
     "EmbeddingDrift",
     "HotpotQA",

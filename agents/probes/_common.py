@@ -38,6 +38,7 @@ __all__ = [
     "forward_under",
     "forward_alike",
     "greedy_generate",
+    "greedy_token_ids",
     "is_peft_model",
 ]
 
@@ -310,15 +311,17 @@ def _cut_at_eos(tokens: list[int], eos: Sequence[int]) -> list[int]:
     return tokens
 
 
-def greedy_generate(
+def greedy_token_ids(
     model: Any,
     tokenizer: Any,
     prompts: Sequence[Sequence[int]],
     *,
     max_new_tokens: int,
     batch_size: int,
-) -> list[str]:
-    """Greedy continuations of token-id prompts, decoded without special tokens and stripped.
+    keep_eos: bool = False,
+) -> list[list[int]]:
+    """Greedy continuations of token-id prompts as token ids, cut at the first end token (kept
+    with ``keep_eos``: "the answer ends here" is then a prediction like any other).
 
     Transformers models go through ``generate`` batched with left padding (it derives position
     ids from the attention mask). A bare module without ``generate`` gets a plain greedy loop,
@@ -327,7 +330,12 @@ def greedy_generate(
     pad = pad_token_id(tokenizer)
     eos = eos_token_ids(model, tokenizer)
     device = model_device(model)
-    answers: list[str] = []
+
+    def cut(tokens: list[int]) -> list[int]:
+        kept = _cut_at_eos(tokens, eos)
+        return tokens[: len(kept) + 1] if keep_eos and len(kept) < len(tokens) else kept
+
+    answers: list[list[int]] = []
     if hasattr(model, "generate"):
         from transformers import GenerationConfig
 
@@ -341,8 +349,7 @@ def greedy_generate(
         for batch in chunks(prompts, batch_size):
             ids, mask = pad_batch(batch, pad, side="left", device=device)
             out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
-            for row in out[:, ids.shape[1] :].tolist():
-                answers.append(tokenizer.decode(_cut_at_eos(row, eos), skip_special_tokens=True).strip())
+            answers.extend(cut(row) for row in out[:, ids.shape[1] :].tolist())
         return answers
     for prompt in prompts:
         ids = torch.tensor([list(prompt)], dtype=torch.long, device=device)
@@ -350,9 +357,25 @@ def greedy_generate(
         for _ in range(max_new_tokens):
             logits = forward_logits(model, ids, torch.ones_like(ids))
             token = int(logits[0, -1].argmax())
+            new.append(token)
             if token in eos:
                 break
-            new.append(token)
             ids = torch.cat([ids, ids.new_tensor([[token]])], dim=1)
-        answers.append(tokenizer.decode(new, skip_special_tokens=True).strip())
+        answers.append(cut(new))
     return answers
+
+
+def greedy_generate(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    batch_size: int,
+) -> list[str]:
+    """Greedy continuations of token-id prompts (:func:`greedy_token_ids`), decoded without
+    special tokens and stripped."""
+    return [
+        tokenizer.decode(tokens, skip_special_tokens=True).strip()
+        for tokens in greedy_token_ids(model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size)
+    ]

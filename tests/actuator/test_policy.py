@@ -123,6 +123,11 @@ def test_protect_one_liner_holds_absolute_budgets_with_the_anchor():
     actions = {g.probe: g.action for g in doc.guardrails}
     assert actions == {"kl_drift": "alert", "hotpotqa.gold_logprob": "rollback"}
     assert not protect_policy({"kl_drift": 0.5}).controllers  # without an anchor: guardrails only
+    # answer_kl (KL where the start's answers begin) is a drift probe: an upper budget, read every 10 steps
+    (a,) = protect_policy({"answer_kl": 0.1}, anchor=True).controllers
+    assert (a.probe, a.bound, a.setpoint) == ("answer_kl", "upper", 0.1)
+    with pytest.raises(PolicyError, match="answer_kl"):
+        protect_policy({"answer_kl": -0.1}, anchor=True)  # a KL is never below 0: a budget it cannot meet
     with pytest.raises(PolicyError, match="no preset"):
         load_preset("nope")
 

@@ -11,7 +11,7 @@ from actuator._exceptions import ConfigError
 from actuator.agents.anchor import KLAnchor, KLAnchorKnob, anchor_trainer, bucket_kl
 from actuator.agents.callback import ActuatorCallback
 from actuator.agents.models import tiny_llama
-from actuator.agents.probes import KLDrift
+from actuator.agents.probes import AnswerKL, KLDrift
 
 from agent_helpers import HELD_OUT, NARROW_TASK, SlowSteps, lm_dataset
 
@@ -191,13 +191,18 @@ def test_errors_name_what_to_do(tmp_path, char_tokenizer):
         anchor_trainer(dict)
 
 
-def test_protect_one_liner_holds_its_budget_with_the_anchor_weight(tmp_path, char_tokenizer, sqlite_service):
+@pytest.mark.parametrize("key", ["kl_drift", "answer_kl"])
+def test_protect_one_liner_holds_its_budget_with_the_anchor_weight(tmp_path, char_tokenizer, sqlite_service, key):
     trainer, anchor = anchored(tmp_path, char_tokenizer, 32)
-    cb = ActuatorCallback(protect={"kl_drift": 0.001}, url=sqlite_service.url, budget_share=1.0,
-                          probes=[KLDrift(HELD_OUT, char_tokenizer, every=2, max_length=32)]).attach(trainer)
+    probe = (KLDrift(HELD_OUT, char_tokenizer, every=2, max_length=32) if key == "kl_drift"
+             else AnswerKL(HELD_OUT, char_tokenizer, answer_tokens=4, every=2))
+    cb = ActuatorCallback(protect={key: 0.001}, url=sqlite_service.url, budget_share=1.0,
+                          probes=[probe]).attach(trainer)
     trainer.add_callback(SlowSteps())
     trainer.train()
-    assert cb.policy_doc.controllers[0].knob == "kl_weight"
+    assert cb.policy_doc.controllers[0].knob == "kl_weight" and cb.policy_doc.controllers[0].probe == key
+    raised = [e for e in cb.applied if e["knob"] == "kl_weight"]
+    assert raised and f"active: {key}" in raised[0]["reason"]
     assert cb.suite.probes[0].every == 10  # the policy's schedule: a budget needs frequent readings
     stored = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}").json()
     assert "kl_weight" in stored["knobs_in_effect"]
@@ -235,10 +240,13 @@ def test_a_response_template_anchors_the_answer_positions_only(char_tokenizer):
 
 
 def test_shipped_anchor_prompts_are_disjoint_from_the_probes():
-    from actuator.agents.general import PROBE_PROMPTS, topic_prompts
+    from actuator.agents.general import ANCHOR_PROMPTS, CONTROL_PROMPTS, PROBE_PROMPTS, topic_prompts
 
     prompts = topic_prompts()
     assert len(prompts) == len(set(prompts)) == 200 and not set(prompts) & set(PROBE_PROMPTS)
+    # the controller's probe set shares no prompt with the judge's nor with any anchor
+    assert not set(CONTROL_PROMPTS) & (set(PROBE_PROMPTS) | set(ANCHOR_PROMPTS) | set(prompts))
+    assert len(set(CONTROL_PROMPTS)) == len(CONTROL_PROMPTS) == 12
     assert topic_prompts(7) == prompts[:7] and len({p.split()[0] for p in topic_prompts(5)}) > 2  # shapes mixed
     probe_topics = ("France", "sky", "spider", "colo", "thermometer", "sleep", "Spanish", "greeting")
     assert not [p for p in prompts if any(t.lower() in p.lower() for t in probe_topics)]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from benchmarks.control._common import RESULTS, identification_test
 from benchmarks.control.forgetting import arms_for, constraint_policy, parser
 
@@ -40,3 +42,35 @@ def test_results_go_to_benchmarks_results_unless_a_subfolder_is_named():
     assert parser().parse_args([]).results == RESULTS
     a = parser().parse_args(["--results", "benchmarks/results/forgetting-batch1"])
     assert a.results == Path("benchmarks/results/forgetting-batch1")
+
+
+def _seed_file(folder: Path, seed: int, arms: dict[str, tuple[float, float, float]]) -> None:
+    """One per-seed result: arm -> (task accuracy, kl_drift, answer_kl)."""
+    import json
+
+    rows = []
+    for name, (acc, kl, akl) in arms.items():
+        kind = "fixed" if name.startswith("fixed") else "open" if name.startswith("open") else "actuator"
+        metrics = {"task_accuracy": acc, "task_gain": 0.1, "ppl_rise_pct": 5.0, "gold_logprob_drop": 0.3,
+                   "embedding_drift": 0.4, "kl_drift": kl, "hotpotqa_f1": 0.2, "answer_kl": akl}
+        rows.append({"arm": name, "kind": kind, "seed": seed, "metrics": metrics, "trace": [], "seconds_per_step": 3.0,
+                     "constraint": {"probe": "answer_kl", "budget": 0.1, "ceiling": 0.1}})
+    (folder / f"forgetting-seed{seed}-t.json").write_text(json.dumps(
+        {"seed": seed, "lr": 9e-5, "steps": 40, "budget": 0.1, "start": {}, "arms": rows, "command": "c",
+         "machine": {}}))
+
+
+def test_a_budget_on_answer_kl_is_judged_on_answer_kl(tmp_path):
+    from benchmarks.control.forgetting import aggregate
+
+    # w=0.3 keeps KL drift low but not the answers' onset; w=1 holds answer_kl inside its 0.1 budget
+    for seed in (0, 1, 2):
+        _seed_file(tmp_path, seed, {"open loop 9e-05": (0.5, 0.9, 1.2), "fixed w=0.3": (0.45, 0.05, 0.6),
+                                    "fixed w=1": (0.3, 0.8, 0.08), "Actuator": (0.32, 0.7, 0.09)})
+    out = aggregate("-t", tmp_path)
+    t = out["targets"]["Actuator"]
+    assert t["fixed_w_picked_on_seed0"] == "fixed w=1"  # the only fixed w inside the answer_kl budget
+    assert t["matches_fixed_w_picked_on_seed0"]["actuator_meets_budget"] is True
+    assert out["rows"]["Actuator"]["answer_kl"] == pytest.approx((0.09, 0.0))
+    assert "answer_kl" in t["on_or_beyond_open_loop_pareto_front"]["axes"]
+    assert (tmp_path / "forgetting-t.json").is_file()

@@ -196,3 +196,96 @@ def test_policy_kl_refuses_bad_settings(char_tokenizer):
         PolicyKL(PROMPTS, char_tokenizer, samples=0)
     with pytest.raises(ProbeDataError):
         PolicyKL([], char_tokenizer)
+
+
+# -- AnswerKL: KL(reference ‖ current) on the first tokens of the reference's own answers -------
+def _table(seed: int, vocab: int = 128) -> torch.Tensor:
+    return torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(seed)) * 3.0
+
+
+def test_answer_kl_reads_exactly_the_positions_that_predict_the_references_first_answer_tokens(
+        char_tokenizer, table_lm):
+    from actuator.agents.probes import AnswerKL, token_kl
+
+    ref_table = _table(0)
+    x = char_tokenizer.convert_tokens_to_ids("x")
+    ref_table[x, :] = -10.0  # after "x" the reference ends its answer: </s>
+    ref_table[x, 2] = 10.0
+    reference = table_lm(ref_table)
+    prompts = [char_tokenizer(p).input_ids for p in PROMPTS]
+    # The reference's greedy answers, by hand: a bigram chain from the prompt's last token, up to 3
+    # tokens, the end token kept when it comes first.
+    expected_answers = []
+    for ids in prompts:
+        answer, last = [], ids[-1]
+        while len(answer) < 3:
+            last = int(ref_table[last].argmax())
+            answer.append(last)
+            if last == 2:
+                break
+        expected_answers.append(answer)
+    current_table = ref_table + _table(1) * 0.3
+    probe = AnswerKL(PROMPTS, char_tokenizer, reference=reference, answer_tokens=3, every=1, use_chat_template=False)
+    probe.setup(table_lm(current_table))
+    assert probe.answers == expected_answers
+    per_context = token_kl(ref_table[None], current_table[None])[0]  # KL after each token
+    kls = [float(per_context[ctx]) for ids, ans in zip(prompts, expected_answers) for ctx in [ids[-1]] + ans[:-1]]
+    assert probe.measure(table_lm(current_table))["answer_kl"] == pytest.approx(sum(kls) / len(kls), rel=1e-5)
+
+    # A change after tokens that only the prompts' bodies hold: KLDrift sees it, AnswerKL does not.
+    onset = {ids[-1] for ids in prompts} | {t for ans in expected_answers for t in ans}
+    body_only = sorted({t for ids in prompts for t in ids[:-1]} - onset)
+    assert body_only
+    elsewhere = ref_table.clone()
+    elsewhere[body_only] += _table(2)[body_only]
+    assert probe.measure(table_lm(elsewhere))["answer_kl"] == pytest.approx(0.0, abs=1e-6)
+    drift = KLDrift(PROMPTS, char_tokenizer, reference=reference)
+    drift.setup(table_lm(elsewhere))
+    assert drift.measure(table_lm(elsewhere))["kl_drift"] > 0.1
+
+
+def test_answer_kl_is_zero_for_the_start_answers_once_and_sees_a_trained_change(tiny_model, chat_tokenizer):
+    from actuator.agents.probes import AnswerKL
+
+    probe = AnswerKL(PROMPTS, chat_tokenizer, answer_tokens=4, every=1)
+    with pytest.raises(ProbeSetupError, match="setup"):
+        probe.measure(tiny_model)
+    probe.setup(tiny_model)
+    answers = [list(a) for a in probe.answers]
+    assert all(1 <= len(a) <= 4 for a in answers)
+    # through the chat template: the answers continue the generation prompt
+    start = chat_tokenizer.apply_chat_template([{"role": "user", "content": PROMPTS[0]}], tokenize=False,
+                                               add_generation_prompt=True)
+    assert probe._ids[0] == chat_tokenizer(start, add_special_tokens=False).input_ids
+    assert probe.measure(tiny_model)["answer_kl"] == pytest.approx(0.0, abs=1e-7)
+    torch.manual_seed(0)
+    _perturb(tiny_model)
+    changed = probe.measure(tiny_model)["answer_kl"]
+    assert changed > 1e-3
+    assert probe.answers == answers  # the reference's answers are made once, at setup
+    assert probe.measure(tiny_model, max_examples=2)["answer_kl"] > 0.0
+
+
+def test_answer_kl_refuses_bad_settings(char_tokenizer):
+    from actuator.agents.probes import AnswerKL
+
+    with pytest.raises(ValueError, match="answer_tokens"):
+        AnswerKL(PROMPTS, char_tokenizer, answer_tokens=0)
+    with pytest.raises(ProbeDataError):
+        AnswerKL([], char_tokenizer)
+
+
+def test_greedy_token_ids_keeps_the_end_token_only_when_asked(char_tokenizer, table_lm, tiny_model):
+    a = char_tokenizer.convert_tokens_to_ids("a")
+    table = torch.full((128, 128), -10.0)
+    table[:, a] = 10.0  # every token is followed by "a" ...
+    table[a, :] = -10.0
+    table[a, 2] = 10.0  # ... and "a" by </s>
+    prompt = [char_tokenizer("hi").input_ids]
+    assert _common.greedy_token_ids(table_lm(table), char_tokenizer, prompt, max_new_tokens=5, batch_size=1) == [[a]]
+    assert _common.greedy_token_ids(table_lm(table), char_tokenizer, prompt, max_new_tokens=5, batch_size=1,
+                                    keep_eos=True) == [[a, 2]]
+    prompts = [char_tokenizer(p).input_ids for p in PROMPTS]
+    ids = _common.greedy_token_ids(tiny_model, char_tokenizer, prompts, max_new_tokens=6, batch_size=4)
+    text = _common.greedy_generate(tiny_model, char_tokenizer, prompts, max_new_tokens=6, batch_size=4)
+    assert [char_tokenizer.decode(t, skip_special_tokens=True).strip() for t in ids] == text
