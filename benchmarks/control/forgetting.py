@@ -25,6 +25,11 @@ sft-drift; and **Actuator**: w under the constraint controller (PID-Lagrangian) 
 within the budget, at the open loop's learning rate, w starting at 0; and the same controller with
 gains from ``policy tune`` on an 8-step identification pre-run that steps w (``--arms tuned``, issue 16).
 
+With ``--completion-only`` (TRL's prompt-completion default) state the budget on ``answer_kl``
+(``--constraint answer_kl --budget 0.1 --anchor-reading 24``): there perplexity hardly moves while
+the answers' format goes, and a mean-per-token KL dilutes it (BENCHMARKS.md, forgetting,
+"Where answers begin").
+
 One process runs one or more seeds and writes ``forgetting-seed<N>.json`` per seed; ``--aggregate``
 reads them and writes ``forgetting.json`` / ``.png`` with mean ± sd, the fixed w picked on seed 0
 and evaluated on the other seeds, the best-in-hindsight fixed w, and the targets.
