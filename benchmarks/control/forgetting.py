@@ -154,7 +154,11 @@ def limit(a: argparse.Namespace) -> tuple[float, float]:
 
 
 def label(a: argparse.Namespace, name: str) -> str:
-    return f"{name} (ppl +{a.budget:g}%)" if a.constraint == "perplexity" else name
+    """An arm's name with its budget: ``(ppl +10%)``, ``(answer_kl ≤ 0.3)``; a KL-drift budget is
+    left unnamed (the results before 2026-11-24 carry the bare name)."""
+    if a.constraint == "perplexity":
+        return f"{name} (ppl +{a.budget:g}%)"
+    return f"{name} ({a.constraint} ≤ {a.budget:g})" if a.constraint != "kl_drift" else name
 
 
 def constraint_policy(a: argparse.Namespace) -> dict[str, Any]:
