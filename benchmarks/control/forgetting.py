@@ -570,7 +570,9 @@ def print_table(out: dict[str, Any]) -> None:
     lines = ["| arm | task accuracy | ppl rise % | gold log-prob drop | embedding drift | KL drift | HotpotQA F1 "
              "| answer KL (control prompts) |", "|---|---|---|---|---|---|---|---|"]
     for name, r in out["rows"].items():
-        mark = " (picked on seed 0)" if out["fixed_marks"].get(name) else ""
+        picked_for = [out["targets"][act]["constraint"] for act in out["fixed_marks"].get(name, [])]
+        mark = (" (picked on seed 0 for " + ", ".join(f"{c['probe']} ≤ {c['budget']:g}" for c in picked_for) + ")"
+                if picked_for else "")
         lines.append(f"| {name}{mark} | {f(r['task_accuracy'], '.2f')} | {f(r['ppl_rise_pct'], '+.1f')} | "
                      f"{f(r['gold_logprob_drop'], '+.3f')} | {f(r['embedding_drift'], '.3f')} | "
                      f"{f(r['kl_drift'], '.2f')} | {f(r['hotpotqa_f1'], '.3f')} | "
