@@ -158,7 +158,9 @@ def label(a: argparse.Namespace, name: str) -> str:
     left unnamed (the results before 2026-11-24 carry the bare name)."""
     if a.constraint == "perplexity":
         return f"{name} (ppl +{a.budget:g}%)"
-    return f"{name} ({a.constraint} ≤ {a.budget:g})" if a.constraint != "kl_drift" else name
+    if a.constraint == "kl_drift":
+        return name
+    return f"{name} ({a.constraint} ≤ {a.budget:g})"
 
 
 def constraint_policy(a: argparse.Namespace) -> dict[str, Any]:
@@ -671,6 +673,8 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     if not 0.0 <= a.anchor_priority <= 1.0:
         ap.error(f"--anchor-priority must be in [0, 1], got {a.anchor_priority}")
+    if a.answer_tokens < 1:  # before the model loads, not at the first answer_kl probe
+        ap.error(f"--answer-tokens must be >= 1, got {a.answer_tokens}")
     a.argv = argv
     if a.aggregate:
         aggregate(a.tag, a.results)
