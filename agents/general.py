@@ -9,7 +9,8 @@
   sentences): for a KL anchor (:class:`actuator.agents.anchor.KLAnchor`), the prompts with the
   starting model's own answers (:func:`self_answers`; :func:`anchor_set` builds both). Disjoint
   from the probe sets, so a controller holding a probe cannot pass it by anchoring on the
-  probe's own data.
+  probe's own data. :func:`topic_prompts` (200 general requests) and :func:`word_prompts` (120
+  requests acting on a quoted word, the neighbourhood a word-level task spills into) add more.
 
 Small on purpose: they make the demo and benchmarks run offline; a real run passes its own
 general data (a slice of the pre-training or instruction mix).
@@ -20,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["PROBE_PROMPTS", "PROBE_TEXTS", "ANCHOR_PROMPTS", "ANCHOR_TEXTS", "chat", "self_answers", "anchor_set",
-           "topic_prompts", "response_template", "reading_set", "CONTROL_PROMPTS"]
+           "topic_prompts", "word_prompts", "response_template", "reading_set", "CONTROL_PROMPTS"]
 
 PROBE_PROMPTS = [
     "What is the capital of France?", "Explain in one sentence why the sky is blue.",
@@ -102,6 +103,19 @@ ANCHOR_TOPICS = (
 REQUEST_SHAPES = (
     "Tell me about {}.", "Tell me one interesting fact about {}.", "Explain {} to a child in one sentence.",
     "Write a short sentence about {}.", "What should everyone know about {}?",
+)
+# More quoted-word requests (``word_prompts``): a narrow word-level task (spelling, reversing,
+# formatting a word) takes over the answers to such requests first, and the 12 in ANCHOR_PROMPTS
+# cover that neighbourhood thinly. No probe's or control prompt's word or target language is used
+# (no Spanish, no "good morning"/"good night"), nor any word of the benchmarks' task vocabulary.
+ANCHOR_WORDS = (
+    "water", "book", "summer", "music", "yesterday", "kitchen", "journey", "friendly", "butterfly", "blanket",
+    "teacher", "chair", "smile", "winter", "doctor", "cheese", "pocket", "bottle", "holiday", "umbrella",
+)
+WORD_LANGUAGES = ("French", "German", "Italian", "Portuguese", "Dutch")
+WORD_SHAPES = (
+    "Translate '{w}' into {lang}.", "How do you say '{w}' in {lang}?", "What is a synonym for '{w}'?",
+    "Write the word '{w}' in capital letters.", "Use '{w}' in a short sentence.", "What does '{w}' mean?",
 )
 # The controller's own probe set: neither the held-out judge's nor the anchor's (three disjoint sets,
 # so the anchor cannot pass the controller's probe by anchoring on it, nor the controller the judge's).
@@ -192,11 +206,25 @@ def topic_prompts(n: int | None = None) -> list[str]:
     return out[:n] if n is not None else out
 
 
-def anchor_set(model: Any, tokenizer: Any, *, topics: int = 0, max_new_tokens: int = 40,
+def word_prompts(n: int | None = None) -> list[str]:
+    """Requests that act on a quoted word, ``ANCHOR_WORDS`` × ``WORD_SHAPES`` (120; translations
+    rotate over ``WORD_LANGUAGES``), the first ``n`` taken round-robin over the shapes so any
+    prefix mixes them."""
+    if n is not None and n < 0:
+        raise ValueError(f"words: must be >= 0, got {n}")
+    k = len(WORD_SHAPES)
+    out = [shape.format(w=word, lang=WORD_LANGUAGES[(i + j) % len(WORD_LANGUAGES)])
+           for i, word in enumerate(ANCHOR_WORDS) for j, shape in enumerate(WORD_SHAPES[i % k:] + WORD_SHAPES[:i % k])]
+    out = [out[i] for s in range(k) for i in range(s, len(out), k)]
+    return out[:n] if n is not None else out
+
+
+def anchor_set(model: Any, tokenizer: Any, *, topics: int = 0, words: int = 0, max_new_tokens: int = 40,
                close_cut: bool = False) -> list[str]:
-    """The shipped anchor data: ``ANCHOR_PROMPTS`` (and ``topics`` of :func:`topic_prompts`) with
-    the model's own answers (``close_cut``: see :func:`self_answers`), and ``ANCHOR_TEXTS``."""
-    prompts = list(ANCHOR_PROMPTS) + topic_prompts(topics)
+    """The shipped anchor data: ``ANCHOR_PROMPTS`` (and ``topics`` of :func:`topic_prompts`,
+    ``words`` of :func:`word_prompts`) with the model's own answers (``close_cut``: see
+    :func:`self_answers`), and ``ANCHOR_TEXTS``."""
+    prompts = list(ANCHOR_PROMPTS) + topic_prompts(topics) + word_prompts(words)
     return self_answers(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
                         close_cut=close_cut) + list(ANCHOR_TEXTS)
 

@@ -65,14 +65,16 @@ class ForgettingSetup(Setup):
     """sft-drift's model, data and probes, plus the anchor set, embedding drift and the references."""
 
     def __init__(self, seed: int, hotpot_records: int, anchor_topics: int = 0, close_cut: bool = True,
-                 completion_only: bool = False, anchor_reading: int = 0) -> None:
+                 completion_only: bool = False, anchor_reading: int = 0, anchor_words: int = 0) -> None:
         super().__init__(seed, hotpot_records, completion_only)
         from actuator.agents.probes import EmbeddingDrift
 
         self.embedding = EmbeddingDrift(GENERAL_PROMPTS, self.tok, every=None, max_new_tokens=24,
                                         reference=self._base_model())
-        with console.status(f"anchor set: the starting model's own answers to {len(ANCHOR_PROMPTS) + anchor_topics} general prompts, and {len(ANCHOR_TEXTS)} plain sentences…"):
-            self.anchor_texts = anchor_set(self.model, self.tok, topics=anchor_topics, close_cut=close_cut)
+        prompts = len(ANCHOR_PROMPTS) + anchor_topics + anchor_words
+        with console.status(f"anchor set: the starting model's own answers to {prompts} general prompts, and {len(ANCHOR_TEXTS)} plain sentences…"):
+            self.anchor_texts = anchor_set(self.model, self.tok, topics=anchor_topics, words=anchor_words,
+                                           close_cut=close_cut)
         self.reading_length = 0  # the longest reading text's tokens: the anchor keeps them whole
         if anchor_reading:
             from actuator.agents.general import reading_set
@@ -398,7 +400,7 @@ def run_seeds(a: argparse.Namespace) -> None:
         t_start = time.time()
         setup = ForgettingSetup(seed, hotpot_records=a.hotpot, anchor_topics=a.anchor_topics,
                                 close_cut=not a.open_cut_answers, completion_only=a.completion_only,
-                                anchor_reading=a.anchor_reading)
+                                anchor_reading=a.anchor_reading, anchor_words=a.anchor_words)
         base_trainer = make_trainer(setup, "base", a.lr, 1, seed, a.out)
         base = setup.capability(base_trainer)
         a.start_ppl = base["perplexity"]
@@ -438,6 +440,7 @@ def _write_seed(a: argparse.Namespace, seed: int, base: dict[str, float], result
     out = {"scenario": SCENARIO, "seed": seed, "steps": a.steps, "lr": a.lr, "budget": a.budget,
            "controller": constraint_policy(a)["controllers"][0], "anchor_batch": a.anchor_batch,
            "anchor_length": a.anchor_length, "anchor_topics": a.anchor_topics, "anchor_reading": a.anchor_reading,
+           "anchor_words": a.anchor_words,
            "answers_only": a.answers_only, "open_cut_answers": a.open_cut_answers,
            "completion_only": a.completion_only, "anchor_sampling": a.anchor_sampling, "anchor_priority": a.anchor_priority, "start": base, "arms": results, "machine": machine(),
            "wall_seconds": time.time() - t_start, "command": command_line("forgetting", a.argv),
@@ -639,6 +642,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--anchor-length", type=int, default=64)
     ap.add_argument("--anchor-topics", type=int, default=0,
                     help="extra anchor prompts from general topics (actuator.agents.general.topic_prompts)")
+    ap.add_argument("--anchor-words", type=int, default=0,
+                    help="extra anchor prompts acting on a quoted word, the task's neighbourhood "
+                         "(actuator.agents.general.word_prompts, up to 120)")
     ap.add_argument("--anchor-reading", type=int, default=0,
                     help="extra anchor texts: reading questions in the HotpotQA probe's format about another synthetic "
                          "world, with the starting model's own answers (actuator.agents.general.reading_set); "
@@ -675,6 +681,10 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--anchor-priority must be in [0, 1], got {a.anchor_priority}")
     if a.answer_tokens < 1:  # before the model loads, not at the first answer_kl probe
         ap.error(f"--answer-tokens must be >= 1, got {a.answer_tokens}")
+    from actuator.agents.general import word_prompts
+
+    if not 0 <= a.anchor_words <= len(word_prompts()):
+        ap.error(f"--anchor-words must be in [0, {len(word_prompts())}], got {a.anchor_words}")
     a.argv = argv
     if a.aggregate:
         aggregate(a.tag, a.results)

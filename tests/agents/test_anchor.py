@@ -252,6 +252,28 @@ def test_shipped_anchor_prompts_are_disjoint_from_the_probes():
     assert not [p for p in prompts if any(t.lower() in p.lower() for t in probe_topics)]
 
 
+def test_word_prompts_act_on_quoted_words_and_stay_clear_of_every_probe_and_the_task():
+    from actuator.agents.general import (
+        ANCHOR_PROMPTS, CONTROL_PROMPTS, PROBE_PROMPTS, WORD_SHAPES, topic_prompts, word_prompts,
+    )
+    from benchmarks.control.sft_drift import WORDS
+
+    prompts = word_prompts()
+    assert len(prompts) == len(set(prompts)) == 120 and all(p.count("'") == 2 for p in prompts)
+    assert not set(prompts) & (set(PROBE_PROMPTS) | set(CONTROL_PROMPTS) | set(ANCHOR_PROMPTS) | set(topic_prompts()))
+    # no probe's or control prompt's word or language, no word the task reverses
+    quoted = {p.split("'")[1] for p in prompts}
+    held = {p.split("'")[1] for p in PROBE_PROMPTS + CONTROL_PROMPTS if p.count("'") == 2}
+    assert held == {"good morning", "good night", "garden", "child", "quiet"} and not quoted & held
+    assert not quoted & set(WORDS) and not [p for p in prompts if "Spanish" in p]
+    # any prefix mixes the shapes: the first len(WORD_SHAPES) are one of each
+    firsts = word_prompts(len(WORD_SHAPES))
+    assert firsts == prompts[:len(WORD_SHAPES)] and len({p.split("'")[0] for p in firsts}) == len(WORD_SHAPES)
+    assert word_prompts(0) == []
+    with pytest.raises(ValueError, match="words"):
+        word_prompts(-1)
+
+
 def test_self_answers_close_finished_answers_only(char_tokenizer):
     """An answer the model ended gets the template's end-of-turn; a cut-off one does not (closing it
     would teach an end where the model never ends)."""

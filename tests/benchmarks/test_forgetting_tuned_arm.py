@@ -38,6 +38,16 @@ def test_the_anchor_batch_defaults_to_1_and_2_stays_reachable():
     assert parser().parse_args(["--anchor-batch", "2"]).anchor_batch == 2
 
 
+def test_anchor_words_outside_the_shipped_set_are_refused_naming_the_flag(capsys):
+    from benchmarks.control.forgetting import main
+
+    assert parser().parse_args(["--anchor-words", "60"]).anchor_words == 60
+    for bad in ("121", "-1"):
+        with pytest.raises(SystemExit):
+            main(["--anchor-words", bad, "--aggregate"])
+        assert "--anchor-words must be in [0, 120]" in capsys.readouterr().err
+
+
 def test_results_go_to_benchmarks_results_unless_a_subfolder_is_named():
     assert parser().parse_args([]).results == RESULTS
     a = parser().parse_args(["--results", "benchmarks/results/forgetting-batch1"])
