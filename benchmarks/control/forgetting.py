@@ -371,7 +371,8 @@ def arms_for(a: argparse.Namespace) -> list[dict[str, Any]]:
         {"name": "replay 25%", "kind": "replay", "lr": lr},
         {"name": "LoRA r=8", "kind": "lora", "lr": lr},
         {"name": label(a, "lr PID"), "kind": "lr-pid", "lr": lr},
-        {"name": label(a, f"Actuator kp {a.kp:g} ki {a.ki:g}"), "kind": "actuator", "lr": lr},
+        {"name": label(a, f"Actuator kp {a.kp:g} ki {a.ki:g}" + (f" w ≤ {a.w_max:g}" if a.w_max != 2.0 else "")),
+         "kind": "actuator", "lr": lr},
         {"name": label(a, "Actuator (tuned)"), "kind": "tuned", "lr": lr},
     ]
     if a.arms:  # in the order given, the arms that matter most first; "wise" (re-)runs the open loop at lr
@@ -632,7 +633,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--kp", type=float, default=0.5, help="constraint kp x budget (weight per budget of violation)")
     ap.add_argument("--ki", type=float, default=0.05, help="constraint ki x budget, per step")
     ap.add_argument("--kd", type=float, default=0.0, help="constraint kd x budget (rising violation only)")
-    ap.add_argument("--w-max", type=float, default=2.0)
+    ap.add_argument("--w-max", type=float, default=2.0,
+                    help="the anchor weight's ceiling (an Actuator arm with another than 2 is named with it)")
     ap.add_argument("--w-step", type=float, default=0.25, help="largest change of w per decision")
     ap.add_argument("--fixed-w", type=float, nargs="+", default=[0.1, 0.3, 1.0, 3.0])
     ap.add_argument("--probe-every", type=int, default=2)

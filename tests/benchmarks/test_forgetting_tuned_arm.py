@@ -48,6 +48,15 @@ def test_anchor_words_outside_the_shipped_set_are_refused_naming_the_flag(capsys
         assert "--anchor-words must be in [0, 120]" in capsys.readouterr().err
 
 
+def test_an_actuator_with_another_ceiling_is_named_with_it_so_aggregates_keep_them_apart():
+    def name(*args: str) -> str:
+        return next(arm["name"] for arm in arms_for(parser().parse_args(list(args))) if arm["kind"] == "actuator")
+
+    assert name() == "Actuator kp 0.5 ki 0.05 (ppl +10%)"
+    assert name("--w-max", "4", "--constraint", "answer_kl", "--budget", "0.1") == \
+        "Actuator kp 0.5 ki 0.05 w ≤ 4 (answer_kl ≤ 0.1)"
+
+
 def test_results_go_to_benchmarks_results_unless_a_subfolder_is_named():
     assert parser().parse_args([]).results == RESULTS
     a = parser().parse_args(["--results", "benchmarks/results/forgetting-batch1"])
