@@ -216,6 +216,8 @@ def word_prompts(n: int | None = None) -> list[str]:
     out = [shape.format(w=word, lang=WORD_LANGUAGES[(i + j) % len(WORD_LANGUAGES)])
            for i, word in enumerate(ANCHOR_WORDS) for j, shape in enumerate(WORD_SHAPES[i % k:] + WORD_SHAPES[:i % k])]
     out = [out[i] for s in range(k) for i in range(s, len(out), k)]
+    if n is not None and n > len(out):
+        raise ValueError(f"words: at most {len(out)} are shipped, got {n}")
     return out[:n] if n is not None else out
 
 

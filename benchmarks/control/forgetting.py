@@ -56,7 +56,7 @@ from benchmarks.control.sft_drift import GENERAL_PROMPTS, Setup, collator, make_
 
 import torch  # noqa: E402
 
-from actuator.agents.general import ANCHOR_PROMPTS, ANCHOR_TEXTS, anchor_set  # noqa: E402
+from actuator.agents.general import ANCHOR_PROMPTS, ANCHOR_TEXTS, anchor_set, word_prompts  # noqa: E402
 
 SCENARIO = "forgetting"
 
@@ -634,7 +634,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--ki", type=float, default=0.05, help="constraint ki x budget, per step")
     ap.add_argument("--kd", type=float, default=0.0, help="constraint kd x budget (rising violation only)")
     ap.add_argument("--w-max", type=float, default=2.0,
-                    help="the anchor weight's ceiling (an Actuator arm with another than 2 is named with it)")
+                    help="the anchor weight's ceiling (an Actuator arm whose ceiling is not 2 carries it in its name)")
     ap.add_argument("--w-step", type=float, default=0.25, help="largest change of w per decision")
     ap.add_argument("--fixed-w", type=float, nargs="+", default=[0.1, 0.3, 1.0, 3.0])
     ap.add_argument("--probe-every", type=int, default=2)
@@ -683,8 +683,6 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--anchor-priority must be in [0, 1], got {a.anchor_priority}")
     if a.answer_tokens < 1:  # before the model loads, not at the first answer_kl probe
         ap.error(f"--answer-tokens must be >= 1, got {a.answer_tokens}")
-    from actuator.agents.general import word_prompts
-
     if not 0 <= a.anchor_words <= len(word_prompts()):
         ap.error(f"--anchor-words must be in [0, {len(word_prompts())}], got {a.anchor_words}")
     a.argv = argv

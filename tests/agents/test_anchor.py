@@ -270,8 +270,9 @@ def test_word_prompts_act_on_quoted_words_and_stay_clear_of_every_probe_and_the_
     firsts = word_prompts(len(WORD_SHAPES))
     assert firsts == prompts[:len(WORD_SHAPES)] and len({p.split("'")[0] for p in firsts}) == len(WORD_SHAPES)
     assert word_prompts(0) == []
-    with pytest.raises(ValueError, match="words"):
-        word_prompts(-1)
+    for bad in (-1, 121):
+        with pytest.raises(ValueError, match="words"):
+            word_prompts(bad)
 
 
 def test_self_answers_close_finished_answers_only(char_tokenizer):
