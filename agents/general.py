@@ -197,12 +197,19 @@ def response_template(tokenizer: Any) -> str:
     return with_prompt[len(without):]
 
 
+def _shape_mix(subjects: tuple[str, ...], shapes: tuple[str, ...], fill: Any) -> list[str]:
+    """Every subject in every shape (``fill(shape, i, j, subject)``), each subject's shapes rotated
+    by its index, then ordered round-robin over the shapes so any prefix mixes them."""
+    k = len(shapes)
+    out = [fill(shape, i, j, subject) for i, subject in enumerate(subjects)
+           for j, shape in enumerate(shapes[i % k:] + shapes[:i % k])]
+    return [out[i] for r in range(k) for i in range(r, len(out), k)]
+
+
 def topic_prompts(n: int | None = None) -> list[str]:
     """General requests made from ``ANCHOR_TOPICS`` × ``REQUEST_SHAPES`` (200), the first ``n``
     taken round-robin over the shapes so any prefix mixes them."""
-    out = [shape.format(topic) for i, topic in enumerate(ANCHOR_TOPICS)
-           for shape in REQUEST_SHAPES[i % len(REQUEST_SHAPES):] + REQUEST_SHAPES[:i % len(REQUEST_SHAPES)]]
-    out = [out[i] for k in range(len(REQUEST_SHAPES)) for i in range(k, len(out), len(REQUEST_SHAPES))]
+    out = _shape_mix(ANCHOR_TOPICS, REQUEST_SHAPES, lambda shape, i, j, topic: shape.format(topic))
     return out[:n] if n is not None else out
 
 
@@ -212,10 +219,8 @@ def word_prompts(n: int | None = None) -> list[str]:
     prefix mixes them."""
     if n is not None and n < 0:
         raise ValueError(f"words: must be >= 0, got {n}")
-    k = len(WORD_SHAPES)
-    out = [shape.format(w=word, lang=WORD_LANGUAGES[(i + j) % len(WORD_LANGUAGES)])
-           for i, word in enumerate(ANCHOR_WORDS) for j, shape in enumerate(WORD_SHAPES[i % k:] + WORD_SHAPES[:i % k])]
-    out = [out[i] for s in range(k) for i in range(s, len(out), k)]
+    out = _shape_mix(ANCHOR_WORDS, WORD_SHAPES, lambda shape, i, j, word: shape.format(
+        w=word, lang=WORD_LANGUAGES[(i + j) % len(WORD_LANGUAGES)]))
     if n is not None and n > len(out):
         raise ValueError(f"words: at most {len(out)} are shipped, got {n}")
     return out[:n] if n is not None else out

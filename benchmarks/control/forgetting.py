@@ -683,8 +683,9 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--anchor-priority must be in [0, 1], got {a.anchor_priority}")
     if a.answer_tokens < 1:  # before the model loads, not at the first answer_kl probe
         ap.error(f"--answer-tokens must be >= 1, got {a.answer_tokens}")
-    if not 0 <= a.anchor_words <= len(word_prompts()):
-        ap.error(f"--anchor-words must be in [0, {len(word_prompts())}], got {a.anchor_words}")
+    shipped_words = len(word_prompts())
+    if not 0 <= a.anchor_words <= shipped_words:
+        ap.error(f"--anchor-words must be in [0, {shipped_words}], got {a.anchor_words}")
     a.argv = argv
     if a.aggregate:
         aggregate(a.tag, a.results)

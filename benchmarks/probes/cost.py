@@ -43,18 +43,17 @@ def _median_seconds(fn: Any, repeats: int) -> float:
     return statistics.median(times)
 
 
-def probes(tok: Any) -> list[tuple[Any, int]]:
-    """The shipped probes as the benchmarks run them, each with its example count."""
+def probes(tok: Any) -> list[Any]:
+    """The shipped probes as the benchmarks run them."""
     from actuator.agents.general import CONTROL_PROMPTS, PROBE_PROMPTS, PROBE_TEXTS, chat
     from actuator.agents.probes import AnswerKL, EmbeddingDrift, HotpotQA, KLDrift, Perplexity
 
-    chats = [chat(tok, q) for q in PROBE_PROMPTS]
     return [
-        (Perplexity(PROBE_TEXTS, tok, every=None, batch_size=4), len(PROBE_TEXTS)),
-        (KLDrift(chats, tok, every=None, max_length=96), len(chats)),
-        (AnswerKL(CONTROL_PROMPTS, tok, every=None, answer_tokens=4), len(CONTROL_PROMPTS)),
-        (EmbeddingDrift(PROBE_PROMPTS, tok, every=None, max_new_tokens=24), len(PROBE_PROMPTS)),
-        (HotpotQA(None, tok, every=None, max_examples=6, max_new_tokens=8), 6),
+        Perplexity(PROBE_TEXTS, tok, every=None, batch_size=4),
+        KLDrift([chat(tok, q) for q in PROBE_PROMPTS], tok, every=None, max_length=96),
+        AnswerKL(CONTROL_PROMPTS, tok, every=None, answer_tokens=4),
+        EmbeddingDrift(PROBE_PROMPTS, tok, every=None, max_new_tokens=24),
+        HotpotQA(None, tok, every=None, max_examples=6, max_new_tokens=8),
     ]
 
 
@@ -88,7 +87,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     step = _median_seconds(train_step, a.repeats)
     print(f"training step (AdamW, {BATCH} x {LENGTH} tokens): {step:.3f} s (median of {a.repeats})", flush=True)
     rows = []
-    for probe, examples in probes(tok):
+    for probe in probes(tok):
+        examples = probe.num_examples
         t0 = time.perf_counter()
         probe.setup(model)
         setup_s = time.perf_counter() - t0
