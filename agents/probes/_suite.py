@@ -87,6 +87,10 @@ class ProbeSuite:
         self._cost_per_example: dict[str, float] = {}
         self._spent: dict[str, float] = {p.name: 0.0 for p in self.probes}
         self._skips: dict[str, int] = {p.name: 0 for p in self.probes}
+        # Probes skipped for budget since their last measurement, with the warning's text: a
+        # controller fed by a starved probe is not controlling, and the user must hear so.
+        self.starved: dict[str, str] = {}
+        self._first_step: int | None = None
         self.setup_seconds = 0.0
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -151,6 +155,8 @@ class ProbeSuite:
             logger.warning("ProbeSuite.run() before setup(): setting probes up now")
             self.setup(model)
         report = ProbeReport(values={}, seconds={}, skipped=[], notes=[], step=step)
+        if self._first_step is None:
+            self._first_step = step
         due.sort(key=lambda p: (-self._skips.get(p.name, 0), p.cost_rank, self._estimate(p) or 0.0))
         run_start = self._clock()
         spent = 0.0
@@ -164,6 +170,7 @@ class ProbeSuite:
                     if action == "skip":
                         report.skipped.append(probe.name)
                         self._skips[probe.name] = self._skips.get(probe.name, 0) + 1
+                        self._starve(probe, step)
                         continue
                 spent += self._run_one(probe, model, step, limit, report)
         # The wrapper's own cost (mode bookkeeping, RNG capture) is probe time too.
@@ -202,7 +209,35 @@ class ProbeSuite:
                 per_example if previous is None else 0.5 * previous + 0.5 * per_example
             )
             self._skips[probe.name] = 0
+            self.starved.pop(probe.name, None)
         return seconds
+
+    def _starve(self, probe: Probe, step: int) -> None:
+        """Warn the first time ``probe`` is skipped for budget since it last ran, with the
+        arithmetic: its cost, the budget, and how often the budget lets it run."""
+        if probe.name in self.starved:
+            return
+        full = self._estimate(probe) or 0.0
+        assert self._t0 is not None
+        steps = step - (self._first_step if self._first_step is not None else step)
+        train_seconds = max(self._clock() - self._t0 - self._probe_seconds, 0.0)
+        per_step = train_seconds / steps if steps > 0 else None
+        if per_step:
+            # In steady state one measurement per k steps takes the share full / (full + k x step time):
+            # the budget holds from k = full (1 - budget) / (budget x step time).
+            b = self.budget_share
+            interval = max(math.ceil(full * (1.0 - b) / (b * per_step)), 1) if b < 1.0 else 1
+            pace = f"at ~{per_step:.2f} s per training step it fits about once every {interval} steps"
+        else:
+            pace = "the training steps so far leave no room for it"
+        message = (
+            f"probe {probe.name} skipped for budget at step {step}: one measurement takes ~{full:.2f} s and "
+            f"probes may use {100 * self.budget_share:.0f}% of wall time (budget_share); {pace} "
+            f"(every={probe.every} asked). Controllers fed by it get no new reading until then: give it fewer "
+            f"examples, raise budget_share, or probe less often."
+        )
+        self.starved[probe.name] = message
+        logger.warning("actuator: %s", message)
 
     @staticmethod
     def _used_examples(probe: Probe, limit: int | None) -> int:

@@ -192,3 +192,31 @@ def test_state_dict_round_trip():
     resumed.load_state_dict(state)
     assert resumed.probe_share == pytest.approx(suite.probe_share)
     assert resumed.state_dict() == state
+
+
+def test_a_starved_probe_warns_once_with_its_cost_budget_and_interval(caplog):
+    # GRPO's first contact: a 13 s PolicyKL at 3 s per step under a 10% budget is skipped after
+    # its baseline. Before, that was a DEBUG line: the run trained uncontrolled without a word.
+    clock = FakeClock()
+    probe = CostlyProbe("policy_kl", clock, examples=13, seconds_per_example=1.0, every=2)
+    suite = ProbeSuite([probe], budget_share=0.10, clock=clock)
+    suite.setup(_model())
+    suite.run(_model(), 0)  # the unbudgeted baseline: 13 s
+    with caplog.at_level("WARNING", logger="actuator.agents"):
+        for step in range(1, 11):
+            clock.now += 3.0
+            suite.run(_model(), step)
+    warnings = [r.getMessage() for r in caplog.records if "skipped for budget" in r.getMessage()]
+    assert len(warnings) == 1, warnings  # once per starvation, not once per skip
+    # 13 s x 0.9 / (0.1 x 3 s) = 39 steps between readings.
+    assert "~13.00 s" in warnings[0] and "10%" in warnings[0] and "every 39 steps" in warnings[0]
+    assert "every=2" in warnings[0] and "step 2" in warnings[0]
+    assert set(suite.starved) == {"policy_kl"}
+    # A measurement ends the starvation (forced here); the next starvation warns again.
+    suite.run(_model(), 11, force=True)
+    assert suite.starved == {}
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="actuator.agents"):
+        clock.now += 3.0
+        suite.run(_model(), 12)
+    assert sum("skipped for budget" in r.getMessage() for r in caplog.records) == 1
