@@ -7,7 +7,7 @@ subclasses it) under closed-loop control.
 ``Trainer(callbacks=[cb])`` and ``cb.attach(trainer)`` are the same: the callback finds its trainer
 at ``on_init_end`` and puts itself before the ``report_to`` loggers.
 
-What happens, step by step (see DESIGN.md, "The loop"):
+What happens, step by step (docs/explanation/architecture.md, "The loop"):
 1. ``on_train_begin``: the policy is resolved (a stored one is fetched) and brings its knobs; each
    knob's setter is found from the trainer (learning rate: optimizer and scheduler; ``kl_beta``:
    TRL DPO/GRPO/RLOO; ``distill_lambda`` / ``gkd_beta`` / ``onpolicy_fraction`` / ``divergence_mix`` /

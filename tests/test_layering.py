@@ -1,5 +1,6 @@
-"""DESIGN.md's dependency rule: controllers <- actuator <- api, and actuator (schemas, client) <- agents.
-Agents never import SQLAlchemy or FastAPI; controllers import nothing of ours (stdlib only)."""
+"""The dependency rule (docs/explanation/architecture.md): controllers <- actuator <- api, and
+actuator (schemas, client, policy) <- agents. Agents never import SQLAlchemy or FastAPI; controllers
+import nothing of ours (stdlib only). And the repository stands alone: no file points outside it."""
 
 from __future__ import annotations
 
@@ -43,3 +44,22 @@ def test_core_does_not_import_api_or_agents():
             continue  # the CLI starts the service
         bad = {n for n in names if n.startswith(("actuator.api", "actuator.agents", "fastapi", "torch"))}
         assert not bad, f"{path} imports {bad}"
+
+
+def test_no_file_refers_to_a_path_outside_the_repository():
+    # The design notes once lived beside the repository; a clone does not have them.
+    import subprocess
+
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    offenders = []
+    for rel in tracked.split():
+        path = ROOT / rel
+        if path.suffix not in {".py", ".md", ".yaml", ".yml", ".toml", ".ini", ".cfg", ".txt", ".js", ""} \
+                or not path.is_file():
+            continue
+        text = path.read_text(errors="replace")
+        if rel == "tests/test_layering.py":
+            continue  # this test names what it looks for
+        if "../shared" in text or "DESIGN.md" in text:
+            offenders.append(rel)
+    assert offenders == [], f"files referring outside the repository: {offenders}"
