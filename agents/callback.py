@@ -43,6 +43,7 @@ from actuator.schemas import DecisionAck, DecisionPublic, KnobSpec, ObservationC
 
 from ._hf_compat import find_trainer, load_checkpoint, rollback_unsupported, run_before_loggers, sharding_unsupported
 from .identification import IdentificationMode
+from .preflight import late_first_decisions
 from .knobs import KnobNotSupported, KnobSetter, LearningRateKnob
 from .sender import BackgroundSender
 
@@ -485,6 +486,8 @@ class ActuatorCallback(TrainerCallback, ExportableState):
             reason = rollback_unsupported(trainer)
             if reason:
                 log.warning("actuator: the policy may order a rollback, which would halt instead: %s", reason)
+        if self._is_main:
+            self._warn_if_too_short(state)
         if self.suite is not None and model is not None and self._is_main:
             self.suite.setup(model)  # only rank 0 probes: other ranks take no reference copy
         if self._is_main:
@@ -495,6 +498,16 @@ class ActuatorCallback(TrainerCallback, ExportableState):
             if self.suite is not None and model is not None:
                 self._observe(state.global_step, model, force=True)  # the baseline at step 0
         return None
+
+    def _warn_if_too_short(self, state: Any) -> None:
+        """Say before step 1 when a controller's first decision can only land after the last step."""
+        if self.policy_doc is None:
+            return
+        every = {p.name: p.every for p in (self.suite.probes if self.suite is not None else [])}
+        free = {self.identification.knob: self.identification.end} if self.identification is not None else {}
+        for message in late_first_decisions(self.policy_doc, every, max_steps=int(getattr(state, "max_steps", 0) or 0),
+                                            start_step=int(state.global_step), free_from=free):
+            log.warning("actuator: %s", message)
 
     # -- resume with restore_callback_states_from_checkpoint=True ------------------------------
     def _predecessor(self, trainer: Any) -> ActuatorCallback | None:

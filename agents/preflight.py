@@ -1,0 +1,55 @@
+"""Checks at ``train()`` start that say, with the arithmetic, when a run cannot be controlled.
+
+A controller acts on a probe reading after the step-0 baseline, and its decision applies at the
+step boundary after the answer comes back. A run whose probes come too rarely for its length
+trains open loop while its owner believes it is controlled: that must be said before step 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from actuator.policy import PolicyDocument
+
+__all__ = ["late_first_decisions"]
+
+
+def late_first_decisions(policy: PolicyDocument, probe_every: Mapping[str, int | None], *, max_steps: int,
+                         start_step: int = 0, free_from: Mapping[str, int] | None = None) -> list[str]:
+    """One message per controller whose first decision can only apply after the run's last step.
+
+    ``probe_every``: how often each probe this run was given runs (the policy's ``probes[].every``
+    where it names the probe, else the probe's own). ``free_from``: knob → the first step at which a
+    decision on it can apply (identification holds it until then; decisions before are set aside).
+    """
+    if max_steps <= 0:
+        return []  # an epoch-based run whose length the trainer has not fixed: nothing to say
+    every = dict(probe_every)
+    for spec in policy.probes:
+        if spec.name in every:
+            every[spec.name] = spec.every
+    free = dict(free_from or {})
+    out = []
+    for c in policy.controllers:
+        if c.probe not in every:
+            continue  # a probe the run was not given: the callback warns about that on its own
+        interval = every[c.probe]
+        head = f"controller {c.name!r} ({c.probe} -> {c.knob})"
+        if not interval:
+            out.append(f"{head}: probe {c.probe} has no schedule (every=None), so after the baseline at step "
+                       f"{start_step} it is never read during training and {c.knob} is never changed. Give it "
+                       f"every=N (N well under max_steps={max_steps})")
+            continue
+        # The first reading after the baseline, then one step boundary for the answer to apply.
+        first_reading = (start_step // interval + 1) * interval
+        earliest = max(first_reading + 1, free.get(c.knob, 0))
+        if earliest <= max_steps:
+            continue
+        why = f"probe {c.probe} runs every {interval} steps, so the first reading after the baseline at step " \
+              f"{start_step} comes at step {first_reading}"
+        if free.get(c.knob, 0) > first_reading + 1:
+            why += f" and identification holds {c.knob} until step {free[c.knob]}"
+        out.append(f"{head}: max_steps={max_steps}, {why}; its first decision could apply at step {earliest} at "
+                   f"the earliest, after the last step. This run trains WITHOUT control by it: probe more often "
+                   f"(the policy's probes[].every, or the probe's every=) or train longer")
+    return out

@@ -1,0 +1,77 @@
+"""At train() start a run says, with the arithmetic, when a controller's first decision can only
+land after its last step (issue 36's SFT first contact: a preset probing every 10 steps on a
+10-step run took one decision, applied never, and said nothing)."""
+
+from __future__ import annotations
+
+import logging
+
+import httpx
+
+from actuator.agents.callback import ActuatorCallback
+from actuator.agents.preflight import late_first_decisions
+from actuator.agents.probes import KLDrift
+from actuator.policy import PolicyDocument
+
+from agent_helpers import HELD_OUT, make_trainer
+
+POLICY = {
+    "name": "preflight-drift-lr",
+    "probes": [{"name": "kl_drift", "every": 10}],
+    "controllers": [{"name": "drift", "probe": "kl_drift", "knob": "learning_rate", "setpoint": 0.0,
+                     "kp": 5.0, "ki": 1.0}],
+}
+KNOBS = {"learning_rate": {"min": 1e-5, "max": 1e-2, "max_step": 0.5}}
+
+
+def _late(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.levelno >= logging.WARNING and "after the last step" in r.getMessage()]
+
+
+def test_a_run_too_short_for_its_first_decision_is_warned_at_train_start(tmp_path, char_tokenizer, sqlite_service,
+                                                                         caplog):
+    trainer = make_trainer(tmp_path, char_tokenizer, steps=10)
+    cb = ActuatorCallback(POLICY, url=sqlite_service.url, knobs=KNOBS,
+                          probes=[KLDrift(HELD_OUT, char_tokenizer, every=2, max_length=32)],
+                          budget_share=1.0).attach(trainer)
+    with caplog.at_level(logging.WARNING, logger="actuator.agents"):
+        trainer.train()
+    late = _late(caplog)
+    assert len(late) == 1, late
+    assert "max_steps=10" in late[0] and "every 10 steps" in late[0] and "step 11" in late[0]
+    # The warning told the truth: nothing was applied during training.
+    assert cb.applied == [] or all(e["step"] >= 10 for e in cb.applied)
+    decisions = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}/decisions").json()["items"]
+    assert all(d["step"] >= 10 for d in decisions)
+
+
+def test_a_run_long_enough_is_not_warned_and_is_controlled(tmp_path, char_tokenizer, sqlite_service, caplog):
+    policy = {**POLICY, "probes": [{"name": "kl_drift", "every": 3}]}
+    trainer = make_trainer(tmp_path, char_tokenizer, steps=10)
+    cb = ActuatorCallback(policy, url=sqlite_service.url, knobs=KNOBS,
+                          probes=[KLDrift(HELD_OUT, char_tokenizer, every=3, max_length=32)],
+                          budget_share=1.0).attach(trainer)
+    with caplog.at_level(logging.WARNING, logger="actuator.agents"):
+        trainer.train()
+    assert _late(caplog) == []
+    assert any(e["step"] < 10 for e in cb.applied), cb.applied
+
+
+def test_the_arithmetic_counts_identification_and_resumes():
+    doc = PolicyDocument.model_validate(POLICY)
+    # every 4 (the probe's own, as the policy names no schedule): reading at 4, applied from 5.
+    doc_own = PolicyDocument.model_validate({**POLICY, "probes": []})
+    assert late_first_decisions(doc_own, {"kl_drift": 4}, max_steps=5) == []
+    assert len(late_first_decisions(doc_own, {"kl_drift": 4}, max_steps=4)) == 1
+    # The policy's schedule wins over the probe's own.
+    assert len(late_first_decisions(doc, {"kl_drift": 2}, max_steps=10)) == 1
+    # Identification holding the knob until step 30 delays the first decision past a 20-step run.
+    msgs = late_first_decisions(doc_own, {"kl_drift": 2}, max_steps=20, free_from={"learning_rate": 30})
+    assert len(msgs) == 1 and "identification holds learning_rate until step 30" in msgs[0]
+    # A resume at step 95 of 100 with a probe every 10: next reading at 100, too late.
+    assert len(late_first_decisions(doc_own, {"kl_drift": 10}, max_steps=100, start_step=95)) == 1
+    assert late_first_decisions(doc_own, {"kl_drift": 10}, max_steps=100, start_step=85) == []
+    # A probe with no schedule never feeds its controller; a probe not given is warned elsewhere.
+    assert "never read" in late_first_decisions(doc_own, {"kl_drift": None}, max_steps=100)[0]
+    assert late_first_decisions(doc_own, {}, max_steps=100) == []
