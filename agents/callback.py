@@ -43,7 +43,7 @@ from actuator.schemas import DecisionAck, DecisionPublic, KnobSpec, ObservationC
 
 from ._hf_compat import find_trainer, load_checkpoint, rollback_unsupported, run_before_loggers, sharding_unsupported
 from .identification import IdentificationMode
-from .preflight import late_first_decisions
+from .preflight import check_url, late_first_decisions
 from .knobs import KnobNotSupported, KnobSetter, LearningRateKnob
 from .sender import BackgroundSender
 
@@ -225,7 +225,8 @@ class ActuatorCallback(TrainerCallback, ExportableState):
             self.policy = policy  # a stored policy on the service
         else:
             self.policy = load_policy(policy)  # PolicyError now, not mid-run
-        self.url = url or os.environ.get("ACTUATOR_URL", "http://127.0.0.1:8000")
+        self.url = check_url(url) if url else check_url(os.environ.get("ACTUATOR_URL", "http://127.0.0.1:8000"),
+                                                        field="ACTUATOR_URL")
         self.token = token or os.environ.get("ACTUATOR_TOKEN")
         self.knob_bounds = dict(knobs or {"learning_rate": {}})
         self.extra_setters = {s.name: s for s in (setters or [])}

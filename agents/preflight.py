@@ -8,10 +8,33 @@ trains open loop while its owner believes it is controlled: that must be said be
 from __future__ import annotations
 
 from collections.abc import Mapping
+from urllib.parse import urlsplit
 
+from actuator._exceptions import ConfigError
 from actuator.policy import PolicyDocument
 
-__all__ = ["late_first_decisions"]
+__all__ = ["check_url", "late_first_decisions"]
+
+
+def check_url(url: str, *, field: str = "url") -> str:
+    """The controller's base URL, checked before training: a typo here would otherwise train the
+    whole run uncontrolled behind one "unreachable" line. Returns it without a trailing slash."""
+    text = url.strip()
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ConfigError(f"{field}: {url!r} is not an http(s) URL of the controller; write it with its scheme, "
+                          f"e.g. http://127.0.0.1:8000")
+    try:
+        parts.port  # noqa: B018 - urlsplit parses the port lazily; a bad one raises here
+    except ValueError as exc:
+        raise ConfigError(f"{field}: {url!r} has a bad port ({exc})") from None
+    path = parts.path.rstrip("/")
+    if path.endswith("/v1") or "/v1/" in path + "/":
+        raise ConfigError(f"{field}: {url!r} ends in the API's /v1 prefix; give the service's base URL "
+                          f"({parts.scheme}://{parts.netloc}{path[: path.rfind('/v1')]}): the agent adds /v1/... itself")
+    if parts.query or parts.fragment:
+        raise ConfigError(f"{field}: {url!r} carries a query or fragment; give the service's base URL")
+    return text.rstrip("/")
 
 
 def late_first_decisions(policy: PolicyDocument, probe_every: Mapping[str, int | None], *, max_steps: int,

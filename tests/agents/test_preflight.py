@@ -7,7 +7,9 @@ from __future__ import annotations
 import logging
 
 import httpx
+import pytest
 
+from actuator import ConfigError
 from actuator.agents.callback import ActuatorCallback
 from actuator.agents.preflight import late_first_decisions
 from actuator.agents.probes import KLDrift
@@ -75,3 +77,27 @@ def test_the_arithmetic_counts_identification_and_resumes():
     # A probe with no schedule never feeds its controller; a probe not given is warned elsewhere.
     assert "never read" in late_first_decisions(doc_own, {"kl_drift": None}, max_steps=100)[0]
     assert late_first_decisions(doc_own, {}, max_steps=100) == []
+
+
+@pytest.mark.parametrize("url, says", [
+    ("localhost:8731", "not an http(s) URL"),          # the scheme forgotten: httpx's UnsupportedProtocol before
+    ("127.0.0.1:8000", "not an http(s) URL"),
+    ("http://127.0.0.1:8000/v1", "/v1 prefix"),         # POST /v1/v1/runs: 404 "fix the policy" before
+    ("http://127.0.0.1:8000/v1/", "/v1 prefix"),
+    ("http://127.0.0.1:99999", "bad port"),
+    ("http://127.0.0.1:8000/?x=1", "query"),
+    ("ftp://127.0.0.1:8000", "not an http(s) URL"),
+])
+def test_a_bad_controller_url_is_refused_when_the_callback_is_built(url, says, monkeypatch):
+    with pytest.raises(ConfigError, match="url") as err:
+        ActuatorCallback(POLICY, url=url, knobs=KNOBS)
+    assert says in str(err.value)
+    monkeypatch.setenv("ACTUATOR_URL", url)
+    with pytest.raises(ConfigError, match="ACTUATOR_URL"):
+        ActuatorCallback(POLICY, knobs=KNOBS)
+
+
+def test_good_urls_are_kept_without_a_trailing_slash():
+    assert ActuatorCallback(POLICY, url="http://127.0.0.1:8000/", knobs=KNOBS).url == "http://127.0.0.1:8000"
+    # A service behind a reverse proxy under a path prefix is a good URL.
+    assert ActuatorCallback(POLICY, url="https://ctl.example/actuator", knobs=KNOBS).url == "https://ctl.example/actuator"
