@@ -22,7 +22,8 @@ class ProbeReport:
     ``values`` holds every probe value plus the cost metrics ``probe_seconds.<name>`` (wall
     seconds of each probe that ran) and ``probe_share`` (probe seconds / wall seconds since
     setup, after this run), so the cost travels in the observation like any other value.
-    ``seconds`` repeats the per-probe seconds keyed by probe name. ``skipped`` names the probes
+    ``probe_starved.<name>`` (consecutive skips) for each probe skipped for budget since it last
+    ran. ``seconds`` repeats the per-probe seconds keyed by probe name. ``skipped`` names the probes
     that were due but skipped for budget; ``notes`` says why, and which probes were subsampled
     (``examples`` gives the number of examples each probe used). ``failed`` names probes that
     raised (``on_error="warn"``).
@@ -176,6 +177,9 @@ class ProbeSuite:
         # The wrapper's own cost (mode bookkeeping, RNG capture) is probe time too.
         self._probe_seconds += max(self._clock() - run_start - spent, 0.0)
         report.values["probe_share"] = self.probe_share
+        # Travels with the observation so the service can show the run's starved probes.
+        for name in self.starved:
+            report.values[f"probe_starved.{name}"] = float(self._skips.get(name, 0))
         if report.skipped:
             logger.debug("probes skipped at step %s: %s", step, "; ".join(report.notes))
         return report

@@ -212,11 +212,14 @@ def test_a_starved_probe_warns_once_with_its_cost_budget_and_interval(caplog):
     assert "~13.00 s" in warnings[0] and "10%" in warnings[0] and "every 39 steps" in warnings[0]
     assert "every=2" in warnings[0] and "step 2" in warnings[0]
     assert set(suite.starved) == {"policy_kl"}
+    last = suite.run(_model(), 12)  # due and skipped again: the report says how long it has starved
+    assert last.values["probe_starved.policy_kl"] == 6.0  # steps 2, 4, ..., 12
     # A measurement ends the starvation (forced here); the next starvation warns again.
-    suite.run(_model(), 11, force=True)
+    suite.run(_model(), 12, force=True)
     assert suite.starved == {}
     caplog.clear()
+    assert not any(k.startswith("probe_starved.") for k in suite.run(_model(), 13, force=True).values)
     with caplog.at_level("WARNING", logger="actuator.agents"):
         clock.now += 3.0
-        suite.run(_model(), 12)
+        suite.run(_model(), 14)
     assert sum("skipped for budget" in r.getMessage() for r in caplog.records) == 1
