@@ -19,11 +19,12 @@ import functools
 import hashlib
 import hmac
 import json
+import math
 import secrets
 import select as _select
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -49,7 +50,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Connection
 from sqlalchemy.engine import Engine as SAEngine
-from sqlalchemy.exc import DBAPIError, DisconnectionError
+from sqlalchemy.exc import DBAPIError, DisconnectionError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from .engine import Engine
@@ -58,7 +59,7 @@ from .policy import PolicyDocument
 from .run_state import ControllerState, RunContext
 from .schemas import MAX_SEQ_GAP, Action, Decision, DecisionPublic, ObservationBatch, ObservationCreate, RunCreate
 
-__all__ = ["Store", "IngestOutcome", "ObservationRefused", "RunTokenRefused", "RunSnapshot",
+__all__ = ["Store", "IngestOutcome", "ObservationRefused", "RunTokenRefused", "PolicyVersionConflict", "RunSnapshot",
            "hash_token", "new_token", "make_engine", "MAX_NAMES"]
 
 # Distinct probe, metric and knob names one run may report over its life: each becomes a key of
@@ -100,6 +101,16 @@ _ACK = (update(_DEC)
                _DEC.c.applied_step.is_(None), _DEC.c.skipped.is_(None))
         .values(applied_step=bindparam("ack_step"), applied_value=bindparam("ack_value"),
                 skipped=bindparam("ack_skipped")))
+# What an acknowledgement is checked against: the step a decision was ordered for and its knob.
+_ORDERED = select(_DEC.c.number, _DEC.c.step, _DEC.c.knob).where(
+    _DEC.c.run_id == bindparam("run_id"), _DEC.c.number.in_(bindparam("numbers", expanding=True)))
+# An applied value may differ from a knob's bound by float rounding (a setter that rescales a
+# schedule reads back a product of floats); anything further is no value the agent could have set.
+_BOUND_RTOL = 1e-9
+# Writers of one policy name that lose the race for a version number try again with the next one;
+# each loss means another writer stored a version, so this many losses in a row is contention no
+# publisher should meet (the request is refused with 409 rather than spin).
+_VERSION_ATTEMPTS = 32
 _DECISION_IDS = select(_DEC.c.number, _DEC.c.id).where(_DEC.c.run_id == bindparam("run_id"),
                                                        _DEC.c.number >= bindparam("first"))
 # What SQLAlchemy's JSON type writes too (stored text compares equal), but refusing NaN and
@@ -127,6 +138,10 @@ class ObservationRefused(ValueError):
     def __init__(self, loc: str, message: str, status: int = 422) -> None:
         super().__init__(f"{loc}: {message}")
         self.loc, self.message, self.status = loc, message, status
+
+
+class PolicyVersionConflict(RuntimeError):
+    """Other writers kept taking the next version of this policy name (see ``create_policy``)."""
 
 
 def new_token() -> str:
@@ -246,6 +261,7 @@ class Store:
         self.is_sqlite = url.startswith("sqlite")
         self._run_locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
+        self._policy_lock = threading.Lock()
         self._policy_engines: dict[int, Engine] = {}  # policy versions are immutable
         self._write = self._write_sqlite if self.is_sqlite else self._write_postgres
 
@@ -262,12 +278,34 @@ class Store:
             conn.exec_driver_sql("SELECT 1")
 
     # -- policies ----------------------------------------------------------------------------
-    def create_policy(self, doc: PolicyDocument) -> PolicyRow:
-        with self.session() as s:
-            latest = s.scalar(select(func.max(PolicyRow.version)).where(PolicyRow.name == doc.name))
-            row = PolicyRow(name=doc.name, version=(latest or 0) + 1, document=doc.model_dump(mode="json"))
-            s.add(row)
-        return row
+    def create_policy(self, doc: PolicyDocument, *, reuse_identical: bool = False) -> PolicyRow:
+        """Store ``doc`` as the next version of its name. ``reuse_identical``: return the latest
+        version instead when it holds the same document and is not archived (a registration
+        carrying a policy inline stores it once, however many carry it at the same time).
+
+        The next number is read without a lock, so two writers (threads here, other workers) can
+        read the same one: the unique key (name, version) lets one of them store it, and the other
+        tries again in a new transaction, which sees the winner. Every publisher succeeds, versions
+        stay contiguous; :class:`PolicyVersionConflict` only after ``_VERSION_ATTEMPTS`` losses."""
+        document = doc.model_dump(mode="json")
+        # the threads of this process take turns: only other processes can make an attempt lose
+        with self._policy_lock:
+            for _ in range(_VERSION_ATTEMPTS):
+                try:
+                    with self.session() as s:
+                        latest = s.scalars(select(PolicyRow).where(PolicyRow.name == doc.name)
+                                           .order_by(PolicyRow.version.desc()).limit(1)).first()
+                        if reuse_identical and latest is not None and not latest.archived \
+                                and latest.document == document:
+                            return latest
+                        row = PolicyRow(name=doc.name, version=(latest.version if latest else 0) + 1,
+                                        document=document)
+                        s.add(row)
+                    return row
+                except IntegrityError:
+                    continue  # another writer stored this version number first
+        raise PolicyVersionConflict(f"policy {doc.name!r}: other writers took the next version "
+                                    f"{_VERSION_ATTEMPTS} times in a row; try again")
 
     @_retry_on_disconnect
     def get_policy(self, name: str, version: int | None = None) -> PolicyRow | None:
@@ -500,7 +538,7 @@ class Store:
             engine = engine or self.policy_engine(run.policy_id, conn)
             ctx = self._context(run)
             before = (run.state, run.decision_count, run.last_step, run.last_seq)
-            self._acknowledge(conn, run_id, batch, before[1])
+            self._acknowledge(conn, run, batch, before[1])
             drafts: list[Decision] = []
             actions: list[Action] = []
             events: list[dict[str, Any]] = []
@@ -567,16 +605,29 @@ class Store:
                              run, outputs, more_decisions=more)
 
     @staticmethod
-    def _acknowledge(conn: Connection, run_id: str, batch: ObservationBatch, decided: int) -> None:
-        """Record what the agent did with decisions it received. Only decisions that existed
-        before this request can have been applied; anything else refuses the whole batch."""
+    def _acknowledge(conn: Connection, run: RunSnapshot, batch: ObservationBatch, decided: int) -> None:
+        """Record what the agent did with decisions it received. Only what can be true is
+        recorded: a decision that existed before this request, acknowledged at or after the step
+        it was ordered for, with a value within its knob's bounds; anything else refuses the whole
+        batch (nothing of it is stored: the agent's sender then drops its acknowledgements)."""
         if not batch.applied:
             return
         for i, ack in enumerate(batch.applied):
             if ack.number > decided:
                 raise ObservationRefused(f"applied.{i}.number",
-                                         f"run {run_id!r} has no decision {ack.number} (it has {decided})")
-        conn.execute(_ACK, [{"ack_run": run_id, "ack_number": a.number,
+                                         f"run {run.id!r} has no decision {ack.number} (it has {decided})")
+        numbers = sorted({a.number for a in batch.applied})
+        ordered = {row.number: row for row in conn.execute(_ORDERED, {"run_id": run.id, "numbers": numbers})}
+        for i, ack in enumerate(batch.applied):
+            decision = ordered[ack.number]  # numbers are gapless: every one up to ``decided`` exists
+            if ack.step < decision.step:
+                raise ObservationRefused(f"applied.{i}.step", f"decision {ack.number} was ordered for step "
+                                         f"{decision.step}; it cannot have been {ack.status} at step {ack.step}")
+            spec = run.knobs.get(decision.knob)
+            if ack.value is not None and spec is not None and not _within_bounds(spec, ack.value):
+                raise ObservationRefused(f"applied.{i}.value", f"{ack.value!r} is outside {decision.knob}'s "
+                                         f"bounds [{spec['min']}, {spec['max']}]: no value the agent could set")
+        conn.execute(_ACK, [{"ack_run": run.id, "ack_number": a.number,
                              "ack_step": a.step if a.status == "applied" else None,
                              "ack_value": a.value if a.status == "applied" else None,
                              "ack_skipped": (f"step {a.step}: {a.reason or 'set aside by the agent'}"
@@ -766,6 +817,17 @@ class Store:
     def count(self, table: type) -> int:
         with self.sessions() as s:
             return s.scalar(select(func.count()).select_from(table)) or 0
+
+
+def _within_bounds(spec: Mapping[str, Any], value: float) -> bool:
+    """Whether ``value`` is one the agent can have set for a knob (``spec`` as the run stores it):
+    within its bounds, give or take float rounding. The agent rounds an integer knob's clamped
+    value to the nearest integer, which may pass a fractional bound by up to a half."""
+    lo, hi = float(spec["min"]), float(spec["max"])
+    if spec.get("scale") == "integer":
+        lo, hi = math.floor(lo), math.ceil(hi)
+    slack = _BOUND_RTOL * max(abs(lo), abs(hi))
+    return lo - slack <= value <= hi + slack
 
 
 class _RowTable:

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from actuator._exceptions import PolicyError
 from actuator.engine import Engine
-from actuator.models import ObservationRow
+from actuator.models import ObservationRow, PolicyRow
 from actuator.policy import PolicyDocument, list_presets, load_policy, load_preset, policy_errors
 from actuator.schemas import (
     PolicyArchived,
@@ -22,9 +22,10 @@ from actuator.schemas import (
     TunePublic,
 )
 from actuator.simulate import simulate
+from actuator.store import PolicyVersionConflict
 from actuator.tune import NotIdentifiable, UnknownController, tune_controller
 
-from ..deps import AdminDep, Offset, PageSize, ServicesDep, Version, policy_ref, run_not_found
+from ..deps import AdminDep, Offset, PageSize, Services, ServicesDep, Version, policy_ref, run_not_found
 from ..errors import ApiError, error_responses
 from ..views import policy_public
 
@@ -47,11 +48,21 @@ def _parse(doc: dict[str, Any]) -> PolicyDocument:
     return parsed
 
 
-@router.post("", status_code=201, response_model=PolicyPublic, responses=error_responses(400, 401, 403, 413, 422, 503),
+def publish_policy(services: Services, doc: PolicyDocument, *, reuse_identical: bool = False) -> PolicyRow:
+    """Store ``doc`` as its name's next version (``reuse_identical``: see ``Store.create_policy``);
+    409 if other writers kept taking the next version."""
+    try:
+        return services.store.create_policy(doc, reuse_identical=reuse_identical)
+    except PolicyVersionConflict as exc:
+        raise ApiError(409, f"name: {exc}", [{"loc": "body.name", "msg": str(exc)}]) from exc
+
+
+@router.post("", status_code=201, response_model=PolicyPublic,
+             responses=error_responses(400, 401, 403, 409, 413, 422, 503),
              summary="Create a policy (or a new version of it)")
 def create_policy(_: AdminDep, services: ServicesDep,
                   doc: dict[str, Any] = Body(..., examples=[_EXAMPLE])) -> PolicyPublic:
-    return policy_public(services.store.create_policy(_parse(doc)))
+    return policy_public(publish_policy(services, _parse(doc)))
 
 
 @router.get("/schema", response_model=dict[str, Any], summary="The policy document's JSON Schema")
@@ -171,7 +182,7 @@ def tune_policy(_: AdminDep, body: TuneCreate, services: ServicesDep) -> dict[st
 
 
 @router.put("/{name}", status_code=201, response_model=PolicyPublic,
-            responses=error_responses(400, 401, 403, 404, 413, 422, 503),
+            responses=error_responses(400, 401, 403, 404, 409, 413, 422, 503),
             summary="Update a policy: stores a new version")
 def update_policy(_: AdminDep, services: ServicesDep, name: str = Path(pattern=r"^[A-Za-z_][A-Za-z0-9_.\-]{0,63}$"),
                   doc: dict[str, Any] = Body(..., examples=[_EXAMPLE])) -> PolicyPublic:
@@ -181,7 +192,7 @@ def update_policy(_: AdminDep, services: ServicesDep, name: str = Path(pattern=r
                        [{"loc": "body.name", "msg": "does not match the path"}])
     if services.store.get_policy(name) is None:
         raise ApiError(404, f"policy {name!r} not found; create it with POST /v1/policies")
-    return policy_public(services.store.create_policy(parsed))
+    return policy_public(publish_policy(services, parsed))
 
 
 @router.delete("/{name}", response_model=PolicyArchived, responses=error_responses(401, 403, 404, 422, 503),

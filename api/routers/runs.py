@@ -37,6 +37,7 @@ from ..deps import (
 )
 from ..errors import ApiError, error_responses
 from ..views import decision_public, run_public, run_state
+from .policies import publish_policy
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
 
@@ -47,7 +48,8 @@ def _unprocessable(message: str, errors: list[dict[str, Any]] | None = None) -> 
 
 def _resolve_policy(services: Services, body: RunCreate) -> tuple[PolicyRow | None, PolicyDocument]:
     """A stored policy by name (``name`` or ``name@version``) or an inline document.
-    Returns (row or None if the inline document must be stored, document)."""
+    Returns (row, or None for an inline document: stored at registration, or the latest version
+    if that holds the same document), document)."""
     if isinstance(body.policy, str):
         name, version, ok = policy_ref(body.policy)
         if not ok:
@@ -63,9 +65,6 @@ def _resolve_policy(services: Services, body: RunCreate) -> tuple[PolicyRow | No
     except PolicyError as exc:
         errors = [{**e, "loc": f"body.policy.{e['loc']}"} for e in exc.errors]
         raise _unprocessable(f"policy: {exc}", errors) from exc
-    latest = services.store.get_policy(doc.name)
-    if latest is not None and not latest.archived and latest.document == doc.model_dump(mode="json"):
-        return latest, doc
     return None, doc
 
 
@@ -93,14 +92,14 @@ def _check_storable(body: RunCreate) -> None:
         raise ApiError(422, None, errors)
 
 
-@router.post("", status_code=201, response_model=RunCreated, responses=error_responses(400, 401, 403, 413, 422, 503),
-             summary="Register a run")
+@router.post("", status_code=201, response_model=RunCreated,
+             responses=error_responses(400, 401, 403, 409, 413, 422, 503), summary="Register a run")
 def register_run(body: RunCreate, _: AdminDep, services: ServicesDep) -> RunCreated:
     _check_storable(body)
     row, doc = _resolve_policy(services, body)
     _check_knobs(doc, body)  # before storing anything
     if row is None:
-        row = services.store.create_policy(doc)
+        row = publish_policy(services, doc, reuse_identical=True)
     run, token = services.store.create_run(body, row)
     services.metrics.set_state(run.id, run.state)
     for k in body.knobs:

@@ -197,25 +197,27 @@ def test_acknowledgements_are_recorded_once_and_bad_ones_refuse_the_batch(store,
     run_id, _ = run
     made = store.ingest(run_id, batch(obs(0, 1), obs(1, 2, drift=0.5), obs(2, 3, drift=0.7))).created
     assert len(made) >= 2
-    applied = DecisionAck(number=1, status="applied", step=2, value=4.5e-4)
-    skipped = DecisionAck(number=2, status="skipped", step=2, reason="identification holds learning_rate")
+    # at or after the step each decision was ordered for (3 and 4): the agent applies it at a later
+    # step boundary
+    applied = DecisionAck(number=1, status="applied", step=3, value=4.5e-4)
+    skipped = DecisionAck(number=2, status="skipped", step=4, reason="identification holds learning_rate")
     store.ingest(run_id, ObservationBatch(observations=[obs(3, 4)], last_decision=2, applied=[applied, skipped]))
     rows = {d.number: d for d in store.list_decisions(run_id)[0]}
-    assert (rows[1].applied_step, rows[1].applied_value, rows[1].skipped) == (2, 4.5e-4, None)
+    assert (rows[1].applied_step, rows[1].applied_value, rows[1].skipped) == (3, 4.5e-4, None)
     assert (rows[2].applied_step, rows[2].applied_value) == (None, None)
-    assert rows[2].skipped == "step 2: identification holds learning_rate"
+    assert rows[2].skipped == "step 4: identification holds learning_rate"
 
     # A repeat (a retried request) changes nothing recorded, even with other figures.
     again = DecisionAck(number=1, status="applied", step=9, value=1e-3)
     store.ingest(run_id, ObservationBatch(observations=[obs(3, 4)], last_decision=2, applied=[again]))
-    assert store.list_decisions(run_id)[0][0].applied_step == 2
+    assert store.list_decisions(run_id)[0][0].applied_step == 3
 
     # A decision that does not exist (yet) refuses the whole batch: neither its observation nor
     # the valid acknowledgement beside it is stored.
     decided = store.get_run(run_id).decision_count
     before = counts(store)
-    ok = DecisionAck(number=decided, status="applied", step=3, value=5e-4)
-    bad = DecisionAck(number=decided + 1, status="applied", step=3, value=5e-4)
+    ok = DecisionAck(number=decided, status="applied", step=5, value=5e-4)
+    bad = DecisionAck(number=decided + 1, status="applied", step=5, value=5e-4)
     with pytest.raises(ObservationRefused) as exc:
         store.ingest(run_id, ObservationBatch(observations=[obs(4, 5)], last_decision=decided, applied=[ok, bad]))
     assert exc.value.loc == "applied.1.number" and exc.value.status == 422
