@@ -4,31 +4,68 @@ Two implementations with one interface: :class:`MemoryLive` (embedded default, o
 :class:`RedisLive` (production: shared by every worker and replica). Durable state is never kept
 here; losing Redis loses nothing but liveness timestamps and in-flight stream events.
 
-Events of a run are numbered 1, 2, 3, ... in publish order, and only the last ``keep`` are kept.
-:meth:`LiveState.follow` resumes exactly after any number; what was trimmed away meanwhile comes
-back as one ``gap`` event naming the missing numbers, never as silence. A follower costs nothing
-while its run is quiet: it waits to be woken (in process), or on the one blocking ``XREAD`` its
-worker shares among all its followers (Redis).
+Events of a run are numbered 1, 2, 3, ... in publish order within an **epoch**: the time the
+numbering started (microseconds since 1970), taken when the run's first event is kept, stored in
+every event id (``<epoch>-<n>``, see :class:`EventId`). Live state that loses its events (Redis
+flushed or restarted, the process restarted) starts a new epoch, so a number never comes to mean
+another event. Only the last ``keep`` events are kept. :meth:`LiveState.follow` resumes exactly
+after any id; what it cannot resume is said, never left as silence: events trimmed away come back
+as one ``gap`` event naming the missing numbers (``"trimmed"``), and an id of another epoch as a
+``gap`` telling the client to resync from the durable report (``"restarted"``). A follower costs
+nothing while its run is quiet: it waits to be woken (in process), or on the one blocking
+``XREAD`` its worker shares among all its followers (Redis).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 import time
 import uuid
 from collections import defaultdict, deque
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from dataclasses import dataclass
-from itertools import islice
-from typing import Any, Protocol, cast
+from typing import Any, ClassVar, Protocol, cast
 
-__all__ = ["LiveEvent", "LiveState", "MemoryLive", "RedisLive", "make_live"]
+__all__ = ["EventId", "LiveEvent", "LiveState", "MemoryLive", "RedisLive", "make_live"]
 
 _CHUNK = 500  # events per read while catching up, and per run per shared read
 _BLOCK_MS = 10_000  # the shared XREAD re-arms this often (and then drops runs nobody follows)
 _BACKLOG = 64  # batches queued for one follower before it re-reads from its cursor instead
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class EventId:
+    """An event's place in its run's stream, ordered as Redis orders stream ids: the epoch its
+    numbering started in, then its number ``n`` (1, 2, 3, ...) in that epoch. Text form
+    ``<epoch>-<n>``, which is the Redis stream entry id itself."""
+
+    epoch: int
+    n: int
+
+    # At most 19 digits each: below 2**64, so any id a client sends is a valid Redis stream id.
+    PATTERN: ClassVar[str] = r"^\d{1,19}(-\d{1,19})?$"
+
+    def __str__(self) -> str:
+        return f"{self.epoch}-{self.n}"
+
+    @property
+    def previous(self) -> EventId:
+        return EventId(self.epoch, self.n - 1)
+
+    @classmethod
+    def parse(cls, text: str) -> EventId:
+        """``<epoch>-<n>``; a plain ``<n>`` (an id sent before epochs existed) is epoch 0, the epoch
+        of streams numbered then. Raises ValueError on anything else."""
+        if not re.fullmatch(cls.PATTERN, text):
+            raise ValueError(f"not an event id: {text[:40]!r}")
+        epoch, _, n = text.rpartition("-")
+        return cls(int(epoch or 0), int(n))
+
+
+ORIGIN = EventId(0, 0)  # before every event: a follower that has seen nothing yet
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +73,7 @@ class LiveEvent:
     """One event of a run's live stream. ``data`` is the event as JSON text: encoded once when
     published and sent as is to every follower."""
 
-    id: int
+    id: EventId
     kind: str
     data: str
 
@@ -45,43 +82,63 @@ def _encode(event: dict[str, Any]) -> tuple[str, str]:
     return str(event.get("kind", "message")), json.dumps(event, default=str)
 
 
-def _trimmed(first: int, last: int) -> LiveEvent:
-    """Events ``first..last`` are no longer kept. Carries id ``last``: a client that reconnects
-    after it is not told again."""
-    return LiveEvent(last, "gap", json.dumps({"kind": "gap", "reason": "trimmed", "first": first, "last": last}))
+def _epoch_now() -> int:
+    return time.time_ns() // 1000
 
 
-def _restarted(after: int) -> LiveEvent:
-    """The client has seen more events than the live state has numbered: the live state was lost
-    (Redis or the process restarted) and numbering began again at 1. Carries id 0: what follows
-    counts from the start."""
-    return LiveEvent(0, "gap", json.dumps({"kind": "gap", "reason": "restarted", "last_event_id": after}))
+def _trimmed(epoch: int, first: int, last: int) -> LiveEvent:
+    """Events ``first..last`` are no longer kept. Carries the id of ``last``: a client that
+    reconnects after it is not told again."""
+    return LiveEvent(EventId(epoch, last), "gap",
+                     json.dumps({"kind": "gap", "reason": "trimmed", "first": first, "last": last}))
+
+
+def _restarted(after: EventId, resume: EventId) -> LiveEvent:
+    """``after`` belongs to a numbering the live state no longer has (it lost its events: Redis or
+    the process restarted, or Redis was flushed): whatever came after it is unknown here, so the
+    client resyncs from the durable report. Carries ``resume``, the id just before the events
+    that follow (``after`` itself while no event of the new numbering exists yet)."""
+    return LiveEvent(resume, "gap", json.dumps({"kind": "gap", "reason": "restarted", "last_event_id": str(after)}))
 
 
 class _Source(Protocol):
     """What :func:`_follow` needs of a backend for one follower of one run."""
 
-    async def read(self, after: int) -> list[LiveEvent]: ...  # up to _CHUNK kept events after `after`
-    async def last_id(self) -> int: ...  # the number of the last event published (0: none)
-    async def wait(self, cursor: int) -> list[LiveEvent]: ...  # the next events; may overlap or skip
+    async def read(self, after: EventId) -> list[LiveEvent]: ...  # up to _CHUNK kept events with ids > after
+    async def last_id(self) -> EventId | None: ...  # the id of the last event kept (None: none)
+    async def wait(self, cursor: EventId) -> list[LiveEvent]: ...  # the next events; may overlap or skip
 
 
-async def _follow(source: _Source, after: int | None) -> AsyncIterator[LiveEvent]:
+async def _continues(source: _Source, after: EventId, entries: list[LiveEvent]) -> bool:
+    """Whether ``after`` is in the numbering the live state has now (``entries``: what it keeps
+    after ``after``)."""
+    if entries:
+        return entries[0].id.epoch == after.epoch
+    last = await source.last_id()
+    return last is not None and last.epoch == after.epoch and last.n >= after.n
+
+
+async def _follow(source: _Source, after: EventId | None) -> AsyncIterator[LiveEvent]:
     """The one follow algorithm of both backends: catch up from ``after`` (``None``: from the
-    oldest kept event, no gap reported), then wait for new events. Ids are contiguous, so a
-    skipped number is a trimmed event and is reported as such."""
-    entries = await source.read(after or 0)
-    if after and not entries and await source.last_id() < after:
-        yield _restarted(after)  # and go on as a new client: what is kept, no second gap
-        after = None
-        entries = await source.read(0)
-    cursor = after if after is not None else (entries[0].id - 1 if entries else await source.last_id())
+    oldest kept event, no gap reported), then wait for new events. Numbers are contiguous within
+    an epoch, so a skipped number is a trimmed event, and an event of another epoch means the
+    numbering was lost; each is reported as such."""
+    entries = await source.read(after or ORIGIN)
+    if after is not None and after != ORIGIN and not await _continues(source, after, entries):
+        entries = await source.read(ORIGIN)
+        yield _restarted(after, entries[0].id.previous if entries else after)
+        after = None  # and go on as a new client: what is kept, no second gap
+    cursor = after if after is not None else (entries[0].id.previous if entries else ORIGIN)
     while True:
         for ev in entries:
-            if ev.id <= cursor:
+            if cursor == ORIGIN:  # nothing seen yet: follow this event's numbering from its start
+                cursor = EventId(ev.id.epoch, 0)
+            if ev.id.epoch != cursor.epoch:  # numbering lost while following (the ids may sort either way)
+                yield _restarted(cursor, ev.id.previous)
+            elif ev.id.n <= cursor.n:
                 continue
-            if ev.id > cursor + 1:
-                yield _trimmed(cursor + 1, ev.id - 1)
+            elif ev.id.n > cursor.n + 1:
+                yield _trimmed(cursor.epoch, cursor.n + 1, ev.id.n - 1)
             yield ev
             cursor = ev.id
         if len(entries) >= _CHUNK:  # more kept than one read returns: keep reading
@@ -96,22 +153,23 @@ class LiveState(Protocol):
     def last_seen(self, run_id: str) -> float | None: ...
     def publish(self, run_id: str, event: dict[str, Any]) -> None: ...
     def publish_many(self, run_id: str, events: Iterable[dict[str, Any]], *, touch: int | None = None) -> None: ...
-    def follow(self, run_id: str, after: int | None = None) -> AsyncGenerator[LiveEvent, None]:
-        """The run's events after number ``after`` (``None``: every kept event), then new ones as
-        they are published, until the caller stops (and closes it: ``aclose()``). Raises if the
-        backend fails."""
+    def follow(self, run_id: str, after: EventId | None = None) -> AsyncGenerator[LiveEvent, None]:
+        """The run's events after ``after`` (``None``: every kept event), then new ones as they are
+        published, until the caller stops (and closes it: ``aclose()``). Raises if the backend
+        fails."""
         ...
     def close(self) -> None: ...
     async def aclose(self) -> None: ...
 
 
 class MemoryLive:
-    """In-process live state; events kept in a bounded ring per run."""
+    """In-process live state; events kept in a bounded ring per run. A run's epoch is the time of
+    its first event in this process: a restarted service numbers in a new one."""
 
     def __init__(self, keep: int = 1000) -> None:
         self._seen: dict[str, float] = {}
         self._events: dict[str, deque[LiveEvent]] = defaultdict(lambda: deque(maxlen=keep))
-        self._ids: dict[str, int] = defaultdict(int)
+        self._last: dict[str, EventId] = {}  # run -> id of its last event
         self._lock = threading.Lock()
         # Publishers run in the thread pool; followers wait on their event loop.
         self._waiters: dict[str, set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = defaultdict(set)
@@ -137,9 +195,11 @@ class MemoryLive:
             return
         with self._lock:
             ring = self._events[run_id]
+            last = self._last.get(run_id) or EventId(_epoch_now(), 0)
             for kind, data in encoded:
-                self._ids[run_id] += 1
-                ring.append(LiveEvent(self._ids[run_id], kind, data))
+                last = EventId(last.epoch, last.n + 1)
+                ring.append(LiveEvent(last, kind, data))
+            self._last[run_id] = last
             waiters = list(self._waiters.get(run_id, ()))
         for loop, woken in waiters:
             try:
@@ -147,15 +207,21 @@ class MemoryLive:
             except RuntimeError:  # that follower's loop closed as we published: nobody to wake
                 pass
 
-    def _after(self, run_id: str, after: int) -> list[LiveEvent]:
+    def _after(self, run_id: str, after: EventId) -> list[LiveEvent]:
         with self._lock:
             ring = self._events.get(run_id)
             if not ring:
                 return []
-            start = max(0, after - ring[0].id + 1)  # ids in a ring are contiguous
-            return list(islice(ring, start, start + _CHUNK))
+            first = ring[0].id  # a ring holds one epoch, its numbers contiguous
+            if after < first:
+                start = 0
+            elif after.epoch == first.epoch:
+                start = after.n - first.n + 1
+            else:
+                return []
+            return [ring[i] for i in range(start, min(start + _CHUNK, len(ring)))]
 
-    def follow(self, run_id: str, after: int | None = None) -> AsyncGenerator[LiveEvent, None]:
+    def follow(self, run_id: str, after: EventId | None = None) -> AsyncGenerator[LiveEvent, None]:
         return _follow_memory(self, run_id, after)
 
     def close(self) -> None:
@@ -170,14 +236,14 @@ class _MemoryFollower:
         self.live, self.run_id = live, run_id
         self.woken = asyncio.Event()
 
-    async def read(self, after: int) -> list[LiveEvent]:
+    async def read(self, after: EventId) -> list[LiveEvent]:
         return self.live._after(self.run_id, after)
 
-    async def last_id(self) -> int:
+    async def last_id(self) -> EventId | None:
         with self.live._lock:
-            return self.live._ids.get(self.run_id, 0)
+            return self.live._last.get(self.run_id)
 
-    async def wait(self, cursor: int) -> list[LiveEvent]:
+    async def wait(self, cursor: EventId) -> list[LiveEvent]:
         while True:
             self.woken.clear()  # before reading: a publish in between sets it again
             entries = self.live._after(self.run_id, cursor)
@@ -186,7 +252,7 @@ class _MemoryFollower:
             await self.woken.wait()
 
 
-async def _follow_memory(live: MemoryLive, run_id: str, after: int | None) -> AsyncGenerator[LiveEvent, None]:
+async def _follow_memory(live: MemoryLive, run_id: str, after: EventId | None) -> AsyncGenerator[LiveEvent, None]:
     follower = _MemoryFollower(live, run_id)
     waiter = (asyncio.get_running_loop(), follower.woken)
     with live._lock:
@@ -201,19 +267,58 @@ async def _follow_memory(live: MemoryLive, run_id: str, after: int | None) -> As
                 del live._waiters[run_id]
 
 
+# Publishes a run's events (and its touch) atomically, whichever worker runs it. The stream's last
+# entry holds the epoch; a stream that does not exist (never did, or was lost with a FLUSHALL or a
+# restart) starts a new one at Redis's own clock, in microseconds, so its ids sort after any id of
+# the numbering that was lost: the shared blocking read sees them at once. Event numbers follow
+# from Redis (XADD <epoch>-*), and keep counting across trimming.
+# KEYS: the run's stream, the last-seen hash. ARGV: keep, run id, touch time ("": none), then
+# kind, data, kind, data, ...
+_PUBLISH = """
+if ARGV[3] ~= '' then redis.call('HSET', KEYS[2], ARGV[2], ARGV[3]) end
+if #ARGV < 4 then return 0 end
+local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)[1]
+local epoch, id
+if last then
+  epoch = string.match(last[1], '^%d+')
+  id = epoch .. '-*'
+else
+  redis.call('DEL', KEYS[1])  -- an emptied stream would refuse ids below its last one
+  local t = redis.call('TIME')
+  epoch = t[1] .. string.format('%06d', tonumber(t[2]))
+  id = epoch .. '-1'
+end
+for i = 4, #ARGV, 2 do
+  redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], id, 'k', ARGV[i], 'e', ARGV[i + 1])
+  id = epoch .. '-*'
+end
+return 0
+"""
+
+# The last entry id of each stream (false: none), for the shared read's periodic check.
+_LAST_IDS = """
+local ids = {}
+for i, key in ipairs(KEYS) do
+  local last = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)[1]
+  ids[i] = last and last[1] or false
+end
+return ids
+"""
+
+
 class RedisLive:
     """Redis-backed live state: a hash of last-seen times and a capped stream per run.
 
-    Stream entry ids are ``0-<n>``, n = 1, 2, 3, ...: Redis numbers them itself (``XADD 0-*``,
-    Redis 7), atomically whichever worker publishes, and keeps counting across trimming. The keys
-    are ``actuator:run-stream:<run>``, not the earlier ``actuator:events:<run>``, whose
-    time-based ids these numbers could not follow."""
+    Stream entry ids are the event ids, ``<epoch>-<n>``. The keys are ``actuator:run-stream:<run>``
+    (streams numbered before epochs existed, ``0-<n>``, go on in their epoch 0), not the earlier
+    ``actuator:events:<run>``, whose time-based ids these numbers could not follow."""
 
     def __init__(self, url: str, keep: int = 1000) -> None:
         import redis
 
         self._url = url
         self._r = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
+        self._publish = self._r.register_script(_PUBLISH)
         self._keep = keep
         self._hub: _RedisHub | None = None
 
@@ -236,19 +341,14 @@ class RedisLive:
 
     def publish_many(self, run_id: str, events: Iterable[dict[str, Any]], *, touch: int | None = None) -> None:
         """The same stream entries as ``publish`` of each event in order (and the ``touch`` first
-        unless None), sent as one pipeline: one round trip and one connection checkout for all.
-        Not a transaction: like separate calls, another writer's entries may land in between."""
-        key = self._key(run_id)
-        pipe = self._r.pipeline(transaction=False)
-        if touch is not None:
-            pipe.hset("actuator:last_seen", run_id, time.time())
-        for event in events:
-            kind, data = _encode(event)
-            pipe.xadd(key, {"k": kind, "e": data}, id="0-*", maxlen=self._keep, approximate=True)
-        if len(pipe):
-            pipe.execute()
+        unless None), in one script call: one round trip for all, and the events contiguous."""
+        fields = [part for event in events for part in _encode(event)]
+        if touch is None and not fields:
+            return
+        self._publish(keys=[self._key(run_id), "actuator:last_seen"],
+                      args=[self._keep, run_id, "" if touch is None else time.time(), *fields])
 
-    def follow(self, run_id: str, after: int | None = None) -> AsyncGenerator[LiveEvent, None]:
+    def follow(self, run_id: str, after: EventId | None = None) -> AsyncGenerator[LiveEvent, None]:
         if self._hub is None:  # built on first use, on the serving event loop
             self._hub = _RedisHub(self._url)
         return self._hub.follow(self._key(run_id), after)
@@ -268,8 +368,13 @@ _Entries = list[tuple[bytes, dict[bytes, bytes]]]
 _ReadReply = list[tuple[bytes, _Entries]] | None
 
 
+def _event_id(raw: bytes) -> EventId:
+    epoch, _, n = raw.partition(b"-")
+    return EventId(int(epoch), int(n))
+
+
 def _entry(eid: bytes, fields: dict[bytes, bytes]) -> LiveEvent:
-    return LiveEvent(int(eid.rpartition(b"-")[2]), fields[b"k"].decode(), fields[b"e"].decode())
+    return LiveEvent(_event_id(eid), fields[b"k"].decode(), fields[b"e"].decode())
 
 
 class _RedisFollower:
@@ -287,15 +392,15 @@ class _RedisFollower:
             self.behind = True
         self.arrived.set()
 
-    async def read(self, after: int) -> list[LiveEvent]:
-        entries = cast(_Entries, await self.hub.client.xrange(self.key, min=f"(0-{after}", max="+", count=_CHUNK))
+    async def read(self, after: EventId) -> list[LiveEvent]:
+        entries = cast(_Entries, await self.hub.client.xrange(self.key, min=f"({after}", max="+", count=_CHUNK))
         return [_entry(eid, f) for eid, f in entries]
 
-    async def last_id(self) -> int:
+    async def last_id(self) -> EventId | None:
         last = cast(_Entries, await self.hub.client.xrevrange(self.key, count=1))
-        return _entry(*last[0]).id if last else 0
+        return _event_id(last[0][0]) if last else None
 
-    async def wait(self, cursor: int) -> list[LiveEvent]:
+    async def wait(self, cursor: EventId) -> list[LiveEvent]:
         if not self.registered:
             self.registered = True
             shared = await self.hub.register(self, cursor)
@@ -310,8 +415,11 @@ class _RedisFollower:
         batch = self.batches.popleft()
         if isinstance(batch, BaseException):
             raise batch
-        if batch[0].id > cursor + 1:  # a jump: trimmed, or we fell behind; the stream says which
-            return await self.read(cursor)
+        first = batch[0].id
+        if first.epoch != cursor.epoch or first.n > cursor.n + 1:
+            # A jump: trimmed, we fell behind, or a new epoch; the stream says which (an epoch
+            # sorting below ours is not after our cursor: then the batch is all there is).
+            return await self.read(cursor) or batch
         return batch
 
 
@@ -319,27 +427,36 @@ class _RedisHub:
     """One worker's followers of every run share one blocking ``XREAD`` on a connection of its
     own; each entry is decoded once and handed to every follower of its run. A follower reads
     by itself only while catching up. A run followed for the first time wakes the shared read
-    (one entry on this worker's wake stream) so the read re-arms with it."""
+    (one entry on this worker's wake stream) so the read re-arms with it.
+
+    A new epoch's ids sort after the old ones (Redis's clock), so the read sees a recreated stream
+    by itself. A clock set back between two epochs would hide one below the read's cursor: every
+    ``_BLOCK_MS`` the read compares each stream's last id with its cursor (one script call for
+    all runs) and, for a stream now below it, hands on what it keeps."""
 
     def __init__(self, url: str) -> None:
         import redis.asyncio as aredis
         from redis.asyncio.retry import Retry
         from redis.backoff import NoBackoff
 
-        self.client = aredis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
-        # No silent retry of the shared read: on a new connection Redis may have restarted and
-        # numbered from 1 again, below every cursor held here. Failing ends the streams; clients
-        # reconnect with Last-Event-ID and are told of the restart.
+        # Followers' own reads are retried once: a pooled connection to a Redis that has since
+        # restarted fails on first use, and a read is safe to repeat (a restart shows in the epoch).
+        self.client = aredis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0,
+                                            retry=Retry(NoBackoff(), 1))
+        # No silent retry of the shared read: a failure ends the streams, and their clients
+        # reconnect with Last-Event-ID (told of a restart by its epoch) instead of waiting on a
+        # Redis that may stay away.
         self._reader = aredis.Redis.from_url(url, socket_timeout=_BLOCK_MS / 1000 + 5.0, socket_connect_timeout=2.0,
                                              single_connection_client=True, retry=Retry(NoBackoff(), 0))
+        self._last_ids = self._reader.register_script(_LAST_IDS)
         self._followers: dict[str, set[_RedisFollower]] = {}
-        self._cursors: dict[str, int] = {}  # run stream -> last id the shared read has handed on
+        self._cursors: dict[str, EventId] = {}  # run stream -> last id the shared read has handed on
         self._wake = f"actuator:wake:{uuid.uuid4().hex}"
         self._wake_seen = b"0-0"
         self._woken = False  # a wake is on its way and the read has not re-armed since
         self._task: asyncio.Task[None] | None = None
 
-    async def follow(self, key: str, after: int | None) -> AsyncGenerator[LiveEvent, None]:
+    async def follow(self, key: str, after: EventId | None) -> AsyncGenerator[LiveEvent, None]:
         follower = _RedisFollower(self, key)
         try:
             async for ev in _follow(follower, after):
@@ -347,7 +464,7 @@ class _RedisHub:
         finally:
             self._followers.get(key, set()).discard(follower)
 
-    async def register(self, follower: _RedisFollower, cursor: int) -> int:
+    async def register(self, follower: _RedisFollower, cursor: EventId) -> EventId:
         """Hand ``follower`` every entry of its run after the returned id (at most ``cursor``'s
         successor is missing: the caller reads the difference when the returned id is larger)."""
         self._followers.setdefault(follower.key, set()).add(follower)
@@ -364,6 +481,8 @@ class _RedisHub:
         return shared
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_check = loop.time() + _BLOCK_MS / 1000
         while True:
             for key in [k for k, f in self._followers.items() if not f]:
                 del self._followers[key]
@@ -372,7 +491,7 @@ class _RedisHub:
                 return
             self._woken = False
             streams: dict[Any, Any] = {self._wake: self._wake_seen}
-            streams.update((k, f"0-{c}") for k, c in self._cursors.items())
+            streams.update((k, str(c)) for k, c in self._cursors.items())
             try:
                 reply = cast(_ReadReply, await self._reader.xread(streams, count=_CHUNK, block=_BLOCK_MS))
             except Exception as exc:  # noqa: BLE001 - every follower ends with it; the clients reconnect
@@ -387,6 +506,22 @@ class _RedisHub:
                 self._cursors[key] = batch[-1].id
                 for follower in self._followers.get(key, ()):
                     follower.push(batch)
+            if loop.time() >= next_check:
+                next_check = loop.time() + _BLOCK_MS / 1000
+                try:
+                    await self._rewind_sunken()
+                except Exception as exc:  # noqa: BLE001 - as a failed read
+                    self._fail(exc)
+                    return
+
+    async def _rewind_sunken(self) -> None:
+        """A stream whose last id is below the read's cursor was recreated in an epoch that sorts
+        lower: read it from its start (the followers see the epoch change and say so)."""
+        keys = list(self._cursors)
+        last_ids = cast(list[bytes | None], await self._last_ids(keys=keys)) if keys else []
+        for key, last in zip(keys, last_ids):
+            if last is not None and _event_id(last) < self._cursors[key]:
+                self._cursors[key] = ORIGIN
 
     def _fail(self, exc: BaseException) -> None:
         for followers in self._followers.values():

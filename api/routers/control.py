@@ -13,6 +13,7 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from actuator import operations as ops
+from actuator.live import EventId
 from actuator.policy import ControllerSpec, PolicyDocument
 from actuator.schemas import (
     MAX_SETPOINT_POINTS,
@@ -210,16 +211,19 @@ def _streamed_run(run_id: RunId, services: ServicesDep) -> str:
 @router.get("/{run_id}/stream", response_class=EventSourceResponse,
             responses=error_responses(404, 422, 503, by_reference=True),
             summary="Server-Sent Events: the run's observations, decisions and breaches live",
-            description="Each event's `id` is its number in the run (1, 2, 3, ...). Reconnecting with "
-                        "`Last-Event-ID` resumes exactly after that event; events no longer kept (about the "
-                        "last 1,000 are) come back as one `gap` event naming their numbers. Without it, the "
-                        "stream starts with the kept events. Idle streams get a keep-alive comment every 15 s.")
+            description="Each event's `id` is `<epoch>-<n>`: its number n in the run (1, 2, 3, ...) within "
+                        "the epoch its numbering started in (live state that loses its events, e.g. a Redis "
+                        "restart, starts a new epoch). Reconnecting with `Last-Event-ID` resumes exactly after "
+                        "that event; events no longer kept (about the last 1,000 are) come back as one `gap` "
+                        "event with reason `trimmed` naming their numbers, and an id of another epoch (or a "
+                        "plain number from before epochs) as a `gap` with reason `restarted`: re-read the run's "
+                        "report. Without it, the stream starts with the kept events. Idle streams get a "
+                        "keep-alive comment every 15 s.")
 async def stream(run_id: Annotated[str, Depends(_streamed_run)], services: ServicesDep,
-                 last_event_id: Annotated[str | None, Header(description="Resume after this event id")] = None,
+                 last_event_id: Annotated[str | None, Header(pattern=EventId.PATTERN,
+                                                              description="Resume after this event id")] = None,
                  max_seconds: Annotated[float, Query(gt=0, le=86400)] = 3600.0) -> AsyncIterator[ServerSentEvent]:
-    # Anything but a plain event number (at most 18 digits: Redis ids are 64-bit) starts afresh.
-    valid = last_event_id is not None and last_event_id.isascii() and last_event_id.isdigit() and len(last_event_id) <= 18
-    after = int(last_event_id) if valid and last_event_id is not None else None
+    after = EventId.parse(last_event_id) if last_event_id is not None else None
     deadline = asyncio.get_running_loop().time() + max_seconds
     yield ServerSentEvent(retry=2000)
     events = services.live.follow(run_id, after)

@@ -1,6 +1,6 @@
 """Live state: ``publish_many`` is ``touch`` plus ``publish`` of each event, in one go; ``follow``
-numbers events 1, 2, 3, ..., resumes after any number, reports trimmed ones as a gap, and shares
-one blocking read among every follower of a worker (Redis)."""
+numbers events 1, 2, 3, ... in one epoch, resumes after any id, reports trimmed ones and ids of
+another epoch as a gap, and shares one blocking read among every follower of a worker (Redis)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import actuator.live as live_module
-from actuator.live import LiveEvent, MemoryLive, RedisLive
+from actuator.live import EventId, LiveEvent, MemoryLive, RedisLive
 
 from servers import start_redis
 
@@ -47,6 +47,20 @@ def small_live(request: pytest.FixtureRequest) -> Any:
     lv.close()
 
 
+@pytest.fixture
+def redis_live() -> Any:
+    """A RedisLive on a Redis of its own, and a plain client of that Redis to act behind the live
+    state's back (FLUSHALL and all, which the session's shared server is spared)."""
+    import redis
+
+    server = start_redis()
+    live, r = RedisLive(server.url), redis.Redis.from_url(server.url)
+    yield live, r
+    live.close()
+    r.close()
+    server.stop()
+
+
 def run_async(live: Any, main: Any) -> Any:
     """One event loop per test, and the live state's async side closed on it."""
 
@@ -69,7 +83,7 @@ async def take(events: AsyncIterator[LiveEvent], n: int, timeout: float = 5.0) -
     return out
 
 
-async def kept(live: Any, run: str, after: int | None = None) -> list[LiveEvent]:
+async def kept(live: Any, run: str, after: EventId | None = None) -> list[LiveEvent]:
     """Every event the live state has after ``after`` (what a client catching up gets)."""
     events = live.follow(run, after)
     out: list[LiveEvent] = []
@@ -84,9 +98,15 @@ async def kept(live: Any, run: str, after: int | None = None) -> list[LiveEvent]
 
 
 def decoded(events: list[LiveEvent]) -> list[tuple[int, dict[str, Any]]]:
+    """(number, event) of each; all of one epoch."""
     for ev in events:
         assert ev.kind == json.loads(ev.data)["kind"]
-    return [(ev.id, json.loads(ev.data)) for ev in events]
+    assert len({ev.id.epoch for ev in events}) <= 1
+    return [(ev.id.n, json.loads(ev.data)) for ev in events]
+
+
+def numbers(events: list[LiveEvent]) -> list[int]:
+    return [n for n, _ in decoded(events)]
 
 
 def test_publish_many_is_publish_of_each_in_order(live: Any) -> None:
@@ -97,13 +117,15 @@ def test_publish_many_is_publish_of_each_in_order(live: Any) -> None:
     live.publish_many(many, iter(EVENTS[1:]))  # any iterable
 
     async def main() -> None:
-        assert decoded(await kept(live, many)) == decoded(await kept(live, one)) == list(enumerate(EVENTS, start=1))
-        assert decoded(await kept(live, many, after=2)) == [(3, EVENTS[2]), (4, EVENTS[3])]
+        everything = await kept(live, many)
+        assert decoded(everything) == decoded(await kept(live, one)) == list(enumerate(EVENTS, start=1))
+        epoch = everything[0].id.epoch
+        assert decoded(await kept(live, many, after=EventId(epoch, 2))) == [(3, EVENTS[2]), (4, EVENTS[3])]
         # Interleaved with single publishes, the ids stay one sequence.
         live.publish(many, {"kind": "state", "to": "paused", "reason": "r"})
         live.publish_many(many, [{"kind": "state", "to": "running", "reason": "r"}])
-        assert [e.id for e in await kept(live, many)] == [1, 2, 3, 4, 5, 6]
-        assert json.loads((await kept(live, many, after=4))[-1].data)["to"] == "running"
+        assert [e.id for e in await kept(live, many)] == [EventId(epoch, n) for n in range(1, 7)]
+        assert json.loads((await kept(live, many, after=EventId(epoch, 4)))[-1].data)["to"] == "running"
 
     run_async(live, main)
 
@@ -128,21 +150,28 @@ def test_follow_resumes_exactly_and_reports_trimmed_events_as_one_gap(small_live
 
     async def main() -> None:
         everything = await kept(small_live, run)  # no Last-Event-ID: what is kept, no gap
-        first = everything[0].id
-        assert 1 < first and [e.id for e in everything] == list(range(first, 301))
-        assert await kept(small_live, run, after=300) == []
-        tail = await kept(small_live, run, after=295)
-        assert [e.id for e in tail] == [296, 297, 298, 299, 300]
-        resumed = await kept(small_live, run, after=5)
+        epoch, first = everything[0].id.epoch, everything[0].id.n
+        assert 1 < first and numbers(everything) == list(range(first, 301))
+        assert await kept(small_live, run, after=EventId(epoch, 300)) == []
+        tail = await kept(small_live, run, after=EventId(epoch, 295))
+        assert numbers(tail) == [296, 297, 298, 299, 300]
+        resumed = await kept(small_live, run, after=EventId(epoch, 5))
         gap = resumed[0]
-        assert (gap.kind, gap.id) == ("gap", first - 1)
+        assert (gap.kind, gap.id) == ("gap", EventId(epoch, first - 1))
         assert json.loads(gap.data) == {"kind": "gap", "reason": "trimmed", "first": 6, "last": first - 1}
         assert resumed[1:] == everything
-        # ahead of the live state: it lost its events and numbers from 1 again
-        ahead = await kept(small_live, run, after=1000)
-        assert (ahead[0].kind, ahead[0].id) == ("gap", 0)
-        assert json.loads(ahead[0].data) == {"kind": "gap", "reason": "restarted", "last_event_id": 1000}
-        assert ahead[1:] == everything
+        # ahead of the live state, or of another epoch (a plain number from before epochs is epoch
+        # 0): the numbering it belongs to was lost; the client is told, then gets what is kept.
+        for lost in (EventId(epoch, 1000), EventId(epoch - 1, 5), EventId(epoch + 1, 5), EventId.parse("5")):
+            told = await kept(small_live, run, after=lost)
+            assert (told[0].kind, told[0].id) == ("gap", EventId(epoch, first - 1)), lost
+            assert json.loads(told[0].data) == {"kind": "gap", "reason": "restarted", "last_event_id": str(lost)}
+            assert told[1:] == everything
+        # "0" (or "<epoch>-0"): nothing seen yet, so what is not kept is merely trimmed
+        for start in (EventId.parse("0"), EventId(epoch, 0)):
+            from_start = await kept(small_live, run, after=start)
+            assert json.loads(from_start[0].data) == {"kind": "gap", "reason": "trimmed", "first": 1, "last": first - 1}
+            assert from_start[1:] == everything
 
     run_async(small_live, main)
 
@@ -154,10 +183,10 @@ def test_every_follower_of_a_run_gets_its_live_events_and_no_other_runs(live: An
     async def main() -> None:
         followers = [live.follow(a) for _ in range(5)]
         heads = await asyncio.gather(*(take(f, 1, timeout=2) for f in followers))
-        assert all([e.id for e in h] == [1] for h in heads)
+        assert all(numbers(h) == [1] for h in heads)
         waiting = [asyncio.create_task(take(f, 3)) for f in followers]
         await asyncio.sleep(0.3)  # every follower is waiting on the (shared, blocking) read
-        other = live.follow(b, 0)  # a run new to that read: it is woken and re-armed with it
+        other = live.follow(b, EventId.parse("0"))  # a run new to that read: it is woken and re-armed with it
         other_waiting = asyncio.create_task(take(other, 1))
         await asyncio.sleep(0.3)
         # Published from another thread, as the ingest route does.
@@ -168,7 +197,7 @@ def test_every_follower_of_a_run_gets_its_live_events_and_no_other_runs(live: An
         assert not other_waiting.done()  # run b heard nothing of run a
         await asyncio.to_thread(live.publish, b, {"kind": "state", "to": "paused"})
         # well within the 10 s the shared read blocks for: the wake worked
-        assert [e.id for e in await asyncio.wait_for(other_waiting, 2)] == [1]
+        assert numbers(await asyncio.wait_for(other_waiting, 2)) == [1]
         for f in [*followers, other]:
             await f.aclose()
 
@@ -183,14 +212,14 @@ def test_a_follower_that_falls_behind_reads_from_its_cursor(redis_server: Any, m
     run = f"slow-{uuid.uuid4().hex}"
 
     async def main() -> None:
-        events = live.follow(run, 0)
+        events = live.follow(run, EventId.parse("0"))
         first = asyncio.create_task(take(events, 1))
         await asyncio.sleep(0.3)
         for s in range(20):  # separate publishes: the shared read hands them on in many batches
             await asyncio.to_thread(live.publish, run, {"kind": "observation", "seq": s})
             await asyncio.sleep(0.02)
-        assert [e.id for e in await first] == [1]
-        assert [e.id for e in await take(events, 19)] == list(range(2, 21))
+        assert numbers(await first) == [1]
+        assert numbers(await take(events, 19)) == list(range(2, 21))
         await events.aclose()
 
     try:
@@ -205,7 +234,7 @@ def test_followers_end_with_the_error_when_redis_goes_away() -> None:
     run = f"gone-{uuid.uuid4().hex}"
 
     async def main() -> None:
-        events = live.follow(run, 0)
+        events = live.follow(run, EventId.parse("0"))
         waiting = asyncio.create_task(take(events, 1, timeout=20))
         await asyncio.sleep(0.3)
         server.stop()
@@ -219,3 +248,55 @@ def test_followers_end_with_the_error_when_redis_goes_away() -> None:
         live.close()
         if server.proc.poll() is None:
             server.stop()
+
+
+def test_a_stream_recreated_below_the_shared_reads_cursor_is_found(redis_live: Any, monkeypatch: Any) -> None:
+    """A new epoch sorts after the lost one by Redis's clock; a clock set back would recreate a
+    run's stream below the shared read's cursor, where a blocking read never looks. The shared
+    read checks each stream's last id every block, and the follower is told, then gets the
+    events. Made here by renaming an older run's stream (an earlier epoch) onto the followed run."""
+    monkeypatch.setattr(live_module, "_BLOCK_MS", 300)
+    live, r = redis_live
+    older, run = f"older-{uuid.uuid4().hex}", f"sunk-{uuid.uuid4().hex}"
+    live.publish_many(older, [{"kind": "observation", "seq": s} for s in (100, 101)])
+    live.publish(run, {"kind": "observation", "seq": 0})
+
+    async def main() -> None:
+        events = live.follow(run)
+        [head] = await take(events, 1)
+        assert head.id.epoch > (await kept(live, older))[0].id.epoch
+        waiting = asyncio.create_task(take(events, 3))
+        await asyncio.sleep(0.5)  # the shared read is blocking past the run's event
+        r.rename(RedisLive._key(older), RedisLive._key(run))
+        gap, *rest = await waiting
+        assert gap.kind == "gap" and json.loads(gap.data) == {"kind": "gap", "reason": "restarted",
+                                                              "last_event_id": str(head.id)}
+        assert [json.loads(e.data)["seq"] for e in rest] == [100, 101]
+        assert gap.id == rest[0].id.previous  # a reconnect after the gap resumes at the next event
+        await events.aclose()
+
+    run_async(live, main)
+
+
+def test_a_follower_across_a_flushall_is_told_and_gets_every_new_event(redis_live: Any) -> None:
+    """FLUSHALL loses every stream: the next publish starts a new epoch, which the shared read,
+    blocking at the old numbering's cursor, sees; the follower is told, then gets every event."""
+    live, r = redis_live
+    run = f"flushed-{uuid.uuid4().hex}"
+    live.publish_many(run, [{"kind": "observation", "seq": s} for s in range(50)])
+
+    async def main() -> None:
+        events = live.follow(run)
+        before = await take(events, 50)
+        waiting = asyncio.create_task(take(events, 11))
+        await asyncio.sleep(0.3)
+        r.flushall()
+        await asyncio.to_thread(live.publish_many, run, [{"kind": "observation", "seq": s} for s in range(50, 60)])
+        gap, *rest = await waiting
+        assert gap.kind == "gap" and json.loads(gap.data)["reason"] == "restarted"
+        assert json.loads(gap.data)["last_event_id"] == str(before[-1].id)
+        assert [json.loads(e.data)["seq"] for e in rest] == list(range(50, 60))
+        assert numbers(rest) == list(range(1, 11)) and rest[0].id.epoch > before[0].id.epoch
+        await events.aclose()
+
+    run_async(live, main)

@@ -1,6 +1,8 @@
 """Live event streams (SSE) against the real service: stable ids past the trimmed window, exact
-resume with Last-Event-ID, trimmed events reported as a gap, and idle streams that cost Redis
-nothing but one shared blocking read. On the in-process backend and on Redis."""
+resume with Last-Event-ID, trimmed events and ids of a lost numbering reported as a gap, a
+malformed Last-Event-ID refused, and idle streams that cost Redis nothing but one shared blocking
+read (and one check of every followed run's last id per block). On the in-process backend and on
+Redis."""
 
 from __future__ import annotations
 
@@ -44,6 +46,12 @@ def sse(resp: httpx.Response) -> Iterator[dict[str, Any]]:
         else:
             name, _, value = line.partition(":")
             event[name] = value.removeprefix(" ")
+
+
+def number(event_id: str) -> tuple[str, int]:
+    """An SSE id ``<epoch>-<n>`` as (epoch, n)."""
+    epoch, _, n = event_id.rpartition("-")
+    return epoch, int(n)
 
 
 def register(url: str) -> dict[str, Any]:
@@ -101,47 +109,64 @@ def test_all_events_arrive_in_order_and_reconnect_resumes_exactly(live_service):
             time.sleep(0.01)
     listener.join(120)
     assert not listener.is_alive()
-    # Every event, in order, each once, ids 1..N: nothing skipped past the trimmed window.
-    assert [int(e["id"]) for e in received] == list(range(1, N_EVENTS + 1))
+    # Every event, in order, each once, ids 1..N of one epoch: nothing skipped past the trimmed window.
+    epoch = number(received[0]["id"])[0]
+    assert [number(e["id"]) for e in received] == [(epoch, n) for n in range(1, N_EVENTS + 1)]
     assert [e["json"]["seq"] for e in received] == list(range(N_EVENTS))
     assert {e["event"] for e in received} == {"observation"}
 
     # Reconnect after event 2,500 (still kept): exactly 2,501..N, no gap.
-    rest = read_stream(url, run["id"], last_event_id="2500", seconds=2)
-    assert [int(e["id"]) for e in rest] == list(range(2501, N_EVENTS + 1))
+    rest = read_stream(url, run["id"], last_event_id=f"{epoch}-2500", seconds=2)
+    assert [number(e["id"]) for e in rest] == [(epoch, n) for n in range(2501, N_EVENTS + 1)]
     assert [e["json"]["seq"] for e in rest] == list(range(2500, N_EVENTS))
 
     # Reconnect after event 10 (long trimmed): one gap event names what is gone, then the rest.
-    resumed = read_stream(url, run["id"], last_event_id="10", seconds=2)
+    resumed = read_stream(url, run["id"], last_event_id=f"{epoch}-10", seconds=2)
     gap = resumed[0]
     assert gap["event"] == "gap" and gap["json"]["reason"] == "trimmed" and gap["json"]["first"] == 11
     first_kept = gap["json"]["last"] + 1
     assert 1000 < first_kept <= N_EVENTS - 1000 + 1  # about the last 1,000 are kept
-    assert int(gap["id"]) == first_kept - 1  # a reconnect after the gap does not report it again
-    assert [int(e["id"]) for e in resumed[1:]] == list(range(first_kept, N_EVENTS + 1))
+    assert gap["id"] == f"{epoch}-{first_kept - 1}"  # a reconnect after the gap does not report it again
+    assert [number(e["id"]) for e in resumed[1:]] == [(epoch, n) for n in range(first_kept, N_EVENTS + 1)]
 
     # Live events keep flowing to a reconnected client, numbered on.
     ready = threading.Event()
     more: list[dict[str, Any]] = []
     listener = threading.Thread(target=lambda: more.extend(
-        read_stream(url, run["id"], last_event_id=str(N_EVENTS), seconds=60, until_seq=N_EVENTS + 4,
+        read_stream(url, run["id"], last_event_id=f"{epoch}-{N_EVENTS}", seconds=60, until_seq=N_EVENTS + 4,
                     ready=ready)))
     listener.start()
     assert ready.wait(10)
     post_observations(url, run, range(N_EVENTS, N_EVENTS + 5))
     listener.join(60)
-    assert [int(e["id"]) for e in more] == list(range(N_EVENTS + 1, N_EVENTS + 6))
+    assert [number(e["id"]) for e in more] == [(epoch, n) for n in range(N_EVENTS + 1, N_EVENTS + 6)]
 
 
 def test_last_event_id_ahead_of_the_live_state_is_reported_not_ignored(live_service):
     """Live state that lost its events (Redis restarted, service restarted on the in-process
-    backend) numbers again from 1: a client ahead of it is told, then gets what there is."""
+    backend) numbers again from 1 in a new epoch: a client ahead of it, or of another epoch, is
+    told, then gets what there is. The gap's id resumes there without another gap."""
     url = live_service.url
     run = register(url)
     post_observations(url, run, range(3))
-    got = read_stream(url, run["id"], last_event_id="5000", seconds=1)
-    assert got[0]["event"] == "gap" and got[0]["json"]["reason"] == "restarted" and got[0]["id"] == "0"
-    assert [int(e["id"]) for e in got[1:]] == [1, 2, 3]
+    epoch = number(read_stream(url, run["id"], seconds=1)[0]["id"])[0]
+    for lost in (f"{epoch}-5000", "5000", f"{int(epoch) - 1}-2"):
+        got = read_stream(url, run["id"], last_event_id=lost, seconds=1)
+        assert got[0]["event"] == "gap" and got[0]["json"]["reason"] == "restarted", lost
+        assert got[0]["id"] == f"{epoch}-0"
+        assert [number(e["id"]) for e in got[1:]] == [(epoch, 1), (epoch, 2), (epoch, 3)]
+    assert [number(e["id"]) for e in read_stream(url, run["id"], last_event_id=got[0]["id"], seconds=1)] == [
+        (epoch, 1), (epoch, 2), (epoch, 3)]
+
+
+def test_a_malformed_last_event_id_is_refused_naming_the_header(live_service):
+    """Refused before the stream starts (not taken as "from the start", which hid what was missed)."""
+    run = register(live_service.url)
+    for bad in ("abc", "1-2-3", "-5", "1.5", "1" * 20, "1-" + "9" * 20):
+        r = httpx.get(f"{live_service.url}/v1/runs/{run['id']}/stream", params={"max_seconds": 1},
+                      headers={"Last-Event-ID": bad})
+        assert r.status_code == 422, (bad, r.status_code)
+        assert [e["loc"] for e in r.json()["detail"]["errors"]] == ["header.last-event-id"], r.text
 
 
 def test_stream_of_unknown_run_is_404(live_service):
@@ -155,8 +180,9 @@ def _commands(r: redis.Redis) -> dict[str, int]:
 
 def test_idle_streams_cost_one_shared_blocking_read(redis_server, tmp_path):
     """Twenty open streams with nothing to say: over 16 s Redis sees no reads but the one shared
-    blocking XREAD of this worker (re-armed at most every 10 s), and every stream gets FastAPI's
-    keep-alive ping. Counted by Redis itself (INFO commandstats), not by timing."""
+    blocking XREAD of this worker (re-armed at most every 10 s) and, once per block, one script
+    call reading each followed run's last id (per run, not per stream), and every stream gets
+    FastAPI's keep-alive ping. Counted by Redis itself (INFO commandstats), not by timing."""
     svc = make_service(f"sqlite:///{tmp_path / 'a.db'}", redis_url=redis_server.url, log_dir=str(tmp_path)).start()
     r = redis.Redis.from_url(redis_server.url)
     try:
@@ -188,9 +214,14 @@ def test_idle_streams_cost_one_shared_blocking_read(redis_server, tmp_path):
         calls = _commands(r)
         calls.pop("info", None)
         calls.pop("config|resetstat", None)
-        reads = {k: v for k, v in calls.items() if k != "xread"}
-        assert reads == {}, f"idle streams read Redis: {calls}"
-        assert calls.get("xread", 0) <= 2, calls  # one blocking read, re-armed after its 10 s block
+        blocks = calls.pop("xread", 0)
+        assert blocks <= 2, calls  # one blocking read, re-armed after its 10 s block
+        # The check of each block: one script call (a first try fails while the script is not
+        # loaded), whose XREVRANGE per followed run Redis counts too.
+        loads = calls.pop("script|load", 0)
+        assert calls.pop("evalsha", 0) - loads <= blocks, calls
+        assert calls.pop("xrevrange", 0) <= blocks * len(runs), calls
+        assert calls == {}, f"idle streams read Redis: {calls}"
         assert all(p >= 1 for p in pings), pings  # keep-alive: every stream pinged while idle
         # and they are live: a new event reaches every stream of its run at once
         post_observations(svc.url, runs[1], range(100, 101))
