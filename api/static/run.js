@@ -174,6 +174,21 @@
     redraw();
   }
 
+  async function loadReport() {
+    const r = await A.api("GET", base + "/report");
+    if (!r.ok) return;
+    const rep = r.data;
+    for (const [k, pts] of Object.entries(rep.probes)) for (const [s, v] of pts) put(raw, k, s, v);
+    for (const [k, pts] of Object.entries(rep.knobs)) for (const [s, v] of pts) put(knobs, k, s, v);
+    for (const [k, v] of Object.entries(rep.thresholds)) threshold[k] = v;
+    for (const d of rep.decisions) decided.set(d.number, { step: d.step, knob: d.knob });
+    for (const [k, sp] of Object.entries(rep.setpoints)) {
+      const first = raw[k] ? Math.min(...raw[k].keys()) : 0;
+      if (typeof sp === "number") put(setpoint, k, first, sp);
+      else if (Array.isArray(sp)) for (const [s, v] of sp) put(setpoint, k, s, v);
+    }
+  }
+
   function cell(v) { return A.el("td", {}, A.fmt(v)); }
 
   async function loadState() {
@@ -215,6 +230,16 @@
   const refreshState = debounced(loadState, 200);
   const refreshDecisions = debounced(loadDecisions, 200);
   const refreshEvents = debounced(loadEvents, 200);
+  // A gap event: the stream skipped events (trimmed away, or the live state lost its numbering and
+  // what happened meanwhile is unknown to it). Everything shown is re-read from the durable REST
+  // reads, so nothing the stream missed stays missing.
+  let resyncs = 0;
+  const resync = debounced(async () => {
+    await loadReport();
+    await loadState();
+    await Promise.all([loadDecisions(), loadEvents()]);
+    document.body.dataset.resyncs = String(++resyncs);
+  }, 200);
 
   // ---- live stream --------------------------------------------------------------------------
   function follow() {
@@ -237,6 +262,7 @@
       "control_paused", "control_resumed", "policy_moved", "controller_unusable"]) {
       source.addEventListener(kind, () => { refreshEvents(); refreshState(); });
     }
+    source.addEventListener("gap", resync);
   }
 
   // ---- operator actions ---------------------------------------------------------------------
@@ -278,19 +304,7 @@
 
   async function start() {
     initActions();
-    const r = await A.api("GET", base + "/report");
-    if (r.ok) {
-      const rep = r.data;
-      for (const [k, pts] of Object.entries(rep.probes)) for (const [s, v] of pts) put(raw, k, s, v);
-      for (const [k, pts] of Object.entries(rep.knobs)) for (const [s, v] of pts) put(knobs, k, s, v);
-      for (const [k, v] of Object.entries(rep.thresholds)) threshold[k] = v;
-      for (const d of rep.decisions) decided.set(d.number, { step: d.step, knob: d.knob });
-      for (const [k, sp] of Object.entries(rep.setpoints)) {
-        const first = raw[k] ? Math.min(...raw[k].keys()) : 0;
-        if (typeof sp === "number") put(setpoint, k, first, sp);
-        else if (Array.isArray(sp)) for (const [s, v] of sp) put(setpoint, k, s, v);
-      }
-    }
+    await loadReport();
     await loadState();
     // The table lists the latest 500 decisions (GET /v1/runs/{id}/decisions pages through all).
     explained = Math.max(0, Number($("run-decisions").textContent) - 500);
