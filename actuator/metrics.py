@@ -48,21 +48,31 @@ prometheus_client picks its value store at import), values live in per-process f
 directory, every gauge aggregates as ``mostrecent`` (the last write across workers wins), and
 ``registry`` exposes the merge of all workers' files through a ``MultiProcessCollector``. Empty
 the directory before the workers start. The registry is injected so tests get a fresh one.
-prometheus_client cannot delete a series from those files, so there a run is retired by a line
-in ``retired-runs`` in the same directory (any worker may write it) and the collector leaves the
-run's samples out; the files keep them until the service restarts and empties the directory.
+prometheus_client cannot delete a series from its files (they keep every label set ever
+written, and every scrape reads them all), so per-run series are not written there: each worker
+files them in two files of its own in the same directory and format (``counter_runs-<pid>.db``,
+``gauge_mostrecent_runs-<pid>.db``), which the same collector merges, and which it rewrites
+without a run once the run's series are due to go. A worker that retires a run appends it to
+``retired-runs`` in the directory; every worker reads that file (at least every second), rewrites
+its files when a run's time is up, and leaves the run's samples out of its scrapes meanwhile. A
+scrape reads the series of the runs still exported, whatever the number of runs seen before.
 """
 
 from __future__ import annotations
 
 import collections
+import json
+import logging
 import os
+import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.mmap_dict import MmapedDict, mmap_key
 from prometheus_client.multiprocess import MultiProcessCollector
 
 __all__ = ["Metrics", "RUN_STATES", "FINAL_STATES", "DECISION_REASONS", "GUARDRAIL_ACTIONS", "BACKENDS"]
@@ -78,6 +88,22 @@ BACKENDS = ("store", "redis")
 _GONE_REMEMBERED = 10_000
 # Per-run gauges: one writer at a time per run, so across workers the latest write is the truth.
 _GAUGE_MODE: Literal["mostrecent"] = "mostrecent"
+# How often each worker reads ``retired-runs`` and forgets the runs whose time is up, requests or
+# not (a worker that gets none would otherwise keep their series in its files).
+_SWEEP_SECONDS = 1.0
+
+log = logging.getLogger("actuator.metrics")
+
+
+@dataclass(frozen=True)
+class _Family:
+    """A per-run metric as prometheus_client files its samples in multiprocess mode."""
+
+    kind: Literal["counter", "gauge"]
+    name: str  # the family: actuator_decisions
+    sample: str  # its sample: actuator_decisions_total
+    doc: str
+    labels: tuple[str, ...]  # "run" first
 
 
 class Metrics:
@@ -92,18 +118,29 @@ class Metrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
         self.retire_after = retire_after
-        self._retiring: dict[str, float] = {}  # run -> when its series go (in order: retire_after is fixed)
+        # run -> when its series go (this worker's retirements and, in multiprocess mode, every worker's)
+        self._retiring: dict[str, float] = {}
         self._retire_lock = threading.Lock()
         self._gone: dict[str, None] = {}  # runs whose series were removed, oldest first (bounded)
+        self._families: dict[Any, _Family] = {}  # the per-run metrics
+        self._run_files: _RunFiles | None = None
         r: CollectorRegistry | None = self.registry
         if self.multiprocess_dir:
             self._retired_log = _RetiredLog(os.path.join(self.multiprocess_dir, "retired-runs"))
+            self._run_files = _RunFiles(self.multiprocess_dir, on_open=self._start_sweeper)
             self.registry.register(_WithoutRetired(MultiProcessCollector(None, path=self.multiprocess_dir),
-                                                   self._retired_log))
+                                                   self._gone_runs))
             r = None  # registering the live objects too would expose this worker twice
 
         def gauge(name: str, doc: str, labels: list[str]) -> Gauge:
-            return Gauge(name, doc, labels, namespace=_NS, registry=r, multiprocess_mode=_GAUGE_MODE)
+            metric = Gauge(name, doc, labels, namespace=_NS, registry=r, multiprocess_mode=_GAUGE_MODE)
+            self._families[metric] = _Family("gauge", f"{_NS}_{name}", f"{_NS}_{name}", doc, tuple(labels))
+            return metric
+
+        def run_counter(name: str, doc: str, labels: list[str]) -> Counter:
+            metric = Counter(name, doc, labels, namespace=_NS, registry=r)
+            self._families[metric] = _Family("counter", f"{_NS}_{name}", f"{_NS}_{name}_total", doc, tuple(labels))
+            return metric
 
         def counter(name: str, doc: str, labels: list[str] | None = None) -> Counter:
             return Counter(name, doc, labels or [], namespace=_NS, registry=r)
@@ -119,17 +156,15 @@ class Metrics:
                                ["run", "guardrail", "probe"])
         self.pid_component = gauge("controller_component", "Last PID components, p/i/d (knob scale units).",
                                    ["run", "controller", "component"])
-        self.decisions = counter("decisions", "Decisions taken, by knob and what took them.",
-                                 ["run", "knob", "reason"])
-        self.breaches = counter("guardrail_breaches", "Guardrail breaches (firings), by action.", ["run", "action"])
+        self.decisions = run_counter("decisions", "Decisions taken, by knob and what took them.",
+                                     ["run", "knob", "reason"])
+        self.breaches = run_counter("guardrail_breaches", "Guardrail breaches (firings), by action.",
+                                    ["run", "action"])
         self.run_state = gauge("run_state", "1 for the state the run is in, 0 for the others.", ["run", "state"])
         self.last_observation = gauge("last_observation_timestamp_seconds",
                                       "Unix time of the run's last stored observation "
                                       "(stale agents: time() - this).", ["run"])
         self.training_step = gauge("run_step", "Latest optimizer step observed.", ["run"])
-        self._per_run = (self.knob_value, self.knob_target, self.probe_value, self.probe_filtered, self.setpoint,
-                         self.threshold, self.pid_component, self.decisions, self.breaches, self.run_state,
-                         self.last_observation, self.training_step)
         # service
         self.observations = counter("observations_ingested", "Observations stored.")
         self.duplicates = counter("observations_duplicate", "Observations ignored as already stored.")
@@ -145,6 +180,23 @@ class Metrics:
         """The exposition body and its content type, for ``GET /metrics``."""
         self._remove_retired()
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+    # -- writing a run's series ----------------------------------------------------------------
+    def _set(self, metric: Gauge, value: float, *labels: str) -> None:
+        """Set a per-run gauge: in this process's registry, or filed for the workers' merge."""
+        if self._run_files is None:
+            metric.labels(*labels).set(value)
+        else:
+            self._run_files.put(self._families[metric], labels, value)
+
+    def _add(self, metric: Counter, amount: float, *labels: str) -> None:
+        """Add to a per-run counter; 0 creates it at zero."""
+        if self._run_files is not None:
+            self._run_files.add(self._families[metric], labels, amount)
+            return
+        child = metric.labels(*labels)
+        if amount:
+            child.inc(amount)
 
     # -- the end of a run's series ------------------------------------------------------------
     def _exported(self, run: str) -> bool:
@@ -165,29 +217,60 @@ class Metrics:
         self._remove_retired()
 
     def _remove_retired(self) -> None:
-        """Remove the series of runs whose time is up (in this process; in multiprocess mode the
-        collector leaves them out for every worker)."""
+        """Remove the series of runs whose time is up: from this process's registry, or in
+        multiprocess mode (where any worker may have retired the run) from this worker's files."""
         now = time.time()
         with self._retire_lock:
+            if self.multiprocess_dir:
+                for run, when in self._retired_log.read_new():
+                    if run not in self._gone:
+                        self._retiring[run] = min(when, self._retiring.get(run, when))
             due = [run for run, when in self._retiring.items() if when <= now]
             for run in due:
                 del self._retiring[run]
                 self._gone[run] = None  # a late observation of the run does not bring them back
             while len(self._gone) > _GONE_REMEMBERED:
                 del self._gone[next(iter(self._gone))]
-        if self.multiprocess_dir:
-            return  # the files cannot forget a series; _WithoutRetired hides them
+        if self._run_files is not None:
+            self._run_files.forget(due)
+            return
         for run in due:
-            for metric in self._per_run:
+            for metric in self._families:
                 metric.remove_by_labels({"run": run})
 
+    def _gone_runs(self) -> set[str]:
+        with self._retire_lock:
+            return set(self._gone)
+
+    def _start_sweeper(self) -> None:
+        """Called when this process first files per-run series: from then on it forgets retired
+        runs on time, requests or not."""
+        threading.Thread(target=self._sweep, name="actuator-metrics-sweep", daemon=True).start()
+
+    def _sweep(self) -> None:
+        while True:
+            time.sleep(_SWEEP_SECONDS)
+            try:
+                self._remove_retired()
+            except Exception:  # noqa: BLE001 - metrics never take a worker down; the next sweep retries
+                log.exception("retiring runs' Prometheus series failed")
+
+    # -- what the service reports -------------------------------------------------------------
     def _init_run(self, run: str, knobs: Any = ()) -> None:
         """Create the run's counters at zero (idempotent)."""
         for action in GUARDRAIL_ACTIONS:
-            self.breaches.labels(run, action)
+            self._add(self.breaches, 0, run, action)
         for knob in knobs:
             for reason in DECISION_REASONS:
-                self.decisions.labels(run, knob, reason)
+                self._add(self.decisions, 0, run, knob, reason)
+
+    def observe_registration(self, run: str, state: str, knobs: dict[str, float]) -> None:
+        """A run registered: its state (its counters start at 0) and the knob values it starts from."""
+        self.set_state(run, state)
+        if not self._exported(run):
+            return
+        for knob, value in knobs.items():
+            self._set(self.knob_target, value, run, knob)
 
     def observe_ingest(self, out: Any) -> None:
         """Export what one ingest (a store ``IngestOutcome``) changed."""
@@ -198,32 +281,32 @@ class Metrics:
             return
         self._init_run(run.id, run.knobs)
         if out.accepted:
-            self.last_observation.labels(run.id).set_to_current_time()
-            self.training_step.labels(run.id).set(run.last_step or 0)
+            self._set(self.last_observation, time.time(), run.id)
+            self._set(self.training_step, run.last_step or 0, run.id)
         for probe, v in run.latest_probes.items():
-            self.probe_value.labels(run.id, probe).set(v)
+            self._set(self.probe_value, v, run.id, probe)
         for knob, v in run.knobs_in_effect.items():
-            self.knob_value.labels(run.id, knob).set(v)
+            self._set(self.knob_value, v, run.id, knob)
         for knob, spec in run.knobs.items():
-            self.knob_target.labels(run.id, knob).set(spec["value"])
+            self._set(self.knob_target, spec["value"], run.id, knob)
         for name, st in run.controllers.items():
             if "filtered" in st:
-                self.probe_filtered.labels(run.id, name, st["probe"]).set(st["filtered"])
+                self._set(self.probe_filtered, st["filtered"], run.id, name, st["probe"])
                 if st.get("setpoint") is not None:  # a maximize controller has none
-                    self.setpoint.labels(run.id, name, st["probe"]).set(st["setpoint"])
+                    self._set(self.setpoint, st["setpoint"], run.id, name, st["probe"])
             for comp in ("p", "i", "d"):
                 if (st.get("components") or {}).get(comp) is not None:
-                    self.pid_component.labels(run.id, name, comp).set(st["components"][comp])
+                    self._set(self.pid_component, st["components"][comp], run.id, name, comp)
         for name, st in run.guardrails.items():
             if st.get("threshold") is not None:
-                self.threshold.labels(run.id, name, st["probe"]).set(st["threshold"])
+                self._set(self.threshold, st["threshold"], run.id, name, st["probe"])
         # One increment per label set, not per decision (a batch of 100 can make 99 of them).
         decided = collections.Counter((d.knob, "controller" if d.controller else "guardrail") for d in out.created)
         for (knob, reason), n in decided.items():
-            self.decisions.labels(run.id, knob, reason).inc(n)
+            self._add(self.decisions, n, run.id, knob, reason)
         fired = collections.Counter(ev["action"] for ev in out.events if ev["kind"] == "guardrail_breach")
         for action, n in fired.items():
-            self.breaches.labels(run.id, action).inc(n)
+            self._add(self.breaches, n, run.id, action)
         self.set_state(run.id, run.state)
 
     def observe_control(self, run: Any, decisions: Any = ()) -> None:
@@ -233,12 +316,12 @@ class Metrics:
             return
         self._init_run(run.id, run.knobs)
         for knob, spec in run.knobs.items():
-            self.knob_target.labels(run.id, knob).set(spec["value"])
+            self._set(self.knob_target, spec["value"], run.id, knob)
         for name, st in run.controllers.items():
             if st.get("setpoint") is not None and st.get("probe"):
-                self.setpoint.labels(run.id, name, st["probe"]).set(st["setpoint"])
+                self._set(self.setpoint, st["setpoint"], run.id, name, st["probe"])
         for knob, n in collections.Counter(d.knob for d in decisions).items():
-            self.decisions.labels(run.id, knob, "operator").inc(n)
+            self._add(self.decisions, n, run.id, knob, "operator")
         self.set_state(run.id, run.state)
 
     def set_state(self, run: str, state: str) -> None:
@@ -248,9 +331,93 @@ class Metrics:
             return
         self._init_run(run)
         for s in RUN_STATES:
-            self.run_state.labels(run, s).set(1.0 if s == state else 0.0)
+            self._set(self.run_state, 1.0 if s == state else 0.0, run, s)
         if state in FINAL_STATES:
             self._retire(run)
+
+
+class _RunFiles:
+    """This worker's per-run series in multiprocess mode: two files in prometheus_client's format
+    and naming, which its ``MultiProcessCollector`` merges with every worker's metrics, but
+    written by this class alone, under its own lock, so that it can forget a run: ``forget``
+    writes a file anew without the run's samples and renames it into place (a reader opens the
+    old file or the new one, each whole; prometheus_client's own files are never rewritten)."""
+
+    _PREFIXES: dict[str, str] = {"counter": "counter", "gauge": f"gauge_{_GAUGE_MODE}"}
+
+    def __init__(self, directory: str, on_open: Callable[[], None]) -> None:
+        self.directory = directory
+        self._on_open = on_open
+        self._lock = threading.Lock()
+        self._pid: int | None = None
+        self._files: dict[str, MmapedDict] = {}
+        self._paths: dict[str, str] = {}
+        # run -> (sample, label values) -> (kind, key in the file): the key cache, and what to drop
+        self._keys: dict[str, dict[tuple[str, tuple[str, ...]], tuple[str, str]]] = {}
+
+    def put(self, family: _Family, labels: tuple[str, ...], value: float) -> None:
+        with self._lock:
+            file, key = self._slot(family, labels)
+            file.write_value(key, value, time.time())  # the timestamp picks the most recent across workers
+
+    def add(self, family: _Family, labels: tuple[str, ...], amount: float) -> None:
+        with self._lock:
+            file, key = self._slot(family, labels)
+            file.write_value(key, file.read_value(key)[0] + amount, 0.0)  # summed across workers
+
+    def forget(self, runs: Iterable[str]) -> None:
+        """Rewrite this worker's files without the samples of ``runs``."""
+        with self._lock:
+            if self._pid != os.getpid():
+                return  # nothing filed by this process yet
+            dropped: dict[str, set[str]] = {}
+            for run in runs:
+                for kind, key in self._keys.pop(run, {}).values():
+                    dropped.setdefault(kind, set()).add(key)
+            for kind, keys in dropped.items():
+                self._rewrite(kind, keys)
+
+    def _slot(self, family: _Family, labels: tuple[str, ...]) -> tuple[MmapedDict, str]:
+        if self._pid != os.getpid():
+            self._open()
+        keys = self._keys.setdefault(labels[0], {})
+        slot = keys.get((family.sample, labels))
+        if slot is None:
+            key = mmap_key(family.name, family.sample, list(family.labels), list(labels), family.doc)
+            slot = keys[(family.sample, labels)] = (family.kind, key)
+        return self._files[slot[0]], slot[1]
+
+    def _open(self) -> None:
+        """This process's files (new ones after a fork: a child never writes its parent's)."""
+        self._pid = os.getpid()
+        self._files, self._keys = {}, {}
+        for kind, prefix in self._PREFIXES.items():
+            path = self._paths[kind] = os.path.join(self.directory, f"{prefix}_runs-{self._pid}.db")
+            self._files[kind] = MmapedDict(path)
+            for key, _, _ in self._files[kind].read_all_values():  # left by an earlier process with this pid
+                _, sample, labels, _ = json.loads(key)
+                self._keys.setdefault(labels.get("run", ""), {})[(sample, tuple(sorted(labels.items())))] = (kind, key)
+        self._on_open()
+
+    def _rewrite(self, kind: str, dropped: set[str]) -> None:
+        old, path = self._files[kind], self._paths[kind]
+        fd, tmp = tempfile.mkstemp(prefix=".runs-", suffix=".tmp", dir=self.directory)  # not *.db: never read
+        os.close(fd)
+        try:
+            new = MmapedDict(tmp)
+            try:
+                for key, value, timestamp in old.read_all_values():
+                    if key not in dropped:
+                        new.write_value(key, value, timestamp)
+            finally:
+                new.close()
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        old.close()
+        self._files[kind] = MmapedDict(path)
 
 
 class _RetiredLog:
@@ -260,8 +427,6 @@ class _RetiredLog:
     def __init__(self, path: str) -> None:
         self.path = path
         self._offset = 0
-        self._when: dict[str, float] = {}
-        self._lock = threading.Lock()
 
     def add(self, run: str, when: float) -> None:
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -270,35 +435,36 @@ class _RetiredLog:
         finally:
             os.close(fd)
 
-    def gone(self) -> set[str]:
-        """The runs whose series are due to be hidden now."""
-        with self._lock:
+    def read_new(self) -> list[tuple[str, float]]:
+        """The runs appended since the last call, each with when its series go (not thread-safe:
+        the caller serialises)."""
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self._offset)
+                chunk = fh.read()
+        except FileNotFoundError:
+            return []
+        end = chunk.rfind(b"\n") + 1  # a line still being written is read next time
+        self._offset += end
+        retired = []
+        for line in chunk[:end].decode(errors="replace").splitlines():
+            run, _, when = line.partition(" ")
             try:
-                with open(self.path, "rb") as fh:
-                    fh.seek(self._offset)
-                    chunk = fh.read()
-            except FileNotFoundError:
-                chunk = b""
-            end = chunk.rfind(b"\n") + 1  # a line still being written is read next time
-            self._offset += end
-            for line in chunk[:end].decode(errors="replace").splitlines():
-                run, _, when = line.partition(" ")
-                try:
-                    self._when[run] = min(float(when), self._when.get(run, float("inf")))
-                except ValueError:
-                    continue
-            now = time.time()
-            return {run for run, when in self._when.items() if when <= now}
+                retired.append((run, float(when)))
+            except ValueError:
+                continue
+        return retired
 
 
 class _WithoutRetired:
-    """The multiprocess collector without the samples of retired runs."""
+    """The multiprocess collector without the samples of retired runs (until every worker has
+    rewritten its files without them)."""
 
-    def __init__(self, inner: MultiProcessCollector, log: _RetiredLog) -> None:
-        self.inner, self.log = inner, log
+    def __init__(self, inner: MultiProcessCollector, gone: Callable[[], set[str]]) -> None:
+        self.inner, self.gone = inner, gone
 
     def collect(self) -> Iterator[Any]:
-        gone = self.log.gone()
+        gone = self.gone()
         for family in self.inner.collect():
             if gone:
                 family.samples = [s for s in family.samples if s.labels.get("run") not in gone]

@@ -101,9 +101,7 @@ def register_run(body: RunCreate, _: AdminDep, services: ServicesDep) -> RunCrea
     if row is None:
         row = publish_policy(services, doc, reuse_identical=True)
     run, token = services.store.create_run(body, row)
-    services.metrics.set_state(run.id, run.state)
-    for k in body.knobs:
-        services.metrics.knob_target.labels(run.id, k.name).set(k.value)
+    services.metrics.observe_registration(run.id, run.state, {k.name: k.value for k in body.knobs})
     return RunCreated(**run_public(run).model_dump(), token=token, policy=row.document)
 
 
