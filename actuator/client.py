@@ -1,48 +1,91 @@
-"""A typed httpx client for the controller service (used by the agent, the CLI and tests)."""
+"""A typed httpx client for the controller service (used by the agent, the CLI and tests).
+
+Answers are read tolerantly: fields this version does not know (what a newer service adds) are
+ignored at every depth. What cannot be read at all is not the service's word and raises
+:class:`ServiceUnavailable`, as a network error does (retrying later may work): an answer that is
+not JSON or not of the expected shape (a captive portal's HTML page, a truncated body), a 4xx
+without the service's error envelope (a proxy's page), an answer not complete within the
+request's ``timeout``. Only a 4xx carrying the envelope is a refusal (:class:`RequestRejected`).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from typing import Any, TypeVar
 
 import httpx
+from pydantic import TypeAdapter, ValidationError
 
 from ._exceptions import ClientError, Forbidden, NotFound, RequestRejected, ServiceUnavailable, Unauthorized
-from .schemas import DecisionPage, IngestResult, ObservationBatch, RunCreate, RunCreated, RunPublic, RunState
+from .schemas import (
+    DecisionPage,
+    ErrorPublic,
+    IngestResult,
+    ObservationBatch,
+    RunCreate,
+    RunCreated,
+    RunPublic,
+    RunState,
+)
 
 __all__ = ["ActuatorClient"]
 
+T = TypeVar("T")
 
-def _raise_for(resp: httpx.Response) -> None:
-    if resp.status_code < 400:
-        return
+
+_ADAPTERS: dict[Any, TypeAdapter[Any]] = {}
+
+
+def _parse(kind: type[T], body: bytes) -> T:
+    """``body`` as ``kind``, fields it does not declare ignored (nested models included); raises
+    ValidationError (also for a body that is not JSON)."""
+    adapter = _ADAPTERS.get(kind) or _ADAPTERS.setdefault(kind, TypeAdapter(kind))
+    result: T = adapter.validate_json(body, extra="ignore")
+    return result
+
+
+def _why(exc: ValidationError) -> str:
+    """The first problem, without the input (an answer may carry a token)."""
+    err = exc.errors(include_input=False, include_url=False)[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    return f"{loc}: {err['msg']}" if loc else err["msg"]
+
+
+def _refusal(method: str, path: str, status: int, body: bytes) -> ClientError:
+    """The error an answer with status >= 400 stands for."""
+    where = f"{method} {path}: {status}"
     try:
-        detail: Any = resp.json().get("detail")
-    except ValueError:
-        detail = resp.text[:500]
-    message = detail.get("message") if isinstance(detail, dict) else detail
-    text = f"{resp.request.method} {resp.request.url.path}: {resp.status_code} {message}"
-    cls: type[ClientError]
-    if resp.status_code == 401:
-        cls = Unauthorized
-    elif resp.status_code == 403:
-        cls = Forbidden
-    elif resp.status_code == 404:
-        cls = NotFound
-    elif resp.status_code >= 500 or resp.status_code == 429:
-        cls = ServiceUnavailable
-    else:
-        cls = RequestRejected
-    raise cls(text, status_code=resp.status_code, detail=detail)
+        envelope: ErrorPublic | None = _parse(ErrorPublic, body)
+    except ValidationError:
+        envelope = None
+    if status >= 500 or status == 429:
+        return ServiceUnavailable(f"{where} {envelope.detail.message if envelope else 'without an error envelope'}",
+                                  status_code=status)
+    if envelope is None:
+        # Every 4xx of the service carries the envelope: this one comes from a proxy, a gateway or
+        # a portal in the way, and says nothing about the request itself.
+        return ServiceUnavailable(f"{where} without the service's error envelope (not the service answering)",
+                                  status_code=status)
+    cls: type[RequestRejected] = {401: Unauthorized, 403: Forbidden, 404: NotFound}.get(status, RequestRejected)
+    return cls(f"{where} {envelope.detail.message}", status_code=status,
+               detail=envelope.detail.model_dump(mode="json"))
 
 
 class ActuatorClient:
-    """``ActuatorClient("http://127.0.0.1:8000", token=...)``. Network failures and 5xx raise
-    :class:`ServiceUnavailable`; 4xx raise a :class:`RequestRejected` subclass."""
+    """``ActuatorClient("http://127.0.0.1:8000", token=...)``. Network failures, 5xx, answers that
+    cannot be read and answers slower than ``timeout`` raise :class:`ServiceUnavailable`; the
+    service's refusals (4xx) raise a :class:`RequestRejected` subclass.
+
+    ``timeout`` is the longest one request may take, its whole answer included: each network
+    operation waits at most that long, and an answer still arriving past it (a body fed a byte at a
+    time) is abandoned at its next chunk.
+    """
 
     def __init__(self, base_url: str, token: str | None = None, *, timeout: float = 5.0,
                  transport: httpx.BaseTransport | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.token = token
+        self.timeout = timeout
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport)
 
     def close(self) -> None:
@@ -54,32 +97,51 @@ class ActuatorClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _request(self, method: str, path: str, *, token: str | None = None, **kw: Any) -> httpx.Response:
+    def _request(self, method: str, path: str, *, token: str | None = None, timeout: float | None = None,
+                 **kw: Any) -> bytes:
+        """The answer's body, read within the deadline; raises for an error status."""
         headers = kw.pop("headers", {})
         tok = token or self.token
         if tok:
             headers["Authorization"] = f"Bearer {tok}"
+        limit = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
         try:
-            resp = self._http.request(method, path, headers=headers, **kw)
+            # Streamed: httpx's timeouts bound each read, never the whole answer.
+            with self._http.stream(method, path, headers=headers, timeout=limit, **kw) as resp:
+                body = bytearray()
+                for chunk in resp.iter_bytes():
+                    body += chunk
+                    if time.monotonic() > deadline:
+                        raise ServiceUnavailable(f"{method} {path}: no complete answer within {limit:g} s")
         except httpx.HTTPError as exc:
             raise ServiceUnavailable(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
-        _raise_for(resp)
-        return resp
+        if resp.status_code >= 400:
+            raise _refusal(method, path, resp.status_code, bytes(body))
+        return bytes(body)
+
+    def _call(self, kind: type[T], method: str, path: str, **kw: Any) -> T:
+        """One request, its answer read as ``kind``."""
+        body = self._request(method, path, **kw)
+        try:
+            return _parse(kind, body)
+        except ValidationError as exc:
+            raise ServiceUnavailable(f"{method} {path}: an answer this client cannot read ({_why(exc)})") from exc
 
     # -- service ---------------------------------------------------------------------------
     def health(self) -> dict[str, Any]:
-        return self._request("GET", "/healthz").json()
+        return self._call(dict[str, Any], "GET", "/healthz")
 
     # -- policies ----------------------------------------------------------------------------
     def create_policy(self, document: dict[str, Any]) -> dict[str, Any]:
-        return self._request("POST", "/v1/policies", json=document).json()
+        return self._call(dict[str, Any], "POST", "/v1/policies", json=document)
 
     def get_policy(self, name: str, version: int | None = None) -> dict[str, Any]:
         path = f"/v1/policies/{name}" + (f"/versions/{version}" if version else "")
-        return self._request("GET", path).json()
+        return self._call(dict[str, Any], "GET", path)
 
     def validate_policy(self, document: dict[str, Any]) -> dict[str, Any]:
-        return self._request("POST", "/v1/policies/validate", json=document).json()
+        return self._call(dict[str, Any], "POST", "/v1/policies/validate", json=document)
 
     def tune_policy(self, run_id: str, controller: str, *, aggressiveness: float = 1.0,
                     policy: str | dict[str, Any] | None = None, horizon: int | None = None) -> dict[str, Any]:
@@ -89,34 +151,31 @@ class ActuatorClient:
             body["policy"] = policy
         if horizon is not None:
             body["horizon"] = horizon
-        return dict(self._request("POST", "/v1/policies/tune", json=body, timeout=120).json())
+        return self._call(dict[str, Any], "POST", "/v1/policies/tune", json=body, timeout=120)
 
     # -- runs --------------------------------------------------------------------------------
     def register_run(self, body: RunCreate | dict[str, Any], *, timeout: float | None = None) -> RunCreated:
         """``timeout`` overrides the client's for this request (registration stores a policy and
         the run: slower than an ingest, and worth a longer wait than a retry of it)."""
         payload = body.model_dump(mode="json") if isinstance(body, RunCreate) else body
-        extra: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
-        return RunCreated.model_validate(self._request("POST", "/v1/runs", json=payload, **extra).json())
+        return self._call(RunCreated, "POST", "/v1/runs", json=payload, timeout=timeout)
 
     def list_runs(self, **params: Any) -> list[RunPublic]:
         params = {k: v for k, v in params.items() if v is not None}
-        return [RunPublic.model_validate(r) for r in self._request("GET", "/v1/runs", params=params).json()]
+        return self._call(list[RunPublic], "GET", "/v1/runs", params=params)
 
     def get_run(self, run_id: str) -> RunState:
-        return RunState.model_validate(self._request("GET", f"/v1/runs/{run_id}").json())
+        return self._call(RunState, "GET", f"/v1/runs/{run_id}")
 
     def post_observations(self, run_id: str, batch: ObservationBatch, *, token: str | None = None) -> IngestResult:
-        resp = self._request("POST", f"/v1/runs/{run_id}/observations", token=token,
-                             content=batch.model_dump_json(), headers={"Content-Type": "application/json"})
-        return IngestResult.model_validate(resp.json())
+        return self._call(IngestResult, "POST", f"/v1/runs/{run_id}/observations", token=token,
+                          content=batch.model_dump_json(), headers={"Content-Type": "application/json"})
 
     def list_decisions(self, run_id: str, *, offset: int = 0, limit: int = 100) -> DecisionPage:
-        resp = self._request("GET", f"/v1/runs/{run_id}/decisions", params={"offset": offset, "limit": limit})
-        return DecisionPage.model_validate(resp.json())
+        return self._call(DecisionPage, "GET", f"/v1/runs/{run_id}/decisions", params={"offset": offset, "limit": limit})
 
     def halt(self, run_id: str, *, token: str | None = None) -> RunPublic:
-        return RunPublic.model_validate(self._request("POST", f"/v1/runs/{run_id}/halt", token=token).json())
+        return self._call(RunPublic, "POST", f"/v1/runs/{run_id}/halt", token=token)
 
     def finish(self, run_id: str, *, token: str | None = None) -> RunPublic:
-        return RunPublic.model_validate(self._request("POST", f"/v1/runs/{run_id}/finish", token=token).json())
+        return self._call(RunPublic, "POST", f"/v1/runs/{run_id}/finish", token=token)
