@@ -13,9 +13,10 @@ What happens, step by step (docs/explanation/architecture.md, "The loop"):
    TRL DPO/GRPO/RLOO; ``distill_lambda`` / ``gkd_beta`` / ``onpolicy_fraction`` / ``divergence_mix`` /
    ``distill_temperature``: distillation and GKD trainers; ``rank``:
    factorised layers or LoRA; ``kl_weight``: the KL anchor) unless ``setters`` gives one; the run
-   is registered (one request). A refusal (4xx: a bad policy, knob or token) raises
-   :class:`~actuator.ConfigError` before the first step; an unreachable service lets training
-   start without control, and the background sender registers the run when it answers. Then
+   is registered (one request). A refusal (the service's 4xx: a bad policy, knob or token) raises
+   :class:`~actuator.ConfigError` before the first step; anything else (unreachable, an answer
+   that cannot be read) lets training start without control, with a warning, and the background
+   sender registers the run when the service answers. Then
    probes are set up (the drift reference is snapshotted here) and the sender is started.
 2. ``on_step_end`` (a step boundary): results that came back are applied — knob decisions are
    clamped to the run's bounds and rate limit on this side too, then written through the
@@ -414,17 +415,23 @@ class ActuatorCallback(TrainerCallback, ExportableState):
             return self.run_id, self.run_token  # resumed from a checkpoint: the same run continues
         created = self.client.register_run(body, timeout=max(self.timeout, self.register_timeout))
         self.run_id, self.run_token = created.id, created.token
-        self.policy_doc = PolicyDocument.model_validate(created.policy)
+        try:
+            # Read as tolerantly as the answer itself: a newer service may add fields.
+            self.policy_doc = PolicyDocument.model_validate(created.policy, extra="ignore")
+        except ValueError as exc:  # the run is registered: only the probe schedule is lost
+            log.warning("actuator: the service's copy of the policy could not be read (%s); probes keep the "
+                        "schedule given to ActuatorCallback", exc)
         self._schedule_pending = True
         log.info("actuator: run %s registered (policy %s v%d)", created.id, created.policy_name,
                  created.policy_version)
         return created.id, created.token
 
     def _register_at_start(self) -> ConfigError | None:
-        """Register now (one request, at most ``register_timeout`` seconds). A refusal (4xx) is the
-        user's configuration and is returned, to stop ``train()`` before its first step; an
-        unreachable service only means training starts without control (the sender registers
-        the run when the service answers)."""
+        """Register now (one request, at most ``register_timeout`` seconds). A refusal (a 4xx with
+        the service's error envelope) is the user's configuration and is returned, to stop
+        ``train()`` before its first step; anything else (no answer, an answer that cannot be read,
+        a proxy's page) only means training starts without control, said loudly, and the sender
+        registers the run when the service answers."""
         self._unreachable = None
         try:
             self._register()

@@ -1,13 +1,16 @@
 """The background sender: training hands observations over and never waits on the network.
 
-One daemon thread owns the HTTP client. ``submit`` is a non-blocking queue put; the thread
-batches what is queued, registers the run first if that has not happened yet, posts, and puts
-each :class:`IngestResult` in an inbox the callback drains at the next step boundary.
+One daemon thread owns the HTTP client. ``submit`` is a non-blocking append to a bounded buffer;
+the thread batches what is buffered, registers the run first if that has not happened yet, posts,
+and puts each :class:`IngestResult` in an inbox the callback drains at the next step boundary.
 
-Outage: observations stay buffered (bounded: the oldest are dropped past ``max_buffer``, and
-counted), retries back off exponentially up to ``max_backoff``, and one warning is logged per
-outage. Sequence numbers are assigned by the caller, so redelivery after an outage is
-idempotent on the service side.
+Outage (no answer, an error status, an answer that cannot be read or is not complete within the
+client's timeout): observations stay buffered, retries back off exponentially up to
+``max_backoff``, and one warning is logged per outage. The buffer holds ``max_buffer``
+observations at all times, a request hanging or not: past it the oldest are dropped, counted in
+``stats.dropped`` and warned about (when dropping starts, and with the total when it stops).
+Sequence numbers are assigned by the caller, so redelivery after an outage is idempotent on the
+service side.
 """
 
 from __future__ import annotations
@@ -20,21 +23,29 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import islice
 
 from actuator._exceptions import RequestRejected, ServiceUnavailable
 from actuator.client import ActuatorClient
-from actuator.schemas import DecisionAck, IngestResult, ObservationBatch, ObservationCreate
+from actuator.schemas import MAX_INT, DecisionAck, IngestResult, ObservationBatch, ObservationCreate
 
-__all__ = ["BackgroundSender", "SenderStats"]
+__all__ = ["BackgroundSender", "FOLLOW_UPS", "SenderStats"]
 
 log = logging.getLogger("actuator.agents")
+
+# Most requests for the rest of the decisions after one delivered batch, when answers stop at the
+# service's cap: a controller that always says "more" costs a bounded number of requests, and
+# what is left comes with the next batch.
+FOLLOW_UPS = 4
 
 
 @dataclass
 class SenderStats:
+    """``submitted`` = ``sent`` + ``dropped`` + the backlog."""
+
     submitted: int = 0
     sent: int = 0
-    dropped: int = 0
+    dropped: int = 0  # given up on: over the buffer's limit, refused by the service, or an agent error
     failures: int = 0
     outages: int = 0
     last_error: str | None = None
@@ -64,6 +75,8 @@ class BackgroundSender:
     ) -> None:
         if run_id is None and register is None:
             raise ValueError("BackgroundSender needs run_id/token or a register callable")
+        if max_buffer < 1:
+            raise ValueError(f"max_buffer: at least 1, got {max_buffer}")
         self.client = client
         self.run_id, self.token = run_id, token
         self._register = register
@@ -78,8 +91,15 @@ class BackgroundSender:
         # After a batch is refused (4xx), its observations go one per request, so that only the
         # ones the service refuses are dropped, not the good ones batched with them.
         self._isolate = 0
-        self._queue: queue.SimpleQueue[ObservationCreate] = queue.SimpleQueue()
+        # Observations not delivered yet, oldest first (shared with submit: under _lock). The
+        # _in_flight oldest are being posted and are never dropped meanwhile: they may yet arrive.
         self._pending: deque[ObservationCreate] = deque()
+        self._in_flight = 0
+        # Drops over the limit: how many in all, how many warned about, and the count the current
+        # episode of dropping began at (None: none under way).
+        self._overflowed = self._overflow_told = 0
+        self._overflow_from: int | None = None
+        self._stuck_warned = False
         # Acknowledgements of decisions (applied or set aside), sent with the next request. With
         # no observation left to send they ride on the last one delivered (a duplicate the
         # service ignores), so the last decisions of a run are acknowledged before it ends.
@@ -96,10 +116,15 @@ class BackgroundSender:
 
     # -- training side (never blocks) ----------------------------------------------------------
     def submit(self, obs: ObservationCreate) -> None:
-        with self._lock:  # so the thread never marks itself idle between the clear and the put
+        with self._lock:  # so the thread never marks itself idle between the clear and the append
             self.stats.submitted += 1
             self._idle.clear()
-            self._queue.put(obs)
+            self._pending.append(obs)
+            # The limit holds while a request hangs too: the thread may not look for a while.
+            while len(self._pending) > max(self.max_buffer, self._in_flight):
+                del self._pending[self._in_flight]
+                self.stats.dropped += 1
+                self._overflowed += 1
         self._wake.set()
 
     def acknowledge(self, ack: DecisionAck) -> None:
@@ -126,7 +151,7 @@ class BackgroundSender:
 
     @property
     def backlog(self) -> int:
-        return self._queue.qsize() + len(self._pending)
+        return len(self._pending)
 
     def _has_work(self) -> bool:
         return bool(self._pending) or (bool(self._acks) and self._last_sent is not None)
@@ -141,31 +166,21 @@ class BackgroundSender:
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout=1.0)
+        self._warn_overflow(closing=True)
         return delivered
 
     # -- the thread -------------------------------------------------------------------------
-    def _drain_queue(self) -> None:
-        while True:
-            try:
-                self._pending.append(self._queue.get_nowait())
-            except queue.Empty:
-                break
-        overflow = len(self._pending) - self.max_buffer
-        if overflow > 0:
-            for _ in range(overflow):
-                self._pending.popleft()
-            self.stats.dropped += overflow
-
     def _loop(self) -> None:
         backoff = self.initial_backoff
         while not self._stop.is_set():
             with self._lock:
-                self._drain_queue()
                 if self.stats.disabled_reason is not None:
+                    self.stats.dropped += len(self._pending)
                     self._pending.clear()
                     self._acks.clear()
                 if not self._has_work():
                     self._idle.set()
+            self._warn_overflow()
             if not self._has_work():
                 self._wake.wait(0.5)
                 self._wake.clear()
@@ -178,14 +193,17 @@ class BackgroundSender:
                 # Jittered exponential backoff; a flush/close wakes us early but does not skip it.
                 self._stop.wait(backoff * (0.5 + random.random()))
                 backoff = min(backoff * 2, self.max_backoff)
-            except RequestRejected as exc:
-                self._rejected(exc)
+            except RequestRejected as exc:  # a follow-up refused: the run is gone or the token wrong
+                self._disable(exc)
             except Exception as exc:  # noqa: BLE001 - the sender thread must never die
                 self.stats.failures += 1
                 self.stats.last_error = f"{type(exc).__name__}: {exc}"
-                log.exception("actuator sender: unexpected error; dropping the batch")
-                for _ in range(min(self.batch_size, len(self._pending))):
-                    self._pending.popleft()
+                with self._lock:
+                    n = min(self.batch_size, len(self._pending))
+                    for _ in range(n):
+                        self._pending.popleft()
+                    self.stats.dropped += n
+                log.exception("actuator sender: unexpected error; %d observations dropped", n)
 
     def _send_once(self) -> None:
         if self.run_id is None:
@@ -197,39 +215,47 @@ class BackgroundSender:
                 self.stats.disabled_reason = f"registration refused: {exc}"
                 log.error("actuator: the service refused to register this run (%s); training continues "
                           "WITHOUT control", exc)
-                self._pending.clear()
                 return
-        size = 1 if self._isolate else min(self.batch_size, len(self._pending))
-        batch = [self._pending[i] for i in range(size)]
+            if self.stats.outages:  # control was said to be OFF: say as loudly that it is back
+                log.warning("actuator: controller reachable: run %s registered, control is ON from here", self.run_id)
+            self.stats.connected = True
+        with self._lock:
+            size = 1 if self._isolate else min(self.batch_size, len(self._pending))
+            batch = list(islice(self._pending, size))
+            acks = list(islice(self._acks, 1000))
+            self._in_flight = size
         if not batch:  # acknowledgements only: they ride on the last observation delivered
             assert self._last_sent is not None
-            batch, size = [self._last_sent], 0
-        with self._lock:
-            acks = list(self._acks)[:1000]
+            batch = [self._last_sent]
         start = time.perf_counter()
+        done = 0  # how many of the batch leave the buffer (delivered, or refused and dropped)
         try:
             result = self._post(batch, acks)
+            done = size
         except RequestRejected as exc:
-            if not acks or exc.status_code != 422 or "applied" not in str(exc):
-                raise
-            # The service refused an acknowledgement (it should not: the agent acknowledges only
-            # decisions it received). Drop them, never the observations they came with.
-            log.warning("actuator: the service refused decision acknowledgements (%s); they are dropped", exc)
-            self._drop_acks(len(acks))
+            done = self._refused(exc, acks, size)
             return
+        finally:
+            with self._lock:
+                for _ in range(done):
+                    self._pending.popleft()
+                self._in_flight = 0
         self.stats.latencies.append(time.perf_counter() - start)
         self._drop_acks(len(acks))
         self._last_sent = batch[-1]
-        for _ in range(size):
-            self._pending.popleft()
         self._isolate = max(0, self._isolate - size)
         self.stats.sent += size
         if not self.stats.connected:
             if self.stats.outages:
                 log.warning("actuator: controller reachable again; %d buffered observations delivered", size)
             self.stats.connected = True
-        self._deliver(result)
-        while result.more_decisions and result.decisions and not self._stop.is_set():
+        advanced = self._deliver(result)
+        for _ in range(FOLLOW_UPS):
+            if not (result.more_decisions and result.decisions) or self._stop.is_set():
+                return
+            if not advanced:
+                self._warn_stuck()
+                return
             # The answer stopped at the service's cap on decisions: ask for the rest now rather
             # than one page per observation. The batch's last observation again is a duplicate
             # (stored once, idempotent on seq); the answer carries the decisions after ours.
@@ -237,11 +263,40 @@ class BackgroundSender:
                 result = self._post(batch[-1:])
             except RequestRejected as exc:
                 if exc.status_code in (401, 403, 404):
-                    raise  # the run is gone or the token wrong: _rejected turns control off
+                    raise  # the run is gone or the token wrong: _disable turns control off
                 log.warning("actuator: asking for the rest of the decisions was refused (%s); they come with "
                             "the next observation", exc)
-                return  # not the next observation's fault: nothing queued is dropped
-            self._deliver(result)
+                return  # not the next observation's fault: nothing buffered is dropped
+            advanced = self._deliver(result)
+
+    def _refused(self, exc: RequestRejected, acks: list[DecisionAck], size: int) -> int:
+        """The service refused a batch: how many of its oldest observations to drop (0 or 1)."""
+        self.stats.failures += 1
+        self.stats.last_error = str(exc)
+        if acks and exc.status_code == 422 and "applied" in str(exc):
+            # The service refused an acknowledgement (it should not: the agent acknowledges only
+            # decisions it received). Drop them, never the observations they came with.
+            log.warning("actuator: the service refused decision acknowledgements (%s); they are dropped", exc)
+            self._drop_acks(len(acks))
+            return 0
+        if exc.status_code in (401, 403, 404):
+            self._disable(exc)
+            return 0
+        if not self._isolate and size > 1:
+            self._isolate = size
+            log.warning("actuator: the service refused a batch (%s); sending its %d observations one by one",
+                        exc, size)
+            return 0
+        log.error("actuator: the service rejected an observation (%s); it is dropped", exc)
+        self._isolate = max(0, self._isolate - 1)
+        if size:
+            self.stats.dropped += 1
+        return min(size, 1)
+
+    def _disable(self, exc: RequestRejected) -> None:
+        """The run is gone or the token is wrong: nothing we send will ever be accepted."""
+        self.stats.disabled_reason = str(exc)
+        log.error("actuator: the service refuses this run (%s); control is off for the rest of training", exc)
 
     def _drop_acks(self, n: int) -> None:
         """Forget the ``n`` oldest acknowledgements (sent, or refused)."""
@@ -250,38 +305,53 @@ class BackgroundSender:
                 self._acks.popleft()
 
     def _post(self, batch: list[ObservationCreate], acks: list[DecisionAck] | None = None) -> IngestResult:
-        last = max(self.last_decision, self._received)
+        # The wire carries decision numbers up to MAX_INT (what the store holds). A controller
+        # numbering past it is told MAX_INT and answers again what follows: the callback applies
+        # each decision once, by number, whatever its size.
+        last = min(max(self.last_decision, self._received), MAX_INT)
         return self.client.post_observations(
             self.run_id, ObservationBatch(observations=batch, last_decision=last, applied=acks or []),
             token=self.token)
 
-    def _deliver(self, result: IngestResult) -> None:
-        if result.decisions:
-            self._received = max(self._received, max(d.number for d in result.decisions))
+    def _deliver(self, result: IngestResult) -> bool:
+        """Hand an answer to the callback; whether it brought a decision not received before."""
+        newest = max((d.number for d in result.decisions), default=0)
+        advanced = newest > self._received
+        self._received = max(self._received, newest)
         self._inbox.put(result)
+        return advanced
+
+    def _warn_stuck(self) -> None:
+        if not self._stuck_warned:
+            self._stuck_warned = True
+            log.warning("actuator: the controller says more decisions follow, but its answer brings no decision "
+                        "after %d; not asking again until the next observation (said once)", self._received)
+
+    def _warn_overflow(self, closing: bool = False) -> None:
+        """One warning when observations start being dropped over the limit, one with the total
+        when the backlog has room again (or at close)."""
+        with self._lock:
+            overflowed, full = self._overflowed, len(self._pending) >= self.max_buffer
+        if self._overflow_from is None and overflowed > self._overflow_told:
+            self._overflow_from = self._overflow_told
+            log.warning("actuator: the backlog reached its limit of %d observations (the controller is unreachable "
+                        "or slower than training): the oldest are dropped, %d so far", self.max_buffer,
+                        overflowed - self._overflow_from)
+        if self._overflow_from is not None and (closing or not full):
+            log.warning("actuator: %d observations were dropped while the backlog was full",
+                        overflowed - self._overflow_from)
+            self._overflow_told, self._overflow_from = overflowed, None
 
     def _outage(self, exc: Exception) -> None:
         self.stats.failures += 1
         self.stats.last_error = str(exc)
         if self.stats.connected or self.stats.outages == 0:
             self.stats.outages += 1
-            log.warning("actuator: controller unreachable (%s); training continues with the last knob "
-                        "values, observations are buffered and retried", exc)
+            if self.run_id is None:
+                log.warning("actuator: controller unreachable (%s): control is OFF until it answers; training "
+                            "continues uncontrolled and the run is registered as soon as the controller answers",
+                            exc)
+            else:
+                log.warning("actuator: controller unreachable (%s); training continues with the last knob "
+                            "values, observations are buffered and retried", exc)
         self.stats.connected = False
-
-    def _rejected(self, exc: RequestRejected) -> None:
-        self.stats.failures += 1
-        self.stats.last_error = str(exc)
-        if exc.status_code in (401, 403, 404):
-            # The run is gone or the token is wrong: nothing we send will ever be accepted.
-            self.stats.disabled_reason = str(exc)
-            log.error("actuator: the service refuses this run (%s); control is off for the rest of "
-                      "training", exc)
-        elif not self._isolate and min(self.batch_size, len(self._pending)) > 1:
-            self._isolate = min(self.batch_size, len(self._pending))
-            log.warning("actuator: the service refused a batch (%s); sending its %d observations one by one",
-                        exc, self._isolate)
-        else:
-            log.error("actuator: the service rejected an observation (%s); it is dropped", exc)
-            self._pending.popleft()
-            self._isolate = max(0, self._isolate - 1)
