@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -211,3 +212,29 @@ def __getattr__(name: str) -> Any:  # StepClock without importing transformers f
     if name == "StepClock":
         return _step_clock_class()
     raise AttributeError(name)
+
+
+class ServedApp:
+    """An ASGI app (a misbehaving controller, a proxy) under a real uvicorn in a thread of the test
+    process, on a free loopback port: ``with ServedApp(app) as served: served.url``."""
+
+    def __init__(self, app: Any) -> None:
+        import uvicorn
+
+        from servers import free_port
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        # A streaming answer still open at exit (a drip) is cut after one second.
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
+                                                    lifespan="off", timeout_graceful_shutdown=1))
+        self._thread = threading.Thread(target=self.server.run, name=f"served-app-{self.port}", daemon=True)
+
+    def __enter__(self) -> ServedApp:
+        self._thread.start()
+        wait_until(lambda: self.server.started, 20, "uvicorn serving the test app")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self._thread.join(10)

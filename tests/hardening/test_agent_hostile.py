@@ -1,0 +1,307 @@
+"""Issue 34, agent side: control is never lost silently.
+
+A real ``Trainer.train()`` on a tiny model runs under ActuatorCallback against the real service,
+reached through a front (a Starlette app under a real uvicorn on loopback) that misbehaves the way
+a newer service version, a proxy or a captive portal does: answers with fields the agent does not
+know, HTML with status 200, truncated JSON, an answer that says more decisions follow but never
+advances, an answer fed one byte at a time, decision numbers past 2^31-1.
+
+What must hold: unknown fields are ignored (every observation delivered, every decision applied
+at the value the optimizer then really uses); an answer the agent cannot read is an outage (counted,
+warned once, retried: nothing dropped); registration raises only on the service's own refusal;
+follow-up requests are bounded; every request has a total deadline and the backlog its limit.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+import re
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+import yaml
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from transformers import TrainerCallback
+
+import actuator.agents.callback as callback_module
+from actuator.agents.callback import ActuatorCallback
+from actuator.agents.probes import KLDrift
+from actuator.agents.sender import FOLLOW_UPS, BackgroundSender
+from actuator.schemas import MAX_INT
+from agent_helpers import HELD_OUT, SlowSteps, make_trainer, record_lr_used
+from harden import ServedApp, StoreView
+from servers import Service, make_service
+
+CORPUS = Path(__file__).parent / "corpus" / "answers.yaml"
+# Drift above a zero setpoint: the controller lowers the learning rate on nearly every observation.
+POLICY = {"name": "hostile-answers", "controllers": [{"name": "drift", "probe": "kl_drift", "knob": "learning_rate",
+                                                       "setpoint": 0.0, "kp": 0.5, "ki": 0.1}]}
+KNOBS = {"learning_rate": {"min": 1e-7, "max": 1e-2, "max_step": 0.2}}
+
+
+def _cases() -> list[Any]:
+    cases = yaml.safe_load(CORPUS.read_text())["cases"]
+    names = [c["name"] for c in cases]
+    assert len(set(names)) == len(names), "case names must be unique"
+    return [pytest.param(c, id=c["name"]) for c in cases]
+
+
+@pytest.fixture(scope="module")
+def real_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    """One real service for the module (each test registers its own run)."""
+    tmp = tmp_path_factory.mktemp("hostile-service")
+    svc = make_service(f"sqlite:///{tmp / 'actuator.db'}", log_dir=str(tmp)).start()
+    yield svc
+    svc.stop()
+
+
+def sender_with(monkeypatch: pytest.MonkeyPatch, **kw: Any) -> None:
+    """The callback builds its sender with the defaults (backoff from 0.5 s up to 30 s); a test of a
+    few seconds retries faster."""
+    monkeypatch.setattr(callback_module, "BackgroundSender",
+                        functools.partial(BackgroundSender, initial_backoff=0.05, max_backoff=0.2, **kw))
+
+
+class Front:
+    """What stands between the agent and the real service: it forwards every request, and rewrites
+    the answers of one kind (``rule["answer"]``: ``register`` or ``ingest``) as ``rule`` says:
+    ``add`` / ``replace`` / ``times`` (see corpus/answers.yaml), ``stuck`` (every answer repeats
+    the first decisions seen and says more follow), ``drip`` (seconds between the bytes of an
+    answer that never completes) or ``renumber`` (decision numbers shifted up by this much; the
+    requests' numbers shifted back)."""
+
+    def __init__(self, upstream: str, rule: dict[str, Any]) -> None:
+        self.upstream, self.rule = upstream, rule
+        self.count: Counter[str] = Counter()
+        self.seqs: set[int] = set()  # observation seqs the front has seen
+        self.follow_ups = 0  # ingest requests carrying no observation not seen before
+        self.remembered: list[dict[str, Any]] | None = None
+        self.app = Starlette(routes=[Route("/{path:path}", self.handle, methods=["GET", "POST", "PUT", "DELETE"])])
+
+    async def handle(self, request: Request) -> Response:
+        path = request.url.path
+        kind = ("ingest" if path.endswith("/observations") else
+                "register" if path == "/v1/runs" and request.method == "POST" else "other")
+        self.count[kind] += 1
+        body = await request.body()
+        if kind == "ingest":
+            seqs = {o["seq"] for o in json.loads(body)["observations"]}
+            self.follow_ups += not (seqs - self.seqs)
+            self.seqs |= seqs
+        rule = self.rule if kind == self.rule["answer"] else {}
+        early = self.count[kind] <= rule.get("times", math.inf)
+        if "replace" in rule and early:
+            r = rule["replace"]
+            return Response(r["body"], r["status"], media_type=r["type"])
+        if "drip" in rule and early:
+            return StreamingResponse(self._drip(rule["drip"]), media_type="application/json")
+        if "renumber" in rule:
+            body = self._renumber_request(body, rule["renumber"])
+        headers = {k: v for k, v in request.headers.items() if k in ("authorization", "content-type")}
+        async with httpx.AsyncClient(timeout=30) as client:
+            up = await client.request(request.method, self.upstream + path, content=body, headers=headers,
+                                      params=list(request.query_params.multi_items()))
+        if not rule or up.status_code >= 400:
+            return Response(up.content, up.status_code, media_type=up.headers.get("content-type"))
+        return JSONResponse(self._rewrite(up.json(), rule), up.status_code)
+
+    @staticmethod
+    async def _drip(interval: float) -> AsyncIterator[bytes]:
+        for _ in range(int(20 / interval)):  # 20 s: far past any deadline; JSON whitespace, never a value
+            yield b" "
+            await anyio.sleep(interval)
+
+    @staticmethod
+    def _renumber_request(body: bytes, offset: int) -> bytes:
+        data = json.loads(body)
+        data["last_decision"] = max(0, data.get("last_decision", 0) - offset)
+        for ack in data.get("applied", []):
+            ack["number"] -= offset
+        return json.dumps(data).encode()
+
+    def _rewrite(self, data: dict[str, Any], rule: dict[str, Any]) -> dict[str, Any]:
+        add = rule.get("add", {})
+        data.update(add.get("top", {}))
+        for d in data.get("decisions", []):
+            d.update(add.get("decisions", {}))
+            d["number"] += rule.get("renumber", 0)
+        if "actions" in add:
+            data["actions"].extend(add["actions"])
+        for knob in data.get("knobs", {}).values():
+            if isinstance(knob, dict):  # a registration's knob specs (an ingest answer's knobs are values)
+                knob.update(add.get("knobs", {}))
+        if "policy" in add:
+            data["policy"].update(add["policy"])
+        if rule.get("stuck"):
+            if self.remembered is None and data["decisions"]:
+                self.remembered = data["decisions"]
+            if self.remembered is not None:
+                data["decisions"], data["more_decisions"] = self.remembered, True
+        return data
+
+
+class BacklogWatch(TrainerCallback):
+    """The sender's backlog as training sees it at every step boundary."""
+
+    def __init__(self, cb: ActuatorCallback) -> None:
+        self.cb, self.samples = cb, []
+
+    def on_step_end(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
+        if self.cb.sender is not None:
+            self.samples.append(self.cb.sender.backlog)
+
+
+def train(tmp_path: Path, tokenizer: Any, url: str, *, steps: int = 40, every: int = 2,
+          watch: bool = False, **kw: Any) -> tuple[ActuatorCallback, list[float], BacklogWatch | None]:
+    """A tiny Trainer under ActuatorCallback at ``url``; the lr each optimizer step really used."""
+    trainer = make_trainer(tmp_path, tokenizer, steps=steps, scheduler="constant")
+    used = record_lr_used(trainer)
+    cb = ActuatorCallback(POLICY, url=url, knobs=KNOBS, budget_share=1.0, flush_timeout=15.0,
+                          probes=[KLDrift(HELD_OUT, tokenizer, every=every, max_length=32)], **kw).attach(trainer)
+    trainer.add_callback(SlowSteps(0.03))
+    backlog = BacklogWatch(cb) if watch else None
+    if backlog is not None:
+        trainer.add_callback(backlog)
+    trainer.train()
+    assert trainer.state.global_step == steps
+    assert cb.sender is not None
+    return cb, used, backlog
+
+
+def stored_seqs(service: Service, run_id: str) -> list[int]:
+    view = StoreView(service.env["ACTUATOR_DATABASE_URL"])
+    try:
+        return view.seqs(run_id)
+    finally:
+        view.close()
+
+
+def assert_all_delivered(service: Service, cb: ActuatorCallback) -> None:
+    assert cb.run_id is not None and cb.sender is not None
+    assert stored_seqs(service, cb.run_id) == list(range(cb.seq)), f"of {cb.seq} observations"
+    assert cb.sender.stats.dropped == 0 and cb.sender.backlog == 0, cb.sender.stats
+
+
+def assert_decisions_applied(service: Service, cb: ActuatorCallback, used: list[float], offset: int = 0) -> None:
+    """Decisions came back and each was applied once, in order, at the value the service ordered,
+    and the optimizer's next step ran with it (``offset``: the front's shift of decision numbers)."""
+    numbers = [e["number"] for e in cb.applied]
+    assert len(numbers) >= 4 and numbers == list(range(offset + 1, offset + 1 + len(numbers))), numbers
+    stored = httpx.get(f"{service.url}/v1/runs/{cb.run_id}/decisions", params={"limit": 1000}).json()["items"]
+    by_number = {d["number"] + offset: d for d in stored}
+    in_effect: dict[int, float] = {}  # step boundary -> the value the last decision applied there set
+    for entry in cb.applied:
+        assert entry["applied"] == pytest.approx(by_number[entry["number"]]["new_value"], rel=1e-12)
+        in_effect[entry["step"]] = entry["applied"]
+    # optimizer step k+1 is used[k] (global_step counts from 1); the final boundary has no next step
+    for step, value in in_effect.items():
+        if step < len(used):
+            assert used[step] == pytest.approx(value, rel=1e-12), (step, value, used)
+    assert sum(step < len(used) for step in in_effect) >= 3
+
+
+def warnings_with(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and text in r.getMessage()]
+
+
+@pytest.mark.parametrize("case", _cases())
+def test_hostile_answer(case: dict[str, Any], tmp_path: Path, char_tokenizer: Any, real_service: Service,
+                        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    sender_with(monkeypatch)
+    front = Front(real_service.url, case)
+    with ServedApp(front.app) as served, caplog.at_level(logging.INFO, logger="actuator.agents"):
+        cb, used, _ = train(tmp_path, char_tokenizer, served.url)
+    assert cb.sender is not None
+    stats, expect = cb.sender.stats, case["expect"]
+    assert_all_delivered(real_service, cb)
+    assert_decisions_applied(real_service, cb, used)
+    if expect in ("delivered", "registered"):
+        assert stats.outages == 0 and stats.failures == 0, stats
+        assert front.count["register"] == 1
+    if expect == "outage":
+        # the unreadable answers are one outage: counted, warned once, retried until the service answered
+        assert stats.outages == 1 and stats.failures == case["times"], stats
+        assert len(warnings_with(caplog, "controller unreachable")) == 1, caplog.text
+        assert warnings_with(caplog, "reachable again")
+    if expect == "uncontrolled":
+        # training started without control, said so loudly, and the sender registered the run later
+        loud = warnings_with(caplog, "control is OFF")
+        assert len(loud) == 1 and "controller unreachable" in loud[0], caplog.text
+        assert warnings_with(caplog, "control is ON")
+        assert front.count["register"] == 2 and stats.outages == 1
+
+
+def test_an_answer_that_never_advances_asks_a_bounded_number_of_times(tmp_path: Path, char_tokenizer: Any,
+                                                                      real_service: Service,
+                                                                      monkeypatch: pytest.MonkeyPatch,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """Every answer repeats the same decisions and says more follow: the agent asks again at most
+    FOLLOW_UPS times per batch, stops as soon as an answer brings nothing new, warns once, and keeps
+    delivering observations."""
+    sender_with(monkeypatch)
+    front = Front(real_service.url, {"answer": "ingest", "stuck": True})
+    with ServedApp(front.app) as served, caplog.at_level(logging.INFO, logger="actuator.agents"):
+        cb, used, _ = train(tmp_path, char_tokenizer, served.url)
+    assert front.remembered, "the service decided something for the front to repeat"
+    assert_all_delivered(real_service, cb)
+    new_posts = front.count["ingest"] - front.follow_ups
+    print(f"\nnever-advancing answer: {new_posts} posts of new observations, {front.follow_ups} follow-ups")
+    assert front.follow_ups <= new_posts * FOLLOW_UPS
+    assert len(warnings_with(caplog, "brings no decision after")) == 1, caplog.text
+    # the repeated decisions were applied once each
+    numbers = [e["number"] for e in cb.applied]
+    assert numbers == [d["number"] for d in front.remembered]
+
+
+def test_a_drip_fed_answer_is_cut_at_its_deadline_and_the_backlog_keeps_its_limit(
+        tmp_path: Path, char_tokenizer: Any, real_service: Service, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The first two ingest answers drip one byte every 0.1 s (each read is quick, so only a total
+    deadline ends them): each request is abandoned at its deadline as an outage; while they hang, the
+    backlog stays within max_buffer, the oldest observations dropped, counted and warned with the
+    count; every observation not dropped is delivered once the service answers again."""
+    limit, deadline = 12, 0.5
+    sender_with(monkeypatch, max_buffer=limit)
+    front = Front(real_service.url, {"answer": "ingest", "drip": 0.1, "times": 2})
+    with ServedApp(front.app) as served, caplog.at_level(logging.INFO, logger="actuator.agents"):
+        cb, _, watch = train(tmp_path, char_tokenizer, served.url, steps=60, every=1, timeout=deadline, watch=True)
+    assert cb.sender is not None and watch is not None and cb.run_id is not None
+    stats = cb.sender.stats
+    print(f"\ndrip: backlog at most {max(watch.samples)} (limit {limit}), {stats.dropped} dropped of {cb.seq}, "
+          f"{front.count['ingest']} ingest requests")
+    assert front.count["ingest"] > 2, "the agent gave up on the dripping answers and moved on"
+    assert stats.outages == 1 and stats.failures == 2, stats
+    timed_out = warnings_with(caplog, "controller unreachable")
+    assert len(timed_out) == 1 and f"no complete answer within {deadline:g} s" in timed_out[0], timed_out
+    # the limit held at every step boundary, and what it cost is counted and said
+    assert max(watch.samples) <= limit and stats.dropped > 0
+    seqs = stored_seqs(real_service, cb.run_id)
+    assert len(seqs) + stats.dropped == cb.seq and seqs[-1] == cb.seq - 1 and cb.sender.backlog == 0
+    dropped = warnings_with(caplog, "dropped")
+    assert len(dropped) == 2, dropped  # when dropping starts, and the total when it ends
+    assert f"limit of {limit} observations" in dropped[0]
+    assert re.search(rf"\b{stats.dropped} observations were dropped", dropped[1]), dropped
+
+
+def test_decisions_numbered_past_2_31_apply(tmp_path: Path, char_tokenizer: Any, real_service: Service,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A controller numbering its decisions from 2^31-1 on: every one is applied, once, in order,
+    and the optimizer runs with it."""
+    sender_with(monkeypatch)
+    offset = MAX_INT - 1  # the service's decision 1 reaches the agent as 2^31-1
+    front = Front(real_service.url, {"answer": "ingest", "renumber": offset})
+    with ServedApp(front.app) as served:
+        cb, used, _ = train(tmp_path, char_tokenizer, served.url, steps=50)
+    assert_all_delivered(real_service, cb)
+    assert_decisions_applied(real_service, cb, used, offset=offset)
