@@ -4,8 +4,11 @@
     ├── ConfigError            bad settings or arguments given to a library call
     ├── PolicyError            a policy document failed validation (carries every error with its path)
     └── ClientError            talking to the controller service failed
-        ├── ServiceUnavailable network error, timeout, 5xx / 503: retrying later may work
-        └── RequestRejected    the service answered 4xx: retrying the same request will not work
+        ├── ServiceUnavailable network error, timeout, 5xx / 503, or an answer that is not the
+        │                      service's word (unreadable, incomplete in time, a proxy's 4xx page):
+        │                      retrying later may work
+        └── RequestRejected    the service refused (a 4xx with its error envelope): retrying the
+                               same request will not work
             ├── Unauthorized   401: no or malformed token
             ├── Forbidden      403: token valid but not for this run / not admin
             └── NotFound       404
@@ -54,11 +57,14 @@ class ClientError(ActuatorError):
 
 
 class ServiceUnavailable(ClientError):
-    """The service could not be reached or answered 5xx; the request may succeed later."""
+    """No usable answer from the service: unreachable, 5xx, an answer that cannot be read or is not
+    complete within the timeout, a 4xx that is not the service's (no error envelope: a proxy, a
+    portal). The request may succeed later."""
 
 
 class RequestRejected(ClientError):
-    """The service refused the request (4xx); sending it again will not help."""
+    """The service refused the request (a 4xx carrying its error envelope); sending it again will
+    not help."""
 
 
 class Unauthorized(RequestRejected):

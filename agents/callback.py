@@ -182,7 +182,8 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         setters: extra knob setters (``KnobSetter``) for knobs other than the learning rate.
         run_name: a name for the run (default: the trainer's ``run_name`` / output dir).
         budget_share: the largest share of wall time probes may take (default 10%).
-        timeout: HTTP timeout of one request, in seconds (the sender's, never training's).
+        timeout: the longest one request may take, in seconds, its whole answer included (the
+            sender's, never training's): an answer slower than that is an outage, retried.
         register_timeout: how long ``train()`` may wait at its start for the registration's answer
             (a refusal stops training there; no answer in time lets it start without control).
         flush_timeout: seconds to wait at train end for buffered observations.
