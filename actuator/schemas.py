@@ -2,6 +2,8 @@
 
 Naming follows ``XCreate`` (what a client sends) / ``XPublic`` (what the service returns).
 Every number that reaches the engine is finite: NaN and infinities are refused at the edge.
+The service refuses fields a model does not declare; the client (actuator.client) reads the
+service's answers ignoring them, so an agent keeps working with a newer service.
 """
 
 from __future__ import annotations
