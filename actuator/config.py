@@ -42,6 +42,10 @@ class Settings(BaseSettings):
     report_panels: int = Field(12, ge=1, description="Most panels (probes, then knobs) in a PNG or HTML report.")
     simulate_observations: int = Field(
         5000, ge=1, description="Most observations a simulation replays; a longer run is refused (422).")
+    tune_observations: int = Field(
+        200, ge=10, description="Most observations a tune identifies from (its work grows with them: about 1 "
+        "CPU-s per 100): a longer run is downsampled to every k-th observation and the last, and the answer's "
+        "warnings say so.")
     policy_page_bytes: int = Field(
         4_000_000, ge=1_000_000, description="A page of GET /v1/policies ends before its documents exceed this.")
     metrics_retire_after: float = Field(

@@ -6,6 +6,10 @@ downsampled (``sampling`` says how), and only the latest decisions and events (t
 out is reported). Rendering is bounded too: at most ``max_panels`` panels, decision marks drawn
 as one collection per panel, one render at a time per process (a matplotlib figure of a long run
 is tens of MB).
+
+Whatever ingest accepts is drawable: text from users (the run's name) is drawn as written, never
+read as mathtext (``$...$``), and values are drawn within +-``PLOT_LIMIT`` (a finite value such
+as 1e308 gives an axis span that overflows to infinity), the legend saying which series were cut.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import io
 import threading
 from typing import Any
 
-__all__ = ["build_report", "render_png", "render_html", "RendererBusy"]
+__all__ = ["build_report", "render_png", "render_html", "RendererBusy", "PLOT_LIMIT"]
 
 # One figure at a time per process; a request that waits longer than this is told to retry.
 _RENDER = threading.BoundedSemaphore(1)
@@ -25,6 +29,21 @@ RENDER_WAIT_SECONDS = 10.0
 
 class RendererBusy(RuntimeError):
     """Another report is being drawn in this process; retry shortly."""
+
+
+# Values are drawn within +-PLOT_LIMIT: matplotlib's transforms invert a matrix whose entries
+# are 1/span, so an axis span near the float range (+-1e308: infinite) cannot be drawn at all.
+PLOT_LIMIT = 1e100
+
+
+def _drawable(values: list[float]) -> tuple[list[float], bool]:
+    """``values`` within +-PLOT_LIMIT, and whether any was cut."""
+    drawn = [min(PLOT_LIMIT, max(-PLOT_LIMIT, v)) for v in values]
+    return drawn, drawn != values
+
+
+def _cut(label: str, cut: bool) -> str:
+    return f"{label} (cut to ±{PLOT_LIMIT:.0e})" if cut else label
 
 # The decision record's fields a report lists (the audit trail's components and inputs stay in
 # GET /v1/runs/{id}/decisions).
@@ -109,24 +128,28 @@ def _draw(report: dict[str, Any], max_panels: int) -> bytes:
         if panel.startswith("knob:"):
             name = panel[5:]
             pts = report["knobs"][name]
-            ax.step([p[0] for p in pts], [p[1] for p in pts], where="post", color="tab:green", label=name)
+            values, cut = _drawable([p[1] for p in pts])
+            ax.step([p[0] for p in pts], values, where="post", color="tab:green", label=_cut(name, cut))
             marks = [d["step"] for d in report["decisions"] if d["knob"] == name]
             if marks:  # one collection, not an artist per decision
                 ax.vlines(marks, 0, 1, transform=ax.get_xaxis_transform(), color="tab:red", alpha=0.25, lw=1)
-            if name in ("learning_rate", "kl_beta") and pts and all(p[1] > 0 for p in pts):
+            if name in ("learning_rate", "kl_beta") and values and all(v > 0 for v in values):
                 ax.set_yscale("log")
         else:
             pts = report["probes"][panel]
             steps = [p[0] for p in pts]
-            ax.plot(steps, [p[1] for p in pts], marker="." if len(pts) <= 200 else None, color="tab:blue",
-                    label=panel)
+            values, cut = _drawable([p[1] for p in pts])
+            ax.plot(steps, values, marker="." if len(pts) <= 200 else None, color="tab:blue", label=_cut(panel, cut))
             if panel in report["setpoints"] and steps:
                 sp = report["setpoints"][panel]
-                ax.plot(steps, [setpoint_at(sp, s) for s in steps], ls="--", color="black", label="setpoint")
+                values, cut = _drawable([setpoint_at(sp, s) for s in steps])
+                ax.plot(steps, values, ls="--", color="black", label=_cut("setpoint", cut))
             if panel in report["thresholds"]:
-                ax.axhline(report["thresholds"][panel], ls=":", color="tab:red", label="guardrail")
-        ax.set_ylabel(panel.removeprefix("knob:"), fontsize=8)
-        ax.legend(fontsize=7, loc="upper right")
+                [threshold], cut = _drawable([report["thresholds"][panel]])
+                ax.axhline(threshold, ls=":", color="tab:red", label=_cut("guardrail", cut))
+        ax.set_ylabel(panel.removeprefix("knob:"), fontsize=8, parse_math=False)
+        for text in ax.legend(fontsize=7, loc="upper right").get_texts():
+            text.set_parse_math(False)
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("step")
     r = report["run"]
@@ -137,7 +160,7 @@ def _draw(report: dict[str, Any], max_panels: int) -> bytes:
         title += f" — every {sampling['every']}th of {sampling['observations']} observations"
     if hidden > 0:
         title += f" — {hidden} more series not drawn"
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(title, fontsize=9, parse_math=False)  # the run's name is the user's text
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90)

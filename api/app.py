@@ -144,6 +144,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         log.info("actuator service ready (store=%s, live=%s)", store.engine.dialect.name,
                  "redis" if settings.redis_url else "memory")
         yield
+        app.state.services.cpu.close()
         await live.aclose()
         store.close()
         live.close()

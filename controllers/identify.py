@@ -27,8 +27,13 @@ extension of the FOPDT and must first be significant on its own: a likelihood-ra
 on at least :data:`DRIFT_MIN_OBSERVATIONS` observations (a short record cannot tell a drift from
 a slow transient). Stdlib only: a 4x4 solve needs no numpy.
 
+The probe is fitted scaled by a power of two (into [0.5, 1) in magnitude), then the model is
+scaled back: sums of squares of values beyond 1e154 overflow, and a power of two scales every
+float exactly, so the fit is the one of the values as recorded.
+
 Refusals are :class:`NotIdentifiable` subclasses naming the problem: too few observations, a
-knob that never moved, or a move whose effect is lost in the probe's noise.
+knob that never moved, a move whose effect is lost in the probe's noise, or a model whose
+parameters leave the float range.
 
 :class:`StepTest` is the excitation an identification pre-run applies to the knob.
 """
@@ -37,7 +42,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from ._checks import ParameterError, require_finite, require_non_negative, require_positive
@@ -47,6 +52,7 @@ __all__ = [
     "TooFewObservations",
     "KnobDidNotMove",
     "NoResponse",
+    "OutOfRange",
     "ModelKind",
     "FittedModel",
     "ModelState",
@@ -90,6 +96,10 @@ class KnobDidNotMove(NotIdentifiable):
 
 class NoResponse(NotIdentifiable):
     problem = "no_response"
+
+
+class OutOfRange(NotIdentifiable):
+    problem = "out_of_range"
 
 
 @dataclass(frozen=True)
@@ -368,11 +378,38 @@ def _refuse_unmoved(u: list[float], min_move: float) -> None:
                              "run an identification pre-run (a step test on the knob)")
 
 
-def _refuse_no_response(model: FittedModel, response: list[float]) -> None:
+def _refuse_no_response(model: FittedModel, response: list[float], exponent: int) -> None:
+    """``model`` fitted on the probe scaled by ``2**-exponent``: the comparison is scale-free, the
+    message in probe units."""
     effect = abs(model.gain) * (max(response) - min(response))
     if not effect > MIN_SIGNAL_TO_NOISE * model.residual_sd:
-        raise NoResponse(f"the knob's effect on the probe ({effect:.3g}) is lost in its noise (residual sd "
-                         f"{model.residual_sd:.3g}): make a larger or longer knob move, or probe with more examples")
+        raise NoResponse(f"the knob's effect on the probe ({math.ldexp(effect, exponent):.3g}) is lost in its noise "
+                         f"(residual sd {math.ldexp(model.residual_sd, exponent):.3g}): make a larger or longer knob "
+                         "move, or probe with more examples")
+
+
+def _exponent(y: list[float]) -> int:
+    """The power of two (its exponent) that brings the largest ``|y|`` into [0.5, 1)."""
+    return math.frexp(max(abs(v) for v in y))[1]
+
+
+def _scaled_back(model: FittedModel, exponent: int) -> FittedModel:
+    """A model fitted on the probe scaled by ``2**-exponent``, in the probe's own units (the
+    parameters in probe units; ``r2`` and ``nrmse`` are ratios)."""
+    if exponent == 0:
+        return model
+    def up(v: float) -> float:
+        return math.ldexp(v, exponent)
+
+    try:
+        return replace(model, gain=up(model.gain), offset=up(model.offset), transient=up(model.transient),
+                       drift=up(model.drift), residual_sd=up(model.residual_sd),
+                       fitted=tuple(up(v) for v in model.fitted),
+                       aic=model.aic + 2.0 * model.observations * exponent * math.log(2.0))
+    except OverflowError as exc:  # ldexp raises rather than answer inf
+        raise OutOfRange(f"the fitted model's parameters leave the float range in the probe's units (gain "
+                         f"{model.gain:.3g} x 2**{exponent}, offset {model.offset:.3g} x 2**{exponent}): record "
+                         "the probe in smaller units") from exc
 
 
 def _response_of(model: FittedModel, t: list[float], u: list[float]) -> list[float]:
@@ -402,6 +439,8 @@ def identify(steps: Sequence[float], knob: Sequence[float], probe: Sequence[floa
     """
     t, u, y = _check_data(steps, knob, probe)
     _refuse_unmoved(u, require_non_negative("min_move", min_move))
+    exponent = _exponent(y)
+    y = [math.ldexp(v, -exponent) for v in y]
     kinds: tuple[ModelKind, ...] = (kind,) if kind is not None else ("fopdt", "integrating")
     drifts = (drift,) if drift is not None else (False, True) if len(t) >= DRIFT_MIN_OBSERVATIONS else (False,)
     models = []
@@ -420,8 +459,8 @@ def identify(steps: Sequence[float], knob: Sequence[float], probe: Sequence[floa
     if not models:
         raise KnobDidNotMove("the knob's recorded values leave its effect undetermined")
     model = min(models, key=lambda m: m.aic)
-    _refuse_no_response(model, _response_of(model, t, u))
-    return model
+    _refuse_no_response(model, _response_of(model, t, u), exponent)
+    return _scaled_back(model, exponent)
 
 
 # -- excitation ------------------------------------------------------------------------------

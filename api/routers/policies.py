@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Path, Query
@@ -146,13 +147,19 @@ def simulate_policy(body: SimulateBody, services: ServicesDep) -> dict[str, Any]
     return {**simulate(doc, knobs, observations), "observations_total": total}
 
 
+def _plain(o: ObservationRow) -> SimpleNamespace:
+    """An observation as a plain, picklable record (the fit runs in another process)."""
+    return SimpleNamespace(seq=o.seq, step=o.step, probes=o.probes, metrics=o.metrics, knobs=o.knobs)
+
+
 @router.post("/tune", response_model=TunePublic, responses=error_responses(400, 401, 403, 404, 409, 413, 422, 503),
              summary="Identify a run's plant for one controller and propose tuned gains, validated by replay",
              description="Fits a FOPDT or integrating model of the controller's probe against the knob values in "
                          "effect in the run's observations (knob in its scale), applies the SIMC rules (Skogestad "
                          "2003) and replays the proposed and the current gains closed loop against the model. "
                          "409 when the run cannot identify anything (the knob never moved, or its effect is lost in "
-                         "the probe's noise); nothing is stored.")
+                         "the probe's noise); nothing is stored. A run of more than ACTUATOR_TUNE_OBSERVATIONS "
+                         "observations is identified from every k-th one and the last (a warning says so).")
 def tune_policy(_: AdminDep, body: TuneCreate, services: ServicesDep) -> dict[str, Any]:
     run = services.store.get_run(body.run_id)
     if run is None:
@@ -167,17 +174,27 @@ def tune_policy(_: AdminDep, body: TuneCreate, services: ServicesDep) -> dict[st
         doc = _parse(body.policy)
     registered = services.store.first_event(run.id, "run_registered")
     knobs = (registered.payload.get("knobs") if registered else None) or run.knobs
-    cap = services.settings.simulate_observations
+    limit = services.settings.tune_observations
     total = services.store.count_for_run(ObservationRow, run.id)
-    observations = services.store.list_observations(run.id, limit=cap)
+    # Every k-th observation (and the last) so that at most `limit` are fitted: the fit's work
+    # grows with them, and it holds the GIL that the ingest of every other run needs.
+    every = max(1, -(-(total - 1) // (limit - 1)))
+    observations = services.store.sample_observations(run.id, every, total)
+    interval = None
+    if every > 1:  # the loop's interval is the run's, not the sample's
+        interval = max(1, round((observations[-1].step - observations[0].step) / (total - 1)))
     try:
-        result = tune_controller(doc, knobs, body.controller, observations, aggressiveness=body.aggressiveness,
-                                 horizon=body.horizon)
+        result = services.cpu.run(tune_controller, doc, knobs, body.controller, [_plain(o) for o in observations],
+                                  aggressiveness=body.aggressiveness, horizon=body.horizon, interval=interval)
     except UnknownController as exc:
         raise ApiError(422, f"controller: {exc}", [{"loc": "body.controller", "msg": str(exc)}]) from exc
     except NotIdentifiable as exc:
         raise ApiError(409, f"run_id: the run cannot identify controller {body.controller!r}'s plant: {exc}",
                        [{"loc": "body.run_id", "msg": str(exc), "type": exc.problem}]) from exc
+    if every > 1:
+        result["warnings"].append(
+            f"identified from every {every}th of the run's {total} observations (ACTUATOR_TUNE_OBSERVATIONS="
+            f"{limit}): a knob move between two of them counts from the next one")
     return {**result, "run_id": run.id, "observations_total": total}
 
 
