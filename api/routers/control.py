@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, Header, Path, Query, Response
 from fastapi.responses import HTMLResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.json_schema import SkipJsonSchema
 
 from actuator import operations as ops
 from actuator.live import EventId
@@ -208,6 +209,13 @@ def _streamed_run(run_id: RunId, services: ServicesDep) -> str:
     return run_id
 
 
+# Absent or an event id, never null (a header has none): SkipJsonSchema keeps None out of the
+# OpenAPI schema, and with it the pattern, which is put back.
+LastEventId = Annotated[str | SkipJsonSchema[None],
+                        Header(pattern=EventId.PATTERN, json_schema_extra={"pattern": EventId.PATTERN},
+                               description="Resume after this event id (`<epoch>-<n>`; a plain `<n>` is epoch 0)")]
+
+
 @router.get("/{run_id}/stream", response_class=EventSourceResponse,
             responses=error_responses(404, 422, 503, by_reference=True),
             summary="Server-Sent Events: the run's observations, decisions and breaches live",
@@ -220,8 +228,7 @@ def _streamed_run(run_id: RunId, services: ServicesDep) -> str:
                         "report. Without it, the stream starts with the kept events. Idle streams get a "
                         "keep-alive comment every 15 s.")
 async def stream(run_id: Annotated[str, Depends(_streamed_run)], services: ServicesDep,
-                 last_event_id: Annotated[str | None, Header(pattern=EventId.PATTERN,
-                                                              description="Resume after this event id")] = None,
+                 last_event_id: LastEventId = None,
                  max_seconds: Annotated[float, Query(gt=0, le=86400)] = 3600.0) -> AsyncIterator[ServerSentEvent]:
     after = EventId.parse(last_event_id) if last_event_id is not None else None
     deadline = asyncio.get_running_loop().time() + max_seconds
