@@ -59,17 +59,20 @@ def sse(resp: httpx.Response) -> Iterator[dict[str, Any]]:
 
 
 class Listener:
-    """One SSE connection read in a thread, as a browser tab holds it open."""
+    """One SSE connection read in a thread, as a browser tab holds it open (until the server ends
+    it, or the observation ``until_seq`` arrives)."""
 
-    def __init__(self, url: str, run_id: str, *, last_event_id: str | None = None, seconds: float = 20) -> None:
+    def __init__(self, url: str, run_id: str, *, last_event_id: str | None = None, seconds: float = 20,
+                 until_seq: int | None = None) -> None:
         self.events: list[dict[str, Any]] = []
         self.opened = threading.Event()
         self.ended = threading.Event()
         headers = {"Last-Event-ID": last_event_id} if last_event_id is not None else {}
-        self._thread = threading.Thread(target=self._read, args=(url, run_id, headers, seconds), daemon=True)
+        self._thread = threading.Thread(target=self._read, args=(url, run_id, headers, seconds, until_seq),
+                                        daemon=True)
         self._thread.start()
 
-    def _read(self, url: str, run_id: str, headers: dict[str, str], seconds: float) -> None:
+    def _read(self, url: str, run_id: str, headers: dict[str, str], seconds: float, until_seq: int | None) -> None:
         try:
             with httpx.stream("GET", f"{url}/v1/runs/{run_id}/stream", params={"max_seconds": seconds},
                               headers=headers, timeout=seconds + 30) as resp:
@@ -77,6 +80,8 @@ class Listener:
                 self.opened.set()
                 for ev in sse(resp):
                     self.events.append(ev)
+                    if until_seq is not None and ev["json"].get("seq") == until_seq:
+                        return
         finally:
             self.opened.set()
             self.ended.set()
@@ -88,25 +93,25 @@ class Listener:
         return seq in self.seqs()
 
 
-def read_all(url: str, run_id: str, last_event_id: str | None = None) -> list[dict[str, Any]]:
-    """Everything one connection gets before it is idle for a second (ends by max_seconds)."""
-    listener = Listener(url, run_id, last_event_id=last_event_id, seconds=2)
-    assert listener.ended.wait(30)
+def read_all(url: str, run_id: str, last_seq: int, last_event_id: str | None = None) -> list[dict[str, Any]]:
+    """What one connection gets up to the observation ``last_seq`` (or in 10 s, if it never comes)."""
+    listener = Listener(url, run_id, last_event_id=last_event_id, seconds=10, until_seq=last_seq)
+    assert listener.ended.wait(40)
     return listener.events
 
 
-def following(url: str, events: int, seconds: float) -> tuple[dict[str, Any], Listener]:
+def following(url: str, events: int, seconds: float, until_seq: int | None = None) -> tuple[dict[str, Any], Listener]:
     """A quiet run with ``events`` events, and a connection that has received them all."""
     run = register(url, policy=QUIET)
     post(url, run, range(events))
-    listener = Listener(url, run["id"], seconds=seconds)
+    listener = Listener(url, run["id"], seconds=seconds, until_seq=until_seq)
     wait_until(lambda: listener.has_seq(events - 1), 10, "the events before the incident")
     return run, listener
 
 
 def test_a_connected_stream_keeps_receiving_after_flushall(production: tuple[Service, Redis]) -> None:
     svc, server = production
-    run, listener = following(svc.url, 60, seconds=15)
+    run, listener = following(svc.url, 60, seconds=15, until_seq=99)
     seen = len(listener.events)
 
     redis.Redis.from_url(server.url).flushall()
@@ -118,7 +123,7 @@ def test_a_connected_stream_keeps_receiving_after_flushall(production: tuple[Ser
     assert after[0]["event"] == "gap" and after[0]["json"]["reason"] == "restarted"
     assert [e["json"]["seq"] for e in after[1:]] == list(range(60, 100))  # every event after the flush, in order
     # The gap's id is in the new numbering: a reconnect after it resumes without another gap.
-    resumed = read_all(svc.url, run["id"], last_event_id=after[0]["id"])
+    resumed = read_all(svc.url, run["id"], 99, last_event_id=after[0]["id"])
     assert [e["json"]["seq"] for e in resumed] == list(range(60, 100))
 
 
@@ -134,7 +139,7 @@ def test_reconnecting_after_a_redis_restart_is_told_and_misses_nothing(productio
     # More events than the client had seen: the new numbering passes its old id.
     post(svc.url, run, range(30, 130))
 
-    got = read_all(svc.url, run["id"], last_event_id=last_id)
+    got = read_all(svc.url, run["id"], 129, last_event_id=last_id)
     assert got and got[0]["event"] == "gap" and got[0]["json"]["reason"] == "restarted", got[:2]
     assert [e["json"]["seq"] for e in got[1:]] == list(range(30, 130))  # none silently missed
 
@@ -146,20 +151,20 @@ def test_an_id_before_what_is_kept_gets_a_trimmed_gap(production: tuple[Service,
     svc, server = production
     run = register(svc.url, policy=QUIET)
     post(svc.url, run, range(20))
-    old_id = read_all(svc.url, run["id"])[-1]["id"]
+    old_id = read_all(svc.url, run["id"], 19)[-1]["id"]
 
     redis.Redis.from_url(server.url).flushall()
     post(svc.url, run, range(20, 30))
-    early = read_all(svc.url, run["id"])
+    early = read_all(svc.url, run["id"], 29)
     assert [e["json"]["seq"] for e in early] == list(range(20, 30))
     early_id = early[4]["id"]  # the 5th event of the new numbering
     post(svc.url, run, range(30, 1530))  # the live state keeps about the last 1,000 per run
 
-    kept = read_all(svc.url, run["id"])
+    kept = read_all(svc.url, run["id"], 1529)
     kept_seqs = [e["json"]["seq"] for e in kept]
     assert kept_seqs == list(range(kept_seqs[0], 1530)) and kept_seqs[0] > 25
 
-    trimmed = read_all(svc.url, run["id"], last_event_id=early_id)
+    trimmed = read_all(svc.url, run["id"], 1529, last_event_id=early_id)
     gap = trimmed[0]
     number = int(early_id.rpartition("-")[2])
     assert gap["event"] == "gap" and gap["json"]["reason"] == "trimmed", gap
@@ -167,6 +172,6 @@ def test_an_id_before_what_is_kept_gets_a_trimmed_gap(production: tuple[Service,
     assert trimmed[1:] == kept
 
     for stale in (old_id, "5"):
-        got = read_all(svc.url, run["id"], last_event_id=stale)
+        got = read_all(svc.url, run["id"], 1529, last_event_id=stale)
         assert got[0]["event"] == "gap" and got[0]["json"]["reason"] == "restarted", (stale, got[0])
         assert got[1:] == kept
