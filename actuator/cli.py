@@ -15,6 +15,7 @@ from ._exceptions import ClientError, PolicyError
 
 if TYPE_CHECKING:
     from .client import ActuatorClient
+    from .config import Settings
 
 app = typer.Typer(help="Actuator: closed-loop control of LLM post-training.", no_args_is_help=True,
                   add_completion=False)
@@ -79,6 +80,17 @@ def serve(
         os.environ["ACTUATOR_DATABASE_URL"] = database_url
     if redis_url:
         os.environ["ACTUATOR_REDIS_URL"] = redis_url
+    # The app reads where it listens from its settings (the Host names it answers to).
+    os.environ["ACTUATOR_HOST"], os.environ["ACTUATOR_PORT"] = host, str(port)
+    from pydantic import ValidationError
+
+    from .config import Settings
+
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        raise _fail(f"invalid settings: {exc}") from exc
+    _check_serve(settings, workers)
     if workers > 1:
         # Several processes: prometheus_client's multiprocess mode merges their metrics files.
         if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
@@ -86,13 +98,32 @@ def serve(
 
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="actuator-metrics-")
         # Run migrations once here so workers do not race (they also hold an advisory lock).
-        from .config import Settings
         from .migrate import upgrade
 
-        upgrade(Settings().database_url)
+        upgrade(settings.database_url)
         os.environ["ACTUATOR_MIGRATE_ON_START"] = "false"
     uvicorn.run("actuator.api.app:create_app", factory=True, host=host, port=port, workers=workers,
                 log_level=log_level, http=protocol_class(header_timeout))
+
+
+def _check_serve(settings: Settings, workers: int) -> None:
+    """Refuse a start that would fail requests; warn about one that leaves control open."""
+    from .config import is_loopback
+
+    if workers > 1 and settings.database_url.startswith("sqlite"):
+        raise _fail(f"--workers {workers} needs Postgres: SQLite locks a run only inside one process, so two "
+                    "workers would write one run at once and ingests would fail. Run one worker, or use Postgres "
+                    "and Redis for several (ACTUATOR_DATABASE_URL=postgresql://..., ACTUATOR_REDIS_URL=redis://...).")
+    if workers > 1 and settings.redis_url is None:
+        err_console.print(f"[yellow]warning:[/yellow] --workers {workers} without Redis (ACTUATOR_REDIS_URL): a "
+                          "run's live stream (/stream, the console) shows only the events of the worker it is "
+                          "connected to.")
+    if settings.admin_token is None and not is_loopback(settings.host):
+        err_console.print(f"[bold yellow]warning:[/bold yellow] listening on {settings.host} with no admin token "
+                          "(ACTUATOR_ADMIN_TOKEN): anyone who can reach port "
+                          f"{settings.port} can register runs, create and archive policies, pause, override, "
+                          "move and halt any run, and read every run. Set ACTUATOR_ADMIN_TOKEN, or listen on "
+                          "127.0.0.1.")
 
 
 def _client(url: str, token: str | None) -> ActuatorClient:

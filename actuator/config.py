@@ -2,12 +2,35 @@
 
 from __future__ import annotations
 
-from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+import ipaddress
+from typing import Annotated, Any
 
-__all__ = ["Settings", "DEFAULT_DATABASE_URL"]
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+__all__ = ["Settings", "DEFAULT_DATABASE_URL", "LOOPBACK_HOSTS", "is_loopback"]
 
 DEFAULT_DATABASE_URL = "sqlite:///./actuator.db"
+# The names a request to a loopback address carries in its Host header. Always answered: a page
+# that reaches the service under one of them is on this machine, not a DNS-rebound name.
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a bind address (or host name) is this machine only: ``localhost``, 127.0.0.0/8, ::1."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _comma_list(value: Any) -> Any:
+    """ACTUATOR_ALLOWED_HOSTS=a.example,b.example (a list given in code is kept)."""
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    return value
 
 
 class Settings(BaseSettings):
@@ -26,6 +49,16 @@ class Settings(BaseSettings):
     admin_token: SecretStr | None = Field(
         None, description="Bearer token for policy management and run registration; None = open."
     )
+    # A web page of another site can send state-changing requests to the service from the user's
+    # browser (a form, a no-cors fetch), and a DNS-rebound name makes the page's origin the
+    # service's own: the service answers only the Host names below, and changes nothing for a
+    # browser request whose Origin is not its own (README, "Open mode and browsers").
+    allowed_hosts: Annotated[list[str] | None, NoDecode] = Field(
+        None, description="Host names (comma-separated; '*.example.com' for subdomains, '*' for any) the service "
+        "answers to besides the loopback names. Default: none when `host` is a loopback address, any otherwise.")
+    allowed_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Origins (scheme://host[:port], comma-separated) whose pages may change "
+        "runs and policies besides the service's own (a console served elsewhere).")
     migrate_on_start: bool = True
     max_batch: int = Field(1000, ge=1, description="Most observations accepted in one request.")
     max_body_bytes: int = Field(1_000_000, ge=1024, description="Largest request body accepted.")
@@ -51,6 +84,22 @@ class Settings(BaseSettings):
     metrics_retire_after: float = Field(
         300.0, ge=0, description="Seconds a finished or halted run's Prometheus series stay exported (so a "
         "scrape sees their final values); then they are removed.")
+
+    _lists = field_validator("allowed_hosts", "allowed_origins", mode="before")(
+        classmethod(lambda cls, v: _comma_list(v)))
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _origins(cls, v: list[str]) -> list[str]:
+        return [o.lower().rstrip("/") for o in v]
+
+    def trusted_hosts(self) -> list[str] | None:
+        """The Host names answered (lower case, without port), or None for any."""
+        extra = self.allowed_hosts if self.allowed_hosts is not None else [] if is_loopback(self.host) else ["*"]
+        if "*" in extra:
+            return None
+        bound = [self.host.lower()] if is_loopback(self.host) and ":" not in self.host else []  # e.g. 127.0.0.2
+        return [*LOOPBACK_HOSTS, *bound, *(h.lower() for h in extra)]
 
     @field_validator("database_url")
     @classmethod

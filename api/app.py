@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from urllib.parse import urlsplit
 
 from fastapi import FastAPI
+from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from actuator import __version__
@@ -34,6 +37,10 @@ evaluates the run's **policy** (PID controllers and guardrails) and answers with
 
 Auth: bearer tokens. The admin token (``ACTUATOR_ADMIN_TOKEN``; open when unset) manages policies
 and registers runs; each run gets its own agent token, shown once at registration.
+
+Browsers: a request that changes anything and carries another site's ``Origin`` is refused (403),
+and the service answers only the Host names of ``ACTUATOR_ALLOWED_HOSTS`` (the loopback names
+when it listens on loopback; 400 otherwise).
 """
 
 
@@ -93,6 +100,75 @@ class ConsoleHeaders:
             await send(message)
 
         await self.app(scope, receive, secured)
+
+
+# A Host header: a name or IPv4 address, or an IPv6 address in brackets, and an optional port.
+_HOST = re.compile(r"(?P<name>\[[0-9A-Fa-f:.]+\]|[^:\[\]/@\s]+)(?::[0-9]{1,5})?")
+# Methods that change nothing: every other one may (POST, PUT, PATCH, DELETE).
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+class BrowserGuard:
+    """What a web page of another site could do through the user's browser is refused, whether
+    or not an admin token is set (OWASP CSRF cheat sheet, token-less APIs):
+
+    * DNS rebinding: a request whose Host is not a name this service answers to is refused (400)
+      (``Settings.trusted_hosts``: the loopback names when it listens on loopback);
+    * cross-site requests: a state-changing request (any method but GET, HEAD, OPTIONS) whose
+      Origin is not the service's own (the Host it was sent to, or ACTUATOR_ALLOWED_ORIGINS) is
+      refused (403); without an Origin, one whose Sec-Fetch-Site says another site sent it.
+
+    A client that is not a browser (the agent, the CLI, curl) sends neither header and is not
+    affected; the console's own pages send their own origin."""
+
+    def __init__(self, app: ASGIApp, hosts: list[str] | None, origins: list[str]) -> None:
+        self.app, self.hosts, self.origins = app, hosts, frozenset(origins)
+
+    def _answers(self, host: str) -> bool:
+        assert self.hosts is not None
+        m = _HOST.fullmatch(host)
+        if m is None:
+            return False
+        name = m["name"].lower()
+        return any(name == h or (h.startswith("*.") and name.endswith(h[1:])) for h in self.hosts)
+
+    def _foreign(self, headers: Headers, host: str) -> tuple[str, str] | None:
+        """(header, why) when a browser on another site sent this request."""
+        origin = headers.get("origin")
+        if origin is not None:
+            if origin.lower().rstrip("/") in self.origins:
+                return None
+            try:
+                parts = urlsplit(origin)
+            except ValueError:
+                parts = None
+            if parts is not None and parts.scheme in ("http", "https") and parts.netloc.lower() == host.lower():
+                return None
+            return "Origin", (f"a page of {origin!r} may not change runs or policies: only the service's own pages "
+                              "may (ACTUATOR_ALLOWED_ORIGINS adds others)")
+        site = headers.get("sec-fetch-site")
+        if site is not None and site not in ("same-origin", "none"):
+            return "Sec-Fetch-Site", f"a {site} browser request may not change runs or policies"
+        return None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        host = headers.get("host", "")
+        refusal: ApiError | None = None
+        if self.hosts is not None and not self._answers(host):
+            why = (f"{host!r} is not a name this service answers to (it answers to {', '.join(self.hosts)}; "
+                   "ACTUATOR_ALLOWED_HOSTS adds others)")
+            refusal = ApiError(400, f"Host: {why}", [{"loc": "header.Host", "msg": why}])
+        elif scope["method"] not in _SAFE_METHODS and (foreign := self._foreign(headers, host)) is not None:
+            header, why = foreign
+            refusal = ApiError(403, f"{header}: {why}", [{"loc": f"header.{header}", "msg": why}])
+        if refusal is None:
+            await self.app(scope, receive, send)
+        else:
+            await error_response(refusal)(scope, receive, send)
 
 
 class _Service(FastAPI):
@@ -163,6 +239,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(control.router)
     app.include_router(ui.router)
     app.mount("/ui/static", ui.static_files(), name="ui-static")
+    app.add_middleware(BrowserGuard, hosts=settings.trusted_hosts(), origins=settings.allowed_origins)
     app.add_middleware(ConsoleHeaders)
     app.add_middleware(Timing, metrics=app.state.metrics)
     return app

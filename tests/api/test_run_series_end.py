@@ -27,12 +27,14 @@ RETIRE_AFTER = 2.0
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     env = {"ACTUATOR_METRICS_RETIRE_AFTER": str(RETIRE_AFTER)}
     serve_args = None
+    db = f"sqlite:///{tmp_path / 'actuator.db'}"
     if request.param == "two-workers":
         env["PROMETHEUS_MULTIPROC_DIR"] = str(tmp_path / "metrics")
         os.mkdir(env["PROMETHEUS_MULTIPROC_DIR"])
         serve_args = ["--workers", "2"]
-    svc = make_service(f"sqlite:///{tmp_path / 'actuator.db'}", log_dir=str(tmp_path), serve_args=serve_args,
-                       extra_env=env).start(timeout=90)
+        # several workers need Postgres (`actuator serve` refuses them on SQLite)
+        db = request.getfixturevalue("postgres").create_database(f"series_end_{os.getpid()}_{time.monotonic_ns()}")
+    svc = make_service(db, log_dir=str(tmp_path), serve_args=serve_args, extra_env=env).start(timeout=90)
     yield svc.url
     svc.stop()
 
