@@ -45,6 +45,10 @@ def _routes(tmp_path) -> set[str]:  # type: ignore[no-untyped-def]
     return _paths(app.routes)
 
 
+# Published ports bind to this address unless the operator sets ACTUATOR_BIND.
+BIND = "${ACTUATOR_BIND:-127.0.0.1}"
+
+
 def _mounts(service: dict) -> dict[str, str]:
     """container path -> repository path, for the bind mounts of a service."""
     out = {}
@@ -58,7 +62,7 @@ def _mounts(service: dict) -> dict[str, str]:
 def test_one_port_everywhere(tmp_path) -> None:  # type: ignore[no-untyped-def]
     assert inspect.signature(serve).parameters["port"].default == SERVICE_PORT == 8000
     c = compose()["services"]["controller"]
-    assert f"{SERVICE_PORT}:{SERVICE_PORT}" in c["ports"]
+    assert f"{BIND}:{SERVICE_PORT}:{SERVICE_PORT}" in c["ports"]
     health = " ".join(c["healthcheck"]["test"])
     assert f"127.0.0.1:{SERVICE_PORT}/healthz" in health
     prom = yaml.safe_load(REPO_SCRAPE_CONFIG.read_text())
@@ -116,9 +120,19 @@ def test_prometheus_and_grafana_load_the_repository_files() -> None:
     # Grafana reaches Prometheus by its compose name and port
     ds = yaml.safe_load((REPO / mounts["/etc/grafana/provisioning/datasources"] / "prometheus.yml").read_text())
     url = urlparse(ds["datasources"][0]["url"])
-    assert url.hostname == "prometheus" and f"{url.port}:{url.port}" in prom["ports"]
+    assert url.hostname == "prometheus" and f"{BIND}:{url.port}:{url.port}" in prom["ports"]
     assert graf["environment"]["GF_AUTH_ANONYMOUS_ENABLED"] == "true"
     assert graf["environment"]["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer"
+
+
+def test_published_ports_are_loopback_unless_told_and_grafana_has_no_default_password() -> None:
+    s = compose()["services"]
+    published = {name: svc["ports"] for name, svc in s.items() if "ports" in svc}
+    assert set(published) == {"controller", "prometheus", "grafana"}, "postgres and redis stay unpublished"
+    for name, ports in published.items():
+        assert all(p.startswith(BIND + ":") for p in ports), (name, ports)
+    password = s["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD"]
+    assert password.startswith("${GRAFANA_ADMIN_PASSWORD:?"), password
 
 
 def test_promtool_accepts_the_scrape_config() -> None:
@@ -145,12 +159,13 @@ def test_docker_compose_config_validates() -> None:
         if os.environ.get("CI"):  # `make test` installs Debian's docker-compose: in CI this must run
             pytest.fail("docker-compose is missing: `make test` installs it (apt-get install docker-compose)")
         pytest.skip("no docker compose plugin or docker-compose here; the structure is checked by the tests above")
-    env = {**os.environ, "ACTUATOR_ADMIN_TOKEN": "t"}
+    required = {"ACTUATOR_ADMIN_TOKEN": "t", "GRAFANA_ADMIN_PASSWORD": "p"}
+    env = {**os.environ, **required}
     r = subprocess.run([*cmd, "-f", str(COMPOSE), "config", "-q"], capture_output=True, text=True, env=env,
                        timeout=120, cwd=REPO)
     assert r.returncode == 0, r.stdout + r.stderr
-    # the admin token is required, not defaulted
-    env.pop("ACTUATOR_ADMIN_TOKEN")
-    r = subprocess.run([*cmd, "-f", str(COMPOSE), "config", "-q"], capture_output=True, text=True, env=env,
-                       timeout=120, cwd=REPO)
-    assert r.returncode != 0 and "ACTUATOR_ADMIN_TOKEN" in r.stdout + r.stderr
+    # the admin token and Grafana's admin password are required, not defaulted
+    for name in required:
+        r = subprocess.run([*cmd, "-f", str(COMPOSE), "config", "-q"], capture_output=True, text=True,
+                           env={k: v for k, v in env.items() if k != name}, timeout=120, cwd=REPO)
+        assert r.returncode != 0 and name in r.stdout + r.stderr
