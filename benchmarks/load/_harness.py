@@ -129,7 +129,7 @@ class Conn:
 
     async def post(self, path: str, body: bytes, token: str) -> tuple[int, bytes]:
         assert self.r is not None and self.w is not None
-        self.w.write(b"POST %s HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer %s\r\n"
+        self.w.write(b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer %s\r\n"
                      b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
                      % (path.encode(), token.encode(), len(body), body))
         status = int((await self.r.readline()).split()[1])

@@ -72,7 +72,7 @@ class IdleStreams:
         except OSError:
             self.failed += 1
             return
-        w.write(b"GET %s?max_seconds=3600 HTTP/1.1\r\nHost: bench\r\nAccept: text/event-stream\r\n\r\n"
+        w.write(b"GET %s?max_seconds=3600 HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n\r\n"
                 % path.encode())
         status = await r.readline()
         if b" 200 " not in status:
