@@ -8,14 +8,15 @@
 - Metrics: with several workers, a retired run's series leave the multiprocess files every scrape
   reads (not only the exposition), so a scrape's cost does not grow with every run ever seen.
 
-Against the real service (``actuator serve --workers 2`` under uvicorn, Redis beside Postgres) on
-SQLite and Postgres, reading the store directly to check what was stored.
+Against the real service under uvicorn with Redis (``actuator serve --workers 2`` on Postgres, one
+process on SQLite), reading the store directly to check what was stored.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,20 +27,35 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from harden import KNOBS, POLICY, StoreView, bearer, post_obs, register, wait_until
-from servers import Redis, Service, make_service
+from servers import Postgres, Redis, Service, make_service
 
 RETIRE_AFTER = 1.0
 
 
-@pytest.fixture
-def workers(database_url: str, redis_server: Redis, tmp_path: Path) -> Iterator[tuple[Service, Path]]:
-    """The service as production runs it: two uvicorn workers, Redis, multiprocess metrics in a
-    directory of their own; yields it and that directory."""
+def _serve(database_url: str, redis: Redis, tmp_path: Path, workers: int) -> tuple[Service, Path]:
+    """The service as production runs it (Redis, multiprocess metrics in a directory of their own
+    when there are several workers); it and that directory."""
     metrics_dir = tmp_path / "metrics"
     metrics_dir.mkdir()
-    env = {"PROMETHEUS_MULTIPROC_DIR": str(metrics_dir), "ACTUATOR_METRICS_RETIRE_AFTER": str(RETIRE_AFTER)}
-    svc = make_service(database_url, redis_url=redis_server.url, log_dir=str(tmp_path), serve_args=["--workers", "2"],
-                       extra_env=env).start(timeout=90)
+    env = {"ACTUATOR_METRICS_RETIRE_AFTER": str(RETIRE_AFTER)}
+    if workers > 1:
+        env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
+    svc = make_service(database_url, redis_url=redis.url, log_dir=str(tmp_path),
+                       serve_args=["--workers", str(workers)], extra_env=env)
+    return svc.start(timeout=90), metrics_dir
+
+
+@pytest.fixture
+def production(database_url: str, redis_server: Redis, tmp_path: Path) -> Iterator[Service]:
+    """Two workers on Postgres; one on SQLite (``actuator serve`` refuses several there)."""
+    svc, _ = _serve(database_url, redis_server, tmp_path, 1 if database_url.startswith("sqlite") else 2)
+    yield svc
+    svc.stop()
+
+
+@pytest.fixture
+def two_workers(postgres: Postgres, redis_server: Redis, tmp_path: Path) -> Iterator[tuple[Service, Path]]:
+    svc, metrics_dir = _serve(postgres.create_database(f"metrics_{uuid.uuid4().hex[:12]}"), redis_server, tmp_path, 2)
     yield svc, metrics_dir
     svc.stop()
 
@@ -51,8 +67,8 @@ def _versions(url: str, name: str) -> list[int]:
 
 
 def test_concurrent_publishing_of_one_policy_never_fails_and_keeps_versions_contiguous(
-        workers: tuple[Service, Path], database_url: str) -> None:
-    svc, _ = workers
+        production: Service, database_url: str) -> None:
+    svc = production
     name = "published"
     base = {**POLICY, "name": name}
     assert httpx.post(f"{svc.url}/v1/policies", json=base, timeout=30).status_code == 201
@@ -171,8 +187,8 @@ def _series(text: str, run: dict[str, Any]) -> list[str]:
     return [line for line in text.splitlines() if f'run="{run["id"]}"' in line]
 
 
-def test_retired_runs_leave_the_multiprocess_files(workers: tuple[Service, Path]) -> None:
-    svc, metrics_dir = workers
+def test_retired_runs_leave_the_multiprocess_files(two_workers: tuple[Service, Path]) -> None:
+    svc, metrics_dir = two_workers
     runs = [register(svc.url, name=f"series-{i}") for i in range(4)]
     live = runs[-1]
     with httpx.Client(timeout=30) as client:  # one connection per request: both workers write series
