@@ -56,6 +56,8 @@ without a run once the run's series are due to go. A worker that retires a run a
 ``retired-runs`` in the directory; every worker reads that file (at least every second), rewrites
 its files when a run's time is up, and leaves the run's samples out of its scrapes meanwhile. A
 scrape reads the series of the runs still exported, whatever the number of runs seen before.
+So per-run series are written through the methods here (``observe_*``, ``set_state``), never
+through the metric objects, whose values would land in prometheus_client's files for good.
 """
 
 from __future__ import annotations
