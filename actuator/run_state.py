@@ -9,13 +9,19 @@ set is left out rather than written as ``null``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .controllers import PIDState
 
-__all__ = ["KnobState", "ControllerState", "GuardrailState", "RunContext"]
+__all__ = ["KnobState", "ControllerState", "GuardrailState", "RunContext", "PROBE_REPORT", "STARVED_PREFIX",
+           "starved_probes", "knobs_in_effect"]
+
+# Every probe report of the agent's ProbeSuite carries ``probe_share`` among its metrics, and
+# ``probe_starved.<name>`` (consecutive skips) for each probe the probe-time budget starves.
+PROBE_REPORT = "probe_share"
+STARVED_PREFIX = "probe_starved."
 
 Json = dict[str, Any]
 
@@ -139,3 +145,22 @@ class RunContext:
         return {"knobs": {k: v.to_dict() for k, v in self.knobs.items()},
                 "controllers": {k: v.to_dict() for k, v in self.controllers.items()},
                 "guardrails": {k: v.to_dict() for k, v in self.guardrails.items()}}
+
+
+def starved_probes(report: Mapping[str, Any]) -> list[str]:
+    """The probes a probe report's metrics say the budget starves, by name."""
+    return sorted(k.removeprefix(STARVED_PREFIX) for k in report if k.startswith(STARVED_PREFIX))
+
+
+def knobs_in_effect(observed: Mapping[str, float], last_step: int | None,
+                    acknowledged: Iterable[tuple[str, int, float]]) -> dict[str, float]:
+    """The knob values in effect: the latest observation's (``observed``, taken at ``last_step``),
+    then each value the agent says it applied (``(knob, step, value)`` in decision order) at or
+    after that step. The agent acknowledges a decision with its next request, which may carry no
+    newer observation (a repeat of the last one, as at the end of a run): the observation alone
+    would show the value the decision replaced."""
+    out = dict(observed)
+    for knob, step, value in acknowledged:
+        if last_step is None or step >= last_step:
+            out[knob] = value
+    return out

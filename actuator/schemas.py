@@ -160,6 +160,10 @@ class RunPublic(_Model):
     last_seq: int | None
     created_at: datetime
     updated_at: datetime
+    starved: list[str] = Field(
+        default_factory=list,
+        description="Probes the agent's probe-time budget skipped, as its latest probe report says (a "
+        "controller fed by one gets no readings). Empty: none starved, or no report yet.")
 
 
 class RunCreated(RunPublic):
@@ -172,7 +176,9 @@ class RunState(RunPublic):
 
     latest_probes: dict[str, float]
     latest_metrics: dict[str, float]
-    knobs_in_effect: dict[str, float]
+    knobs_in_effect: dict[str, float] = Field(
+        description="Knob values in effect: the latest observation's, or a value the agent acknowledged "
+        "applying at or after that observation's step.")
     controllers: dict[str, dict[str, Any]]
     guardrails: dict[str, dict[str, Any]]
     decisions: int

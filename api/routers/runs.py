@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Response
+from sqlalchemy import or_, select
 
 from actuator._exceptions import PolicyError
 from actuator.engine import Engine
-from actuator.models import PolicyRow
+from actuator.models import DecisionRow, ObservationRow, PolicyRow, RunRow
 from actuator.policy import PolicyDocument, load_policy
+from actuator.run_state import PROBE_REPORT, STARVED_PREFIX, knobs_in_effect, starved_probes
 from actuator.schemas import (
+    DecisionAck,
     DecisionPage,
     IngestResult,
     ObservationBatch,
@@ -92,6 +96,42 @@ def _check_storable(body: RunCreate) -> None:
         raise ApiError(422, None, errors)
 
 
+def starved(services: Services, runs: Sequence[RunRow]) -> dict[str, list[str]]:
+    """Per run, the probes its latest probe report says the budget starves. The run's merged
+    latest metrics keep a count once reported, after the probe has run again, so they only tell
+    which runs ever had one; those read their latest report."""
+    out: dict[str, list[str]] = {}
+    for run in runs:
+        out[run.id] = []
+        if not any(k.startswith(STARVED_PREFIX) for k in run.latest_metrics):
+            continue
+        query = (select(ObservationRow.metrics)
+                 .where(ObservationRow.run_id == run.id, ObservationRow.metrics[PROBE_REPORT].as_float().is_not(None))
+                 .order_by(ObservationRow.seq.desc()).limit(1))
+        with services.store.sessions() as s:
+            report = s.scalar(query)
+        out[run.id] = starved_probes(report or {})
+    return out
+
+
+def in_effect(services: Services, runs: Sequence[RunRow]) -> dict[str, dict[str, float]]:
+    """Per run, the knob values in effect (see actuator.run_state.knobs_in_effect): its latest
+    observation's, updated by the values the agent acknowledged applying since."""
+    acks: dict[str, list[tuple[str, int, float]]] = {run.id: [] for run in runs}
+    if runs:
+        query = (select(DecisionRow.run_id, DecisionRow.knob, DecisionRow.applied_step, DecisionRow.applied_value)
+                 .join(RunRow, RunRow.id == DecisionRow.run_id)
+                 .where(DecisionRow.run_id.in_(list(acks)), DecisionRow.applied_step.is_not(None),
+                        DecisionRow.applied_value.is_not(None),
+                        or_(RunRow.last_step.is_(None), DecisionRow.applied_step >= RunRow.last_step))
+                 .order_by(DecisionRow.run_id, DecisionRow.number))
+        with services.store.sessions() as s:
+            for run_id, knob, step, value in s.execute(query):
+                if step is not None and value is not None:  # as the query says; the columns are nullable
+                    acks[run_id].append((knob, step, value))
+    return {run.id: knobs_in_effect(run.knobs_in_effect, run.last_step, acks[run.id]) for run in runs}
+
+
 @router.post("", status_code=201, response_model=RunCreated,
              responses=error_responses(400, 401, 403, 409, 413, 422, 503), summary="Register a run")
 def register_run(body: RunCreate, _: AdminDep, services: ServicesDep) -> RunCreated:
@@ -113,7 +153,9 @@ def list_runs(
     limit: Annotated[PageSize, Query()] = 100,
     offset: Annotated[Offset, Query()] = 0,
 ) -> list[RunPublic]:
-    return [run_public(r) for r in services.store.list_runs(state=state, name=name, limit=limit, offset=offset)]
+    rows = services.store.list_runs(state=state, name=name, limit=limit, offset=offset)
+    hungry = starved(services, rows)
+    return [run_public(r).model_copy(update={"starved": hungry[r.id]}) for r in rows]
 
 
 @router.get("/{run_id}", response_model=RunState, responses=error_responses(404, 422, 503),
@@ -122,7 +164,8 @@ def get_run(run_id: RunId, services: ServicesDep) -> RunState:
     run = services.store.get_run(run_id)
     if run is None:
         raise run_not_found(run_id)
-    return run_state(run)
+    return run_state(run).model_copy(update={"starved": starved(services, [run])[run.id],
+                                             "knobs_in_effect": in_effect(services, [run])[run.id]})
 
 
 @router.post("/{run_id}/observations", response_model=IngestResult,
@@ -142,7 +185,7 @@ def post_observations(batch: ObservationBatch, run: RunAuthDep, services: Servic
     if out is None:  # gone since auth
         services.tokens.forget(run.id)
         raise run_not_found(run.id)
-    _export(services, out)
+    _export(services, out, batch.applied)
     result = IngestResult(
         accepted=out.accepted, duplicates=out.duplicates,
         decisions=[decision_public(d) for d in out.decisions], more_decisions=out.more_decisions,
@@ -157,15 +200,18 @@ def post_observations(batch: ObservationBatch, run: RunAuthDep, services: Servic
     return Response(result.model_dump_json(), media_type="application/json")
 
 
-def _export(services: Services, out: Any) -> None:
-    """Metrics and live events for one ingest (after commit: never inside the transaction)."""
+def _export(services: Services, out: Any, acks: list[DecisionAck]) -> None:
+    """Metrics and live events for one ingest (after commit: never inside the transaction).
+    ``acks``: the agent's acknowledgements the request carried (each is an ``acknowledged``
+    event: they change the knobs in effect, and may come on a batch with no new observation)."""
     services.metrics.observe_ingest(out)
     run = out.run
     events = [*out.events,
               *({"kind": "observation", "seq": obs.seq, "step": obs.step, "probes": obs.probes, "knobs": obs.knobs}
                 for obs in out.new_observations),
               *({"kind": "decision", "number": d.number, "step": d.step, "knob": d.knob,
-                 "old_value": d.old_value, "new_value": d.new_value, "reason": d.reason} for d in out.created)]
+                 "old_value": d.old_value, "new_value": d.new_value, "reason": d.reason} for d in out.created),
+              *({"kind": "acknowledged", **a.model_dump(mode="json", exclude_none=True)} for a in acks)]
     # One round trip to Redis for the whole request (it was one per event).
     services.live.publish_many(run.id, events, touch=(run.last_step or 0) if out.accepted else None)
 
