@@ -8,14 +8,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from ._exceptions import ClientError, PolicyError
 
 if TYPE_CHECKING:
     from .client import ActuatorClient
     from .config import Settings
+    from .schemas import RunPublic
 
 app = typer.Typer(help="Actuator: closed-loop control of LLM post-training.", no_args_is_help=True,
                   add_completion=False)
@@ -26,18 +29,29 @@ bench_app = typer.Typer(help="Benchmarks: scripts in the source repository's ben
 app.add_typer(bench_app, name="bench")
 
 SCENARIOS = ("plants", "sft-drift", "dpo-kl", "rl-kl", "draft-distill", "compress-rank")
-console = Console()
-err_console = Console(stderr=True)  # errors go to stderr, so `actuator runs > runs.txt` keeps them visible
+# Markup off: what is printed (YAML errors, reasons, run names) is shown as it is; rich markup would
+# read "[a, b: c]" in a YAML error as a tag and drop it. Styles go through Text instead.
+console = Console(markup=False)
+err_console = Console(stderr=True, markup=False)  # errors go to stderr, so `actuator runs > runs.txt` keeps them visible
 
 UrlOpt = Annotated[str, typer.Option("--url", envvar="ACTUATOR_URL", help="Controller service URL.")]
 TokenOpt = Annotated[Optional[str], typer.Option("--token", envvar="ACTUATOR_TOKEN", help="Bearer token.")]
 DEFAULT_URL = "http://127.0.0.1:8000"
 
 
+def _labelled(label: str, style: str, text: str) -> Text:
+    """``label text`` with the label styled and the text as it is."""
+    return Text.assemble((label, style), " ", text)
+
+
 def _fail(message: str, code: int = 1) -> typer.Exit:
-    """Print ``error: message`` on stderr; return the Exit to raise."""
-    err_console.print(f"[red]error:[/red] {message}")
+    """Print ``error: message`` on stderr, never re-wrapped; return the Exit to raise."""
+    err_console.print(_labelled("error:", "red", message), soft_wrap=True)
     return typer.Exit(code)
+
+
+def _warn(message: str, style: str = "yellow") -> None:
+    err_console.print(_labelled("warning:", style, message), soft_wrap=True)
 
 
 def _version(value: bool) -> None:
@@ -73,8 +87,7 @@ def serve(
 
         from actuator.api.protocol import protocol_class
     except ImportError as exc:  # the core install (a training node) has no server
-        # \[ : a literal bracket for rich, which would read [server] as markup and drop it
-        raise _fail(f"`actuator serve` needs the server extra: pip install 'actuator\\[server]' ({exc})") from exc
+        raise _fail(f"`actuator serve` needs the server extra: pip install 'actuator[server]' ({exc})") from exc
 
     if database_url:
         os.environ["ACTUATOR_DATABASE_URL"] = database_url
@@ -115,15 +128,12 @@ def _check_serve(settings: Settings, workers: int) -> None:
                     "workers would write one run at once and ingests would fail. Run one worker, or use Postgres "
                     "and Redis for several (ACTUATOR_DATABASE_URL=postgresql://..., ACTUATOR_REDIS_URL=redis://...).")
     if workers > 1 and settings.redis_url is None:
-        err_console.print(f"[yellow]warning:[/yellow] --workers {workers} without Redis (ACTUATOR_REDIS_URL): a "
-                          "run's live stream (/stream, the console) shows only the events of the worker it is "
-                          "connected to.")
+        _warn(f"--workers {workers} without Redis (ACTUATOR_REDIS_URL): a run's live stream (/stream, the "
+              "console) shows only the events of the worker it is connected to.")
     if settings.admin_token is None and not is_loopback(settings.host):
-        err_console.print(f"[bold yellow]warning:[/bold yellow] listening on {settings.host} with no admin token "
-                          "(ACTUATOR_ADMIN_TOKEN): anyone who can reach port "
-                          f"{settings.port} can register runs, create and archive policies, pause, override, "
-                          "move and halt any run, and read every run. Set ACTUATOR_ADMIN_TOKEN, or listen on "
-                          "127.0.0.1.")
+        _warn(f"listening on {settings.host} with no admin token (ACTUATOR_ADMIN_TOKEN): anyone who can reach "
+              f"port {settings.port} can register runs, create and archive policies, pause, override, move and "
+              "halt any run, and read every run. Set ACTUATOR_ADMIN_TOKEN, or listen on 127.0.0.1.", "bold yellow")
 
 
 def _client(url: str, token: str | None) -> ActuatorClient:
@@ -142,12 +152,44 @@ def runs(url: UrlOpt = DEFAULT_URL, token: TokenOpt = None,
             items = c.list_runs(state=state, limit=limit)
     except ClientError as exc:
         raise _fail(f"{url}: {exc}") from exc
-    table = Table("id", "name", "state", "policy", "step", "knobs")
+    table = Table(box=box.SIMPLE_HEAD)
+    # Whole ids, states and steps, however narrow the terminal: the ids are what every other
+    # command takes. The other columns fold (nothing is cut off).
+    table.add_column("id", no_wrap=True, min_width=max((len(r.id) for r in items), default=2))
+    table.add_column("name", overflow="fold")
+    table.add_column("state", no_wrap=True)
+    table.add_column("policy", overflow="fold")
+    table.add_column("step", no_wrap=True, justify="right")
+    table.add_column("knobs", overflow="fold")
     for r in items:
         knobs = ", ".join(f"{k}={v.value:.4g}" for k, v in r.knobs.items())
-        table.add_row(r.id, r.name, r.state, f"{r.policy_name}@{r.policy_version}",
+        table.add_row(r.id, r.name, r.state + ("*" if r.starved else ""), f"{r.policy_name}@{r.policy_version}",
                       str(r.last_step if r.last_step is not None else "-"), knobs)
     console.print(table)
+    # A probe the budget starves feeds no controller: said in full below the table.
+    for r in items:
+        if r.starved:
+            console.print(_labelled("*", "yellow", f"{r.id}: starved probes (skipped for the probe-time budget, "
+                                                   f"so their controllers get no readings): {', '.join(r.starved)}"),
+                          soft_wrap=True)
+
+
+def _run_lines(runs: list[RunPublic]) -> str:
+    return "".join(f"\n  {r.id}  {r.name}  {r.state}  created {r.created_at:%Y-%m-%d %H:%M:%S}" for r in runs)
+
+
+def _resolve_run(c: ActuatorClient, ref: str) -> str:
+    """The id of the run ``ref`` names (its id, a unique start of it, or its name); an unknown or
+    ambiguous reference fails with the candidates."""
+    runs = c.find_runs(ref)
+    if len(runs) == 1:
+        return runs[0].id
+    if runs:
+        raise _fail(f"{ref!r} names {len(runs)}{'+' if len(runs) > c.FIND_MOST else ''} runs; give more of "
+                    f"the id:{_run_lines(runs[:c.FIND_MOST])}")
+    latest = c.list_runs(limit=10)
+    raise _fail(f"run {ref!r} not found (404): it is no run's id, the start of one, or a run's name. "
+                + (f"Latest runs:{_run_lines(latest)}" if latest else "The service has no runs."))
 
 
 def _agent_said(d: Any) -> str:
@@ -162,14 +204,15 @@ def _agent_said(d: Any) -> str:
 
 
 @app.command()
-def decisions(run: Annotated[str, typer.Argument(help="Run id.")], url: UrlOpt = DEFAULT_URL,
+def decisions(run: Annotated[str, typer.Argument(help="Run id, the start of it, or the run's name.")],
+              url: UrlOpt = DEFAULT_URL,
               token: TokenOpt = None,
               explain: Annotated[bool, typer.Option("--explain", help="Show inputs and P/I/D.")] = False,
               limit: int = 1000) -> None:
     """List a run's decisions (the audit trail)."""
     try:
         with _client(url, token) as c:
-            page = c.list_decisions(run, limit=limit)
+            page = c.list_decisions(_resolve_run(c, run), limit=limit)
     except ClientError as exc:
         raise _fail(f"{url}: {exc}") from exc
     if explain:
@@ -185,10 +228,14 @@ def decisions(run: Annotated[str, typer.Argument(help="Run id.")], url: UrlOpt =
                               f"setpoint {inp['setpoint']:.6g}, dt {inp.get('dt')}")
                 console.print(f"  limits: bounds {inp.get('bounds')}, max step {inp.get('max_step')} "
                               f"({inp.get('scale')}), limited by: {', '.join(inp.get('limited_by') or []) or 'nothing'}")
-            comp = d.components
-            if comp:
-                console.print("  P {p:+.4g}  I {i:+.4g}  D {d:+.4g}  error {error:+.4g}".format(
-                    **{k: (v if v is not None else float('nan')) for k, v in comp.items()}))
+            comp = {k: (v if v is not None else float("nan")) for k, v in d.components.items()}
+            # The law's terms as they stand after this decision (its reason gives this decision's
+            # moves of them: ΔP, ΔI, ΔD).
+            if {"p", "i", "d", "error"} <= comp.keys():
+                console.print("  levels after this decision: P {p:+.4g}  I {i:+.4g}  D {d:+.4g}  "
+                              "error {error:+.4g}".format(**comp))
+            elif comp:
+                console.print("  law after this decision: " + "  ".join(f"{k} {v:+.4g}" for k, v in comp.items()))
         console.print(f"{page.total} decisions")
         return
     table = Table("#", "step", "knob", "old", "new", "applied", "reason")
@@ -201,19 +248,59 @@ def decisions(run: Annotated[str, typer.Argument(help="Run id.")], url: UrlOpt =
     console.print(f"{page.total} decisions")
 
 
+PRESET = "preset:"
+
+
+def _preset_file(ref: str) -> Path:
+    """The shipped file of ``preset:NAME``."""
+    from .policy import _PRESETS, list_presets
+
+    name = ref.removeprefix(PRESET)
+    if name not in list_presets():
+        raise _fail(f"no preset {name!r}; presets: {', '.join(list_presets())}")
+    return _PRESETS / f"{name}.yaml"
+
+
 @policy_app.command("validate")
-def policy_validate(path: Annotated[Path, typer.Argument(exists=True, dir_okay=False)]) -> None:
-    """Validate a policy file locally; print every error with its path."""
+def policy_validate(source: Annotated[str, typer.Argument(
+        metavar="PATH|preset:NAME", help="A policy file (YAML or JSON), or a shipped preset.")]) -> None:
+    """Validate a policy file or a preset locally; print every error with its path."""
     from .policy import load_policy
 
+    path = _preset_file(source) if source.startswith(PRESET) else Path(source)
+    if not path.is_file():
+        raise _fail(f"no policy file {source!r}", 2)
     try:
         doc = load_policy(path)
     except PolicyError as exc:
         for e in exc.errors or [{"loc": "(document)", "msg": str(exc)}]:
-            err_console.print(f"[red]{e['loc']}[/red]: {e['msg']}")
+            err_console.print(Text.assemble((e["loc"], "red"), ": ", e["msg"]), soft_wrap=True)
         raise typer.Exit(1) from exc
-    console.print(f"[green]valid[/green]: {doc.name} ({len(doc.controllers)} controllers, "
-                  f"{len(doc.guardrails)} guardrails)")
+    console.print(_labelled("valid:", "green", f"{doc.name} ({len(doc.controllers)} controllers, "
+                                               f"{len(doc.guardrails)} guardrails)"))
+
+
+@policy_app.command("show")
+def policy_show(ref: Annotated[str, typer.Argument(
+        metavar="preset:NAME|NAME[@VERSION]",
+        help="A shipped preset, or a policy stored in the service (latest version unless @VERSION).")],
+                url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None:
+    """Print a policy as YAML: a preset's file as shipped (comments included: copy it, edit it, pass
+    its path), or a stored policy's document."""
+    if ref.startswith(PRESET):
+        typer.echo(_preset_file(ref).read_text(), nl=False)
+        return
+    import yaml
+
+    name, _, version = ref.partition("@")
+    if version and not version.isdigit():
+        raise _fail(f"bad version in {ref!r}; use NAME@3", 2)
+    try:
+        with _client(url, token) as c:
+            policy = c.get_policy(name, int(version) if version else None)
+    except ClientError as exc:
+        raise _fail(f"{url}: {exc}") from exc
+    typer.echo(yaml.safe_dump(policy["document"], sort_keys=False, allow_unicode=True), nl=False)
 
 
 @policy_app.command("schema")
@@ -240,7 +327,8 @@ def _fmt_steps(v: object) -> str:
 
 @policy_app.command("tune")
 def policy_tune(
-    run: Annotated[str, typer.Option("--run", help="The recorded run (or identification pre-run) to fit.")],
+    run: Annotated[str, typer.Option("--run", help="The recorded run (or identification pre-run) to fit: its id, "
+                                                  "the start of it, or its name.")],
     controller: Annotated[str, typer.Option("--controller", help="The setpoint controller to tune, by name.")],
     aggressiveness: Annotated[float, typer.Option(
         help="tau_c = effective dead time / X (0 < X <= 10): 1 is SIMC's choice, 2 twice as fast, 0.5 twice "
@@ -254,7 +342,7 @@ def policy_tune(
     """Identify the plant from a run, propose SIMC gains, predict the response by replay, print the policy."""
     try:
         with _client(url, token) as c:
-            r = c.tune_policy(run, controller, aggressiveness=aggressiveness, policy=policy)
+            r = c.tune_policy(_resolve_run(c, run), controller, aggressiveness=aggressiveness, policy=policy)
     except ClientError as exc:
         raise _fail(str(exc)) from exc
     m, g, pred = r["model"], r["gains"], r["predicted"]
@@ -284,9 +372,9 @@ def policy_tune(
     console.print(table)
     console.print(f"horizon {pred['horizon']} steps")
     for w in r["warnings"]:
-        err_console.print(f"[yellow]warning:[/yellow] {w}")
+        _warn(w)
     console.rule("policy")
-    console.print(r["policy_yaml"], markup=False, highlight=False)
+    console.print(r["policy_yaml"], highlight=False)
     if output is not None:
         output.write_text(r["policy_yaml"])
         console.print(f"wrote {output}")
@@ -318,7 +406,7 @@ def bench_control(
     for name in names:
         module = root / "benchmarks" / "control" / f"{name.replace('-', '_')}.py"
         if not module.exists():
-            err_console.print(f"[yellow]{name}: not available in this checkout ({module.name} missing)[/yellow]")
+            err_console.print(Text(f"{name}: not available in this checkout ({module.name} missing)", style="yellow"))
             continue
         args = [sys.executable, "-m", f"benchmarks.control.{name.replace('-', '_')}"]
         if quick:

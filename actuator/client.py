@@ -10,6 +10,7 @@ request's ``timeout``. Only a 4xx carrying the envelope is a refusal (:class:`Re
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any, TypeVar
 
@@ -31,6 +32,9 @@ from .schemas import (
 __all__ = ["ActuatorClient"]
 
 T = TypeVar("T")
+# What the service takes as a run id in a path (api.deps.RunId); runs are listed a page at a time.
+_RUN_ID = re.compile(r"[A-Za-z0-9\-]{1,64}")
+_RUNS_PAGE = 1000
 
 
 _ADAPTERS: dict[Any, TypeAdapter[Any]] = {}
@@ -166,6 +170,29 @@ class ActuatorClient:
 
     def get_run(self, run_id: str) -> RunState:
         return self._call(RunState, "GET", f"/v1/runs/{run_id}")
+
+    FIND_MOST = 10
+
+    def find_runs(self, ref: str) -> list[RunPublic]:
+        """The runs ``ref`` may name, for a person typing it: the run with that id if there is one;
+        else the runs of that name and those whose id starts with it, newest first (at most
+        ``FIND_MOST + 1``: enough to list the candidates and say there are more)."""
+        if _RUN_ID.fullmatch(ref):
+            try:
+                return [self.get_run(ref)]
+            except NotFound:
+                pass
+        found: dict[str, RunPublic] = {}
+        if len(ref) <= 128:  # a run's name is at most that long
+            found.update((r.id, r) for r in self.list_runs(name=ref, limit=self.FIND_MOST + 1))
+        offset = 0
+        while _RUN_ID.fullmatch(ref) and len(found) <= self.FIND_MOST:
+            page = self.list_runs(limit=_RUNS_PAGE, offset=offset)
+            found.update((r.id, r) for r in page if r.id.startswith(ref))
+            if len(page) < _RUNS_PAGE:
+                break
+            offset += _RUNS_PAGE
+        return sorted(found.values(), key=lambda r: r.created_at, reverse=True)[:self.FIND_MOST + 1]
 
     def post_observations(self, run_id: str, batch: ObservationBatch, *, token: str | None = None) -> IngestResult:
         return self._call(IngestResult, "POST", f"/v1/runs/{run_id}/observations", token=token,

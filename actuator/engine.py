@@ -57,6 +57,8 @@ def _reason(probe: str, filtered: float, prev: float | None, setpoint: float, kn
     The PID's proportional term acts on the change of the error since control started (see
     controllers/pid.py), so a rising probe can cut a direct knob while still below its setpoint;
     the trend and the per-term move say so instead of leaving "below setpoint" beside a cut.
+    The terms are this decision's moves (ΔP, ΔI, ΔD: each term's change since the previous
+    update), not the terms' levels, which the decision's components keep.
     """
     side = "above" if filtered > setpoint else "below" if filtered < setpoint else "at"
     trend = "" if prev is None or filtered == prev else (" and rising" if filtered > prev else " and falling")
@@ -64,7 +66,7 @@ def _reason(probe: str, filtered: float, prev: float | None, setpoint: float, kn
     terms = ""
     if prev_components:
         moves = [(name, getattr(out, name) - float(prev_components.get(name, 0.0))) for name in ("p", "i", "d")]
-        terms = ", " + " ".join(f"{n.upper()} {m:+.3g}" for n, m in moves if abs(m) > 1e-12)
+        terms = ", " + " ".join(f"Δ{n.upper()} {m:+.3g}" for n, m in moves if abs(m) > 1e-12)
     return (f"{probe} {_fmt(filtered)} {side} setpoint {_fmt(setpoint)}{trend}: "
             f"{knob} {_fmt(current)} -> {_fmt(out.value)}{terms}{limits}")
 
@@ -73,7 +75,8 @@ def _constraint_reason(name: str, probe: str, filtered: float, prev: float | Non
                        knob: str, current: float, out: Any) -> str:
     """The constraint controller's line: is the constraint active (violated) or slack, and how
     the multiplier moved; e.g. ``constraint keep-drift active: kl_drift 0.62 > budget 0.5 and
-    rising: kl_weight 0 -> 0.24 (P +0.12 I +0.12)``."""
+    rising: kl_weight 0 -> 0.24 (levels P +0.12 I +0.12)``: the multiplier is the sum of the
+    terms' levels, so the levels are what explains its value (labelled, not to be read as moves)."""
     violated = filtered > budget if bound == "upper" else filtered < budget
     sign = (">" if bound == "upper" else "<") if violated else ("<=" if bound == "upper" else ">=")
     trend = "" if prev is None or filtered == prev else (" and rising" if filtered > prev else " and falling")
@@ -81,7 +84,7 @@ def _constraint_reason(name: str, probe: str, filtered: float, prev: float | Non
     limits = _limits(out)
     state = "active" if violated else ("slack, releasing" if out.value < current else "slack")
     return (f"constraint {name} {state}: {probe} {_fmt(filtered)} {sign} budget {_fmt(budget)}{trend}: "
-            f"{knob} {_fmt(current)} -> {_fmt(out.value)}" + (f" ({terms})" if terms else "") + limits)
+            f"{knob} {_fmt(current)} -> {_fmt(out.value)}" + (f" (levels {terms})" if terms else "") + limits)
 
 
 # Distinct PID laws one engine keeps (beyond, it starts over): a handful per controller and knob

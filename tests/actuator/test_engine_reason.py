@@ -35,7 +35,7 @@ def test_a_cut_below_setpoint_names_the_rising_trend_and_the_terms_that_moved() 
     first = decisions[0]
     assert first.new_value < first.old_value
     assert "kl_drift 0.5 below setpoint 1 and rising" in first.reason
-    terms = dict(re.findall(r"\b([PID]) ([+-][0-9.e+-]+)", first.reason))
+    terms = dict(re.findall(r"Δ([PID]) ([+-][0-9.e+-]+)", first.reason))
     # P moved by kp * change of error = -0.5, I by ki * error * dt = +0.1 * 0.5 * 2 = +0.1
     assert float(terms["P"]) == -0.5 and math.isclose(float(terms["I"]), 0.1)
     assert math.isclose(math.log(first.new_value / first.old_value), -0.4, abs_tol=1e-9)
