@@ -45,8 +45,13 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-import torch
-import torch.nn.functional as F
+try:
+    import torch
+    import torch.nn.functional as F
+except ImportError as exc:
+    from .models import training_stack_missing
+
+    raise training_stack_missing("actuator.agents.anchor", exc) from exc
 
 from .knobs import KnobNotSupported
 from .probes._common import check_texts, encode, is_peft_model, pad_batch, pad_token_id, probe_mode
@@ -331,8 +336,10 @@ class KLAnchorKnob:
 
 try:
     from transformers import TrainerCallback
-except ImportError as exc:  # pragma: no cover - depends on install
-    raise ImportError("actuator.agents.anchor needs transformers: `pip install 'actuator[train]'`") from exc
+except ImportError as exc:
+    from .models import training_stack_missing
+
+    raise training_stack_missing("actuator.agents.anchor", exc) from exc
 
 
 class KLAnchorCallback(TrainerCallback):

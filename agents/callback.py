@@ -55,8 +55,10 @@ log = logging.getLogger("actuator.agents")
 try:
     from transformers import TrainerCallback
     from transformers.trainer_callback import ExportableState
-except ImportError as exc:  # pragma: no cover - depends on install
-    raise ImportError("ActuatorCallback needs transformers: `pip install 'actuator[train]'`") from exc
+except ImportError as exc:
+    from .models import training_stack_missing
+
+    raise training_stack_missing("ActuatorCallback", exc) from exc
 
 
 def default_knob_spec(name: str, value: float) -> dict[str, Any]:

@@ -39,14 +39,15 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-import torch
-import torch.nn.functional as F
-from torch import nn
-
 try:
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
     from transformers import Trainer
-except ImportError as exc:  # pragma: no cover - depends on install
-    raise ImportError("actuator.agents.distill needs transformers: `pip install 'actuator[train]'`") from exc
+except ImportError as exc:
+    from .models import training_stack_missing
+
+    raise training_stack_missing("actuator.agents.distill", exc) from exc
 
 from .knobs import KnobNotSupported
 from .probes._draft import sample_continuations

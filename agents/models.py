@@ -10,9 +10,18 @@ import importlib.util
 import os
 from typing import Any
 
-__all__ = ["SMOLLM2_GGUF", "smollm2_path", "load_smollm2", "tiny_llama"]
+__all__ = ["SMOLLM2_GGUF", "TRAINING_STACK", "training_stack_missing", "smollm2_path", "load_smollm2", "tiny_llama"]
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# A training node installs `actuator` and its own builds of these (README, "Install"); the
+# `actuator[train]` extra is the examples' and benchmarks' set, not what training needs.
+TRAINING_STACK = "pip install torch transformers accelerate"
+
+
+def training_stack_missing(what: str, exc: ImportError) -> ImportError:
+    """The error for ``what``, which needs torch and transformers, when ``exc`` found one missing."""
+    return ImportError(f"{what} needs torch and transformers, which a training node installs itself: "
+                       f"`{TRAINING_STACK}` (the builds your hardware needs); missing: {exc.name or exc}")
 
 
 def smollm2_path() -> str:
@@ -45,8 +54,8 @@ def load_smollm2(dtype: Any = None, *, pad_with_endoftext: bool = False) -> tupl
     try:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
-    except ImportError as exc:  # pragma: no cover - depends on install
-        raise ImportError("loading SmolLM2 needs `pip install 'actuator[train]'`") from exc
+    except ImportError as exc:
+        raise training_stack_missing("loading SmolLM2", exc) from exc
     if importlib.util.find_spec("gguf") is None:
         raise ImportError("loading a GGUF model needs the gguf package: `pip install gguf`")
     path = smollm2_path()

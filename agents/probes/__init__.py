@@ -58,6 +58,13 @@ Errors: ``ProbeError`` and subclasses (``ProbeDataError`` for empty or malformed
 field, ``ProbeSetupError`` for a missing reference); data errors are raised at construction.
 """
 
+try:
+    import torch  # noqa: F401 - every probe runs the model: say so before a submodule fails on it
+except ImportError as exc:
+    from ..models import training_stack_missing
+
+    raise training_stack_missing("actuator.agents.probes", exc) from exc
+
 from ._base import Probe
 from ._common import probe_mode
 from ._draft import DraftAcceptance, acceptance_rate, expected_tokens_per_call, sample_continuations
