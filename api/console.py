@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from actuator import __version__
+from actuator.metrics import FINAL_STATES
 from actuator.models import PolicyRow, RunRow
 
 __all__ = ["CSP", "SECURITY_HEADERS", "runs_page", "runs_rows", "run_page", "policies_page", "policy_page",
@@ -78,29 +79,36 @@ def _num(value: Any) -> str:
     return "–" if value is None else f"{value:.4g}" if isinstance(value, float) else _e(value)
 
 
-def runs_rows(runs: list[RunRow], now: datetime) -> str:
-    """The runs table's body (the runs page refreshes it in place)."""
+def runs_rows(runs: list[RunRow], now: datetime, in_effect: dict[str, dict[str, float]],
+              starved: dict[str, list[str]]) -> str:
+    """The runs table's body (the runs page refreshes it in place); ``in_effect`` and ``starved``
+    by run id (api.routers.runs.in_effect and .starved)."""
     if not runs:
         return '<tr><td colspan="7" class="empty">no runs yet: register one (an ActuatorCallback does)</td></tr>'
     return "".join(
         f'<tr data-run="{_e(r.id)}"><td><a href="/ui/runs/{_e(r.id)}">{_e(r.name)}</a>'
         f'<div class="sub">{_e(r.id)}</div></td>'
-        f'<td><span class="state state-{_e(r.state)}">{_e(r.state)}</span></td>'
+        f'<td><span class="state state-{_e(r.state)}">{_e(r.state)}</span>'
+        + (f'<div class="sub warn">starved: {_e(", ".join(starved[r.id]))}</div>' if starved.get(r.id) else "")
+        + "</td>"
         f'<td class="num">{_num(r.last_step)}</td>'
         f'<td class="num" title="{_e(r.updated_at.isoformat() if r.updated_at else "")}">{_age(r.updated_at, now)}</td>'
         f'<td class="num">{r.decision_count}</td>'
         f'<td><a href="/ui/policies/{_e(r.policy_name)}">{_e(r.policy_name)}@{r.policy_version}</a></td>'
-        f'<td>{_e(", ".join(f"{k}={_num(v)}" for k, v in r.knobs_in_effect.items()) or "–")}</td></tr>'
+        f'<td>{_e(", ".join(f"{k}={_num(v)}" for k, v in in_effect.get(r.id, r.knobs_in_effect).items()) or "–")}</td>'
+        "</tr>"
         for r in runs)
 
 
-def runs_page(runs: list[RunRow], now: datetime, *, offset: int, limit: int) -> str:
+def runs_page(runs: list[RunRow], now: datetime, in_effect: dict[str, dict[str, float]],
+              starved: dict[str, list[str]], *, offset: int, limit: int) -> str:
     older = (f'<p><a href="/ui?offset={offset + limit}">older runs</a></p>' if len(runs) == limit else "")
     newer = (f'<p><a href="/ui?offset={max(0, offset - limit)}">newer runs</a></p>' if offset else "")
     body = ("<h1>Runs</h1>"
             '<table id="runs"><thead><tr><th>run</th><th>state</th><th>step</th>'
             '<th title="time of the last stored observation or operator action">updated</th><th>decisions</th>'
-            f"<th>policy</th><th>knobs in effect</th></tr></thead><tbody>{runs_rows(runs, now)}</tbody></table>"
+            f"<th>policy</th><th>knobs in effect</th></tr></thead><tbody>{runs_rows(runs, now, in_effect, starved)}</tbody>"
+            "</table>"
             f"{newer}{older}")
     return _page("Runs", body, page="runs")
 
@@ -111,13 +119,18 @@ def _options(names: list[str], selected: str | None = None) -> str:
 
 def run_page(run: RunRow, controllers: list[str]) -> str:
     knobs = sorted(run.knobs)
+    # A halted or finished run never runs again: its page is a record, nothing live and no actions.
+    final = run.state in FINAL_STATES
     body = (
         f'<h1>{_e(run.name)} <span id="run-state" class="state state-{_e(run.state)}">{_e(run.state)}</span></h1>'
         f'<p class="meta">run <code>{_e(run.id)}</code> · policy '
         f'<a id="run-policy" href="/ui/policies/{_e(run.policy_name)}">{_e(run.policy_name)}@{run.policy_version}</a>'
         f' · step <span id="run-step">{_num(run.last_step)}</span> · decisions '
-        f'<span id="run-decisions">{run.decision_count}</span> · live: <span id="stream-state">connecting</span></p>'
-        '<section id="actions"><h2>Operator actions</h2>'
+        f'<span id="run-decisions">{run.decision_count}</span> · '
+        f'<span id="stream-state">{"ended" if final else "connecting"}</span></p>'
+        # Filled from the run's state: the probes its latest probe report says the budget skips.
+        '<p id="starved" class="warn" role="status" hidden></p>'
+        f'<section id="actions"{" hidden" if final else ""}><h2>Operator actions</h2>'
         '<p class="hint">Sent with the admin token above to the control endpoints (audited like any API call).</p>'
         '<div class="row"><button type="button" data-action="pause">Pause control</button>'
         '<button type="button" data-action="resume">Resume control</button>'
@@ -144,7 +157,7 @@ def run_page(run: RunRow, controllers: list[str]) -> str:
         '<table id="events"><thead><tr><th>#</th><th>step</th><th>kind</th><th>details</th></tr></thead>'
         '<tbody></tbody></table></section>')
     return _page(f"Run {run.name}", body, page="run", scripts=("vendor/uplot/uPlot.iife.min.js", "run.js"),
-                 styles=("vendor/uplot/uPlot.min.css",), data={"run": run.id})
+                 styles=("vendor/uplot/uPlot.min.css",), data={"run": run.id, "final-states": " ".join(FINAL_STATES)})
 
 
 def policy_yaml(row: PolicyRow) -> str:

@@ -6,6 +6,9 @@
   const runId = document.body.dataset.run;
   const base = "/v1/runs/" + encodeURIComponent(runId);
   const $ = (id) => document.getElementById(id);
+  // States a run never leaves (halted, finished): the page is then a record, not live, no actions.
+  const finalStates = (document.body.dataset.finalStates || "").split(" ");
+  let ended = finalStates.includes($("run-state").textContent);
 
   const raw = {};        // probe -> Map(step -> value)
   const filtered = {};   // probe -> Map(step -> filtered value the controller acted on)
@@ -80,7 +83,9 @@
         const [xs, r, f, sp] = aligned([raw[probe], filtered[probe], setpoint[probe]]);
         const data = [xs, r, f, sp];
         const series = [
-          { label: probe + " (raw)", stroke: "#2563eb", width: 1, points: { show: true, size: 4 } },
+          // one line through the probe's readings: steps where only the filtered value or the
+          // setpoint is known are not gaps in it
+          { label: probe + " (raw)", stroke: "#2563eb", width: 1, points: { show: true, size: 4 }, spanGaps: true },
           { label: "filtered", stroke: "#f59e0b", width: 2, spanGaps: true },
           // held until the next known value (an operator's change is a step)
           { label: "setpoint", stroke: "#111", dash: [6, 4], width: 1, spanGaps: true,
@@ -108,8 +113,9 @@
     if (i.override) return "operator override" + (i.note ? ": " + i.note : "");
     const parts = [];
     if (i.probe !== undefined) parts.push(`${i.probe} raw ${A.fmt(i.raw)}, filtered ${A.fmt(i.filtered)}, setpoint ${A.fmt(i.setpoint)}`);
+    // the terms' levels (the reason gives this decision's moves of them: ΔP, ΔI, ΔD)
     const pid = ["p", "i", "d"].filter((k) => c[k] !== undefined && c[k] !== null).map((k) => `${k.toUpperCase()} ${A.fmt(c[k])}`);
-    if (pid.length) parts.push(pid.join(" "));
+    if (pid.length) parts.push("levels after this decision: " + pid.join(" "));
     if (i.limited_by && i.limited_by.length) parts.push("limited by " + i.limited_by.join(", "));
     return parts.join(" · ") || (d.controller ? "controller " + d.controller : "guardrail");
   }
@@ -134,8 +140,10 @@
     if (full) {
       const i = d.inputs || {};
       if (i.probe !== undefined) {
-        put(filtered, i.probe, d.step, i.filtered);
-        put(setpoint, i.probe, d.step, i.setpoint);
+        // A controller's decision applies from the step after the observation it was computed
+        // on: its inputs belong to that observation's step.
+        put(filtered, i.probe, d.step - 1, i.filtered);
+        put(setpoint, i.probe, d.step - 1, i.setpoint);
       }
     }
   }
@@ -191,6 +199,17 @@
 
   function cell(v) { return A.el("td", {}, A.fmt(v)); }
 
+  function showStream(text) {
+    if (!ended) $("stream-state").textContent = text;
+  }
+
+  function showStarved(names) {
+    const note = $("starved");
+    note.hidden = !names.length;
+    note.textContent = names.length ? `starved: ${names.join(", ")}: skipped for the probe-time budget in the ` +
+      "latest probe report, so a controller fed by " + (names.length > 1 ? "them" : "it") + " gets no readings" : "";
+  }
+
   async function loadState() {
     const r = await A.api("GET", base);
     if (!r.ok) return;
@@ -198,6 +217,10 @@
     const state = $("run-state");
     state.textContent = s.state;
     state.className = "state state-" + s.state;
+    ended = finalStates.includes(s.state);
+    if (ended) $("stream-state").textContent = "ended";
+    $("actions").hidden = ended;
+    showStarved(s.starved || []);
     $("run-step").textContent = A.fmt(s.last_step);
     $("run-decisions").textContent = s.decisions;
     // Operator decisions (overrides) come with their own event kinds, not as "decision" events.
@@ -244,8 +267,8 @@
   // ---- live stream --------------------------------------------------------------------------
   function follow() {
     const source = new EventSource(base + "/stream");
-    source.addEventListener("open", () => { $("stream-state").textContent = "live"; document.body.dataset.stream = "open"; });
-    source.addEventListener("error", () => { $("stream-state").textContent = "reconnecting"; document.body.dataset.stream = "closed"; });
+    source.addEventListener("open", () => { showStream("live"); document.body.dataset.stream = "open"; });
+    source.addEventListener("error", () => { showStream("reconnecting"); document.body.dataset.stream = "closed"; });
     source.addEventListener("observation", (m) => {
       const o = JSON.parse(m.data);
       for (const [k, v] of Object.entries(o.probes || {})) put(raw, k, o.step, v);
@@ -258,8 +281,10 @@
       refreshDecisions();
       refreshState();
     });
+    // "acknowledged": the agent applied a decision, maybe with no newer observation: the knobs in
+    // effect change with it.
     for (const kind of ["guardrail_breach", "guardrail_cleared", "state", "override", "override_released", "setpoint",
-      "control_paused", "control_resumed", "policy_moved", "controller_unusable"]) {
+      "control_paused", "control_resumed", "policy_moved", "controller_unusable", "acknowledged"]) {
       source.addEventListener(kind, () => { refreshEvents(); refreshState(); });
     }
     source.addEventListener("gap", resync);
