@@ -220,8 +220,8 @@ def decisions(run: Annotated[str, typer.Argument(help="Run id, the start of it, 
             console.rule(f"decision {d.number} · step {d.step} · {d.knob}")
             console.print(f"  {d.knob}: {d.old_value:.6g} → {d.new_value:.6g}   (policy v{d.policy_version}, "
                           f"controller {d.controller or 'guardrail'})")
-            console.print(f"  why: {d.reason}")
-            console.print(f"  agent: {_agent_said(d)}")
+            console.print(f"  why: {d.reason}", soft_wrap=True)  # whole, as stored: it is grepped and quoted
+            console.print(f"  agent: {_agent_said(d)}", soft_wrap=True)
             inp = d.inputs
             if "probe" in inp:
                 console.print(f"  input: {inp['probe']} raw {inp['raw']:.6g}, filtered {inp['filtered']:.6g}, "
