@@ -7,7 +7,16 @@ from typing import Any
 
 from ._common import probe_mode, subsample
 
-__all__ = ["Probe"]
+__all__ = ["Probe", "DefaultEvery"]
+
+
+class DefaultEvery(int):
+    """A probe's built-in interval (``every=DefaultEvery(50)`` in its signature): an ``int`` that
+    remembers nobody chose it, so a preset's schedule may replace it while a user's ``every=``
+    (a plain int, or None) is kept."""
+
+    def __repr__(self) -> str:
+        return int.__repr__(self)
 
 
 class Probe(ABC):
@@ -24,6 +33,9 @@ class Probe(ABC):
       real cost has been measured (cheap first).
     * ``min_examples``: below this many examples a subsampled value is too noisy to report, so
       the suite skips the probe instead.
+
+    ``every_given`` is False while ``every`` is the class's built-in default (``DefaultEvery``):
+    only then does a preset's interval replace it.
     """
 
     name: str = "probe"
@@ -31,11 +43,14 @@ class Probe(ABC):
     on_evaluate: bool = True
     cost_rank: int = 1
     min_examples: int = 1
+    # A probe that never called _init_schedule set its schedule itself: treat it as chosen.
+    every_given: bool = True
 
     def _init_schedule(self, every: int | None, on_evaluate: bool) -> None:
         if every is not None and (not isinstance(every, int) or isinstance(every, bool) or every < 1):
             raise ValueError(f"{type(self).__name__}: every must be a positive int or None, got {every!r}")
-        self.every = every
+        self.every_given = not isinstance(every, DefaultEvery)
+        self.every = None if every is None else int(every)
         self.on_evaluate = bool(on_evaluate)
 
     def setup(self, model: Any) -> None:  # noqa: B027 - an optional hook, not abstract

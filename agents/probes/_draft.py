@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import torch
 
-from ._base import Probe
+from ._base import DefaultEvery, Probe
 from ._common import (
     check_texts,
     chunks,
@@ -105,7 +105,7 @@ class DraftAcceptance(Probe):
         tokenizer: Any,
         *,
         gamma: int = 4,
-        every: int | None = 50,
+        every: int | None = DefaultEvery(50),
         on_evaluate: bool = True,
         max_length: int = 128,
         batch_size: int = 4,

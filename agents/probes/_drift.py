@@ -11,7 +11,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ._base import Probe
+from ._base import DefaultEvery, Probe
 from ._common import (
     check_texts,
     chunks,
@@ -68,7 +68,7 @@ class KLDrift(Probe):
         tokenizer: Any,
         *,
         reference: Any = None,
-        every: int | None = 50,
+        every: int | None = DefaultEvery(50),
         on_evaluate: bool = True,
         max_length: int = 128,
         batch_size: int = 4,
@@ -157,7 +157,7 @@ class AnswerKL(Probe):
         *,
         answer_tokens: int = 4,
         reference: Any = None,
-        every: int | None = 50,
+        every: int | None = DefaultEvery(50),
         on_evaluate: bool = True,
         batch_size: int = 8,
         use_chat_template: bool = True,
@@ -238,7 +238,7 @@ class PolicyKL(Probe):
         max_new_tokens: int = 24,
         samples: int = 2,
         seed: int = 0,
-        every: int | None = 50,
+        every: int | None = DefaultEvery(50),
         on_evaluate: bool = True,
         batch_size: int = 8,
         use_chat_template: bool = True,
@@ -391,7 +391,7 @@ class EmbeddingDrift(Probe):
         reference: Any = None,
         embedder: Any = None,
         max_new_tokens: int = 32,
-        every: int | None = 100,
+        every: int | None = DefaultEvery(100),
         on_evaluate: bool = True,
         batch_size: int = 4,
         use_chat_template: bool = True,

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ._base import Probe
+from ._base import DefaultEvery, Probe
 from ._common import context_length, encode, eos_token_ids, logger, model_device
 from ._errors import HotpotQAFormatError, ProbeDataError, ProbeDataNotFoundError, ProbeError
 
@@ -514,7 +514,7 @@ class HotpotQA(Probe):
         path_or_records: str | os.PathLike[str] | Sequence[dict] | None = None,
         tokenizer: Any = None,
         *,
-        every: int | None = 100,
+        every: int | None = DefaultEvery(100),
         on_evaluate: bool = True,
         max_examples: int = 32,
         max_new_tokens: int = 16,

@@ -12,7 +12,7 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
-from ._base import Probe
+from ._base import DefaultEvery, Probe
 from ._common import chunks, context_length, encode, forward_logits, logger, model_device, pad_batch
 from ._errors import ProbeDataError, ProbeDataNotFoundError
 
@@ -114,7 +114,7 @@ class Perplexity(Probe):
         texts: list[str] | str | os.PathLike[str] | Any,
         tokenizer: Any,
         *,
-        every: int | None = 50,
+        every: int | None = DefaultEvery(50),
         on_evaluate: bool = True,
         max_length: int | None = None,
         stride: int | None = None,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -55,12 +56,20 @@ class ProbeSuite:
     ``max_examples``); otherwise it is skipped, and the report's notes say so. A skipped probe
     keeps its unspent part, so it runs later rather than never.
 
+    Probes named in ``priority`` (those feeding a controller: a controller without readings is
+    not controlling, a guardrail can look rarely) share the whole budget among themselves and are
+    run first at a step; the others are held to their part of every probe's demand and use what
+    the first leave.
+
     The first measurement of each probe is not budgeted: it is the baseline a controller
     compares against and it calibrates the cost estimate. The share can therefore exceed the
-    budget right after setup; probes are then skipped until it is back under. Runs at
-    ``evaluate`` are held to the whole budget only; ``force=True`` runs every probe in full
-    regardless of budget (a final or on-demand measurement). Setup time (reference copy,
-    embedder load, reference answers) is not counted: it is paid once, before the clock starts.
+    budget right after setup; probes are then skipped until it is back under. ``baseline=True``
+    (the run's reading before its first step) is paid like setup instead: its costs are learnt,
+    then the clock restarts, so a baseline as long as many training steps does not keep every
+    probe out of the first steps. Runs at ``evaluate`` are held to the whole budget only;
+    ``force=True`` runs every probe in full regardless of budget (a final or on-demand
+    measurement). Setup time (reference copy, embedder load, reference answers) is not counted:
+    it is paid once, before the clock starts.
     """
 
     def __init__(
@@ -70,6 +79,7 @@ class ProbeSuite:
         budget_share: float = 0.10,
         on_error: Literal["warn", "raise"] = "warn",
         clock: Callable[[], float] = time.perf_counter,
+        priority: Collection[str] = (),
     ) -> None:
         if not 0.0 < budget_share <= 1.0:
             raise ValueError(f"budget_share must be in (0, 1], got {budget_share}")
@@ -80,6 +90,7 @@ class ProbeSuite:
         if duplicates:
             raise ValueError(f"probe names must be unique, repeated: {duplicates}")
         self.probes = list(probes)
+        self.priority = set(priority)
         self.budget_share = float(budget_share)
         self.on_error = on_error
         self._clock = clock
@@ -95,6 +106,17 @@ class ProbeSuite:
         self.setup_seconds = 0.0
 
     # -- lifecycle -------------------------------------------------------------------------
+    def add(self, probe: Probe) -> None:
+        """Add ``probe`` before ``setup`` (the callback adds the probes a policy names that the run
+        was not given)."""
+        if self._t0 is not None:
+            raise RuntimeError(f"probe {probe.name}: add probes before setup(): its reference is the model at setup")
+        if any(p.name == probe.name for p in self.probes):
+            raise ValueError(f"probe names must be unique, repeated: [{probe.name!r}]")
+        self.probes.append(probe)
+        self._spent[probe.name] = 0.0
+        self._skips[probe.name] = 0
+
     def setup(self, model: Any) -> None:
         """Set every probe up (reference snapshots, embedder) and start the wall clock."""
         start = self._clock()
@@ -146,9 +168,11 @@ class ProbeSuite:
         return [p for p in self.probes if p.due(step) or (evaluate and p.on_evaluate)]
 
     def run(
-        self, model: Any, step: int, *, evaluate: bool = False, force: bool = False
+        self, model: Any, step: int, *, evaluate: bool = False, force: bool = False, baseline: bool = False
     ) -> ProbeReport | None:
-        """Run the probes due at ``step`` (all of them if ``force``); ``None`` if none is due."""
+        """Run the probes due at ``step`` (all of them if ``force`` or ``baseline``); ``None`` if
+        none is due. ``baseline``: the reading before training, paid like setup (class docstring)."""
+        force = force or baseline
         due = list(self.probes) if force else self.due(step, evaluate=evaluate)
         if not due:
             return None
@@ -158,10 +182,13 @@ class ProbeSuite:
         report = ProbeReport(values={}, seconds={}, skipped=[], notes=[], step=step)
         if self._first_step is None:
             self._first_step = step
-        due.sort(key=lambda p: (-self._skips.get(p.name, 0), p.cost_rank, self._estimate(p) or 0.0))
+        due.sort(key=lambda p: (p.name not in self.priority, -self._skips.get(p.name, 0), p.cost_rank,
+                                self._estimate(p) or 0.0))
+        budgeted = (self._probe_seconds, dict(self._spent))
         run_start = self._clock()
         spent = 0.0
-        with probe_mode(model):
+        with ExitStack() as wrapper:
+            entered = False
             for probe in due:
                 limit = None
                 if not force:
@@ -173,9 +200,17 @@ class ProbeSuite:
                         self._skips[probe.name] = self._skips.get(probe.name, 0) + 1
                         self._starve(probe, step)
                         continue
+                if not entered:  # only when a probe runs: a step whose probes are all skipped costs nothing
+                    wrapper.enter_context(probe_mode(model))
+                    entered = True
                 spent += self._run_one(probe, model, step, limit, report)
         # The wrapper's own cost (mode bookkeeping, RNG capture) is probe time too.
-        self._probe_seconds += max(self._clock() - run_start - spent, 0.0)
+        if entered:
+            self._probe_seconds += max(self._clock() - run_start - spent, 0.0)
+        if baseline:
+            self.setup_seconds += self._clock() - run_start
+            self._probe_seconds, self._spent = budgeted
+            self._t0 = self._clock()
         report.values["probe_share"] = self.probe_share
         # Travels with the observation so the service can show the run's starved probes.
         for name in self.starved:
@@ -257,11 +292,12 @@ class ProbeSuite:
         return cost * self._used_examples(probe, None)
 
     def _weight(self, probe: Probe) -> float | None:
-        """This probe's part of the budget: its demand over all scheduled probes' demand."""
+        """This probe's part of the budget: its demand over all scheduled probes' demand (a
+        ``priority`` probe's: over the priority probes' demand)."""
         demand: dict[str, float] = {}
         for p in self.probes:
             cost = self._cost_per_example.get(p.name)
-            if cost is not None and p.every:
+            if cost is not None and p.every and (probe.name not in self.priority or p.name in self.priority):
                 demand[p.name] = cost * self._used_examples(p, None) / p.every
         total = sum(demand.values())
         if probe.name not in demand or total <= 0:
