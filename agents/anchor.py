@@ -18,6 +18,10 @@ Three ways to use it, all computing the same term:
                                            kl_anchor=KLAnchor(general_texts, tokenizer))
       ActuatorCallback("preset:protect-capability", knobs={"kl_weight": {}}, probes=[...]).attach(trainer)
 
+* A trainer already built (TRL's own scripts): :func:`install_anchor` puts an anchor on it (the
+  same class and callback). ``ActuatorCallback`` does it by itself when its policy turns
+  ``kl_weight`` and the trainer holds preference pairs and no anchor: the anchor texts are the
+  trainer's own pairs, prompt + chosen (:func:`pair_token_ids`).
 * A plain PyTorch loop: ``anchor.setup(model)`` once before training, then
   ``loss = task_loss + anchor.term(model)`` every step (``term`` is 0 without a forward while w = 0).
 * Any loop: :class:`KLAnchorKnob` is the knob setter the callback binds (``name = "kl_weight"``).
@@ -54,9 +58,10 @@ except ImportError as exc:
     raise training_stack_missing("actuator.agents.anchor", exc) from exc
 
 from .knobs import KnobNotSupported
-from .probes._common import check_texts, encode, is_peft_model, pad_batch, pad_token_id, probe_mode
+from .probes._common import check_texts, encode, is_peft_model, pad_batch, pad_token_id, probe_mode, subsample
 
-__all__ = ["KLAnchor", "KLAnchorKnob", "KLAnchorMixin", "KLAnchorCallback", "anchor_trainer", "bucket_kl"]
+__all__ = ["KLAnchor", "KLAnchorKnob", "KLAnchorMixin", "KLAnchorCallback", "anchor_trainer", "install_anchor",
+           "pair_token_ids", "bucket_kl"]
 
 STATE_FILE = "actuator-anchor.pt"
 _TINY = 1e-30
@@ -96,8 +101,10 @@ class KLAnchor:
     Args:
         texts: general text the model must not forget (chat-formatted prompts with answers, plain
             text, ...). Keep them disjoint from the prompts your capability probes measure, so a
-            controller cannot pass its probe by anchoring on it.
+            controller cannot pass its probe by anchoring on it. None when ``token_ids`` is given.
         tokenizer: the training tokenizer.
+        token_ids: the anchor texts already tokenized (a trainer's own tokenized pairs), instead
+            of ``texts``.
         weight: the starting w (default 0: the term is off until a controller turns it on).
         batch_size: anchor sequences per loss computation (drawn at random, with replacement).
         max_length: tokens kept per anchor text.
@@ -117,9 +124,12 @@ class KLAnchor:
         priority: the share of prioritised draws with ``sampling="drift"``, in [0, 1].
     """
 
-    def __init__(self, texts: Sequence[str], tokenizer: Any, *, weight: float = 0.0, batch_size: int = 4,
+    def __init__(self, texts: Sequence[str] | None, tokenizer: Any, *, weight: float = 0.0, batch_size: int = 4,
                  max_length: int = 64, top_k: int = 64, seed: int = 0, reference: Any = None,
-                 response_template: str | None = None, sampling: str = "uniform", priority: float = 0.5) -> None:
+                 response_template: str | None = None, sampling: str = "uniform", priority: float = 0.5,
+                 token_ids: Sequence[Sequence[int]] | None = None) -> None:
+        if (texts is None) == (token_ids is None):
+            raise ValueError("KLAnchor: give texts or token_ids (one of them)")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if max_length < 2:
@@ -133,7 +143,9 @@ class KLAnchor:
         self.sampling, self.priority = sampling, float(priority)
         self.batch_size, self.max_length, self.top_k = batch_size, max_length, top_k
         self.pad_id = pad_token_id(tokenizer)
-        self._ids = [ids[:max_length] for ids in encode(tokenizer, check_texts(texts, "anchor texts"))]
+        encoded = ([[int(i) for i in ids] for ids in token_ids] if token_ids is not None
+                   else encode(tokenizer, check_texts(texts, "anchor texts")))
+        self._ids = [ids[:max_length] for ids in encoded]
         self._ids = [ids for ids in self._ids if len(ids) >= 2]
         if not self._ids:
             raise ValueError("anchor texts: no text has 2 tokens or more")
@@ -174,6 +186,11 @@ class KLAnchor:
     @property
     def num_texts(self) -> int:
         return len(self._ids)
+
+    @property
+    def token_ids(self) -> list[list[int]]:
+        """The anchor texts as the term reads them: token ids, cut to ``max_length``."""
+        return [list(ids) for ids in self._ids]
 
     @property
     def ready(self) -> bool:
@@ -351,8 +368,13 @@ class KLAnchorCallback(TrainerCallback):
 
     def __init__(self, trainer: Any) -> None:
         self.trainer = trainer
+        # on_train_begin ran for this train() call: install_anchor may run it ahead of the trainer
+        self._begun = False
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        if self._begun:
+            return
+        self._begun = True
         anchor = self.trainer.kl_anchor
         resume = getattr(self.trainer, "_anchor_resume_dir", None)
         if state.global_step and resume and anchor.load(resume):
@@ -361,6 +383,9 @@ class KLAnchorCallback(TrainerCallback):
             raise RuntimeError(f"resuming from {resume}, which holds no {STATE_FILE}: the KL anchor's reference "
                                "(the starting model) cannot be rebuilt from a trained checkpoint")
         anchor.setup(model if model is not None else self.trainer.model)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._begun = False
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
@@ -441,3 +466,53 @@ def anchor_trainer(trainer_cls: type) -> type:
     if cls is None:
         cls = _CLASSES[trainer_cls] = type(f"KLAnchor{trainer_cls.__name__}", (KLAnchorMixin, trainer_cls), {})
     return cls
+
+
+def install_anchor(trainer: Any, anchor: KLAnchor) -> KLAnchorCallback:
+    """Put ``anchor`` on a trainer already built: what ``anchor_trainer(type(trainer))(...,
+    kl_anchor=anchor)`` would have built. The instance's class becomes that anchored subclass (the
+    mixin's ``compute_loss``, ``log`` and ``train`` are looked up on the class at every call, so
+    they act from the next call on) and the anchor's callback is added. Before ``train()``, that is
+    all; inside ``train()``'s ``on_train_begin`` the caller runs the returned callback's
+    ``on_train_begin`` itself (the reference is the model at train begin)."""
+    if getattr(trainer, "kl_anchor", None) is not None:
+        raise ValueError("install_anchor: the trainer already has a KL anchor")
+    if not isinstance(anchor, KLAnchor):
+        raise TypeError(f"kl_anchor must be a KLAnchor, got {type(anchor).__name__}")
+    trainer.__class__ = anchor_trainer(type(trainer))
+    trainer.kl_anchor = anchor
+    trainer._anchor_resume_dir = None
+    callback = KLAnchorCallback(trainer)
+    trainer.add_callback(callback)
+    return callback
+
+
+def pair_token_ids(dataset: Any, tokenizer: Any, *, limit: int = 64) -> list[list[int]]:
+    """Prompt + chosen of up to ``limit`` preference pairs of ``dataset`` (evenly spaced), as token
+    ids: the text a DPO run trains towards, so an anchor on it pulls back where the run moves.
+
+    TRL's ``DPOTrainer`` keeps its tokenization in ``prompt_ids`` / ``chosen_ids``: those are used as
+    they are (conversational or not, the chat template already applied). Otherwise the ``prompt``
+    and ``chosen`` columns are rendered as TRL renders them: message lists through the tokenizer's
+    chat template, strings concatenated; a dataset with ``chosen`` only (the prompt inside it) uses
+    ``chosen``. [] when ``dataset`` holds no pairs (no ``chosen`` column, or no length)."""
+    columns = set(getattr(dataset, "column_names", None) or [])
+    if not columns & {"chosen", "chosen_ids"} or not hasattr(dataset, "__len__") or len(dataset) == 0:
+        return []
+    rows = subsample(len(dataset), limit)
+    if {"prompt_ids", "chosen_ids"} <= columns:
+        return [[int(i) for i in dataset[r]["prompt_ids"]] + [int(i) for i in dataset[r]["chosen_ids"]]
+                for r in rows]
+    if "chosen" not in columns:
+        return []
+    out = []
+    for r in rows:
+        example = dataset[r]
+        prompt, chosen = example.get("prompt"), example["chosen"]
+        if isinstance(chosen, list):  # conversational: lists of {"role", "content"} messages
+            text = tokenizer.apply_chat_template(list(prompt or []) + chosen, tokenize=False)
+            ids = encode(tokenizer, [text], add_special_tokens=False)[0]
+        else:
+            ids = encode(tokenizer, [(prompt or "") + chosen])[0]
+        out.append(ids)
+    return out
