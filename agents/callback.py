@@ -1,7 +1,7 @@
 """ActuatorCallback: one callback that puts a Hugging Face ``Trainer`` (or a TRL trainer, which
 subclasses it) under closed-loop control.
 
-    trainer = GRPOTrainer(..., callbacks=[ActuatorCallback("preset:rl-kl", probes=[PolicyKL(prompts, tok)])])
+    trainer = GRPOTrainer(..., callbacks=[ActuatorCallback("preset:rl-kl")])
     trainer.train()
 
 ``Trainer(callbacks=[cb])`` and ``cb.attach(trainer)`` are the same: the callback finds its trainer
@@ -16,8 +16,11 @@ What happens, step by step (docs/explanation/architecture.md, "The loop"):
    is registered (one request). A refusal (the service's 4xx: a bad policy, knob or token) raises
    :class:`~actuator.ConfigError` before the first step; anything else (unreachable, an answer
    that cannot be read) lets training start without control, with a warning, and the background
-   sender registers the run when the service answers. Then
-   probes are set up (the drift reference is snapshotted here) and the sender is started.
+   sender registers the run when the service answers. The probes the policy names that the run was
+   not given are built from shipped data (``default_probes``; one a controller needs and nothing
+   shipped can stand in for is a ConfigError), a preset's probe intervals are fitted to
+   ``max_steps``, then probes are set up (the drift reference is snapshotted here), the sender is
+   started and the baseline is read.
 2. ``on_step_end`` (a step boundary): results that came back are applied — knob decisions are
    clamped to the run's bounds and rate limit on this side too, then written through the
    setters, and the value read back is what the next observation reports. Then due probes run,
@@ -221,6 +224,10 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         if (policy is None) == (protect is None):
             raise ConfigError("policy: give a policy (name, preset:NAME, document) or protect={...}, not both")
         self._protect = (dict(protect), on_drift, on_breach) if protect is not None else None
+        # A preset's probe intervals are defaults fitted to the run (a probe's own every= wins); a
+        # policy the user wrote or stored sets them (the service's word: a schedule change needs no
+        # change to the training script).
+        self._from_preset = isinstance(policy, str) and policy.startswith("preset:")
         if protect is not None:
             self.policy: str | PolicyDocument = protect_policy(protect, on_drift=on_drift, on_breach=on_breach)
         elif isinstance(policy, str) and policy.startswith("preset:"):
@@ -265,6 +272,8 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         self._is_main = True
         self._started = False  # on_train_begin ran
         self._unreachable: ServiceUnavailable | None = None  # at train begin
+        self._max_steps = 0  # the trainer's, at train begin (a preset's probe intervals are fitted to it)
+        self._unbuilt: set[str] = set()  # probes the policy names that train begin could not build (said then)
         self.budget_share = budget_share
         _LIVE.add(self)
 
@@ -289,11 +298,43 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         self._bind(trainer)
         return self
 
-    def _bind(self, trainer: Any) -> None:
+    def _bind(self, trainer: Any, *, anchor: bool = True) -> None:
         self.trainer = trainer
         # Right after DefaultFlowCallback, so our on_log runs before TensorBoard/W&B/MLflow's and
         # the knob values we add to the logs reach them (transformers puts `callbacks=[...]` last).
         run_before_loggers(trainer, self)
+        if anchor:
+            self._anchor_pairs()
+
+    def _anchor_pairs(self, args: Any = None, state: Any = None, model: Any = None) -> None:
+        """``kl_weight`` (``preset:dpo-kl``) on a trainer of preference pairs without a KL anchor:
+        put one on it, on its own pairs (prompt + chosen), so that the one-line attach works on a
+        stock ``DPOTrainer``. Before ``train()`` this changes the trainer's class only; from inside
+        ``on_train_begin`` (``state`` given) the anchor's reference is taken here too. A trainer
+        without pairs is left alone: ``train()`` start then names the missing anchor."""
+        trainer = self.trainer
+        wanted = "kl_weight" in self._policy_knobs() | set(self.knob_bounds)
+        if (trainer is None or not wanted or "kl_weight" in self.extra_setters
+                or getattr(trainer, "kl_anchor", None) is not None):
+            return
+        from .anchor import KLAnchor, install_anchor, pair_token_ids
+        from .default_probes import tokenizer_of
+
+        tokenizer = tokenizer_of(getattr(trainer, "processing_class", None))
+        try:
+            ids = pair_token_ids(getattr(trainer, "train_dataset", None), tokenizer) if tokenizer is not None else []
+            if not ids:
+                return
+            callback = install_anchor(trainer, KLAnchor(None, tokenizer, token_ids=ids))
+        except Exception as exc:  # noqa: BLE001 - a dataset we cannot read: train() start names the missing anchor
+            log.warning("actuator: could not put a KL anchor on the trainer's pairs (%s: %s)", type(exc).__name__, exc)
+            return
+        log.info("actuator: kl_weight: a KL anchor on %d of the trainer's pairs (prompt + chosen) was added to %s",
+                 len(ids), type(trainer).__name__)
+        if state is not None:
+            if state.global_step:  # resumed: the anchor's cache was saved beside the checkpoint loaded
+                trainer._anchor_resume_dir = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+            callback.on_train_begin(args, state, None, model=model)
 
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.trainer is None:
@@ -425,8 +466,9 @@ class ActuatorCallback(TrainerCallback, ExportableState):
             log.warning("actuator: the service's copy of the policy could not be read (%s); probes keep the "
                         "schedule given to ActuatorCallback", exc)
         self._schedule_pending = True
-        log.info("actuator: run %s registered (policy %s v%d)", created.id, created.policy_name,
-                 created.policy_version)
+        # At WARNING: stock training scripts (TRL's) show only warnings, and this is how a user finds the run.
+        log.warning("actuator: run %s registered (policy %s v%d); console: %s/ui/runs/%s", created.id,
+                    created.policy_name, created.policy_version, self.url, created.id)
         return created.id, created.token
 
     def _register_at_start(self) -> ConfigError | None:
@@ -441,10 +483,13 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         except ServiceUnavailable as exc:
             self._unreachable = exc
         except RequestRejected as exc:
+            # The service answers 404 on POST /v1/runs only for a path it does not serve: the URL, not the policy.
+            fix = (f"Check url / ACTUATOR_URL ({self.url}): it must be the controller's base URL, the one its "
+                   "/healthz answers on (e.g. http://127.0.0.1:8000)" if isinstance(exc, NotFound)
+                   else "Fix the policy or knobs given to ActuatorCallback")
             error = ConfigError(
-                f"the controller refused to register this run: {exc}. Fix the policy or knobs given to "
-                "ActuatorCallback; training was not started (only an unreachable controller lets training run "
-                "without control)")
+                f"the controller refused to register this run: {exc}. {fix}; training was not started (only an "
+                "unreachable controller lets training run without control)")
             error.__cause__ = exc
             return error
         return None
@@ -459,10 +504,11 @@ class ActuatorCallback(TrainerCallback, ExportableState):
                 return self._hand_back(predecessor, trainer, args, state, control, model=model, optimizer=optimizer,
                                        lr_scheduler=lr_scheduler, **kwargs)
             if trainer is not None:
-                self._bind(trainer)
+                self._bind(trainer, anchor=False)  # the anchor, if any, after the policy is resolved
         else:
             run_before_loggers(self.trainer, self)  # a resume may have re-added us last
         self._started = True
+        self._max_steps = int(getattr(state, "max_steps", 0) or 0)
         trainer = self.trainer
         if trainer is not None and (sharded := sharding_unsupported(trainer)):
             raise ConfigError(sharded)
@@ -481,23 +527,28 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         if shared["error"] is not None:
             raise failure or ConfigError(shared["error"])
         self.knob_bounds = dict(shared["knobs"])
+        self._anchor_pairs(args, state, model)
         self._bind_setters(optimizer, lr_scheduler, model)
+        failure = None
+        if self._is_main:
+            try:
+                self._complete_probes()
+            except ConfigError as exc:
+                failure = exc
+        self._stop_if_refused(failure)
         if self.identification is not None:
             knob = self.identification.knob
             self.identification.bind(self.specs[knob], float(self.setters[knob].read()), state.global_step)
         self._restore(args, state)
         if self.run_name is None:
             self.run_name = (getattr(args, "run_name", None) or os.path.basename(str(args.output_dir)) or "run")[:128]
-        failure = self._register_at_start() if self._is_main else None
-        error = self._from_rank0(str(failure) if failure else None)
-        if error is not None:
-            self._close_client()
-            raise failure or ConfigError(error)
+        self._stop_if_refused(self._register_at_start() if self._is_main else None)
         if any(g.action == "rollback" for g in (self.policy_doc.guardrails if self.policy_doc else [])):
             reason = rollback_unsupported(trainer)
             if reason:
                 log.warning("actuator: the policy may order a rollback, which would halt instead: %s", reason)
         if self._is_main:
+            self._apply_probe_schedule()
             self._warn_if_too_short(state)
         if self.suite is not None and model is not None and self._is_main:
             self.suite.setup(model)  # only rank 0 probes: other ranks take no reference copy
@@ -507,8 +558,45 @@ class ActuatorCallback(TrainerCallback, ExportableState):
             if self._unreachable is not None:
                 self.sender.report_outage(self._unreachable)
             if self.suite is not None and model is not None:
-                self._observe(state.global_step, model, force=True)  # the baseline at step 0
+                self._observe(state.global_step, model, baseline=True)  # the baseline at step 0
         return None
+
+    def _stop_if_refused(self, failure: ConfigError | None) -> None:
+        """Rank 0's refusal stops ``train()`` on every rank, before the first step."""
+        error = self._from_rank0(str(failure) if failure else None)
+        if error is not None:
+            self._close_client()
+            raise failure or ConfigError(error)
+
+    def _complete_probes(self) -> None:
+        """Build the probes the policy names that this run was not given (``default_probes``), and
+        budget the probes controllers act on first. One a controller needs that cannot be built is
+        a ConfigError (the run would train without that controller); one only guardrails need is a
+        warning (they can never fire)."""
+        doc = self.policy_doc
+        if doc is None or not doc.probes:
+            return
+        from .default_probes import missing_probes, tokenizer_of
+        from .probes import ProbeSuite
+
+        if self.suite is None:
+            self.suite = ProbeSuite([], budget_share=self.budget_share)
+        trainer = self.trainer
+        found = missing_probes(doc, {p.name for p in self.suite.probes},
+                               tokenizer_of(getattr(trainer, "processing_class", None)),
+                               reference=getattr(trainer, "ref_model", None),
+                               teacher=getattr(trainer, "teacher_model", None))
+        if found.blocking:
+            raise ConfigError("; ".join(found.blocking) + ". Pass the probe in probes=[...] (actuator.agents.probes)")
+        for message in found.degraded:
+            log.warning("actuator: %s", message)
+        self._unbuilt = {spec.name for spec in doc.probes} - {p.name for p in self.suite.probes} - {
+            p.name for p in found.built}
+        for probe in found.built:
+            self.suite.add(probe)
+        if found.built:
+            log.info("actuator: probes the policy names, built from shipped data: %s",
+                     ", ".join(f"{p.name} ({p.num_examples} examples)" for p in found.built))
 
     def _warn_if_too_short(self, state: Any) -> None:
         """Say before step 1 when a controller's first decision can only land after the last step."""
@@ -685,8 +773,8 @@ class ActuatorCallback(TrainerCallback, ExportableState):
     def knob_values(self) -> dict[str, float]:
         return {name: float(s.read()) for name, s in self.setters.items()}
 
-    def _observe(self, step: int, model: Any, *, evaluate: bool = False, force: bool = False) -> bool:
-        report = self.suite.run(model, step, evaluate=evaluate, force=force)
+    def _observe(self, step: int, model: Any, *, evaluate: bool = False, baseline: bool = False) -> bool:
+        report = self.suite.run(model, step, evaluate=evaluate, baseline=baseline)
         if report is None:
             return False
         probes = {k: v for k, v in report.values.items() if not k.startswith("probe_") and math.isfinite(v)}
@@ -808,19 +896,35 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         return payload[0]
 
     def _apply_probe_schedule(self) -> None:
-        """The policy names probes and how often they run: the service's word wins over the
-        constructor's, so changing a policy needs no change to the training script."""
+        """The policy names probes and how often they run. A policy's word wins over the
+        constructor's, so changing a stored policy needs no change to the training script. A
+        preset's intervals are defaults instead, fitted to ``max_steps``
+        (``default_probes.fitted_intervals``), for the probes whose ``every=`` was not given."""
         self._schedule_pending = False
-        if self.policy_doc is None or not self.policy_doc.probes:
+        doc = self.policy_doc
+        if doc is None:
             return
+        from .default_probes import controller_probes, fitted_intervals
+
+        if self.suite is not None:
+            self.suite.priority |= controller_probes(doc)  # a controller's readings come first
+        if not doc.probes:
+            return
+        if self._from_preset:
+            intervals = fitted_intervals(doc, self._max_steps)
+        else:
+            intervals = {spec.name: spec.every for spec in doc.probes}
         available = {p.name: p for p in (self.suite.probes if self.suite is not None else [])}
-        for spec in self.policy_doc.probes:
+        for spec in doc.probes:
             probe = available.get(spec.name)
             if probe is None:
-                log.warning("actuator: the policy asks for probe %r, which this run was not given "
-                            "(pass it in probes=[...]); it will not be measured", spec.name)
+                if spec.name not in self._unbuilt:  # those were named at train() start
+                    log.warning("actuator: the policy asks for probe %r, which this run was not given "
+                                "(pass it in probes=[...]); it will not be measured", spec.name)
                 continue
-            probe.every, probe.on_evaluate = spec.every, spec.on_evaluate
+            if not (self._from_preset and getattr(probe, "every_given", True)):
+                probe.every = intervals[spec.name]
+            probe.on_evaluate = spec.on_evaluate
 
     def _apply(self, decision: dict[str, Any], step: int) -> None:
         d = DecisionPublic.model_validate(decision)

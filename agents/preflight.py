@@ -41,16 +41,14 @@ def late_first_decisions(policy: PolicyDocument, probe_every: Mapping[str, int |
                          start_step: int = 0, free_from: Mapping[str, int] | None = None) -> list[str]:
     """One message per controller whose first decision can only apply after the run's last step.
 
-    ``probe_every``: how often each probe this run was given runs (the policy's ``probes[].every``
-    where it names the probe, else the probe's own). ``free_from``: knob → the first step at which a
-    decision on it can apply (identification holds it until then; decisions before are set aside).
+    ``probe_every``: how often each probe this run was given runs, as the callback scheduled it (a
+    stored or written policy's ``probes[].every``, a preset's fitted to the run unless the probe's
+    own ``every=`` was given). ``free_from``: knob → the first step at which a decision on it can
+    apply (identification holds it until then; decisions before are set aside).
     """
     if max_steps <= 0:
         return []  # an epoch-based run whose length the trainer has not fixed: nothing to say
     every = dict(probe_every)
-    for spec in policy.probes:
-        if spec.name in every:
-            every[spec.name] = spec.every
     free = dict(free_from or {})
     out = []
     for c in policy.controllers:

@@ -1,6 +1,6 @@
 """``kl_beta``: the KL coefficient of TRL's preference and RL trainers, changed mid-run.
 
-    trainer = GRPOTrainer(model=model, args=GRPOConfig(beta=0.04, ...), ...)
+    trainer = GRPOTrainer(model=model, args=GRPOConfig(beta=0.5, ...), ...)
     ActuatorCallback("preset:rl-kl", setters=[KLBetaKnob(trainer)], knobs={"kl_beta": {}},
                      probes=[PolicyKL(prompts, tok)]).attach(trainer)
 
@@ -45,7 +45,13 @@ from typing import Any
 
 from .knobs import KnobNotSupported
 
-__all__ = ["KLBetaKnob", "VERIFIED_TRAINERS", "feedforward_kl_beta"]
+__all__ = ["KLBetaKnob", "VERIFIED_TRAINERS", "feedforward_kl_beta", "KL_BETA_START"]
+
+# Where preset:rl-kl starts beta when no feedforward start was computed (the same number in the
+# preset, the README and the error below). Feedforward starts measured on SmolLM2 for 0.04-0.05
+# targets: GRPO 0.75-0.78, RLOO 0.28-0.31 (BENCHMARKS.md "rl-kl"); 0.5 is within x2 of both (one
+# decision's reach at the default rate limit) and the beta above which RLOO's KL stopped answering.
+KL_BETA_START = 0.5
 
 # The trainers whose loss reads `trainer.beta` as a KL coefficient at every step (trl 1.16).
 VERIFIED_TRAINERS = ("DPOTrainer", "GRPOTrainer", "RLOOTrainer")
@@ -154,8 +160,9 @@ class KLBetaKnob:
                 reason = ("so TRL skipped the reference setup (the 'ref' adapter copy of a pre-trained adapter) "
                           "and generations carry no reference log-probs")
             raise KnobNotSupported(
-                f"kl_beta: {kind} was started with beta=0.0, {reason}. Start it with a small positive beta "
-                f"(e.g. {kind.replace('Trainer', 'Config')}(beta=1e-3)) and let the controller move it from there "
+                f"kl_beta: {kind} was started with beta=0.0, {reason}. Start it at beta={KL_BETA_START} "
+                f"({kind.replace('Trainer', 'Config')}(beta={KL_BETA_START}), --beta {KL_BETA_START} on TRL's scripts; "
+                "or at actuator.agents.trl_knobs.feedforward_kl_beta(...)) and let the controller move it from there "
                 "(kl_beta is a log-scale knob: it cannot leave 0 anyway)."
             )
         if kind == "DPOTrainer":

@@ -66,8 +66,8 @@ def test_the_arithmetic_counts_identification_and_resumes():
     doc_own = PolicyDocument.model_validate({**POLICY, "probes": []})
     assert late_first_decisions(doc_own, {"kl_drift": 4}, max_steps=5) == []
     assert len(late_first_decisions(doc_own, {"kl_drift": 4}, max_steps=4)) == 1
-    # The policy's schedule wins over the probe's own.
-    assert len(late_first_decisions(doc, {"kl_drift": 2}, max_steps=10)) == 1
+    # The intervals read are the ones the callback scheduled (a written policy's, here every 10).
+    assert len(late_first_decisions(doc, {"kl_drift": 10}, max_steps=10)) == 1
     # Identification holding the knob until step 30 delays the first decision past a 20-step run.
     msgs = late_first_decisions(doc_own, {"kl_drift": 2}, max_steps=20, free_from={"learning_rate": 30})
     assert len(msgs) == 1 and "identification holds learning_rate until step 30" in msgs[0]

@@ -15,7 +15,7 @@ from actuator.agents.callback import ActuatorCallback
 from actuator.agents.knobs import KnobNotSupported, KnobSetter
 from actuator.agents.models import tiny_llama
 from actuator.agents.probes import KLDrift
-from actuator.agents.trl_knobs import KLBetaKnob
+from actuator.agents.trl_knobs import KL_BETA_START, KLBetaKnob
 
 from agent_helpers import HELD_OUT, SlowSteps
 
@@ -263,7 +263,8 @@ def make_rl(kind: str, tmp_path, tokenizer, *, beta: float, model, peft: bool = 
 def test_rl_trainer_started_with_beta_zero_is_refused(kind, tmp_path, char_tokenizer):
     trainer = make_rl(kind, tmp_path, char_tokenizer, beta=0.0, model=tiny_llama(seed=0))
     assert trainer.ref_model is None  # TRL loaded no reference model
-    with pytest.raises(KnobNotSupported, match=r"beta=0\.0.*no reference model.*ref_model is None.*beta=1e-3"):
+    with pytest.raises(KnobNotSupported,
+                       match=rf"beta=0\.0.*no reference model.*ref_model is None.*beta={KL_BETA_START}"):
         KLBetaKnob(trainer)
 
 
