@@ -1,7 +1,9 @@
 """Every Python snippet of README.md's "Use it in your training script" section runs as written, on
 tiny models against the real controller service: the trainer is built by the snippet, trains a few
 steps under control, and the run the service stores has the knob the preset steers, with the
-setter the callback found on the trainer."""
+setter the callback found on the trainer, and every probe the policy names (built by the callback
+where the snippet passes none). Models are built in memory, as the project's own loader
+(``load_smollm2()``) gives them: nothing for TRL to load a reference model from again."""
 
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ from actuator.agents.callback import ActuatorCallback
 from actuator.agents.compression import factorize
 from actuator.agents.distill import DistillationTrainer
 from actuator.agents.models import tiny_llama
+from actuator.agents.trl_knobs import KL_BETA_START
+from actuator.policy import probe_for_key
 
 from agent_helpers import HELD_OUT, NARROW_TASK, lm_dataset
 from test_trl_knobs import _reward, preference_dataset
@@ -36,7 +40,7 @@ def section_blocks() -> list[str]:
 
 
 def kind_of(block: str) -> str:
-    for marker, kind in (("SFTTrainer(", "sft"), ("anchor_trainer(DPOTrainer)(", "dpo"), ("GRPOTrainer(", "grpo"),
+    for marker, kind in (("SFTTrainer(", "sft"), ("DPOTrainer(", "dpo"), ("GRPOTrainer(", "grpo"),
                          ("DistillationTrainer(", "distill"), ("ThresholdKnob(", "threshold"),
                          ("factorize(", "compress"), ("policy={", "own")):
         if marker in block:
@@ -78,18 +82,14 @@ def namespace(kind: str, tmp_path, tok) -> dict:
     if kind == "sft":
         ns.update(model=tiny_llama(seed=0), ds=datasets.Dataset.from_dict({"text": NARROW_TASK}),
                   args=SFTConfig(**_common(tmp_path), max_length=32, bf16=False))
-    elif kind == "dpo":  # loaded from a folder: TRL builds the reference model from the same path
-        from transformers import AutoModelForCausalLM
-
-        pairs = preference_dataset(8)
-        ns.update(model=AutoModelForCausalLM.from_pretrained(saved_tiny(tmp_path, tok)), pairs=pairs,
-                  pair_texts=[p + c for p, c in zip(pairs["prompt"], pairs["chosen"])],
+    elif kind == "dpo":  # in memory, like load_smollm2(): the snippet passes ref_model=
+        ns.update(model=tiny_llama(seed=0), pairs=preference_dataset(8),
                   args=DPOConfig(**_common(tmp_path), max_length=32, bf16=False))
     elif kind == "grpo":
         ns.update(model_id=saved_tiny(tmp_path, tok), reward=_reward,
                   prompt_ds=datasets.Dataset.from_dict({"prompt": ["1+1=", "2+2=", "3+3=", "4+4="]}),
                   grpo_args=GRPOConfig(**_common(tmp_path), num_generations=2, max_completion_length=4,
-                                       beta=0.04, bf16=False))
+                                       beta=KL_BETA_START, bf16=False))
     elif kind == "distill":
         ns.update(student=tiny_llama(seed=0), teacher=tiny_llama(seed=1), args=plain,
                   ds=lm_dataset(tok, NARROW_TASK))
@@ -123,6 +123,10 @@ def test_readme_snippet_trains_under_control(kind, tmp_path, char_tokenizer, sql
     run = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}").json()
     assert run["state"] == "finished" and knob in run["knobs"]
     assert run["knobs_in_effect"][knob] == pytest.approx(cb.setters[knob].read())
+    # every probe the policy names was measured at the baseline (the callback built those not passed)
+    named = {spec.name for spec in cb.policy_doc.probes}
+    assert named <= {probe_for_key(key) or key for key in cb.history[0]["probes"]}, cb.history[0]
     if kind == "threshold":  # the export the snippet wrote loaded back without Actuator's classes
         assert (tmp_path / "compressed" / "config.json").exists()
-        assert "actuator" not in type(ns["model"]).__module__
+        # (a plain transformers class, or the exported modeling_actuator_lowrank.py file's: not the actuator package)
+        assert type(ns["model"]).__module__.split(".")[0] != "actuator", type(ns["model"]).__module__
