@@ -481,6 +481,9 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         try:
             self._register()
         except ServiceUnavailable as exc:
+            if exc.status_code == 404:  # something that is not the service answers there: likely the URL
+                exc = ServiceUnavailable(f"{exc}; check url / ACTUATOR_URL ({self.url}): it must be the controller's "
+                                         "base URL", status_code=404)
             self._unreachable = exc
         except RequestRejected as exc:
             # The service answers 404 on POST /v1/runs only for a path it does not serve: the URL, not the policy.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import logging
 import re
+import sys
 from pathlib import Path
 
 import httpx
@@ -210,6 +211,27 @@ def test_a_404_at_registration_says_to_check_the_url(tmp_path, char_tokenizer, s
     assert trainer.state.global_step == 0
 
 
+def test_a_404_from_something_else_at_the_url_says_to_check_it_and_training_runs(tmp_path, char_tokenizer, caplog):
+    """A web server that is not the service answers 404 without the service's error envelope: an
+    outage (training starts uncontrolled, registration is retried), now with the URL to check."""
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+
+    sys.path.insert(0, str(ROOT / "tests" / "hardening"))
+    from harden import ServedApp
+
+    app = Starlette()
+    app.add_route("/{path:path}", lambda request: PlainTextResponse("Not Found", status_code=404), methods=["GET", "POST"])
+    trainer = sft_trainer(tmp_path, char_tokenizer, 2)
+    with ServedApp(app) as served:
+        ActuatorCallback({"name": "plain", "controllers": []}, url=served.url, flush_timeout=0.5).attach(trainer)
+        with caplog.at_level(logging.WARNING, logger="actuator.agents"):
+            trainer.train()
+    assert trainer.state.global_step == 2
+    off = [r.getMessage() for r in caplog.records if "control is OFF" in r.getMessage()]
+    assert len(off) == 1 and "404" in off[0] and f"check url / ACTUATOR_URL ({served.url})" in off[0], off
+
+
 def test_rl_kl_states_one_beta_start(tmp_path, char_tokenizer):
     """The error that refuses beta 0, the preset and the README's TRL commands name the same start."""
     from trl import GRPOConfig, GRPOTrainer
@@ -230,3 +252,19 @@ def test_rl_kl_states_one_beta_start(tmp_path, char_tokenizer):
     commands = [ln for ln in section.splitlines() if ln.startswith(("python grpo.py", "python rloo.py"))]
     assert commands and all(f"--beta {start} " in ln for ln in commands), commands
     assert f"GRPOConfig(beta={start})" in readme
+
+
+def test_pair_token_ids_reads_pairs_as_a_trainer_would(char_tokenizer):
+    """Untokenized pairs (a trainer that keeps only prompt / chosen): plain strings concatenated,
+    message lists through the chat template; a dataset without pairs gives nothing to anchor on."""
+    from actuator.agents.anchor import pair_token_ids
+
+    tok = copy.deepcopy(char_tokenizer)
+    tok.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    plain = datasets.Dataset.from_dict({"prompt": ["1+1=", "2+2="], "chosen": ["2", "4"], "rejected": ["3", "5"]})
+    assert pair_token_ids(plain, tok) == [tok("1+1=2")["input_ids"], tok("2+2=4")["input_ids"]]
+    chats = conversational_pairs(3)
+    text = tok.apply_chat_template(chats[1]["prompt"] + chats[1]["chosen"], tokenize=False)
+    assert pair_token_ids(chats, tok)[1] == tok(text, add_special_tokens=False)["input_ids"]
+    assert len(pair_token_ids(conversational_pairs(100), tok, limit=64)) == 64
+    assert pair_token_ids(datasets.Dataset.from_dict({"text": ["a b"]}), tok) == []
