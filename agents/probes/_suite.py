@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from contextlib import ExitStack
@@ -102,6 +103,7 @@ class ProbeSuite:
         # Probes skipped for budget since their last measurement, with the warning's text: a
         # controller fed by a starved probe is not controlling, and the user must hear so.
         self.starved: dict[str, str] = {}
+        self._warned: set[str] = set()
         self._first_step: int | None = None
         self.setup_seconds = 0.0
 
@@ -252,7 +254,8 @@ class ProbeSuite:
         return seconds
 
     def _starve(self, probe: Probe, step: int) -> None:
-        """Warn the first time ``probe`` is skipped for budget since it last ran, with the
+        """Tell the first time ``probe`` is skipped for budget since it last ran (WARNING the first
+        time in the run, INFO after), with the
         arithmetic: its cost, the budget, and how often the budget lets it run."""
         if probe.name in self.starved:
             return
@@ -276,7 +279,11 @@ class ProbeSuite:
             f"examples, raise budget_share, or probe less often."
         )
         self.starved[probe.name] = message
-        logger.warning("actuator: %s", message)
+        # Loud once per probe per run; later starvations (a probe every step alternating between a
+        # reading and a skip) are INFO: a warning every other step would bury the one that matters.
+        level = logging.INFO if probe.name in self._warned else logging.WARNING
+        self._warned.add(probe.name)
+        logger.log(level, "actuator: %s", message)
 
     @staticmethod
     def _used_examples(probe: Probe, limit: int | None) -> int:
