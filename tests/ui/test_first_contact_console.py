@@ -147,7 +147,7 @@ def test_knobs_in_effect_follow_the_acknowledgements(page, sqlite_service):
     assert r.status_code == 200, r.text
     wait_until(lambda: page.find_element(By.ID, "run-step").text == "21", 10, "the live observation")
     cell = '#controllers tr[data-controller="drift"] td:last-child'
-    assert page.find_element(By.CSS_SELECTOR, cell).text == "0.001"
+    assert _text(page, cell) == "0.001"  # (the table is rebuilt at each state read: read in one call)
 
     # The agent applies the decision after step 21 and says so on a repeat of its last observation,
     # as its sender does at the end of a run: the page shows the applied value without a reload.
@@ -158,7 +158,7 @@ def test_knobs_in_effect_follow_the_acknowledgements(page, sqlite_service):
                          "applied": [{"number": decision["number"], "status": "applied", "step": decision["step"],
                                       "value": applied}]})
     assert r.status_code == 200 and r.json()["duplicates"] == 1, r.text
-    wait_until(lambda: float(page.find_element(By.CSS_SELECTOR, cell).text) == pytest.approx(applied, rel=1e-3), 10,
+    wait_until(lambda: float(_text(page, cell)) == pytest.approx(applied, rel=1e-3), 10,
                "the acknowledged value in effect")
     page.get(f"{url}/ui")  # the runs list too
     text = _text(page, f'#runs tr[data-run="{run["id"]}"] td:last-child')
