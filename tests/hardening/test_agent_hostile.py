@@ -21,7 +21,7 @@ import math
 import re
 import threading
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,7 @@ from actuator.agents.sender import FOLLOW_UPS, BackgroundSender
 from actuator.schemas import MAX_INT
 from agent_helpers import HELD_OUT, SlowSteps, make_trainer, record_lr_used
 from harden import ServedApp, StoreView
-from servers import Service, make_service
+from servers import Service
 
 CORPUS = Path(__file__).parent / "corpus" / "answers.yaml"
 # Drift above a zero setpoint: the controller lowers the learning rate on nearly every observation.
@@ -56,15 +56,6 @@ def _cases() -> list[Any]:
     names = [c["name"] for c in cases]
     assert len(set(names)) == len(names), "case names must be unique"
     return [pytest.param(c, id=c["name"]) for c in cases]
-
-
-@pytest.fixture(scope="module")
-def real_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    """One real service for the module (each test registers its own run)."""
-    tmp = tmp_path_factory.mktemp("hostile-service")
-    svc = make_service(f"sqlite:///{tmp / 'actuator.db'}", log_dir=str(tmp)).start()
-    yield svc
-    svc.stop()
 
 
 def sender_with(monkeypatch: pytest.MonkeyPatch, **kw: Any) -> None:
@@ -224,16 +215,16 @@ def warnings_with(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
 
 
 @pytest.mark.parametrize("case", _cases())
-def test_hostile_answer(case: dict[str, Any], tmp_path: Path, char_tokenizer: Any, real_service: Service,
+def test_hostile_answer(case: dict[str, Any], tmp_path: Path, char_tokenizer: Any, module_service: Service,
                         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     sender_with(monkeypatch)
-    front = Front(real_service.url, case)
+    front = Front(module_service.url, case)
     with ServedApp(front.app) as served, caplog.at_level(logging.INFO, logger="actuator.agents"):
         cb, used = train(tmp_path, char_tokenizer, served.url)
     assert cb.sender is not None
     stats, expect = cb.sender.stats, case["expect"]
-    assert_all_delivered(real_service, cb)
-    assert_decisions_applied(real_service, cb, used)
+    assert_all_delivered(module_service, cb)
+    assert_decisions_applied(module_service, cb, used)
     if expect in ("delivered", "registered"):
         assert stats.outages == 0 and stats.failures == 0, stats
         assert front.count["register"] == 1
@@ -251,18 +242,18 @@ def test_hostile_answer(case: dict[str, Any], tmp_path: Path, char_tokenizer: An
 
 
 def test_an_answer_that_never_advances_asks_a_bounded_number_of_times(tmp_path: Path, char_tokenizer: Any,
-                                                                      real_service: Service,
+                                                                      module_service: Service,
                                                                       monkeypatch: pytest.MonkeyPatch,
                                                                       caplog: pytest.LogCaptureFixture) -> None:
     """Every answer repeats the same decisions and says more follow: the agent asks again at most
     FOLLOW_UPS times per batch, stops as soon as an answer brings nothing new, warns once, and keeps
     delivering observations."""
     sender_with(monkeypatch)
-    front = Front(real_service.url, {"answer": "ingest", "stuck": True})
+    front = Front(module_service.url, {"answer": "ingest", "stuck": True})
     with ServedApp(front.app) as served, caplog.at_level(logging.INFO, logger="actuator.agents"):
         cb, used = train(tmp_path, char_tokenizer, served.url)
     assert front.remembered, "the service decided something for the front to repeat"
-    assert_all_delivered(real_service, cb)
+    assert_all_delivered(module_service, cb)
     new_posts = front.count["ingest"] - front.follow_ups
     print(f"\nnever-advancing answer: {new_posts} posts of new observations, {front.follow_ups} follow-ups")
     assert front.follow_ups <= new_posts * FOLLOW_UPS
@@ -273,7 +264,7 @@ def test_an_answer_that_never_advances_asks_a_bounded_number_of_times(tmp_path: 
 
 
 def test_a_drip_fed_answer_is_cut_at_its_deadline_and_the_backlog_keeps_its_limit(
-        tmp_path: Path, char_tokenizer: Any, real_service: Service, monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path, char_tokenizer: Any, module_service: Service, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
     """Ingest answers drip one byte every 0.1 s (each read is quick, so only a total deadline ends
     them) until the agent has had to drop 5 observations: each request is abandoned at its deadline
@@ -282,7 +273,7 @@ def test_a_drip_fed_answer_is_cut_at_its_deadline_and_the_backlog_keeps_its_limi
     answers again."""
     limit, deadline = 12, 0.5
     sender_with(monkeypatch, max_buffer=limit)
-    front = Front(real_service.url, {"answer": "ingest", "drip": 0.1})
+    front = Front(module_service.url, {"answer": "ingest", "drip": 0.1})
     watch = BacklogWatch(front.release, drops=5)
     with ServedApp(front.app) as served, caplog.at_level(logging.INFO, logger="actuator.agents"):
         cb, _ = train(tmp_path, char_tokenizer, served.url, steps=60, every=1, timeout=deadline, watch=watch)
@@ -297,7 +288,7 @@ def test_a_drip_fed_answer_is_cut_at_its_deadline_and_the_backlog_keeps_its_limi
     assert len(timed_out) == 1 and f"no complete answer within {deadline:g} s" in timed_out[0], timed_out
     # the limit held at every step boundary, and what it cost is counted and said
     assert max(watch.samples) <= limit and stats.dropped > 0
-    seqs = stored_seqs(real_service, cb.run_id)
+    seqs = stored_seqs(module_service, cb.run_id)
     assert len(seqs) + stats.dropped == cb.seq and seqs[-1] == cb.seq - 1 and cb.sender.backlog == 0
     dropped = warnings_with(caplog, "dropped")
     assert len(dropped) == 2, dropped  # when dropping starts, and the total when it ends
@@ -305,14 +296,14 @@ def test_a_drip_fed_answer_is_cut_at_its_deadline_and_the_backlog_keeps_its_limi
     assert re.search(rf"\b{stats.dropped} observations were dropped", dropped[1]), dropped
 
 
-def test_decisions_numbered_past_2_31_apply(tmp_path: Path, char_tokenizer: Any, real_service: Service,
+def test_decisions_numbered_past_2_31_apply(tmp_path: Path, char_tokenizer: Any, module_service: Service,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """A controller numbering its decisions from 2^31-1 on: every one is applied, once, in order,
     and the optimizer runs with it."""
     sender_with(monkeypatch)
     offset = MAX_INT - 1  # the service's decision 1 reaches the agent as 2^31-1
-    front = Front(real_service.url, {"answer": "ingest", "renumber": offset})
+    front = Front(module_service.url, {"answer": "ingest", "renumber": offset})
     with ServedApp(front.app) as served:
         cb, used = train(tmp_path, char_tokenizer, served.url, steps=50)
-    assert_all_delivered(real_service, cb)
-    assert_decisions_applied(real_service, cb, used, offset=offset)
+    assert_all_delivered(module_service, cb)
+    assert_decisions_applied(module_service, cb, used, offset=offset)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,14 +73,6 @@ def _observations(pattern: str) -> list[dict[str, Any]]:
              "knobs": {"custom.w": value(i), "learning_rate": 1e-300 if i % 2 else BIG}} for i in range(20)]
 
 
-@pytest.fixture(scope="module")
-def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    tmp = tmp_path_factory.mktemp("reports")
-    service = make_service(f"sqlite:///{tmp / 'actuator.db'}", log_dir=str(tmp)).start()
-    yield service
-    service.stop()
-
-
 def _reports(url: str, run_id: str) -> dict[str, httpx.Response]:
     return {fmt: httpx.get(f"{url}/v1/runs/{run_id}/report", params={"format": fmt}, timeout=60)
             for fmt in ("json", "png", "html")}
@@ -94,11 +85,11 @@ CASES = ([(name, "ordinary") for name in HOSTILE_NAMES + BENIGN_NAMES]
 
 
 @pytest.mark.parametrize("name,pattern", CASES, ids=[f"{n!r} {p}" for n, p in CASES])
-def test_every_report_of_a_hostile_run_is_drawn(svc: Service, name: str, pattern: str) -> None:
-    run = register(svc.url, policy=POLICY, knobs=KNOBS, name=name)
-    r = post_obs(svc.url, run, _observations(pattern))
+def test_every_report_of_a_hostile_run_is_drawn(module_service: Service, name: str, pattern: str) -> None:
+    run = register(module_service.url, policy=POLICY, knobs=KNOBS, name=name)
+    r = post_obs(module_service.url, run, _observations(pattern))
     assert r.status_code == 200, r.text
-    answers = _reports(svc.url, run["id"])
+    answers = _reports(module_service.url, run["id"])
     assert {fmt: a.status_code for fmt, a in answers.items()} == {"json": 200, "png": 200, "html": 200}, \
         {fmt: a.text[:300] for fmt, a in answers.items() if a.status_code != 200}
     assert answers["json"].json()["run"]["name"] == name
@@ -164,8 +155,8 @@ HUGE_RECORDS = {
 
 
 @pytest.mark.parametrize("record", HUGE_RECORDS)
-def test_tune_on_values_near_1e300_answers_200_or_names_the_problem(svc: Service, record: str) -> None:
-    r = _tune(svc.url, HUGE_RECORDS[record]())
+def test_tune_on_values_near_1e300_answers_200_or_names_the_problem(module_service: Service, record: str) -> None:
+    r = _tune(module_service.url, HUGE_RECORDS[record]())
     assert r.status_code != 500, r.text[:2000]
     if r.status_code == 200:
         body = r.json()
@@ -178,10 +169,10 @@ def test_tune_on_values_near_1e300_answers_200_or_names_the_problem(svc: Service
         assert detail["errors"][0]["loc"] == "body.run_id", detail
 
 
-def test_a_tune_that_fits_is_unchanged_by_the_scale_of_its_probe(svc: Service) -> None:
+def test_a_tune_that_fits_is_unchanged_by_the_scale_of_its_probe(module_service: Service) -> None:
     """The fit works on the probe scaled by a power of two: the model found on values near 1e300
     is the model found on the same values near 1, in proportion."""
-    small, huge = (_tune(svc.url, recorded(scale)) for scale in (1.0, 2.0 ** 996))
+    small, huge = (_tune(module_service.url, recorded(scale)) for scale in (1.0, 2.0 ** 996))
     assert small.status_code == 200 and huge.status_code == 200, (small.text[:500], huge.text[:500])
     a, b = small.json()["model"], huge.json()["model"]
     assert (a["kind"], a["tau"], a["theta"]) == (b["kind"], b["tau"], b["theta"])
