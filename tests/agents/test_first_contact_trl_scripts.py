@@ -23,7 +23,7 @@ from servers import make_service
 
 from agent_helpers import make_char_tokenizer
 
-pytest.importorskip("trl")
+import trl  # noqa: E402,F401 - the [train] extra, installed by make setup: a missing TRL fails here
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
