@@ -31,14 +31,20 @@ def _late(caplog) -> list[str]:
             if r.levelno >= logging.WARNING and "after the last step" in r.getMessage()]
 
 
-def test_a_run_too_short_for_its_first_decision_is_warned_at_train_start(tmp_path, char_tokenizer, sqlite_service,
-                                                                         caplog):
-    trainer = make_trainer(tmp_path, char_tokenizer, steps=10)
-    cb = ActuatorCallback(POLICY, url=sqlite_service.url, knobs=KNOBS,
-                          probes=[KLDrift(HELD_OUT, char_tokenizer, every=2, max_length=32)],
+def _train_10_steps(tmp_path, tokenizer, service, policy, *, probe_every, caplog) -> ActuatorCallback:
+    """A 10-step tiny Trainer under ``policy`` with a KL-drift probe, warnings captured."""
+    trainer = make_trainer(tmp_path, tokenizer, steps=10)
+    cb = ActuatorCallback(policy, url=service.url, knobs=KNOBS,
+                          probes=[KLDrift(HELD_OUT, tokenizer, every=probe_every, max_length=32)],
                           budget_share=1.0).attach(trainer)
     with caplog.at_level(logging.WARNING, logger="actuator.agents"):
         trainer.train()
+    return cb
+
+
+def test_a_run_too_short_for_its_first_decision_is_warned_at_train_start(tmp_path, char_tokenizer, sqlite_service,
+                                                                         caplog):
+    cb = _train_10_steps(tmp_path, char_tokenizer, sqlite_service, POLICY, probe_every=2, caplog=caplog)
     late = _late(caplog)
     assert len(late) == 1, late
     assert "max_steps=10" in late[0] and "every 10 steps" in late[0] and "step 11" in late[0]
@@ -50,12 +56,7 @@ def test_a_run_too_short_for_its_first_decision_is_warned_at_train_start(tmp_pat
 
 def test_a_run_long_enough_is_not_warned_and_is_controlled(tmp_path, char_tokenizer, sqlite_service, caplog):
     policy = {**POLICY, "probes": [{"name": "kl_drift", "every": 3}]}
-    trainer = make_trainer(tmp_path, char_tokenizer, steps=10)
-    cb = ActuatorCallback(policy, url=sqlite_service.url, knobs=KNOBS,
-                          probes=[KLDrift(HELD_OUT, char_tokenizer, every=3, max_length=32)],
-                          budget_share=1.0).attach(trainer)
-    with caplog.at_level(logging.WARNING, logger="actuator.agents"):
-        trainer.train()
+    cb = _train_10_steps(tmp_path, char_tokenizer, sqlite_service, policy, probe_every=3, caplog=caplog)
     assert _late(caplog) == []
     assert any(e["step"] < 10 for e in cb.applied), cb.applied
 
