@@ -607,7 +607,7 @@ class ActuatorCallback(TrainerCallback, ExportableState):
             return
         every = {p.name: p.every for p in (self.suite.probes if self.suite is not None else [])}
         free = {self.identification.knob: self.identification.end} if self.identification is not None else {}
-        for message in late_first_decisions(self.policy_doc, every, max_steps=int(getattr(state, "max_steps", 0) or 0),
+        for message in late_first_decisions(self.policy_doc, every, max_steps=self._max_steps,
                                             start_step=int(state.global_step), free_from=free):
             log.warning("actuator: %s", message)
 
