@@ -42,7 +42,8 @@ from __future__ import annotations
 import math
 
 from ._checks import ParameterError, finite_term, require_finite, require_positive, saturate
-from .pid import PIDConfig, PIDOutput, PIDState, limited
+from .limits import limited
+from .pid import PIDConfig, PIDOutput, PIDState
 
 __all__ = ["PIDLagrangian", "lagrangian_config"]
 

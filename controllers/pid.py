@@ -62,6 +62,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from .limits import KnobLimits
 from ._checks import (
     ParameterError,
     finite_term,
@@ -224,22 +225,6 @@ class PIDOutput:
     state: PIDState = field(repr=False)
 
 
-def limited(u: float, cur: float, max_step: float | None, bounded: Any, limits: set[str]) -> float:
-    """``u`` inside the bounds (``bounded(value, limits)``), then within ``max_step`` of ``cur``,
-    then inside the bounds again: bounds win over the rate limit, which only binds there when the
-    knob was already outside its bounds. Each limit that acted is added to ``limits``."""
-    s = bounded(u, limits)
-    if max_step is not None:
-        if s > cur + max_step:
-            s = cur + max_step
-            limits.add("rate")
-        elif s < cur - max_step:
-            s = cur - max_step
-            limits.add("rate")
-        s = bounded(s, limits)
-    return s
-
-
 class PID:
     """A pure PID law: ``update`` takes the state and returns the next one, no hidden memory."""
 
@@ -247,23 +232,15 @@ class PID:
         config.validate()
         self.config = config
         self._sign = 1.0 if config.direction == "direct" else -1.0
-        self._lo = self._to_scale(config.out_min) if config.out_min > -math.inf else -math.inf
-        self._hi = self._to_scale(config.out_max)
-
-    # -- scale ---------------------------------------------------------------------------------
-
-    def _to_scale(self, x: float) -> float:
-        if self.config.scale == "log":
-            return math.log(x) if x < math.inf else math.inf
-        return x
-
-    def _from_scale(self, s: float) -> float:
-        if self.config.scale == "log":
-            try:
-                return math.exp(s)
-            except OverflowError:
-                return math.inf
-        return s
+        # The output clamp (bounds, rate limit, integer rounding) is the one every knob value goes
+        # through (controllers/limits.py); the law keeps it in scale units for anti-windup.
+        self._limits = KnobLimits(config.out_min, config.out_max, config.scale, config.max_step)
+        self._to_scale = self._limits.to_scale
+        self._from_scale = self._limits.from_scale
+        self._bounded = self._limits.bounded
+        self._limited = self._limits.limited
+        self._to_knob = self._limits.to_knob
+        self._round = self._limits.round
 
     _finite = staticmethod(finite_term)
 
@@ -411,39 +388,3 @@ class PID:
         if step > 0:
             return max(integral, min(candidate, at_limit)), raw
         return min(integral, max(candidate, at_limit)), raw
-
-    def _to_knob(self, value_s: float, cur_s: float, cur: float) -> float:
-        """Back to knob units, exactly: exp(log(x)) can miss x by one ulp, and a bound missed
-        by one ulp is a bound violated."""
-        if value_s == cur_s:
-            return cur
-        if value_s == self._lo:
-            return self.config.out_min
-        if value_s == self._hi:
-            return self.config.out_max
-        return min(max(self._from_scale(value_s), self.config.out_min), self.config.out_max)
-
-    def _bounded(self, s: float, limits: set[str]) -> float:
-        if s > self._hi:
-            limits.add("bounds")
-            return self._hi
-        if s < self._lo:
-            limits.add("bounds")
-            return self._lo
-        return s
-
-    def _limited(self, u: float, cur_s: float, limits: set[str]) -> float:
-        return limited(u, cur_s, self.config.max_step, self._bounded, limits)
-
-    def _round(self, value: float, cur: float, limits: set[str]) -> float:
-        """Nearest integer (halves round up), then kept inside the integer bounds and the rate
-        window, so rounding can never undo a limit that was applied before it."""
-        cfg = self.config
-        r = float(math.floor(value + 0.5))
-        if cfg.max_step is not None and math.isfinite(cur + cfg.max_step) and math.isfinite(cur - cfg.max_step):
-            r = min(r, float(math.floor(cur + cfg.max_step + 1e-9)))
-            r = max(r, float(math.ceil(cur - cfg.max_step - 1e-9)))
-        r = min(max(r, float(math.ceil(cfg.out_min))), float(math.floor(cfg.out_max)))
-        if r != value:
-            limits.add("integer")
-        return r

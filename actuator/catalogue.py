@@ -1,0 +1,221 @@
+"""The knob and probe catalogue: the one place a knob or a probe is defined.
+
+For each **knob**: its default bounds (around the value the run starts with), scale, largest change
+per decision, and what it is. For each **probe** (an observation key a shipped probe produces):
+the values it can take, whether higher is better, whether it measures drift, and the shipped
+probe (``probes[].name``) that produces it.
+
+Everything else is derived from here: the policy's known knobs and probes and their ranges
+(``actuator.policy``), the bounds a knob named without bounds gets (:func:`default_knob_spec`),
+and the docs tables (docs/reference/knobs-and-probes.md, checked by
+tests/actuator/test_catalogue.py). The agent's setters register by knob name beside their code
+(``actuator.agents.knobs.knob_setter``).
+
+:func:`limit` is the one clamp a knob value goes through before it is applied or ordered: bounds,
+rate limit in the knob's scale, integer rounding (controllers/limits.py, shared with the PID).
+
+Standard library only (and ``controllers``): the service, the agent and the docs read it alike.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from .controllers.limits import KnobLimits
+
+__all__ = [
+    "Rel",
+    "Knob",
+    "Probe",
+    "KNOBS",
+    "PROBES",
+    "register_knob",
+    "register_probe",
+    "default_knob_spec",
+    "LimitSpec",
+    "limit",
+]
+
+ScaleName = Literal["linear", "log", "integer"]
+
+
+@dataclass(frozen=True)
+class Rel:
+    """A bound relative to the knob's starting value: ``value * factor``."""
+
+    factor: float
+
+    def at(self, value: float) -> float:
+        return value * self.factor
+
+    def __str__(self) -> str:
+        if self.factor == 1:
+            return "value"
+        if self.factor < 1:
+            return f"value / {_num(1 / self.factor)}"
+        return f"value × {_num(self.factor)}"
+
+
+def _num(x: float) -> str:
+    return f"{x:g}"
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A knob's defaults. ``min`` / ``max`` are absolute or :class:`Rel` to the starting value (a
+    relative ``max`` is never below ``min``: rank 1..max(1, value)). A log-scale knob needs a
+    starting value > 0; at 0 or below it gets the pinned default (see :func:`default_knob_spec`)."""
+
+    name: str
+    min: float | Rel
+    max: float | Rel
+    scale: ScaleName
+    max_step: float | None
+    what: str = ""
+
+    @property
+    def integer(self) -> bool:
+        return self.scale == "integer"
+
+    def spec(self, value: float) -> dict[str, Any]:
+        """The bounds a run gets for this knob when it starts at ``value``."""
+        if self.scale == "log" and not value > 0:
+            return _pinned(value)
+        lo = self.min.at(value) if isinstance(self.min, Rel) else float(self.min)
+        hi = self.max.at(value) if isinstance(self.max, Rel) else float(self.max)
+        if isinstance(self.max, Rel):
+            hi = max(lo, hi)
+        return {"min": lo, "max": hi, "scale": self.scale, "max_step": self.max_step}
+
+
+@dataclass(frozen=True)
+class Probe:
+    """An observation key a shipped probe produces. ``range`` is what the value can be (a
+    setpoint or threshold outside it can never be met); ``higher_is_better`` decides which side
+    ``protect=`` guards; ``drift`` probes get the ``on_drift`` action; ``source`` is the
+    ``probes[].name`` that produces the key (None: a knob setter reports it)."""
+
+    name: str
+    range: tuple[float, float]
+    higher_is_better: bool
+    drift: bool
+    source: str | None
+    what: str = ""
+
+
+_LOG2 = math.log(2.0)
+
+KNOBS: dict[str, Knob] = {}
+PROBES: dict[str, Probe] = {}
+
+
+def register_knob(knob: Knob) -> Knob:
+    """Add a knob to the catalogue (the shipped ones are below; a test or an extension may add
+    its own). Registering a name twice with a different definition is an error."""
+    known = KNOBS.get(knob.name)
+    if known is not None and known != knob:
+        raise ValueError(f"knob {knob.name!r} is already in the catalogue as {known}")
+    KNOBS[knob.name] = knob
+    return knob
+
+
+def register_probe(probe: Probe) -> Probe:
+    """Add a probe (an observation key) to the catalogue."""
+    known = PROBES.get(probe.name)
+    if known is not None and known != probe:
+        raise ValueError(f"probe {probe.name!r} is already in the catalogue as {known}")
+    PROBES[probe.name] = probe
+    return probe
+
+
+for _knob in (
+    # The learning rate the user configured is its ceiling: a controller may slow a run down to
+    # protect a capability but never, by default, train faster than the user chose (a 10x lr is
+    # how runs diverge).
+    Knob("learning_rate", Rel(0.01), Rel(1.0), "log", 0.7,
+         "the optimizer's learning rate (a LambdaLR schedule's peak)"),
+    # Betas may rise 10x (a larger beta keeps the policy closer to its reference, the conservative
+    # direction) and fall 100x.
+    Knob("kl_beta", Rel(0.01), Rel(10.0), "log", 0.7, "TRL DPO / GRPO / RLOO `trainer.beta`"),
+    Knob("distill_lambda", 0.0, 1.0, "linear", 0.2, "weight of the distillation term against cross-entropy"),
+    # GKD's beta interpolates forward and reverse KL (a share in [0, 1]), not a multiplier.
+    Knob("gkd_beta", 0.0, 1.0, "linear", 0.2, "TRL GKD's forward/reverse KL interpolation"),
+    Knob("onpolicy_fraction", 0.0, 1.0, "linear", 0.2, "share of on-policy (student-generated) batches"),
+    Knob("divergence_mix", 0.0, 1.0, "linear", 0.2, "share of reverse KL in the distillation divergence"),
+    # T acts multiplicatively on the logits: a factor 4 either way, at most x1.5 per decision.
+    Knob("distill_temperature", Rel(0.25), Rel(4.0), "log", 0.4, "distillation temperature"),
+    # A Lagrange multiplier: 0 is "anchor off"; at 2 the anchor already outweighs a typical task
+    # loss (forgetting benchmark: w = 3 costs a third of the task); 0.25 per decision.
+    Knob("kl_weight", 0.0, 2.0, "linear", 0.25, "weight of the KL anchor's restoring term"),
+    Knob("rank", 1.0, Rel(1.0), "integer", None, "active rank of factorised layers or LoRA adapters"),
+    # A threshold on sensitivities, which span decades: log scale, at most x2 per decision.
+    # ThresholdKnob's own bounds (the sensitivities' range) replace min and max.
+    Knob("compression_threshold", Rel(1e-6), Rel(1e6), "log", _LOG2,
+         "threshold on the factorised components' sensitivities (sets each layer's rank)"),
+    # Channel importances are bunched: on SmolLM2, x1.8 of tau goes from 99% to 85% of the dense
+    # parameters, so at most x1.05 per decision (~1.5% of the parameters). The setter's bounds
+    # (the importances' range) replace min and max.
+    Knob("mlp_channel_threshold", Rel(1e-6), Rel(1e6), "log", math.log(1.05),
+         "threshold on MLP channels' importance (structured width pruning)"),
+):
+    register_knob(_knob)
+
+_INF = math.inf
+for _probe in (
+    Probe("perplexity", (1.0, _INF), False, False, "perplexity", "perplexity on held-out text"),
+    Probe("kl_drift", (0.0, _INF), False, True, "kl_drift", "KL(current ‖ starting model) on held-out text"),
+    Probe("answer_kl", (0.0, _INF), False, True, "answer_kl", "KL to the starting model on answer tokens"),
+    Probe("policy_kl", (0.0, _INF), False, True, "policy_kl", "KL to the reference on the policy's own samples"),
+    Probe("embedding_drift", (0.0, 2.0), False, True, "embedding_drift",
+          "cosine distance of generations' embeddings from the start"),
+    Probe("answer_agreement", (0.0, 1.0), True, False, "embedding_drift",
+          "share of generations that still agree with the start's"),
+    Probe("hotpotqa.em", (0.0, 1.0), True, False, "hotpotqa", "HotpotQA exact match"),
+    Probe("hotpotqa.f1", (0.0, 1.0), True, False, "hotpotqa", "HotpotQA token F1"),
+    Probe("hotpotqa.gold_logprob", (-_INF, 0.0), True, False, "hotpotqa", "mean log-prob of the gold answer"),
+    Probe("draft.acceptance", (0.0, 1.0), True, False, "draft", "speculative decoding draft acceptance rate"),
+    Probe("draft.tokens_per_call", (1.0, _INF), True, False, "draft", "tokens accepted per target-model call"),
+    Probe("compression.params", (-_INF, _INF), False, False, None,
+          "parameters of the model in effect (reported by the compression knobs' setters)"),
+):
+    register_probe(_probe)
+
+
+def default_knob_spec(name: str, value: float) -> dict[str, Any]:
+    """Bounds a user gets when they name a knob without bounds: ``{"min", "max", "scale",
+    "max_step"}``. A knob the catalogue does not know (or a log-scale knob starting at 0 or below)
+    is pinned at ``value``."""
+    knob = KNOBS.get(name)
+    return knob.spec(value) if knob is not None else _pinned(value)
+
+
+def _pinned(value: float) -> dict[str, Any]:
+    return {"min": value, "max": value, "scale": "linear", "max_step": None}
+
+
+class LimitSpec(Protocol):
+    """What :func:`limit` reads of a knob: ``KnobSpec`` (wire), ``KnobState`` (the engine's)."""
+
+    min: float
+    max: float
+    scale: str
+    max_step: float | None
+
+
+def limit(spec: LimitSpec | Mapping[str, Any], current: float | None, ordered: float,
+          limits: set[str] | None = None) -> float:
+    """``ordered`` made safe to apply to a knob now at ``current``: inside ``[spec.min, spec.max]``,
+    within ``spec.max_step`` of ``current`` in the knob's scale (``current=None``: no rate window;
+    none either when ``current`` is not finite or, on a log scale, not > 0), inside the bounds
+    again (bounds win), then rounded to the nearest integer (halves up, kept inside the bounds and
+    the rate window) for an integer knob. The limits that acted (``"bounds"``, ``"rate"``,
+    ``"integer"``) are added to ``limits``. The PID clamps its output with the same code."""
+    if isinstance(spec, Mapping):
+        lo, hi, scale, step = spec["min"], spec["max"], spec.get("scale", "linear"), spec.get("max_step")
+    else:
+        lo, hi, scale, step = spec.min, spec.max, spec.scale, spec.max_step
+    lim = KnobLimits(float(lo), float(hi), str(scale), step)
+    return lim.limit(current, float(ordered), limits)
