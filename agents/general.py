@@ -18,6 +18,7 @@ general data (a slice of the pre-training or instruction mix).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 __all__ = ["PROBE_PROMPTS", "PROBE_TEXTS", "ANCHOR_PROMPTS", "ANCHOR_TEXTS", "chat", "self_answers", "anchor_set",
@@ -126,9 +127,24 @@ CONTROL_PROMPTS = [
     "Translate 'good night' into French.", "Write the word 'garden' in capital letters.",
     "What is the plural of 'child'?", "Use the word 'quiet' in a short sentence.",
 ]
-assert not set(ANCHOR_PROMPTS) & set(PROBE_PROMPTS)
-assert not set(CONTROL_PROMPTS) & (set(PROBE_PROMPTS) | set(ANCHOR_PROMPTS))
-assert not set(ANCHOR_TEXTS) & set(PROBE_TEXTS)
+
+
+def _require_disjoint(**sets: Iterable[str]) -> None:
+    """Raise ``ValueError`` naming the items two of the named ``sets`` share.
+
+    A real check, not an ``assert``: it runs under ``python -O`` too, so an edit that puts a
+    held-out prompt into the anchor set fails at import instead of quietly leaking the judge."""
+    names = list(sets)
+    members = {name: set(items) for name, items in sets.items()}
+    for i, first in enumerate(names):
+        for second in names[i + 1:]:
+            shared = members[first] & members[second]
+            if shared:
+                raise ValueError(f"{first} and {second} must be disjoint; both hold {sorted(shared)}")
+
+
+_require_disjoint(PROBE_PROMPTS=PROBE_PROMPTS, ANCHOR_PROMPTS=ANCHOR_PROMPTS, CONTROL_PROMPTS=CONTROL_PROMPTS)
+_require_disjoint(PROBE_TEXTS=PROBE_TEXTS, ANCHOR_TEXTS=ANCHOR_TEXTS)
 
 
 def chat(tokenizer: Any, user: str, assistant: str | None = None) -> str:

@@ -60,10 +60,6 @@ class ReferenceModel:
         if shared is not None:
             shared[id(model)] = self.snapshot
 
-    @property
-    def is_ready(self) -> bool:
-        return self.given is not None or self.snapshot is not None
-
     def modules(self) -> tuple[Any, ...]:
         return tuple(m for m in (self.given, self.snapshot) if m is not None)
 
