@@ -15,7 +15,6 @@ Python's standard library (deterministic, always installed).
 from __future__ import annotations
 
 import argparse
-import importlib
 import math
 import os
 import tempfile
@@ -33,33 +32,8 @@ from actuator.agents.compression import (
     save_compressed,
     set_active_rank,
 )
+from actuator.agents.corpus import blocks, stdlib_text
 from actuator.agents.models import load_smollm2
-
-_MODULES = (
-    "argparse", "asyncio", "collections", "concurrent.futures", "contextlib", "csv", "dataclasses",
-    "datetime", "decimal", "email", "enum", "fractions", "functools", "heapq", "http.client",
-    "inspect", "itertools", "json", "logging", "pathlib", "pickle", "random", "re", "shutil",
-    "socket", "sqlite3", "statistics", "string", "subprocess", "tarfile", "textwrap", "threading",
-    "typing", "unittest", "urllib.request", "uuid", "zipfile",
-)
-
-
-def stdlib_text() -> list[str]:
-    """English prose from standard-library docstrings (module, classes, functions)."""
-    docs: list[str] = []
-    for name in _MODULES:
-        mod = importlib.import_module(name)
-        for obj in [mod, *vars(mod).values()]:
-            doc = getattr(obj, "__doc__", None)
-            if isinstance(doc, str) and len(doc) > 200 and doc not in docs:
-                docs.append(doc.strip())
-    return docs
-
-
-def blocks(tokenizer, texts: list[str], seq_len: int) -> list[torch.Tensor]:  # noqa: ANN001
-    ids = tokenizer("\n\n".join(texts), add_special_tokens=False)["input_ids"]
-    return [torch.tensor(ids[i : i + seq_len]) for i in range(0, len(ids) - seq_len + 1, seq_len)]
-
 
 @torch.no_grad()
 def perplexity(model, data: list[torch.Tensor], batch_size: int = 4) -> float:  # noqa: ANN001

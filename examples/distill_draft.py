@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import importlib
 import os
 import tempfile
 import time
@@ -32,33 +31,8 @@ from torch import nn
 from transformers import TrainerCallback, TrainingArguments
 
 from actuator.agents.distill import DistillationTrainer, DistillLambdaKnob
+from actuator.agents.corpus import blocks, stdlib_text
 from actuator.agents.models import load_smollm2
-
-_MODULES = (
-    "argparse", "asyncio", "collections", "concurrent.futures", "contextlib", "csv", "dataclasses",
-    "datetime", "decimal", "email", "enum", "fractions", "functools", "heapq", "http.client",
-    "inspect", "itertools", "json", "logging", "pathlib", "pickle", "random", "re", "shutil",
-    "socket", "sqlite3", "statistics", "string", "subprocess", "tarfile", "textwrap", "threading",
-    "typing", "unittest", "urllib.request", "uuid", "zipfile",
-)
-
-
-def stdlib_text() -> list[str]:
-    """English prose from standard-library docstrings (module, classes, functions)."""
-    docs: list[str] = []
-    for name in _MODULES:
-        mod = importlib.import_module(name)
-        for obj in [mod, *vars(mod).values()]:
-            doc = getattr(obj, "__doc__", None)
-            if isinstance(doc, str) and len(doc) > 200 and doc not in docs:
-                docs.append(doc.strip())
-    return docs
-
-
-def blocks(tokenizer, texts: list[str], seq_len: int) -> list[torch.Tensor]:  # noqa: ANN001
-    ids = tokenizer("\n\n".join(texts), add_special_tokens=False)["input_ids"]
-    return [torch.tensor(ids[i : i + seq_len]) for i in range(0, len(ids) - seq_len + 1, seq_len)]
-
 
 def drop_layers(teacher: nn.Module, n_layers: int) -> nn.Module:
     """A copy of ``teacher`` keeping its first ⌈n/2⌉ and last ⌊n/2⌋ decoder layers.

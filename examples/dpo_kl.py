@@ -38,7 +38,6 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # examples/demo.py: start_service
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/control/_common.py: precision
 
 import torch  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
@@ -47,9 +46,9 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback  # n
 from actuator.agents.anchor import KLAnchor, anchor_trainer  # noqa: E402
 from actuator.agents.callback import ActuatorCallback  # noqa: E402
 from actuator.agents.models import load_smollm2  # noqa: E402
+from actuator.agents.precision import native_precision, precision_args  # noqa: E402
 from actuator.agents.probes import KLDrift  # noqa: E402
 from actuator.client import ActuatorClient  # noqa: E402
-from benchmarks.control._common import native_precision, precision_args  # noqa: E402
 
 FACTS = [
     ("What is the capital of France?", "Paris."),

@@ -65,15 +65,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.control._common import (
-    RESULTS,
-    command_line, console, arm_progress, figure, machine, pick_threads, start_controller, scenario_args,
+from benchmarks.control.data import blocks, stdlib_text
+from benchmarks.control.harness import (
+    RESULTS, command_line, console, arm_progress, figure, fmt_ms, for_each_seed, machine, read_seeds, scenario_args,
+    seed_path, start, write_seed,
 )
 
 import torch  # noqa: E402
 from rich.table import Table  # noqa: E402
-
-from benchmarks.control.draft_distill import blocks, stdlib_text  # noqa: E402
 
 SCENARIO = "compress-rank"
 RANK_SWEEP = (576, 560, 544, 528, 512, 496, 480, 448, 419, 384, 320, 256)
@@ -496,19 +495,9 @@ def _row_text(r: dict[str, Any], dense: int) -> str:
             f"{r['export']['file_bytes'] / 1e6:.0f} MB, {r['seconds']:.0f} s")
 
 
-def _ms(values: list[float], fmt: str = "{:.2f}") -> str:
-    if not values:
-        return "-"
-    if len(values) == 1:
-        return fmt.format(values[0])
-    return f"{fmt.format(statistics.mean(values))} ± {fmt.format(statistics.stdev(values))}"
-
-
-def aggregate(tag: str = "") -> dict[str, Any]:
-    files = sorted(f for f in RESULTS.glob(f"{SCENARIO}-seed*.json") if f.stem.endswith(tag) or not tag)
-    if not files:
-        raise SystemExit(f"no {SCENARIO}-seed*.json in {RESULTS}: run the seeds first")
-    runs = [json.loads(f.read_text()) for f in files]
+def aggregate(tag: str = "", results: Path = RESULTS) -> dict[str, Any]:
+    found = read_seeds(results, f"{SCENARIO}-seed*.json", keep=lambda f: f.stem.endswith(tag) or not tag)
+    files, runs = [f for f, _ in found], [run for _, run in found]
     # The low-rank and the width arms may come from separate runs (tags): each sweep from a run that has it.
     head = dict(next((r for r in runs if r.get("rank_sweep") or r.get("tau_sweep")), runs[0]))
     head["width_sweep"] = next((r["width_sweep"] for r in runs if r.get("width_sweep")), {})
@@ -523,6 +512,9 @@ def aggregate(tag: str = "") -> dict[str, Any]:
             "dense layers", "HotpotQA EM", "gold log-prob", "reload ppl", "file MB")
     for c in cols:
         table.add_column(c, justify="right")
+    def ms(values: list[float], spec: str = ".2f") -> str:
+        return fmt_ms(values, spec, bare_single=True)
+
     summary = {}
     for kind, rs in by_kind.items():
         s = {
@@ -537,10 +529,10 @@ def aggregate(tag: str = "") -> dict[str, Any]:
         }
         summary[kind] = s
         table.add_row(s["arm"], s["matched_on"], ",".join(map(str, s["seeds"])),
-                      _ms([p / 1e6 for p in s["params"]]), _ms(s["param_ratio"], "{:.1%}"),
-                      _ms(s["ppl_increase_pct"], "{:+.1f}"), _ms(s["steps_over_budget"], "{:.1f}"),
-                      _ms(s["dense_layers"], "{:.1f}"), _ms(s["hotpot_em"], "{:.3f}"), _ms(s["gold_logprob"], "{:.3f}"),
-                      _ms(s["reload_ppl"]), _ms(s["file_mb"], "{:.0f}"))
+                      ms([p / 1e6 for p in s["params"]]), ms(s["param_ratio"], ".1%"),
+                      ms(s["ppl_increase_pct"], "+.1f"), ms(s["steps_over_budget"], ".1f"),
+                      ms(s["dense_layers"], ".1f"), ms(s["hotpot_em"], ".3f"), ms(s["gold_logprob"], ".3f"),
+                      ms(s["reload_ppl"]), ms(s["file_mb"], ".0f"))
     console.print(table)
     console.print(f"dense: {dense / 1e6:.2f}M params, ppl {head['dense_perplexity']:.2f}, HotpotQA "
                   f"{head['dense_hotpotqa']}")
@@ -570,9 +562,9 @@ def aggregate(tag: str = "") -> dict[str, Any]:
     out = {**{k: v for k, v in head.items() if k not in ("arms", "seed", "machine")},
            "seeds": sorted({r["seed"] for r in arms}), "arms": arms, "summary": summary, "targets": targets,
            "files": [f.name for f in files], "machine": head.get("machine")}
-    (RESULTS / f"{SCENARIO}{tag}.json").write_text(json.dumps(out, indent=2, default=str))
-    plot(out, RESULTS / f"{SCENARIO}{tag}.png")
-    console.print(f"wrote {RESULTS / (SCENARIO + tag + '.json')} and .png")
+    (results / f"{SCENARIO}{tag}.json").write_text(json.dumps(out, indent=2, default=str))
+    plot(out, results / f"{SCENARIO}{tag}.png")
+    console.print(f"wrote {results / (SCENARIO + tag + '.json')} and .png")
     return out
 
 
@@ -621,8 +613,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    scenario_args(ap, SCENARIO, steps=60, quick="12 steps, 2 arms")
-    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    scenario_args(ap, SCENARIO, steps=60, quick="12 steps, 2 arms", arms=ARMS, arms_default=ARMS,
+                  tag_help="suffix of the per-seed result files", aggregate="combine the per-seed files; run nothing")
     ap.add_argument("--budget", type=float, default=10.0, help="perplexity budget, %% over the dense model")
     ap.add_argument("--backoff", type=float, default=2.0, help="PID setpoint = budget − backoff (%% points)")
     ap.add_argument("--lr", type=float, default=3e-5)
@@ -660,8 +652,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     help="every arm's fine-tune distils from the dense model: loss = λ·T²·KL(dense ‖ pruned) + "
                          "(1−λ)·CE (DistillationTrainer; Minitron's recovery); 0 = cross-entropy alone")
     ap.add_argument("--distill-temperature", type=float, default=1.0, help="T of --distill")
-    ap.add_argument("--tag", default="", help="suffix of the per-seed result files")
-    ap.add_argument("--aggregate", action="store_true", help="combine the per-seed files; run nothing")
     a = ap.parse_args(argv)
     if not 0.0 <= a.distill <= 1.0:
         ap.error(f"--distill must be in [0, 1], got {a.distill}")
@@ -670,14 +660,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if a.distill_temperature <= 0:
         ap.error(f"--distill-temperature must be > 0, got {a.distill_temperature}")
     if a.aggregate:
-        return aggregate(a.tag)
+        return aggregate(a.tag, a.results)
     if a.quick:
         a.steps = min(a.steps, 12)
         a.arms = ["oneshot", "actuator"]
-    a.out.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(pick_threads(a.threads))
-
-    url = start_controller(a.out / f"ctl-{'-'.join(map(str, a.seeds))}{a.tag}")
+    url = start(a, a.out / f"ctl-{'-'.join(map(str, a.seeds))}{a.tag}")
     t_start = time.time()
     setup = Setup(a)
     budget = setup.dense_ppl * (1 + a.budget / 100)
@@ -702,14 +689,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     if setup.knobs:
         lowrank_offline(a, setup, budget, head, offline)
-    out: dict[str, Any] = {}
-    for seed in a.seeds:
+
+    def one_seed(seed: int) -> dict[str, Any]:
         res = run_seed(a, seed, setup, offline, url)
         out = {**head, "seed": seed, "arms": res["arms"], "machine": machine(), "wall_seconds": time.time() - t_start}
-        path = RESULTS / f"{SCENARIO}-seed{seed}{a.tag}.json"
-        path.write_text(json.dumps(out, indent=2, default=str))
-        console.print(f"wrote {path}")
-    return out
+        write_seed(seed_path(a.results, SCENARIO, seed, a.tag), out)
+        return out
+
+    return for_each_seed(a, one_seed) or {}
 
 
 def lowrank_offline(a: argparse.Namespace, setup: Setup, budget: float, head: dict[str, Any],

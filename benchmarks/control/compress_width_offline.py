@@ -23,8 +23,8 @@ import time
 
 import torch
 
-from benchmarks.control._common import RESULTS, console, machine
-from benchmarks.control.draft_distill import blocks, stdlib_text
+from benchmarks.control.data import blocks, stdlib_text
+from benchmarks.control.harness import RESULTS, console, machine
 
 SHARES = (0.97, 0.95, 0.92, 0.90, 0.875, 0.85, 0.80, 0.75)
 MIN_CHANNELS = 64

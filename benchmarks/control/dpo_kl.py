@@ -60,18 +60,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.control._common import identify_and_tune as _identify_and_tune
-from benchmarks.control._common import (
-    scenario_args, identification_args, tune_summary,
+from benchmarks.control.data import prompt_text
+from benchmarks.control.harness import identify_and_tune as _identify_and_tune
+from benchmarks.control.harness import (
+    scenario_args, identification_args, tune_summary, start, control_quality,
     arm_label, figure, record_targets,
-    command_line, console, arm_progress, native_precision, pick_threads, precision_args, save_results,
-    start_controller,
+    command_line, console, arm_progress, save_results,
 )
 
 import torch  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from benchmarks.control.sft_drift import GENERAL_TEXT  # noqa: E402
+from actuator.agents.general import PROBE_TEXTS as GENERAL_TEXT  # noqa: E402
+from actuator.agents.precision import native_precision, precision_args  # noqa: E402
 
 SCENARIO = "dpo-kl"
 
@@ -113,12 +114,6 @@ OPENERS = ["Great question! Let me think about this carefully.", "That is a real
            "Thanks for asking! There is a lot to say here."]
 CLOSERS = ["I hope this helps, feel free to ask more!", "Let me know if you would like more detail.",
            "There is always more to learn about this."]
-
-
-def prompt_text(q: str) -> str:
-    """SmolLM2's chat format without the default system prompt (20 tokens fewer per sequence:
-    on shared CPU cores the sequence length is the cost)."""
-    return f"<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"
 
 
 def preference_rows(seed: int, n_sums: int) -> tuple[dict[str, list], list[tuple[str, str, str]]]:
@@ -394,26 +389,6 @@ def identify_and_tune(setup: Setup, a: argparse.Namespace, url: str, seed: int) 
                               policy=lambda: restoring_policy(a, "lr+anchor")[0], run_args=ia)
 
 
-def control_quality(trace: list[dict[str, float]], target: float, band: float) -> dict[str, Any]:
-    """Settling step (first step from which every later measurement is within ±band of the
-    target; None if the last one is outside), overshoot %, steady-state error %."""
-    kl = [t["kl_drift"] for t in trace]
-    steps = [t["step"] for t in trace]
-    settled = None
-    for i in range(len(kl) - 1, -1, -1):
-        if abs(kl[i] - target) > band * target:
-            break
-        settled = steps[i]
-    tail = kl[-3:]
-    return {
-        "settling_step": settled,
-        "overshoot_pct": max(0.0, 100 * (max(kl) / target - 1)) if kl else None,
-        "steady_state_error_pct": 100 * sum(abs(k - target) for k in tail) / target / max(1, len(tail)),
-        "final_kl": sum(tail) / max(1, len(tail)),
-        "peak_kl": max(kl) if kl else None,
-    }
-
-
 def plot(result: dict[str, Any], path: Path) -> None:
     target, band = result["target"], result["band"]
     losses = list(result["configs"])
@@ -462,7 +437,11 @@ LOSS_DEFAULTS = {
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    scenario_args(ap, SCENARIO, steps=40, quick="24 steps")
+    scenario_args(ap, SCENARIO, steps=40, quick="24 steps", arms=["fixed", "ziegler", "actuator", *RESTORING, "tuned"],
+                  arms_default=["fixed", "ziegler", "actuator"],
+                  arms_help="actuator = the PID on beta; lr, anchor, lr+anchor = the actuators with authority "
+                            "over DPO's KL (see restoring_policy)",
+                  tag_help="results go to dpo-kl-TAG.json (default dpo-kl.json)")
     ap.add_argument("--loss-type", nargs="+", choices=sorted(LOSS_DEFAULTS), default=["sigmoid"],
                     help="DPOTrainer loss(es), each with all arms (default: sigmoid)")
     ap.add_argument("--beta", type=float, default=None, help="starting beta, all arms (default per loss)")
@@ -480,10 +459,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--kd", type=float, default=None, help="PID kd × target, steps")
     ap.add_argument("--max-step", type=float, default=1.5, help="PID rate limit, log-beta units per decision")
     ap.add_argument("--n-sums", type=int, default=0, help="hard pairs: right vs wrong sums (default none)")
-    ap.add_argument("--arms", nargs="+", default=["fixed", "ziegler", "actuator"],
-                    choices=["fixed", "ziegler", "actuator", *RESTORING, "tuned"],
-                    help="actuator = the PID on beta; lr, anchor, lr+anchor = the actuators with authority "
-                         "over DPO's KL (see restoring_policy)")
     ap.add_argument("--lr-kp", type=float, default=4.0, help="lr arm: PID kp × 1/target (log-lr units)")
     ap.add_argument("--lr-ki", type=float, default=0.2, help="lr arm: PID ki × 1/target, per step")
     ap.add_argument("--lr-floor", type=float, default=0.01, help="lr arm: lowest learning rate, × --lr")
@@ -493,7 +468,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--w-step", type=float, default=0.5, help="anchor arm: largest change of w per decision")
     ap.add_argument("--anchor-batch", type=int, default=2, help="anchor texts per step")
     identification_args(ap)
-    ap.add_argument("--tag", default=None, help="results go to dpo-kl-TAG.json (default dpo-kl.json)")
     ap.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
                     help="training precision (auto: bf16 where the machine has it natively, else fp32)")
     a = ap.parse_args(argv)
@@ -503,10 +477,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         a.steps = min(a.steps, 24)
     if a.horizon is None:
         a.horizon = float(a.probe_every * a.batch_size)
-    a.out.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(pick_threads(a.threads))
-
-    url = start_controller(a.out)
+    url = start(a)
     t_start = time.time()
     setup = Setup(a)
     base_ppl = setup.perplexity(setup.model)
@@ -568,7 +539,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         "pid_overshoot_pct": pid["overshoot_pct"], "ziegler_overshoot_pct": zie["overshoot_pct"],
                     }
         record_targets(out, targets)
-        save_results(f"{SCENARIO}-{a.tag}" if a.tag else SCENARIO, out, plot, t_start)
+        save_results(f"{SCENARIO}-{a.tag}" if a.tag else SCENARIO, out, plot, t_start, a.results)
         return out
 
     results: list[dict[str, Any]] = []

@@ -42,18 +42,17 @@ from __future__ import annotations
 
 import argparse
 import copy
-import importlib
 import json
 import math
 import statistics
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
-from benchmarks.control._common import (
-    RESULTS, command_line, console, figure, machine, pick_threads, record_targets, scenario_args,
-    start_controller,
+from benchmarks.control.data import blocks, stdlib_text
+from benchmarks.control.harness import (
+    RESULTS, command_line, console, figure, for_each_seed, machine, mean_sd, read_seeds, record_targets,
+    scenario_args, seed_path, start, write_seed,
 )
 
 import torch  # noqa: E402
@@ -62,34 +61,6 @@ from torch import nn  # noqa: E402
 
 
 SCENARIO = "draft-distill"
-
-_MODULES = (
-    "argparse", "asyncio", "collections", "concurrent.futures", "contextlib", "csv", "dataclasses",
-    "datetime", "decimal", "email", "enum", "fractions", "functools", "heapq", "http.client",
-    "inspect", "itertools", "json", "logging", "pathlib", "pickle", "random", "re", "shutil",
-    "socket", "sqlite3", "statistics", "string", "subprocess", "tarfile", "textwrap", "threading",
-    "typing", "unittest", "urllib.request", "uuid", "zipfile",
-)
-
-
-def stdlib_text() -> list[str]:
-    """English prose from standard-library docstrings: deterministic, offline, always installed."""
-    docs: list[str] = []
-    with warnings.catch_warnings():  # some module attributes warn when touched (deprecations)
-        warnings.simplefilter("ignore")
-        for name in _MODULES:
-            mod = importlib.import_module(name)
-            for obj in [mod, *vars(mod).values()]:
-                doc = getattr(obj, "__doc__", None)
-                if isinstance(doc, str) and len(doc) > 200 and doc.strip() not in docs:
-                    docs.append(doc.strip())
-    return docs
-
-
-def blocks(tok: Any, texts: list[str], seq_len: int) -> list[torch.Tensor]:
-    ids = tok("\n\n".join(texts), add_special_tokens=False)["input_ids"]
-    return [torch.tensor(ids[i: i + seq_len]) for i in range(0, len(ids) - seq_len + 1, seq_len)]
-
 
 def drop_layers(teacher: nn.Module, n_layers: int) -> nn.Module:
     """A copy of ``teacher`` keeping its first ⌈n/2⌉ and last ⌊n/2⌋ decoder layers (re-indexed
@@ -319,10 +290,6 @@ def run_arm(setup: Setup, key: str, a: argparse.Namespace, url: str, seed: int) 
     return r
 
 
-def _path(tag: str, seed: int) -> Path:
-    return RESULTS / f"{SCENARIO}-seed{seed}{tag}.json"
-
-
 def plot(result: dict[str, Any], path: Path) -> None:
     with figure(path) as (fig, axes):
         ax1, ax2, ax3 = axes[0]
@@ -365,21 +332,18 @@ def _time_to(trace: list[dict[str, float]], alpha: float) -> float | None:
     return next((t["cpu_seconds"] for t in trace if t["acceptance"] >= alpha), None)
 
 
-def aggregate(tag: str = "") -> dict[str, Any]:
+def aggregate(tag: str = "", results: Path = RESULTS) -> dict[str, Any]:
     """Merge the per-seed files (and their parts), pick fixed settings on seed 0, evaluate on the
     other seeds, and write ``draft-distill.json`` / ``.png``."""
     arms: dict[tuple[str, int], dict[str, Any]] = {}
     meta: dict[str, Any] = {}
     pattern = f"{SCENARIO}-seed*{tag}*.json" if tag else f"{SCENARIO}-seed*.json"
-    for f in sorted(RESULTS.glob(pattern)):
-        if not tag and not f.stem.removeprefix(f"{SCENARIO}-seed").isdigit():
-            continue  # a tagged run (another budget) is aggregated with its --tag
-        d = json.loads(f.read_text())
+    # without a tag, a tagged run (another budget) is left out: it is aggregated with its --tag
+    for _, d in read_seeds(results, pattern,
+                           keep=lambda f: bool(tag) or f.stem.removeprefix(f"{SCENARIO}-seed").isdigit()):
         meta = meta or {k: v for k, v in d.items() if k != "arms"}
         for r in d["arms"]:
             arms[(r["key"], r["seed"])] = r
-    if not arms:
-        raise SystemExit(f"no {SCENARIO}-seed*.json in {RESULTS}: run some seeds first")
     seeds = sorted({s for _, s in arms})
     keys = [k for k in ARMS if any(k == kk for kk, _ in arms)]
     summary: dict[str, Any] = {}
@@ -388,10 +352,11 @@ def aggregate(tag: str = "") -> dict[str, Any]:
         al = [r["final"]["acceptance"] for r in rs]
         tp = [r["final"]["tokens_per_call"] for r in rs]
         eval_al = [r["final"]["acceptance"] for r in rs if r["seed"] != 0]
+        alpha_mean, alpha_sd = mean_sd(al)
+        tokens_mean, tokens_sd = mean_sd(tp)
         summary[k] = {"name": ARMS[k]["name"], "seeds": [r["seed"] for r in rs], "alpha": al,
-                      "alpha_mean": statistics.fmean(al), "alpha_sd": statistics.stdev(al) if len(al) > 1 else 0.0,
-                      "tokens_per_call_mean": statistics.fmean(tp),
-                      "tokens_per_call_sd": statistics.stdev(tp) if len(tp) > 1 else 0.0,
+                      "alpha_mean": alpha_mean, "alpha_sd": alpha_sd,
+                      "tokens_per_call_mean": tokens_mean, "tokens_per_call_sd": tokens_sd,
                       "alpha_eval_mean": statistics.fmean(eval_al) if eval_al else None,
                       "steps_mean": statistics.fmean(r["steps"] for r in rs),
                       "onpolicy_steps_mean": statistics.fmean(r["onpolicy_steps"] for r in rs),
@@ -436,17 +401,20 @@ def aggregate(tag: str = "") -> dict[str, Any]:
                       f"{v['tokens_per_call_mean']:.3f} ± {v['tokens_per_call_sd']:.3f}", f"{v['steps_mean']:.0f}",
                       f"{v['onpolicy_steps_mean']:.0f}")
     console.print(table)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{SCENARIO}{tag}.json").write_text(json.dumps(out, indent=2, default=str))
-    plot(out, RESULTS / f"{SCENARIO}{tag}.png")
-    console.print(f"wrote {RESULTS / f'{SCENARIO}{tag}.json'} and {SCENARIO}{tag}.png")
+    results.mkdir(parents=True, exist_ok=True)
+    (results / f"{SCENARIO}{tag}.json").write_text(json.dumps(out, indent=2, default=str))
+    plot(out, results / f"{SCENARIO}{tag}.png")
+    console.print(f"wrote {results / f'{SCENARIO}{tag}.json'} and {SCENARIO}{tag}.png")
     return out
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    scenario_args(ap, SCENARIO, steps=0, quick="a 20 CPU-second budget and two arms")
-    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    scenario_args(ap, SCENARIO, steps=0, quick="a 20 CPU-second budget and two arms", arms=list(ARMS),
+                  arms_default=list(ARMS),
+                  tag_help="suffix of the per-seed result files; --aggregate --tag=T combines the files whose "
+                           "suffix starts with T (T-part1, T-part2 …) into draft-distill{T}.json, no tag the "
+                           "untagged files only", aggregate="combine the per-seed files; run nothing")
     ap.add_argument("--budget", type=float, default=45.0, help="CPU seconds of training per arm")
     ap.add_argument("--max-steps", type=int, default=10_000, help="a ceiling; the budget ends each arm")
     ap.add_argument("--draft-layers", type=int, default=10, help="decoder layers kept in the draft (of 30)")
@@ -470,40 +438,37 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     ap.add_argument("--t-step", type=float, default=0.1, help="actuator-T: largest move of the centre (ln T)")
     ap.add_argument("--t-bounds", type=float, nargs=2, default=(0.7, 4.0), metavar=("MIN", "MAX"),
                     help="actuator-T: range of T")
-    ap.add_argument("--tag", default="", help="suffix of the per-seed result files; --aggregate --tag=T combines the "
-                                              "files whose suffix starts with T (T-part1, T-part2 …) into "
-                                              "draft-distill{T}.json, no tag the untagged files only")
-    ap.add_argument("--aggregate", action="store_true", help="combine the per-seed files; run nothing")
     a = ap.parse_args(argv)
     if a.warm_start < 0:
         ap.error(f"--warm-start must be >= 0 steps, got {a.warm_start}")
     if not 0 < a.t_bounds[0] < a.t_bounds[1]:
         ap.error(f"--t-bounds must be 0 < MIN < MAX, got {a.t_bounds[0]} {a.t_bounds[1]}")
     if a.aggregate:
-        aggregate(a.tag)
+        aggregate(a.tag, a.results)
         return None
     if a.quick:
         a.budget = min(a.budget, 20.0)
         a.arms = a.arms[:2] if a.arms == list(ARMS) else a.arms
-    a.out.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(pick_threads(a.threads))
-
-    url = start_controller(a.out) if any(k in a.arms for k in ACTUATORS) else ""
+    url = start(a, controller=any(k in a.arms for k in ACTUATORS))
     t_start = time.time()
     setup = Setup(a)
-    start = setup.measure(setup.student0)
+    start_point = setup.measure(setup.student0)
     console.print(f"teacher {setup.n_teacher / 1e6:.1f}M params, draft {a.draft_layers} layers "
                   f"{setup.n_student / 1e6:.1f}M; {len(setup.train)} train blocks of {a.seq_len} tokens. Start: "
-                  f"α {start['acceptance']:.4f}, tokens/call {start['tokens_per_call']:.3f} "
+                  f"α {start_point['acceptance']:.4f}, tokens/call {start_point['tokens_per_call']:.3f} "
                   f"(teacher sampling {setup.sampling_seconds:.0f} CPU-s, once)")
     draft0 = setup.student0
-    for seed in a.seeds:
+
+    def run_seed(seed: int) -> None:
         results: list[dict[str, Any]] = []
+        begin = start_point
         if a.warm_start:
-            setup.student0, start = warm_start(setup, draft0, a, seed)
+            setup.student0, begin = warm_start(setup, draft0, a, seed)
         for key in a.arms:
             results.append(run_arm(setup, key, a, url, seed))
-            _save(a, argv, setup, start, seed, results, t_start)
+            _save(a, argv, setup, begin, seed, results, t_start)
+
+    for_each_seed(a, run_seed)
     return None
 
 
@@ -535,9 +500,7 @@ def _save(a: argparse.Namespace, argv: list[str] | None, setup: Setup, start: di
            "es_policy_temperature": es_policy(a, "distill_temperature")["controllers"][0], "start": start, "arms": results,
            "command": command_line("draft_distill", argv), "machine": machine(),
            "wall_seconds": time.time() - t_start}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    _path(a.tag, seed).write_text(json.dumps(out, indent=2, default=str))
-    console.print(f"wrote {_path(a.tag, seed)}")
+    write_seed(seed_path(a.results, SCENARIO, seed, a.tag), out)
 
 
 if __name__ == "__main__":

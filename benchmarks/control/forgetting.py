@@ -47,12 +47,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.control._common import (
-    RESULTS, command_line, console, figure, identification_args, machine, pick_threads,
-    scenario_args, start_controller, tune_summary,
+from benchmarks.control.data import collator
+from benchmarks.control.harness import (
+    RESULTS, command_line, console, figure, for_each_seed, identification_args, machine, mean_sd, pick_on_seed0,
+    read_seeds, scenario_args, seed_path, start, tune_summary, write_seed,
 )
-from benchmarks.control._common import identify_and_tune as _identify_and_tune
-from benchmarks.control.sft_drift import GENERAL_PROMPTS, Setup, collator, make_trainer
+from benchmarks.control.harness import identify_and_tune as _identify_and_tune
+from benchmarks.control.word_task import GENERAL_PROMPTS, Setup, make_trainer
 
 import torch  # noqa: E402
 
@@ -394,10 +395,9 @@ def gains(base: dict[str, float], f: dict[str, float]) -> dict[str, float]:
 
 
 def run_seeds(a: argparse.Namespace) -> None:
-    a.out.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(pick_threads(a.threads))
-    url = start_controller(a.out / f"svc-{'-'.join(map(str, a.seeds))}")
-    for seed in a.seeds:
+    url = start(a, a.out / f"svc-{'-'.join(map(str, a.seeds))}")
+
+    def run_seed(seed: int) -> None:
         t_start = time.time()
         setup = ForgettingSetup(seed, hotpot_records=a.hotpot, anchor_topics=a.anchor_topics,
                                 close_cut=not a.open_cut_answers, completion_only=a.completion_only,
@@ -434,10 +434,11 @@ def run_seeds(a: argparse.Namespace) -> None:
                 results.append(w)
             _write_seed(a, seed, base, results, t_start, tuning)
 
+    for_each_seed(a, run_seed)
+
 
 def _write_seed(a: argparse.Namespace, seed: int, base: dict[str, float], results: list[dict[str, Any]],
                 t_start: float, tuning: list[dict[str, Any]] | None = None) -> None:
-    a.results.mkdir(parents=True, exist_ok=True)
     out = {"scenario": SCENARIO, "seed": seed, "steps": a.steps, "lr": a.lr, "budget": a.budget,
            "controller": constraint_policy(a)["controllers"][0], "anchor_batch": a.anchor_batch,
            "anchor_length": a.anchor_length, "anchor_topics": a.anchor_topics, "anchor_reading": a.anchor_reading,
@@ -446,7 +447,7 @@ def _write_seed(a: argparse.Namespace, seed: int, base: dict[str, float], result
            "completion_only": a.completion_only, "anchor_sampling": a.anchor_sampling, "anchor_priority": a.anchor_priority, "start": base, "arms": results, "machine": machine(),
            "wall_seconds": time.time() - t_start, "command": command_line("forgetting", a.argv),
            "tuning": tuning or []}
-    (a.results / f"{SCENARIO}-seed{seed}{a.tag}.json").write_text(json.dumps(out, indent=2, default=str))
+    write_seed(seed_path(a.results, SCENARIO, seed, a.tag), out, say=False)
 
 
 # -- aggregation --------------------------------------------------------------------------------
@@ -459,25 +460,17 @@ def axis_of(constraint: str) -> str:
     return "ppl_rise_pct" if constraint == "perplexity" else constraint
 
 
-def _ms(values: list[float]) -> tuple[float, float]:
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
-
-
 def aggregate(tag: str = "", results: Path = RESULTS) -> dict[str, Any]:
     # One seed may come in parts (``--arms`` split over invocations, ``--tag -partN``): merged by arm.
     parts: dict[int, dict[str, Any]] = {}
-    for f in sorted(results.glob(f"{SCENARIO}-seed*.json")):
-        part = json.loads(f.read_text())
-        if tag and tag not in f.stem or "calib" in f.stem:
-            continue
+    for _, part in read_seeds(results, f"{SCENARIO}-seed*.json",
+                              keep=lambda f: not (tag and tag not in f.stem or "calib" in f.stem)):
         merged = parts.setdefault(part["seed"], {**part, "arms": [], "commands": []})
         for arm in part["arms"]:  # parts written before the constraint was recorded per arm: KL drift
             arm.setdefault("constraint", {"probe": "kl_drift", "budget": part["budget"], "ceiling": part["budget"]})
         merged["arms"] = [x for x in merged["arms"] if x["arm"] not in {y["arm"] for y in part["arms"]}] + part["arms"]
         merged["commands"].append(part["command"])
     runs = [parts[s] for s in sorted(parts)]
-    if not runs:
-        raise SystemExit(f"no {SCENARIO}-seed*.json in {results}: run the seeds first")
     seeds = sorted(r["seed"] for r in runs)
     by_arm: dict[str, dict[int, dict[str, Any]]] = {}
     for run in runs:
@@ -485,7 +478,7 @@ def aggregate(tag: str = "", results: Path = RESULTS) -> dict[str, Any]:
             by_arm.setdefault(arm["arm"], {})[run["seed"]] = arm
     rows = {}
     for name, per_seed in by_arm.items():
-        rows[name] = {m: _ms([per_seed[s]["metrics"][m] for s in sorted(per_seed)]) for m in METRICS
+        rows[name] = {m: mean_sd([per_seed[s]["metrics"][m] for s in sorted(per_seed)]) for m in METRICS
                       if all(m in per_seed[s]["metrics"] for s in per_seed)}
         rows[name]["seeds"] = sorted(per_seed)
         rows[name]["kind"] = next(iter(per_seed.values()))["kind"]
@@ -501,14 +494,16 @@ def aggregate(tag: str = "", results: Path = RESULTS) -> dict[str, Any]:
     def meets(name: str, ss: list[int], constraint: str, budget: float) -> bool:
         return mean(name, ss, axis_of(constraint)) <= budget * 1.1
 
-    def pick(constraint: str, budget: float, on: list[int]) -> str | None:
-        """The fixed w with the highest task accuracy among those that met the budget on ``on``."""
-        pool = [n for n in fixed if all(s in by_arm[n] for s in on)]
-        ok = [n for n in pool if meets(n, on, constraint, budget)] or pool
-        return max(ok, key=lambda n: mean(n, on, "task_accuracy")) if ok else None
+    def pick(constraint: str, budget: float) -> dict[str, Any]:
+        """The fixed w with the highest task accuracy among those that met the budget: on seed 0,
+        and in hindsight on the other seeds."""
+        def accuracy(n: str, s: int) -> float | None:
+            return by_arm[n][s]["metrics"]["task_accuracy"] if s in by_arm[n] else None
+
+        return pick_on_seed0(fixed, accuracy, seeds, feasible=lambda n, on: meets(n, list(on), constraint, budget))
 
     def ms(name: str, ss: list[int], m: str) -> list[float]:
-        return list(_ms([by_arm[name][s]["metrics"][m] for s in ss if s in by_arm[name]]))
+        return list(mean_sd([by_arm[name][s]["metrics"][m] for s in ss if s in by_arm[name]]))
 
     out: dict[str, Any] = {"scenario": SCENARIO, "seeds": seeds, "lr": lr, "steps": runs[0]["steps"],
                            "start": runs[0]["start"], "rows": rows,
@@ -535,8 +530,9 @@ def aggregate(tag: str = "", results: Path = RESULTS) -> dict[str, Any]:
             dominated_by = [n for n, acc, d in pts if acc >= a_acc and d <= a_loss and (acc > a_acc or d < a_loss)]
             t["on_or_beyond_open_loop_pareto_front"] = {"axes": f"(task accuracy, {axis}), means over seeds",
                                                         "dominated_by": dominated_by, "met": not dominated_by}
-        picked = pick(constraint, budget, [0]) if 0 in seeds else None
-        t["fixed_w_picked_on_seed0"], t["fixed_w_best_in_hindsight"] = picked, pick(constraint, budget, others)
+        chosen = pick(constraint, budget)
+        picked = chosen["picked_on_seed0"]
+        t["fixed_w_picked_on_seed0"], t["fixed_w_best_in_hindsight"] = picked, chosen["best_in_hindsight"]
         if picked and others and any(s in by_arm[act_name] for s in others):  # an arm run on seed 0 only: no match
             p_acc, a_acc2 = ms(picked, others, "task_accuracy"), ms(act_name, others, "task_accuracy")
             t["matches_fixed_w_picked_on_seed0"] = {
@@ -619,7 +615,10 @@ def plot(out: dict[str, Any], by_arm: dict[str, dict[int, dict[str, Any]]], path
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    scenario_args(ap, SCENARIO, steps=40, quick="12 steps, open loop, one fixed w and Actuator")
+    scenario_args(ap, SCENARIO, steps=40, quick="12 steps, open loop, one fixed w and Actuator",
+                  arms=["open", "plateau", "early", "fixed", "replay", "lora", "wise", "lr-pid", "actuator", "tuned"],
+                  tag_help="suffix of the result files (calibration runs)",
+                  aggregate="combine the per-seed files; run nothing")
     ap.add_argument("--lr", type=float, default=9e-5, help="the learning rate at which the open loop forgets")
     ap.add_argument("--constraint", choices=["kl_drift", "answer_kl", "perplexity"], default="perplexity",
                     help="the probe the capability budget is stated on: perplexity, KL drift on the held-out chat "
@@ -664,15 +663,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--answers-only", action="store_true",
                     help="the anchor's KL on answer positions only (KLAnchor response_template)")
     ap.add_argument("--hotpot", type=int, default=6, help="HotpotQA records in the capability evaluation")
-    ap.add_argument("--arms", nargs="+", default=None,
-                    choices=["open", "plateau", "early", "fixed", "replay", "lora", "wise", "lr-pid", "actuator",
-                             "tuned"])
     identification_args(ap, size=2.0, size_help="the anchor weight's step from 0, linear (default 2: w_max)")
-    ap.add_argument("--tag", default="", help="suffix of the result files (calibration runs)")
-    ap.add_argument("--results", type=Path, default=RESULTS,
-                    help="folder of the per-seed files and the aggregate (variants and calibrations: a subfolder, "
-                         "so they do not mix with the arm rows of benchmarks/results)")
-    ap.add_argument("--aggregate", action="store_true", help="combine the per-seed files; run nothing")
     return ap
 
 

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.control import forgetting as fg
-from benchmarks.control._common import RESULTS
+from benchmarks.control.harness import RESULTS
 
 from actuator.agents.probes._hotpotqa import DEFAULT_MAX_PROMPT
 

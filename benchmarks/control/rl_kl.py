@@ -62,17 +62,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.control._common import (
-    RESULTS,
-    arm_progress, command_line, console, figure, pick_threads, record_targets, save_results,
-    scenario_args, start_controller,
+from benchmarks.control.data import prompt_text
+from benchmarks.control.harness import (
+    arm_progress, command_line, console, control_quality, figure, mean_sd, record_targets, save_results,
+    scenario_args, start,
 )
 
 import torch  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from benchmarks.control.dpo_kl import control_quality, prompt_text  # noqa: E402
-from benchmarks.control.sft_drift import GENERAL_TEXT  # noqa: E402
+from actuator.agents.general import PROBE_TEXTS as GENERAL_TEXT  # noqa: E402
 
 SCENARIO = "rl-kl"
 
@@ -378,18 +377,6 @@ def plot(result: dict[str, Any], path: Path) -> None:
                      f"target {target}", fontsize=10)
 
 
-def mean_sd(values: list[float]) -> tuple[float, float]:
-    vals = [v for v in values if v is not None and math.isfinite(v)]
-    if not vals:
-        return math.nan, math.nan
-    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else 0.0)
-
-
-def fmt(values: list[float], spec: str = ".3f") -> str:
-    m, s = mean_sd(values)
-    return "-" if math.isnan(m) else f"{m:{spec}} ± {s:{spec}}"
-
-
 def summarise(results: list[dict[str, Any]], a: argparse.Namespace) -> dict[str, Any]:
     """Per trainer: mean ± sd per arm over seeds; the fixed β picked on the first seed (closest
     final KL to the target) evaluated on the others, the best in hindsight; the targets."""
@@ -487,15 +474,11 @@ def print_tables(results: list[dict[str, Any]], summary: dict[str, Any], a: argp
         console.print(t)
 
 
-def seed_file(seed: int, trainer: str) -> Path:
-    return RESULTS / f"{SCENARIO}-{trainer}-seed{seed}.json"
-
-
 def aggregate(a: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
     results: list[dict[str, Any]] = []
     meta: dict[str, Any] = {}
-    paths = (sorted(RESULTS.glob(f"{SCENARIO}-x-{a.tag}-*-seed*.json")) if a.tag else
-             sorted(p for p in RESULTS.glob(f"{SCENARIO}-*-seed*.json") if f"{SCENARIO}-x-" not in p.name))
+    paths = (sorted(a.results.glob(f"{SCENARIO}-x-{a.tag}-*-seed*.json")) if a.tag else
+             sorted(p for p in a.results.glob(f"{SCENARIO}-*-seed*.json") if f"{SCENARIO}-x-" not in p.name))
     for path in paths:
         part = json.loads(path.read_text())
         results.extend(part["arms"])
@@ -506,7 +489,7 @@ def aggregate(a: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
             if r["kind"] == "early_stop":
                 r["arm"] = f"early stopping (β {r['start_beta']:g})"
     if not results:
-        raise SystemExit(f"no {SCENARIO}-*-seed*.json in {RESULTS}: run the seeds first")
+        raise SystemExit(f"no {SCENARIO}-*-seed*.json in {a.results}: run the seeds first")
     ns = copy.copy(a)
     for key in ("steps", "target", "band", "lr"):
         setattr(ns, key, meta[key])
@@ -516,7 +499,7 @@ def aggregate(a: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
            "command": command_line("rl_kl", argv), "parts": [p.name for p in paths]}
     out.pop("wall_seconds", None)
     record_targets(out, s["targets"])
-    save_results(f"{SCENARIO}-x-{a.tag}" if a.tag else SCENARIO, out, plot)
+    save_results(f"{SCENARIO}-x-{a.tag}" if a.tag else SCENARIO, out, plot, results=a.results)
     return out
 
 
@@ -540,7 +523,10 @@ def beta_or_word(*words: str) -> Callable[[str], float | str]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    scenario_args(ap, SCENARIO, steps=24, quick="12 steps, the Actuator arm and one fixed beta")
+    scenario_args(ap, SCENARIO, steps=24, quick="12 steps, the Actuator arm and one fixed beta",
+                  arms_default=["actuator", "ziegler", "fixed"],
+                  tag_help="a variant run: results go to rl-kl-x-TAG-<trainer>-seed<N>.json, which --aggregate "
+                           "leaves out", aggregate="combine the per-seed result files")
     ap.add_argument("--trainer", nargs="+", choices=["rloo", "grpo"], default=["rloo"])
     ap.add_argument("--beta", type=beta_or_word("auto"), default=0.1,
                     help="starting beta of Ziegler, early stopping and the PID, or 'auto': the feedforward beta "
@@ -570,13 +556,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     help="the fixed arm early stopping is cut from: a beta of --betas, 'start' (the starting "
                     "--beta) or 'none' (no early-stopping row)")
     ap.add_argument("--tail", type=int, default=5, help="steps averaged for the reward at the end")
-    ap.add_argument("--arms", nargs="+", default=["actuator", "ziegler", "fixed"])
-    ap.add_argument("--aggregate", action="store_true", help="combine the per-seed result files")
     ap.add_argument("--fixed-picked", type=float, default=None,
                     help="with --aggregate: the fixed beta picked on seed 0 by an earlier sweep (when the sweep is "
                     "not among the files), compared with the PID on the other seeds")
-    ap.add_argument("--tag", default=None, help="a variant run: results go to rl-kl-x-TAG-<trainer>-seed<N>.json, "
-                    "which --aggregate leaves out")
     a = ap.parse_args(argv)
     if a.auto_samples < 2:
         ap.error("--auto-samples must be >= 2 (a variance needs two answers per prompt)")
@@ -592,9 +574,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         a.arms = [x for x in a.arms if x != "ziegler"]
     if a.horizon is None:
         a.horizon = float(a.probe_every * a.prompts * a.samples)
-    a.out.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(pick_threads(a.threads))
-    url = start_controller(a.out)
+    url = start(a)
     setup = Setup(a)
     base_ppl = setup.perplexity(setup.ref)
     console.print(f"start: general-text perplexity {base_ppl:.2f}; KL target {a.target} nats/token, lr {a.lr:g}, "
@@ -646,7 +626,7 @@ def save_seed(kind: str, seed: int, results: list[dict[str, Any]], a: argparse.N
            "kl_beta_bounds": [a.beta * a.beta_bounds[0], a.beta * a.beta_bounds[1]], "start_perplexity": base_ppl, "arms": arms,
            "command": command_line("rl_kl", argv), "wall_seconds": time.time() - t_start}
     name = f"{SCENARIO}-x-{a.tag}-{kind}-seed{seed}" if a.tag else f"{SCENARIO}-{kind}-seed{seed}"
-    save_results(name if not a.quick else f"{SCENARIO}-quick", out, plot)
+    save_results(name if not a.quick else f"{SCENARIO}-quick", out, plot, results=a.results)
     return out
 
 

@@ -30,125 +30,21 @@ a cut takes effect a probe late. A trial at setpoint 1 / kp 2 / EMA 0.6 ended at
 from __future__ import annotations
 
 import argparse
-import random
-import re
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.control._common import identify_and_tune as _identify_and_tune
-from benchmarks.control._common import (
-    scenario_args, identification_args, tune_summary,
-    figure, arm_progress, command_line, console, pick_threads, save_results, start_controller,
+from benchmarks.control.harness import identify_and_tune as _identify_and_tune
+from benchmarks.control.harness import (
+    scenario_args, identification_args, tune_summary, start,
+    figure, arm_progress, command_line, console, save_results,
 )
+from benchmarks.control.word_task import Setup, make_trainer
 
-import torch  # noqa: E402
-
-from actuator.agents.general import PROBE_PROMPTS as GENERAL_PROMPTS  # noqa: E402
-from actuator.agents.general import PROBE_TEXTS as GENERAL_TEXT  # noqa: E402
-from actuator.agents.general import chat  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 SCENARIO = "sft-drift"
 
-WORDS = ("apple river candle mountain window garden silver rocket planet forest violin marble tiger lemon castle "
-         "harbor pencil meadow thunder island copper velvet falcon lantern orchid glacier compass saddle timber "
-         "canyon beacon walnut quartz ember willow").split()
-
-
-def task_dataset(tok: Any, n: int, seed: int, max_length: int = 64, completion_only: bool = False) -> Any:
-    """``n`` chat examples of the task. ``completion_only``: a ``labels`` column that counts the
-    answer only (the system prompt and the request are context, -100), as TRL's SFTTrainer does
-    for prompt-completion data; without it the loss counts every token."""
-    from datasets import Dataset
-
-    rng = random.Random(seed)
-    texts, prompt_lengths = [], []
-    for _ in range(n):
-        w = rng.choice(WORDS)
-        texts.append(chat(tok, f"Reverse the word: {w}", "-".join(reversed(w))))
-        if completion_only:
-            prompt_lengths.append(len(tok(chat(tok, f"Reverse the word: {w}"), add_special_tokens=False)["input_ids"]))
-    enc = tok(texts, truncation=True, max_length=max_length)
-    columns = {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
-    if completion_only:
-        columns["labels"] = [[-100] * min(k, len(ids)) + ids[k:] for ids, k in zip(enc["input_ids"], prompt_lengths)]
-    return Dataset.from_dict(columns)
-
-
-def collator(tok: Any, dataset: Any) -> Any:
-    """Pads a batch; labels are the inputs, or the dataset's own ``labels`` (completion-only) padded with -100."""
-    from transformers import DataCollatorForLanguageModeling, DataCollatorForSeq2Seq
-
-    if "labels" in dataset.column_names:
-        return DataCollatorForSeq2Seq(tok, padding=True, label_pad_token_id=-100)
-    return DataCollatorForLanguageModeling(tok, mlm=False)
-
-
-class Setup:
-    """The model, data and probes every arm shares."""
-
-    def __init__(self, seed: int, hotpot_records: int, completion_only: bool = False) -> None:
-        from actuator.agents.models import load_smollm2
-        from actuator.agents.probes import HotpotQA, KLDrift, Perplexity
-
-        with console.status("loading SmolLM2-135M-Instruct (offline)…"):
-            # answers must learn to end: pad with <|endoftext|>, not the end-of-turn token
-            self.model, self.tok = load_smollm2(pad_with_endoftext=True)
-        self.base = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        self.train = task_dataset(self.tok, 400, seed, completion_only=completion_only)
-        self.heldout = task_dataset(self.tok, 32, seed + 1000, completion_only=completion_only)
-        self.drift_prompts = [chat(self.tok, q) for q in GENERAL_PROMPTS]
-        self.ppl = Perplexity(GENERAL_TEXT, self.tok, every=None, batch_size=4)
-        self.hotpot = HotpotQA(None, self.tok, every=None, max_examples=hotpot_records, max_new_tokens=8)
-        self.KLDrift = KLDrift
-
-    def reset(self) -> None:
-        self.model.load_state_dict(self.base)
-
-    @torch.no_grad()
-    def task_accuracy(self) -> float:
-        """Greedy exact match of the reversed spelling, over every word of the vocabulary."""
-        was_training = self.model.training
-        self.model.eval()
-        self.tok.padding_side = "left"
-        prompts = [chat(self.tok, f"Reverse the word: {w}") for w in WORDS]
-        enc = self.tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-        out = self.model.generate(**enc, max_new_tokens=24, do_sample=False, pad_token_id=self.tok.pad_token_id
-                                  or self.tok.eos_token_id)
-        answers = self.tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-        self.tok.padding_side = "right"
-        self.model.train(was_training)
-        # Right when the answer starts with the reversed spelling and the spelling stops there.
-        return sum(re.match(re.escape("-".join(reversed(w))) + r"(?![-A-Za-z])", a.strip()) is not None
-                   for a, w in zip(answers, WORDS)) / len(WORDS)
-
-    def final_metrics(self, trainer: Any) -> dict[str, float]:
-        from actuator.agents.probes import ProbeSuite
-
-        task_loss = trainer.evaluate(self.heldout)["eval_loss"]
-        suite = ProbeSuite([self.ppl, self.hotpot], budget_share=1.0)
-        suite.setup(self.model)
-        values = suite.run(self.model, 0, force=True).values
-        return {"task_loss": task_loss, "task_accuracy": self.task_accuracy(), "perplexity": values["perplexity"],
-                "gold_logprob": values["hotpotqa.gold_logprob"], "hotpotqa_f1": values["hotpotqa.f1"]}
-
-
-def make_trainer(setup: Setup, name: str, lr: float, steps: int, seed: int, out: Path) -> Any:
-    from transformers import Trainer, TrainingArguments
-    from transformers.trainer_callback import PrinterCallback, ProgressCallback
-
-    torch.manual_seed(seed)
-    args = TrainingArguments(
-        output_dir=str(out / name), max_steps=steps, per_device_train_batch_size=4, learning_rate=lr,
-        lr_scheduler_type="constant", logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
-        seed=seed, disable_tqdm=True, dataloader_num_workers=0, weight_decay=0.0, per_device_eval_batch_size=8,
-    )
-    trainer = Trainer(model=setup.model, args=args, train_dataset=setup.train,
-                      data_collator=collator(setup.tok, setup.train))
-    trainer.remove_callback(PrinterCallback)
-    trainer.remove_callback(ProgressCallback)
-    return trainer
 
 
 def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, seed: int) -> dict[str, Any]:
@@ -268,7 +164,10 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    scenario_args(ap, SCENARIO, steps=40, quick="16 steps, three arms, fewer HotpotQA records")
+    scenario_args(ap, SCENARIO, steps=40, quick="16 steps, three arms, fewer HotpotQA records",
+                  arms=["sweep", "open", "plateau", "actuator", "tuned"], arms_default=["sweep", "plateau", "actuator"],
+                  arms_help="'open' runs only the open loop at --lr; 'sweep' runs lr/3, lr and 3*lr",
+                  tag_help="results go to sft-drift-TAG.json (default sft-drift.json)")
     ap.add_argument("--lr", type=float, default=3e-5, help="the aggressive starting learning rate")
     ap.add_argument("--setpoint", type=float, default=1.5, help="KL drift (nats/token) the Actuator arm holds")
     ap.add_argument("--probe-every", type=int, default=2)
@@ -277,17 +176,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--max-step", type=float, default=1.5, help="largest ln(lr) change per decision")
     ap.add_argument("--filter-alpha", type=float, default=1.0,
                     help="EMA weight of the newest drift reading (1 = no filter: the probe is deterministic)")
-    ap.add_argument("--arms", nargs="+", default=["sweep", "plateau", "actuator"],
-                    choices=["sweep", "open", "plateau", "actuator", "tuned"],
-                    help="'open' runs only the open loop at --lr; 'sweep' runs lr/3, lr and 3*lr")
     identification_args(ap)
-    ap.add_argument("--tag", default=None, help="results go to sft-drift-TAG.json (default sft-drift.json)")
     a = ap.parse_args(argv)
     if a.quick:
         a.steps = min(a.steps, 16)
-    a.out.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(pick_threads(a.threads))
-    url = start_controller(a.out)
+    url = start(a)
     t_start = time.time()
     setup = Setup(a.seeds[0], hotpot_records=4 if a.quick else 8)
     base_trainer = make_trainer(setup, "base", a.lr, 1, a.seeds[0], a.out)
@@ -361,7 +254,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 }
     console.print(table)
     console.print(f"targets: {out['targets']}")
-    save_results(f"{SCENARIO}-{a.tag}" if a.tag else SCENARIO, out, plot, t_start)
+    save_results(f"{SCENARIO}-{a.tag}" if a.tag else SCENARIO, out, plot, t_start, a.results)
     return out
 
 

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.control._common import RESULTS, console, machine, pick_threads
+from benchmarks.control.harness import RESULTS, console, machine, pick_threads
 from benchmarks.control.sft_drift import Setup, make_trainer
 
 import torch  # noqa: E402

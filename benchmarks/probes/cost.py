@@ -28,7 +28,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from ..control._common import RESULTS, machine, pick_threads  # noqa: E402
+from ..control.harness import RESULTS, machine, pick_threads  # noqa: E402
 
 BATCH, LENGTH, BUDGET_SHARE = 4, 128, 0.10
 

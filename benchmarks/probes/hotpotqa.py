@@ -29,7 +29,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from ..control._common import RESULTS, machine  # noqa: E402
+from ..control.harness import RESULTS, machine  # noqa: E402
 
 BEFORE = "b3db109"  # the last commit with the zero-shot prompt and first-line extraction
 ROOT = Path(__file__).resolve().parents[2]

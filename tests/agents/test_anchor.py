@@ -256,7 +256,7 @@ def test_word_prompts_act_on_quoted_words_and_stay_clear_of_every_probe_and_the_
     from actuator.agents.general import (
         ANCHOR_PROMPTS, CONTROL_PROMPTS, PROBE_PROMPTS, WORD_SHAPES, topic_prompts, word_prompts,
     )
-    from benchmarks.control.sft_drift import WORDS
+    from benchmarks.control.data import WORDS
 
     prompts = word_prompts()
     assert len(prompts) == len(set(prompts)) == 120 and all(p.count("'") == 2 for p in prompts)

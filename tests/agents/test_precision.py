@@ -74,7 +74,8 @@ def test_native_precision_follows_the_machine():
     """bf16 only where the machine computes it natively: a GPU that supports it, or a CPU with
     AVX512-BF16 / AMX-BF16 (this box: AVX2 only, so fp32). Results files record the choice."""
     sys.path.insert(0, str(ROOT))
-    from benchmarks.control._common import cpu_flags, machine, native_precision, precision_args
+    from actuator.agents.precision import cpu_flags, native_precision, precision_args
+    from benchmarks.control.harness import machine
 
     try:
         flags = Path("/proc/cpuinfo").read_text().split()

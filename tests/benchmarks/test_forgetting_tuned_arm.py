@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.control._common import RESULTS, identification_test
+from benchmarks.control.harness import RESULTS, identification_test
 from benchmarks.control.forgetting import arms_for, constraint_policy, parser
 
 

@@ -11,7 +11,7 @@ import pytest
 
 import actuator.client
 from actuator import ActuatorError
-from benchmarks.control import _common
+from benchmarks.control import harness as _common
 
 
 class FakeClient:
