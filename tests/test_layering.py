@@ -1,56 +1,305 @@
-"""The dependency rule (docs/explanation/architecture.md): controllers <- actuator <- api, and
-actuator (schemas, client, policy) <- agents. Agents never import SQLAlchemy or FastAPI; controllers
-import nothing of ours (stdlib only). And the repository stands alone: no file points outside it."""
+"""The dependency rule (docs/explanation/architecture.md, "Where the code lives"), checked on every
+import, absolute and relative, against the module names the files install as.
+
+The top-level folders install as packages of ``actuator`` (pyproject's ``package-dir``): ``agents/``
+is ``actuator.agents``, ``api/`` is ``actuator.api`` and so on. Each file's relative imports are
+resolved against its package as installed, so ``from .api import x`` in ``actuator/engine.py`` is
+an import of ``actuator.api``. Then each layer may import only what :data:`MAY_IMPORT` names:
+
+* ``controllers``: nothing of ours (and the standard library only, without clock, logging or I/O);
+* the core (``actuator``): itself and ``controllers`` (``actuator.cli`` also ``api``: it starts the
+  service);
+* ``api``: the core and ``controllers``;
+* ``agents``: ``controllers`` and the core's wire side (:data:`WIRE_SIDE`), which itself needs only
+  the core install; never the store, the service or their packages;
+* ``migrations``: the core.
+
+A folder's own name (``controllers``, ``api.views``) is never an import anywhere in the repository:
+it would load the same file a second time as a different module.
+And the repository stands alone: no file points outside it."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
+import tomllib
+from collections.abc import Iterable
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+CORE = "core"
+SUBPACKAGES = {  # layer -> the package it installs as; every other actuator.* module is the core
+    "controllers": "actuator.controllers",
+    "agents": "actuator.agents",
+    "api": "actuator.api",
+    "migrations": "actuator.migrations",
+}
+WIRE = "wire side"
+# The core modules the agents may import: the wire schemas, the client, policy documents, the
+# knob and probe catalogue and the exceptions. They import only the standard library, the
+# controllers, each other and WIRE_PACKAGES, so a training node with the core install runs them.
+WIRE_SIDE = {"actuator", "actuator._exceptions", "actuator.catalogue", "actuator.client", "actuator.policy",
+             "actuator.schemas"}
+WIRE_PACKAGES = {"pydantic", "pydantic_core", "httpx", "yaml"}
+MAY_IMPORT = {
+    "controllers": {"controllers"},
+    CORE: {CORE, "controllers"},
+    "api": {"api", CORE, "controllers"},
+    "agents": {"agents", WIRE, "controllers"},
+    "migrations": {"migrations", CORE},
+}
+ALSO_MAY_IMPORT = {
+    "actuator.cli": {"api"},  # `actuator serve` starts the service
+    "actuator.migrate": {"migrations"},  # finds the Alembic scripts' folder from the package
+}
+SERVER_PACKAGES = {"sqlalchemy", "fastapi", "starlette", "alembic", "uvicorn", "psycopg", "redis",
+                   "prometheus_client", "pydantic_settings"}
+NEVER_IN = {  # third-party packages a layer never imports
+    "agents": SERVER_PACKAGES,
+    CORE: {"torch", "transformers", "fastapi", "starlette"},
+}
 
-def imports(folder: str) -> dict[str, set[str]]:
-    out: dict[str, set[str]] = {}
-    for path in (ROOT / folder).rglob("*.py"):
-        names: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                names.update(a.name for a in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names.add(node.module)
-        out[str(path.relative_to(ROOT))] = names
+
+# -- reading the tree ------------------------------------------------------------------------------
+
+def package_dirs(root: Path) -> dict[Path, str]:
+    """Folder -> the package it installs as, from ``root/pyproject.toml``'s ``package-dir``."""
+    config = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    return {(root / folder).resolve(): package for package, folder in config["package-dir"].items()}
+
+
+def module_of(path: Path, dirs: dict[Path, str]) -> tuple[str, bool]:
+    """The module ``path`` installs as, and whether it is a package (``__init__.py``)."""
+    path = path.resolve()
+    folder = max((d for d in dirs if path.is_relative_to(d)), key=lambda d: len(d.parts))
+    parts = list(path.relative_to(folder).with_suffix("").parts)
+    is_package = parts[-1] == "__init__"
+    if is_package:
+        parts.pop()
+    return ".".join([dirs[folder], *parts]), is_package
+
+
+def package_modules(dirs: dict[Path, str]) -> dict[str, tuple[Path, bool]]:
+    """Every module of the installed packages: name -> (file, is a package)."""
+    found: dict[str, tuple[Path, bool]] = {}
+    for folder in dirs:
+        for path in folder.rglob("*.py"):
+            name, is_package = module_of(path, dirs)
+            found[name] = (path, is_package)
+    return found
+
+
+def imported(source: str, module: str = "", is_package: bool = False, *, with_names: bool = True) -> set[str]:
+    """The modules ``source`` imports, relative imports resolved against ``module``'s package
+    (without ``module``: the absolute imports only).
+
+    ``from X import name`` counts as ``X`` and, ``with_names``, ``X.name`` (``name`` may be a
+    submodule: ``from actuator import api``)."""
+    package = module if is_package else module.rpartition(".")[0]
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level and not module:
+                continue  # a file outside the installed packages: only its absolute imports are read
+            if node.level:
+                parts = package.split(".")
+                if not package or node.level - 1 >= len(parts):
+                    raise ValueError(f"{module}: `from {'.' * node.level}{node.module or ''} import` "
+                                     "reaches above the top-level package")
+                base = ".".join(parts[: len(parts) - (node.level - 1)])
+                target = f"{base}.{node.module}" if node.module else base
+            else:
+                target = node.module or ""
+            names.add(target)
+            if with_names:
+                names.update(f"{target}.{alias.name}" for alias in node.names if alias.name != "*")
+    return names
+
+
+def layer_of(module: str) -> str | None:
+    """The layer of one of our modules (None: the standard library or a third-party package)."""
+    for layer, package in SUBPACKAGES.items():
+        if module == package or module.startswith(package + "."):
+            return layer
+    return CORE if module.split(".")[0] == "actuator" else None
+
+
+def _known(target: str, modules: Iterable[str]) -> str:
+    """The module of the tree ``target`` names (``actuator.schemas.Decision`` -> ``actuator.schemas``),
+    or ``target`` itself when no module of the tree is a prefix of it."""
+    prefixes = [m for m in modules if target == m or target.startswith(m + ".")]
+    return max(prefixes, key=len) if prefixes else target
+
+
+def _may_import(importer: str, target: str) -> bool:
+    allowed = MAY_IMPORT[layer_of(importer) or CORE] | ALSO_MAY_IMPORT.get(importer, set())
+    layer = layer_of(target)
+    return layer in allowed or (WIRE in allowed and layer == CORE and target in WIRE_SIDE)
+
+
+def violations(root: Path) -> list[str]:
+    """Every import in ``root``'s packages that breaks the rule, as ``module: imports target``."""
+    dirs = package_dirs(root)
+    modules = package_modules(dirs)
+    out = []
+    for module, (path, is_package) in sorted(modules.items()):
+        layer = layer_of(module) or CORE
+        targets = {_known(t, modules) for t in imported(path.read_text(), module, is_package)}
+        for target in sorted(targets):
+            top = target.split(".")[0]
+            if layer_of(target) is not None:
+                if not _may_import(module, target):
+                    out.append(f"{module}: imports {target} ({layer} may import {sorted(MAY_IMPORT[layer])})")
+                elif module in WIRE_SIDE and layer_of(target) == CORE and target not in WIRE_SIDE:
+                    out.append(f"{module}: imports {target} (the wire side imports only {sorted(WIRE_SIDE)})")
+            elif top in NEVER_IN.get(layer, set()):
+                out.append(f"{module}: imports {target} ({layer} never imports {top})")
+            elif layer == "controllers" and (top not in sys.stdlib_module_names
+                                             or top in {"logging", "time", "socket"}):
+                out.append(f"{module}: imports {target} (controllers: standard library only, no clock, "
+                           "logging or I/O)")
+            elif module in WIRE_SIDE and top not in sys.stdlib_module_names | WIRE_PACKAGES:
+                out.append(f"{module}: imports {target} (the wire side needs only {sorted(WIRE_PACKAGES)})")
     return out
 
 
-def test_controllers_are_stdlib_only():
-    for path, names in imports("controllers").items():
-        bad = {n for n in names if n.split(".")[0] not in sys.stdlib_module_names}
-        assert not bad, f"{path} imports {bad}"
-        assert not {n for n in names if n.split(".")[0] in {"logging", "time", "socket"}}, path
+def unresolved(root: Path) -> list[str]:
+    """Relative imports in ``root``'s packages that name no module of the tree."""
+    dirs = package_dirs(root)
+    modules = package_modules(dirs)
+    out = []
+    for module, (path, is_package) in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                targets = imported(ast.unparse(node), module, is_package)
+                if not targets & modules.keys():
+                    out.append(f"{module}: {ast.unparse(node)}")
+    return out
 
 
-def test_agents_never_import_store_or_web_framework():
-    for path, names in imports("agents").items():
-        bad = {n for n in names if n.split(".")[0] in {"sqlalchemy", "fastapi", "starlette", "alembic", "uvicorn"}
-               or n.startswith(("actuator.store", "actuator.models", "actuator.api", "actuator.migrate"))}
-        assert not bad, f"{path} imports {bad}"
+def bare_imports(root: Path, files: Iterable[Path]) -> list[str]:
+    """Absolute imports of a package folder by its folder name (``import controllers``) where the
+    folder installs under another name (``actuator.controllers``)."""
+    folders = {folder.name for folder, package in package_dirs(root).items()
+               if folder.parent == root.resolve() and package != folder.name}
+    out = []
+    for path in files:
+        for target in sorted(imported(path.read_text(), with_names=False)):
+            if target.split(".")[0] in folders:
+                out.append(f"{path.relative_to(root)}: {target}")
+    return out
 
 
-def test_core_does_not_import_api_or_agents():
-    for path, names in imports("actuator").items():
-        if path.endswith("cli.py"):
-            continue  # the CLI starts the service
-        bad = {n for n in names if n.startswith(("actuator.api", "actuator.agents", "fastapi", "torch"))}
-        assert not bad, f"{path} imports {bad}"
+def python_files(root: Path) -> list[Path]:
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.py"],
+                            cwd=root, capture_output=True, text=True, check=True).stdout.split()
+    return [root / rel for rel in listed if (root / rel).is_file()]
 
+
+# -- the repository --------------------------------------------------------------------------------
+
+def test_every_import_follows_the_layering_rule():
+    assert violations(ROOT) == []
+
+
+def test_every_relative_import_resolves_to_a_module_of_the_tree():
+    assert unresolved(ROOT) == []
+    # The resolver is what the rule reads: it places this package's relative imports where Python does.
+    assert imported("from .. import schemas\nfrom .sender import S", "actuator.agents.callback") == {
+        "actuator", "actuator.schemas", "actuator.agents.sender", "actuator.agents.sender.S"}
+
+
+def test_the_agents_import_the_core_only_through_its_wire_side():
+    dirs = package_dirs(ROOT)
+    modules = package_modules(dirs)
+    used = {_known(t, modules) for m, (p, pkg) in modules.items() if layer_of(m) == "agents"
+            for t in imported(p.read_text(), m, pkg) if layer_of(t) == CORE}
+    assert used and used <= WIRE_SIDE
+
+
+def test_no_file_imports_a_package_folder_by_its_folder_name():
+    assert bare_imports(ROOT, python_files(ROOT)) == []
+
+
+# -- the checker fails on planted defects ----------------------------------------------------------
+
+def _synthetic_tree(root: Path, planted: dict[str, str]) -> Path:
+    """A small tree laid out like the repository (same package-dir idea), plus ``planted`` files."""
+    (root / "pyproject.toml").write_text(
+        '[tool.setuptools]\npackage-dir = { "actuator" = "actuator", "actuator.api" = "api", '
+        '"actuator.agents" = "agents", "actuator.controllers" = "controllers", '
+        '"actuator.api.routers" = "api/routers" }\n')
+    files = {
+        "actuator/__init__.py": "from ._exceptions import ActuatorError\n",
+        "actuator/_exceptions.py": "class ActuatorError(Exception): ...\n",
+        "actuator/schemas.py": "import pydantic\n",
+        "actuator/store.py": "import sqlalchemy\nfrom .schemas import x\nfrom .controllers import PID\n",
+        "actuator/cli.py": "from .api import create_app\n",
+        "controllers/__init__.py": "import math\n",
+        "api/__init__.py": "from .. import store\n",
+        "api/routers/__init__.py": "",
+        "api/routers/runs.py": "from ...schemas import x\nfrom ..deps import y\n",
+        "api/deps.py": "import fastapi\n",
+        "agents/__init__.py": "",
+        "agents/callback.py": "from ..schemas import x\nfrom .. import controllers\nimport torch\n",
+        "tests/test_x.py": "from actuator.controllers import PID\n",
+        **planted,
+    }
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+def test_the_synthetic_tree_is_clean(tmp_path):
+    root = _synthetic_tree(tmp_path, {})
+    assert violations(root) == [] and unresolved(root) == []
+    assert bare_imports(root, root.rglob("*.py")) == []
+
+
+@pytest.mark.parametrize(("rel", "text", "found"), [
+    ("actuator/engine.py", "from .api import create_app\n", "actuator.engine: imports actuator.api"),
+    ("actuator/engine.py", "from . import api\n", "actuator.engine: imports actuator.api"),
+    ("actuator/engine.py", "from .agents.callback import ActuatorCallback\n", "imports actuator.agents.callback"),
+    ("actuator/engine.py", "import torch\n", "core never imports torch"),
+    ("api/routers/runs.py", "from ...agents import x\n", "actuator.api.routers.runs: imports actuator.agents"),
+    ("agents/callback.py", "from ..store import Store\n", "actuator.agents.callback: imports actuator.store"),
+    ("agents/callback.py", "from ..api.deps import y\n", "imports actuator.api.deps"),
+    ("agents/callback.py", "import sqlalchemy\n", "agents never imports sqlalchemy"),
+    ("controllers/__init__.py", "from ..schemas import x\n", "actuator.controllers: imports actuator.schemas"),
+    ("controllers/__init__.py", "import time\n", "standard library only"),
+    ("actuator/schemas.py", "import sqlalchemy\n", "the wire side needs only"),
+    ("actuator/schemas.py", "from .store import x\n", "actuator.schemas: imports actuator.store"),
+])
+def test_a_planted_import_against_the_rule_is_found(tmp_path, rel, text, found):
+    root = _synthetic_tree(tmp_path, {rel: text})
+    assert any(found in v for v in violations(root)), violations(root)
+
+
+@pytest.mark.parametrize("text", ["import controllers\n", "from api.views import decision_public\n",
+                                  "from agents import callback\n", "import api.views as v\n"])
+def test_a_planted_import_by_folder_name_is_found(tmp_path, text):
+    root = _synthetic_tree(tmp_path, {"tests/test_x.py": text})
+    assert bare_imports(root, root.rglob("*.py")) == [f"tests/test_x.py: {text.split()[1]}"]
+
+
+def test_a_relative_import_that_resolves_to_nothing_is_found(tmp_path):
+    root = _synthetic_tree(tmp_path, {"api/routers/runs.py": "from ..nothing import x\n"})
+    assert unresolved(root) == ["actuator.api.routers.runs: from ..nothing import x"]
+
+
+# -- the repository stands alone -------------------------------------------------------------------
 
 def test_no_file_refers_to_a_document_outside_the_repository():
     # The design notes once lived beside the repository; a clone does not have them. Any relative
     # reference to a document must resolve to a file inside the checkout.
     import re
-    import subprocess
 
     tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     reference = re.compile(r"(?<![\w.])(?:\.\./)+[\w./-]*\.md\b")

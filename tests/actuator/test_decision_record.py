@@ -7,13 +7,13 @@ import math
 import pytest
 from pydantic import ValidationError
 
+from actuator.api.views import decision_public
 from actuator.models import DecisionRow
 from actuator.policy import PolicyDocument
 from actuator.report import build_report
 from actuator.run_state import ControllerState, RunContext
 from actuator.schemas import Decision, DecisionPublic, KnobSpec, ObservationBatch, RunCreate
 from actuator.store import Store
-from api.views import decision_public
 
 POLICY = {"name": "rec", "controllers": [{"name": "drift", "probe": "kl_drift", "knob": "learning_rate",
                                           "setpoint": 0.1, "kp": 1.0, "ki": 0.2}],

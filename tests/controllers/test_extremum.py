@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from controllers import ExtremumConfig, ExtremumSeeking, ExtremumState, ParameterError
+from actuator.controllers import ExtremumConfig, ExtremumSeeking, ExtremumState, ParameterError
 
 
 def _run(law: ExtremumSeeking, f, start: float, n: int, trend=lambda k: 0.0, noise: float = 0.0,
