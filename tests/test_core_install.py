@@ -80,9 +80,8 @@ SCRIPT = textwrap.dedent(
     import torch
     torch.set_num_threads(1)
     from transformers import Trainer, TrainerCallback, TrainingArguments
-    from actuator.agents.callback import ActuatorCallback
+    from actuator.agents import ActuatorCallback, Probe
     from actuator.agents.models import tiny_llama
-    from actuator.agents.probes import Probe
 
     class Rising(Probe):
         name = "rising"
