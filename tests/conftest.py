@@ -64,3 +64,12 @@ def sqlite_service(tmp_path: Path) -> Iterator[Service]:
     svc = make_service(f"sqlite:///{tmp_path / 'actuator.db'}", log_dir=str(tmp_path)).start()
     yield svc
     svc.stop()
+
+
+@pytest.fixture(scope="module")
+def module_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    """One real service on SQLite for a whole module (each test registers its own runs)."""
+    tmp = tmp_path_factory.mktemp("module-service")
+    svc = make_service(f"sqlite:///{tmp / 'actuator.db'}", log_dir=str(tmp)).start()
+    yield svc
+    svc.stop()

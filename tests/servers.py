@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 
 PG_BIN_DIRS = sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)
+GRACEFUL_SHUTDOWN_S = 1  # uvicorn --timeout-graceful-shutdown for the services tests start
 
 
 def free_port() -> int:
@@ -130,8 +131,12 @@ class Service:
             actuator = shutil.which("actuator", path=os.path.dirname(sys.executable)) or "actuator"
             argv = [actuator, "serve", "--port", str(self.port), "--log-level", "warning", *self.serve_args]
         else:
+            # A live stream (/stream, the console) whose client has gone ends only at its next write
+            # (the 15 s keep-alive): without a graceful-shutdown limit, stop() waited 10 s and killed.
+            # After 1 s uvicorn cancels what is still open and runs the app's shutdown as usual.
             argv = [sys.executable, "-m", "uvicorn", "--factory", "actuator.api.app:create_app",
-                    "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"]
+                    "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning",
+                    "--timeout-graceful-shutdown", str(GRACEFUL_SHUTDOWN_S)]
         self.proc = subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         _wait(lambda: httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200, timeout, "actuator service")
         return self

@@ -41,7 +41,7 @@ Object.defineProperty(window, "uPlot", {
 
 
 @pytest.fixture
-def page(browser, sqlite_service):  # type: ignore[no-untyped-def]
+def page(browser, module_service):  # type: ignore[no-untyped-def]
     """The browser with the chart wrapper installed on every page it opens during the test."""
     script = browser.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": KEEP_PLOTS})
     yield browser
@@ -67,8 +67,8 @@ def _stream_text(browser) -> str:  # type: ignore[no-untyped-def]
     return browser.find_element(By.ID, "stream-state").text
 
 
-def test_the_run_page_names_starved_probes_and_plots_filtered_values_where_observed(page, sqlite_service):
-    url = sqlite_service.url
+def test_the_run_page_names_starved_probes_and_plots_filtered_values_where_observed(page, module_service):
+    url = module_service.url
     run = register(url, policy=POLICY, knobs=KNOBS)
     drifts = [0.1, 0.3, 0.6, 0.9]
     for seq, drift in enumerate(drifts):
@@ -112,8 +112,8 @@ def test_the_run_page_names_starved_probes_and_plots_filtered_values_where_obser
     assert "starved: policy_kl" in _text(page, f'#runs tr[data-run="{run["id"]}"]')
 
 
-def test_a_finished_run_is_not_shown_live_nor_offered_actions(page, sqlite_service):
-    url = sqlite_service.url
+def test_a_finished_run_is_not_shown_live_nor_offered_actions(page, module_service):
+    url = module_service.url
     run = register(url, policy=POLICY, knobs=KNOBS)
     r = post_obs(url, run, [{"seq": 0, "step": 1, "probes": {"kl_drift": 0.1}}])
     assert r.status_code == 200, r.text
@@ -132,8 +132,8 @@ def test_a_finished_run_is_not_shown_live_nor_offered_actions(page, sqlite_servi
     assert "live" not in _stream_text(page) and not _visible(page, "#actions button")
 
 
-def test_knobs_in_effect_follow_the_acknowledgements(page, sqlite_service):
-    url = sqlite_service.url
+def test_knobs_in_effect_follow_the_acknowledgements(page, module_service):
+    url = module_service.url
     run = register(url, policy=POLICY, knobs=KNOBS)
     for seq, drift in enumerate([0.1, 0.5]):
         r = post_obs(url, run, [{"seq": seq, "step": 10 * (seq + 1), "probes": {"kl_drift": drift},
