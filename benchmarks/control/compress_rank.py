@@ -67,7 +67,7 @@ from typing import Any
 
 from benchmarks.control.data import blocks, stdlib_text
 from benchmarks.control.harness import (
-    RESULTS, command_line, console, arm_progress, figure, fmt_ms, for_each_seed, machine, read_seeds, scenario_args,
+    RESULTS, command_line, console, arm_progress, figure, fmt_ms, for_each_seed, judged, machine, read_seeds, scenario_args,
     seed_path, start, write_seed,
 )
 
@@ -546,17 +546,29 @@ def aggregate(tag: str = "", results: Path = RESULTS) -> dict[str, Any]:
             continue
         t: dict[str, Any] = {}
         within = all(act["within_budget"])
-        t["params_le_85pct_within_budget"] = {"met": within and mean(act["param_ratio"]) <= 0.85,
-                                              "ratio": mean(act["param_ratio"]), "all_within_budget": within}
-        t["stretch_params_le_75pct"] = {"met": within and mean(act["param_ratio"]) <= 0.75}
+        # per seed: the arm's run on that seed against the open-loop arms' runs on the same seed
+        run = {r["seed"]: r for r in by_kind[act_kind]}
+        loop_runs = {k: {r["seed"]: r for r in by_kind[k]} for k in open_loop}
+        both = [seed for seed in run if all(seed in runs for runs in loop_runs.values())]
+        t["params_le_85pct_within_budget"] = judged(
+            {"met": within and mean(act["param_ratio"]) <= 0.85, "ratio": mean(act["param_ratio"]),
+             "all_within_budget": within},
+            {seed: r["final_within_budget"] and r["param_ratio"] <= 0.85 for seed, r in run.items()})
+        t["stretch_params_le_75pct"] = judged(
+            {"met": within and mean(act["param_ratio"]) <= 0.75},
+            {seed: r["final_within_budget"] and r["param_ratio"] <= 0.75 for seed, r in run.items()})
         if open_loop:
             best_over = min(mean(s["steps_over_budget"]) for s in open_loop.values())
-            t["fewer_params_than_every_open_loop_arm"] = {
+            t["fewer_params_than_every_open_loop_arm"] = judged({
                 "met": all(mean(act["params"]) < mean(s["params"]) for s in open_loop.values()),
-                act_kind: mean(act["params"]), **{k: mean(s["params"]) for k, s in open_loop.items()}}
-            t["no_more_steps_over_budget_than_best_open_loop"] = {
+                act_kind: mean(act["params"]), **{k: mean(s["params"]) for k, s in open_loop.items()}},
+                {seed: all(run[seed]["final_params"] < runs[seed]["final_params"] for runs in loop_runs.values())
+                 for seed in both})
+            t["no_more_steps_over_budget_than_best_open_loop"] = judged({
                 "met": mean(act["steps_over_budget"]) <= best_over, act_kind: mean(act["steps_over_budget"]),
-                "best_open_loop": best_over}
+                "best_open_loop": best_over},
+                {seed: run[seed]["steps_over_budget"] <= min(runs[seed]["steps_over_budget"]
+                                                             for runs in loop_runs.values()) for seed in both})
         targets[act_kind] = t
     console.print(f"targets: {targets}")
     out = {**{k: v for k, v in head.items() if k not in ("arms", "seed", "machine")},

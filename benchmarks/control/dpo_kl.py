@@ -63,7 +63,7 @@ from typing import Any
 from benchmarks.control.data import prompt_text
 from benchmarks.control.harness import identify_and_tune as _identify_and_tune
 from benchmarks.control.harness import (
-    scenario_args, identification_args, tune_summary, start, control_quality,
+    scenario_args, add_flags, identification_args, tune_summary, start, control_quality,
     arm_label, figure, record_targets,
     command_line, console, arm_progress, save_results,
 )
@@ -459,14 +459,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--kd", type=float, default=None, help="PID kd × target, steps")
     ap.add_argument("--max-step", type=float, default=1.5, help="PID rate limit, log-beta units per decision")
     ap.add_argument("--n-sums", type=int, default=0, help="hard pairs: right vs wrong sums (default none)")
-    ap.add_argument("--lr-kp", type=float, default=4.0, help="lr arm: PID kp × 1/target (log-lr units)")
-    ap.add_argument("--lr-ki", type=float, default=0.2, help="lr arm: PID ki × 1/target, per step")
-    ap.add_argument("--lr-floor", type=float, default=0.01, help="lr arm: lowest learning rate, × --lr")
-    ap.add_argument("--w-kp", type=float, default=2.0, help="anchor arm: constraint kp × 1/target")
-    ap.add_argument("--w-ki", type=float, default=0.2, help="anchor arm: constraint ki × 1/target, per step")
-    ap.add_argument("--w-max", type=float, default=5.0, help="anchor arm: largest KL-anchor weight")
-    ap.add_argument("--w-step", type=float, default=0.5, help="anchor arm: largest change of w per decision")
-    ap.add_argument("--anchor-batch", type=int, default=2, help="anchor texts per step")
+    add_flags(ap, {  # the restoring arms (lr, anchor, lr+anchor)
+        "--lr-kp": (4.0, "lr arm: PID kp × 1/target (log-lr units)"),
+        "--lr-ki": (0.2, "lr arm: PID ki × 1/target, per step"),
+        "--lr-floor": (0.01, "lr arm: lowest learning rate, × --lr"),
+        "--w-kp": (2.0, "anchor arm: constraint kp × 1/target"),
+        "--w-ki": (0.2, "anchor arm: constraint ki × 1/target, per step"),
+        "--w-max": (5.0, "anchor arm: largest KL-anchor weight"),
+        "--w-step": (0.5, "anchor arm: largest change of w per decision"),
+        "--anchor-batch": (2, "anchor texts per step"),
+    })
     identification_args(ap)
     ap.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
                     help="training precision (auto: bf16 where the machine has it natively, else fp32)")

@@ -49,7 +49,7 @@ from typing import Any
 
 from benchmarks.control.data import collator
 from benchmarks.control.harness import (
-    RESULTS, command_line, console, figure, for_each_seed, identification_args, machine, mean_sd, pick_on_seed0,
+    RESULTS, command_line, console, figure, for_each_seed, identification_args, judged, machine, mean_sd, pick_on_seed0,
     read_seeds, scenario_args, seed_path, start, tune_summary, write_seed,
 )
 from benchmarks.control.harness import identify_and_tune as _identify_and_tune
@@ -502,6 +502,9 @@ def aggregate(tag: str = "", results: Path = RESULTS) -> dict[str, Any]:
 
         return pick_on_seed0(fixed, accuracy, seeds, feasible=lambda n, on: meets(n, list(on), constraint, budget))
 
+    def metric(name: str, s: int, m: str) -> float:
+        return by_arm[name][s]["metrics"][m]
+
     def ms(name: str, ss: list[int], m: str) -> list[float]:
         return list(mean_sd([by_arm[name][s]["metrics"][m] for s in ss if s in by_arm[name]]))
 
@@ -519,11 +522,16 @@ def aggregate(tag: str = "", results: Path = RESULTS) -> dict[str, Any]:
             ratios = {}
             for m in ("ppl_rise_pct", "gold_logprob_drop", "embedding_drift"):
                 ratios[m] = (act[m][0] / ref[m][0]) if ref[m][0] > 0 else None  # None: the open loop lost nothing
-            t["accuracy_no_lower_than_open_loop"] = {"actuator": act["task_accuracy"], "open_loop": ref["task_accuracy"],
-                                                     "met": act["task_accuracy"][0] >= ref["task_accuracy"][0]}
-            t["capability_loss_at_most_one_third"] = {
+            both = [s for s in seeds if s in by_arm[act_name] and s in by_arm[ref_name]]
+            t["accuracy_no_lower_than_open_loop"] = judged(
+                {"actuator": act["task_accuracy"], "open_loop": ref["task_accuracy"],
+                 "met": act["task_accuracy"][0] >= ref["task_accuracy"][0]},
+                {s: metric(act_name, s, "task_accuracy") >= metric(ref_name, s, "task_accuracy") for s in both})
+            t["capability_loss_at_most_one_third"] = judged({
                 "ratios": ratios, "met_per_probe": {m: (r is None or r <= 1 / 3) for m, r in ratios.items()},
-                "met": all(r is None or r <= 1 / 3 for r in ratios.values())}
+                "met": all(r is None or r <= 1 / 3 for r in ratios.values())},
+                {s: all(metric(ref_name, s, m) <= 0 or metric(act_name, s, m) <= metric(ref_name, s, m) / 3
+                        for m in ratios) for s in both})
             axis = axis_of(constraint)
             pts = [(n, rows[n]["task_accuracy"][0], rows[n][axis][0]) for n in rows if rows[n]["kind"] in open_kinds]
             a_acc, a_loss = act["task_accuracy"][0], act[axis][0]
@@ -546,6 +554,10 @@ def aggregate(tag: str = "", results: Path = RESULTS) -> dict[str, Any]:
                 "runs_needed": {"fixed": f"{len(fixed)} (the sweep on seed 0) + 1 per later run", "actuator": f"{sum(1 for n in by_arm if rows[n]['kind'] == 'actuator' and 0 in by_arm[n])} (gain sets "
                                                          "tried on seed 0) + 1 per later run"},
                 "met": a_acc2[0] >= p_acc[0] - max(p_acc[1], a_acc2[1]) and meets(act_name, others, constraint, budget)}
+            later = [s for s in others if s in by_arm[act_name] and s in by_arm[picked]]
+            t["matches_fixed_w_picked_on_seed0"] = judged(t["matches_fixed_w_picked_on_seed0"], {
+                s: metric(act_name, s, "task_accuracy") >= metric(picked, s, "task_accuracy") - max(p_acc[1], a_acc2[1])
+                and meets(act_name, [s], constraint, budget) for s in later})
         targets[act_name] = t
     # Step-time cost of the anchor: fixed-w arms against the open-loop arms without an in-training
     # probe (same batch, same machine state, interleaved in time).

@@ -64,7 +64,7 @@ from typing import Any
 
 from benchmarks.control.data import prompt_text
 from benchmarks.control.harness import (
-    arm_progress, command_line, console, control_quality, figure, mean_sd, record_targets, save_results,
+    arm_progress, command_line, console, control_quality, figure, judged, mean_sd, record_targets, save_results,
     scenario_args, start,
 )
 
@@ -440,6 +440,25 @@ def summarise(results: list[dict[str, Any]], a: argparse.Namespace) -> dict[str,
                 <= max(table[closest]["reward"][1], 1e-9),
                 "closest_fixed": closest, "pid_reward": pid["reward"], "closest_fixed_reward": table[closest]["reward"],
             }
+
+            def runs(name: str, rs: list[dict[str, Any]] = rs) -> dict[int, dict[str, Any]]:
+                return {r["seed"]: r for r in rs if r["arm"] == name}
+
+            # each verdict on the means also under the 4-of-5 seeds rule (harness.judged)
+            pid_runs, zie_runs, fixed_runs = runs("actuator PID"), runs("Ziegler adaptive KL"), runs(picked)
+            per_seed = {
+                "overshoot_at_most_15pct": {s: r["overshoot_pct"] <= 15.0 for s, r in pid_runs.items()},
+                "abs_error_at_most_picked_fixed": {s: pid_runs[s]["abs_error"] <= fixed_runs[s]["abs_error"]
+                                                   for s in later if s in pid_runs and s in fixed_runs},
+            }
+            if zie:
+                def settle(r: dict[str, Any]) -> float:
+                    return r["settling_step"] if r["settling_step"] is not None else a.steps + 1
+
+                per_seed["settles_in_half_ziegler_steps"] = {s: settle(r) <= settle(zie_runs[s]) / 2
+                                                             for s, r in pid_runs.items() if s in zie_runs}
+            verdicts = {k: judged({"met": targets[kind][k]}, v) for k, v in per_seed.items()}
+            targets[kind].update({k: v["met"] for k, v in verdicts.items()}, verdicts=verdicts)
     return {"summary": summary, "targets": targets}
 
 

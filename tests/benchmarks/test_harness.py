@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.control.harness import (
-    fmt_ms, mean_sd, pick_on_seed0, read_seeds, seed_path, spread, verdict, write_seed,
+    fmt_ms, judged, mean_sd, pick_on_seed0, read_seeds, seed_path, spread, verdict, write_seed,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -212,3 +212,39 @@ def test_the_import_check_finds_a_planted_import_of_each_kind(tmp_path):
         ("examples/demo.py", "benchmarks"),
         ("tests/agents/test_x.py", "examples"),
     }
+
+
+def test_judged_keeps_the_verdict_on_the_mean_beside_the_seed_rule():
+    t = judged({"met": True, "relative": 0.1}, {1: True, 2: False})
+    assert not t["met"] and t["met_on_mean"] and t["relative"] == 0.1
+    assert t["held_per_seed"] == {"1": True, "2": False} and t["seeds_held"] == 1 and t["seeds_needed"] == 2
+    assert t["seeds_note"] == "judged on 2 seeds (the rule asks 4 of 5)"
+    five = judged({"met": True}, {s: s != 3 for s in range(5)})
+    assert five["met"] and "seeds_note" not in five
+
+
+def _draft_seed(folder: Path, seed: int, alphas: dict[str, float]) -> None:
+    import json
+
+    arms = [{"key": key, "arm": key, "seed": seed, "steps": 10, "onpolicy_steps": 0, "cpu_seconds": 45.0,
+             "final": {"acceptance": alpha, "tokens_per_call": 1.1},
+             "trace": [{"cpu_seconds": 10.0 * i, "acceptance": alpha * i / 3, "onpolicy_fraction": 0.5}
+                       for i in range(1, 4)]} for key, alpha in alphas.items()]
+    (folder / f"draft-distill-seed{seed}.json").write_text(json.dumps(
+        {"scenario": "draft-distill", "seed": seed, "budget": 45.0, "draft_layers": 10, "arms": arms}))
+
+
+def test_an_alpha_gain_on_the_mean_but_not_on_every_later_seed_is_not_met(tmp_path):
+    from benchmarks.control.draft_distill import aggregate
+
+    _draft_seed(tmp_path, 0, {"fkl-T1": 0.20, "tv": 0.10, "actuator": 0.21})
+    _draft_seed(tmp_path, 1, {"fkl-T1": 0.10, "tv": 0.30, "actuator": 0.20})  # +100%
+    _draft_seed(tmp_path, 2, {"fkl-T1": 0.20, "tv": 0.30, "actuator": 0.19})  # -5%
+    out = aggregate("", tmp_path)
+    t = out["targets"]
+    assert t["picked_on_seed_0"] == "fkl-T1" and t["best_in_hindsight_seeds_1_2"] == "tv"
+    gain = t["alpha_gain_vs_picked"]
+    assert gain["relative"] == pytest.approx(0.39 / 0.30 - 1) and gain["met_on_mean"]
+    assert gain["held_per_seed"] == {"1": True, "2": False} and not gain["met"]
+    assert out["summary"]["actuator"]["alpha_worst"]["worst_seed"] == 2
+    assert (tmp_path / "draft-distill.json").is_file() and (tmp_path / "draft-distill.png").is_file()
