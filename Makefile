@@ -13,6 +13,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
+export NO_MKDOCS_2_WARNING := 1  # mkdocs 1.6 prints a banner about its successor on every build
 
 .PHONY: demo test setup system-deps serve clean lint docs
 
