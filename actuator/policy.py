@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from ._exceptions import PolicyError
+from .catalogue import KNOBS, PROBES
 from .schemas import MAX_INT, MAX_SETPOINT_POINTS, FiniteFloat, Name, PositiveFinite, Scale
 
 __all__ = [
@@ -41,46 +42,17 @@ __all__ = [
     "probe_for_key",
 ]
 
-# Observation keys the shipped probes produce. Policies may also name "train.<metric>" (a
-# training metric the agent reports, e.g. train.loss) or "custom.<anything>" for user probes.
-KNOWN_PROBES = frozenset(
-    {
-        "perplexity",
-        "kl_drift",
-        "answer_kl",
-        "policy_kl",
-        "embedding_drift",
-        "answer_agreement",
-        "hotpotqa.em",
-        "hotpotqa.f1",
-        "hotpotqa.gold_logprob",
-        "draft.acceptance",
-        "draft.tokens_per_call",
-        "compression.params",
-        "compression.flops",
-    }
-)
-KNOWN_KNOBS = frozenset({"learning_rate", "kl_beta", "distill_lambda", "rank", "compression_threshold",
-                         "mlp_channel_threshold", "gkd_beta", "kl_weight", "onpolicy_fraction", "divergence_mix",
-                         "distill_temperature"})
-# The values a probe can take: a setpoint or threshold outside them can never be met.
-PROBE_RANGES: dict[str, tuple[float, float]] = {
-    "perplexity": (1.0, math.inf),
-    "kl_drift": (0.0, math.inf),
-    "answer_kl": (0.0, math.inf),
-    "policy_kl": (0.0, math.inf),
-    "embedding_drift": (0.0, 2.0),
-    "answer_agreement": (0.0, 1.0),
-    "hotpotqa.em": (0.0, 1.0),
-    "hotpotqa.f1": (0.0, 1.0),
-    "hotpotqa.gold_logprob": (-math.inf, 0.0),
-    "draft.acceptance": (0.0, 1.0),
-    "draft.tokens_per_call": (1.0, math.inf),
-}
+# Observation keys the shipped probes produce and the knobs Actuator can turn: live views of the
+# catalogue (actuator/catalogue.py), which defines each once. Policies may also name "train.<metric>"
+# (a training metric the agent reports, e.g. train.loss) or "custom.<anything>" for user probes.
+KNOWN_PROBES = PROBES.keys()
+KNOWN_KNOBS = KNOBS.keys()
 
 
 def _check_in_range(probe: str | None, value: float, what: str) -> None:
-    lo, hi = PROBE_RANGES.get(probe or "", (-math.inf, math.inf))
+    # The values a probe can take: a setpoint or threshold outside them can never be met.
+    known = PROBES.get(probe or "")
+    lo, hi = known.range if known is not None else (-math.inf, math.inf)
     if not lo <= value <= hi:
         raise ValueError(f"{what} {value} is outside the range of {probe} [{lo}, {hi}]")
 _FREE_PREFIXES = ("train.", "custom.")
@@ -90,11 +62,8 @@ def probe_for_key(key: str) -> str | None:
     """The shipped probe (its ``probes[].name``) that produces observation key ``key``:
     ``hotpotqa.gold_logprob`` -> ``hotpotqa``, ``answer_agreement`` -> ``embedding_drift``; None for
     the keys no probe produces (``train.*``, ``custom.*``; ``compression.*`` come from knob setters)."""
-    if key not in KNOWN_PROBES or key.startswith("compression."):
-        return None
-    if key == "answer_agreement":
-        return "embedding_drift"
-    return key.split(".")[0]
+    known = PROBES.get(key)
+    return known.source if known is not None else None
 
 
 def _check_probe(name: str) -> str:
@@ -470,11 +439,6 @@ def load_preset(name: str) -> PolicyDocument:
     return load_policy(path)
 
 
-# Probes where higher is better get a lower bound; drift-like probes an upper bound.
-_HIGHER_IS_BETTER = ("hotpotqa.", "draft.", "answer_agreement")
-_DRIFT = ("kl_drift", "answer_kl", "policy_kl", "embedding_drift")
-
-
 def protect_policy(
     protect: dict[str, float | str],
     *,
@@ -505,8 +469,9 @@ def protect_policy(
     controllers: list[dict[str, Any]] = []
     probes: dict[str, dict[str, Any]] = {}
     for probe, threshold in protect.items():
-        is_drift = probe in _DRIFT
-        lower = probe.startswith(_HIGHER_IS_BETTER)
+        known = PROBES.get(probe)  # the catalogue says which probes measure drift and which are better higher
+        is_drift = known is not None and known.drift
+        lower = known is not None and known.higher_is_better
         action = on_drift if is_drift else on_breach
         if anchor and not isinstance(threshold, str) and float(threshold) != 0:
             controllers.append(constraint_controller(f"hold-{probe}".replace(".", "-")[:64], probe, float(threshold),

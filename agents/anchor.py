@@ -57,7 +57,9 @@ except ImportError as exc:
 
     raise training_stack_missing("actuator.agents.anchor", exc) from exc
 
-from .knobs import KnobNotSupported
+from actuator._exceptions import ConfigError
+
+from .knobs import KnobNotSupported, knob_setter
 from .probes._common import check_texts, encode, is_peft_model, pad_batch, pad_token_id, probe_mode, subsample
 
 __all__ = ["KLAnchor", "KLAnchorKnob", "KLAnchorMixin", "KLAnchorCallback", "anchor_trainer", "install_anchor",
@@ -349,6 +351,16 @@ class KLAnchorKnob:
     def apply(self, value: float) -> float:
         self.anchor.weight = max(0.0, float(value))
         return self.read()
+
+
+@knob_setter("kl_weight", hint="actuator.agents.anchor.KLAnchorKnob(anchor)")
+def _kl_weight(*, trainer: Any, **_: Any) -> KLAnchorKnob:
+    anchor = getattr(trainer, "kl_anchor", None)
+    if anchor is None:
+        raise ConfigError("knobs.kl_weight: the trainer has no KL anchor; build it with "
+                          "actuator.agents.anchor.anchor_trainer(YourTrainer)(..., kl_anchor=KLAnchor(texts, "
+                          "tokenizer)), or pass setters=[KLAnchorKnob(anchor)] for your own loop")
+    return KLAnchorKnob(anchor)
 
 
 try:

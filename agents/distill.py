@@ -49,7 +49,7 @@ except ImportError as exc:
 
     raise training_stack_missing("actuator.agents.distill", exc) from exc
 
-from .knobs import KnobNotSupported
+from .knobs import KnobNotSupported, knob_setter
 from .probes._draft import sample_continuations
 
 log = logging.getLogger("actuator.agents")
@@ -525,3 +525,13 @@ class DistillTemperatureKnob:
     def apply(self, value: float) -> float:
         self.trainer.temperature = _check_temperature(value, self.name)
         return self.read()
+
+
+def _register_trainer_knob(cls: type) -> None:
+    """``cls(trainer)`` is the setter of knob ``cls.name``."""
+    knob_setter(cls.name, hint=f"actuator.agents.distill.{cls.__name__}(trainer)")(
+        lambda *, trainer, **_: cls(trainer))
+
+
+for _cls in (DistillLambdaKnob, GKDBetaKnob, OnPolicyFractionKnob, DivergenceMixKnob, DistillTemperatureKnob):
+    _register_trainer_knob(_cls)

@@ -4,15 +4,30 @@ A setter knows where a knob lives in one trainer (optimizer param groups, ``trai
 layer's active rank, ...). ``read()`` returns the value in effect, read back from the object the
 training step really uses; ``apply(value)`` writes it and returns ``read()`` afterwards, so the
 agent reports what training uses, not what it asked for.
+
+**Where a knob's setter is found.** A setter *factory* registers beside its setter, under the
+knob's name, with :func:`knob_setter` (``learning_rate`` here; ``kl_weight`` in anchor.py; ``kl_beta``
+in trl_knobs.py; the distillation knobs in distill.py; ``rank`` and the thresholds in
+compression/). :func:`setter_for` finds the setter of a knob from the trainer, and imports every
+registering module first, so a knob is never "unknown" because its module was not imported. The
+knob's defaults (bounds, scale, rate limit) are in the catalogue (``actuator.catalogue``); passing
+a :class:`~actuator.catalogue.Knob` to :func:`knob_setter` adds a new knob to both at once.
 """
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
+
+from actuator._exceptions import ConfigError
+from actuator.catalogue import Knob, register_knob
 
 from ._hf_compat import sync_last_lr
 
-__all__ = ["KnobSetter", "KnobNotSupported", "LearningRateKnob"]
+__all__ = ["KnobSetter", "KnobNotSupported", "LearningRateKnob", "SetterFactory", "knob_setter", "setter_for",
+           "setter_hint", "registered_setters", "unwrap_scheduler"]
 
 
 class KnobNotSupported(RuntimeError):
@@ -98,3 +113,95 @@ class LearningRateKnob:
         if sched is not None:
             sync_last_lr(sched, self.optimizer)  # get_last_lr() (the trainer's logged lr) says the new value
         return self.read()
+
+
+def unwrap_scheduler(sched: Any) -> Any:
+    """The LambdaLR that owns ``base_lrs`` (accelerate's AcceleratedScheduler wraps it)."""
+    while sched is not None and not hasattr(sched, "base_lrs") and hasattr(sched, "scheduler"):
+        sched = sched.scheduler
+    return sched
+
+
+# -- the setter registry -------------------------------------------------------------------------
+
+SetterFactory = Callable[..., KnobSetter]
+"""``factory(*, trainer, optimizer, lr_scheduler, model) -> KnobSetter``: the setter of one knob,
+found from the trainer (any of the four may be None). It raises :class:`KnobNotSupported` when
+this trainer cannot have the knob changed (the message says why), or ``ConfigError`` for a
+message that must stand on its own."""
+
+
+@dataclass(frozen=True)
+class _Registration:
+    factory: SetterFactory
+    hint: str  # the setter to pass by hand, as error messages name it
+    needs_trainer: bool
+
+
+_REGISTRY: dict[str, _Registration] = {}
+# The modules whose setters register themselves (relative to actuator.agents).
+_REGISTERING_MODULES = (".anchor", ".trl_knobs", ".distill", ".compression")
+
+
+def knob_setter(knob: str | Knob, *, hint: str, needs_trainer: bool = True) -> Callable[[SetterFactory], SetterFactory]:
+    """Register the decorated factory as the setter of ``knob``. ``hint`` is the setter a user
+    can pass by hand (``setters=[...]``), as error messages name it. ``needs_trainer``: the factory
+    reads the trainer, so a callback without one says how to attach it. A :class:`Knob` (a knob
+    the catalogue does not ship) is added to the catalogue too: one registration adds a knob."""
+
+    def register(factory: SetterFactory) -> SetterFactory:
+        if isinstance(knob, Knob):
+            register_knob(knob)
+        name = knob.name if isinstance(knob, Knob) else knob
+        known = _REGISTRY.get(name)
+        if known is not None and known.factory.__qualname__ != factory.__qualname__:
+            raise ValueError(f"knob {name!r} already has a setter factory: {known.factory.__qualname__}")
+        _REGISTRY[name] = _Registration(factory, hint, needs_trainer)
+        return factory
+
+    return register
+
+
+def _load_registrations() -> None:
+    for module in _REGISTERING_MODULES:
+        importlib.import_module(module, __package__)
+
+
+def registered_setters() -> dict[str, str]:
+    """Every knob with a registered setter factory, and its hint."""
+    _load_registrations()
+    return {name: reg.hint for name, reg in sorted(_REGISTRY.items())}
+
+
+def setter_hint(name: str) -> str | None:
+    """The setter a user can pass for knob ``name`` (``"actuator.agents.trl_knobs.KLBetaKnob(trainer)"``)."""
+    _load_registrations()
+    reg = _REGISTRY.get(name)
+    return reg.hint if reg is not None else None
+
+
+def setter_for(name: str, *, trainer: Any = None, optimizer: Any = None, lr_scheduler: Any = None,
+               model: Any = None) -> KnobSetter:
+    """The setter of knob ``name``, found from the trainer (its optimizer, scheduler and model are
+    passed apart because Trainer hooks hand them over before the trainer has them). Raises
+    ``ConfigError`` naming the knob and what to pass instead."""
+    _load_registrations()
+    reg = _REGISTRY.get(name)
+    if reg is None:
+        raise ConfigError(f"knobs.{name}: no setter for this knob; pass setters=[...] with an object that has "
+                          "name, read() and apply(value) (the KnobSetter protocol, actuator.agents.knobs)")
+    if reg.needs_trainer and trainer is None:
+        raise ConfigError(f"knobs.{name}: the callback could not find its trainer; attach it with "
+                          f".attach(trainer), or pass setters=[{reg.hint}]")
+    try:
+        return reg.factory(trainer=trainer, optimizer=optimizer, lr_scheduler=lr_scheduler, model=model)
+    except KnobNotSupported as exc:
+        raise ConfigError(f"knobs.{name}: {exc} (the setter the callback tried: {reg.hint})") from exc
+
+
+@knob_setter("learning_rate", hint="actuator.agents.knobs.LearningRateKnob(optimizer, scheduler)",
+             needs_trainer=False)
+def _learning_rate(*, optimizer: Any, lr_scheduler: Any, **_: Any) -> KnobSetter:
+    if optimizer is None:
+        raise ConfigError("knobs.learning_rate: the trainer has no optimizer yet")
+    return LearningRateKnob(optimizer, unwrap_scheduler(lr_scheduler))

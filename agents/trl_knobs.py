@@ -43,7 +43,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .knobs import KnobNotSupported
+from .knobs import KnobNotSupported, knob_setter
 
 __all__ = ["KLBetaKnob", "VERIFIED_TRAINERS", "feedforward_kl_beta", "KL_BETA_START"]
 
@@ -188,6 +188,11 @@ class KLBetaKnob:
             raise ValueError(f"kl_beta must be finite and > 0 (a log-scale knob), got {value}")
         self.trainer.beta = value
         return self.read()
+
+
+@knob_setter("kl_beta", hint="actuator.agents.trl_knobs.KLBetaKnob(trainer)")
+def _kl_beta(*, trainer: Any, **_: Any) -> KLBetaKnob:
+    return KLBetaKnob(trainer)
 
 
 def feedforward_kl_beta(model: Any, tokenizer: Any, prompts: Sequence[str], reward_func: Callable[..., Any],

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..knobs import KnobNotSupported
+from ..knobs import KnobNotSupported, knob_setter
 from ._lowrank import LowRankLinear, lowrank_layers
 
 __all__ = ["RankKnob", "LoraRankKnob", "AdaLoraBudgetKnob"]
@@ -259,3 +259,19 @@ class AdaLoraBudgetKnob:
         self.allocator.target_bgt = rank * self.n_matrices
         self.config.target_r = rank  # so the saved adapter config tells the truth
         return self.read()
+
+
+@knob_setter("rank", hint="actuator.agents.compression.RankKnob(model)")
+def _rank(*, trainer: Any, model: Any, **_: Any) -> RankKnob | LoraRankKnob:
+    """``rank``: the factorised layers' active rank (``factorize``), else PEFT LoRA masks."""
+    from ..probes._common import is_peft_model
+
+    model = model if model is not None else getattr(trainer, "model", None)
+    if model is not None and lowrank_layers(model):
+        return RankKnob(model)
+    if model is not None and is_peft_model(model):
+        return LoraRankKnob(model)
+    raise KnobNotSupported(
+        "the model has no LowRankLinear layers and is not a PEFT LoRA model; call "
+        "actuator.agents.compression.factorize(model, ...) before building the trainer (or pass "
+        "setters=[actuator.agents.compression.LoraRankKnob(peft_model)] / AdaLoraBudgetKnob for adapters)")

@@ -30,7 +30,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..knobs import KnobNotSupported
+from actuator._exceptions import ConfigError
+
+from ..knobs import KnobNotSupported, knob_setter
 from ._lowrank import LowRankLinear, break_even_rank, component_sensitivities, compression_stats, lowrank_layers
 
 __all__ = ["ThresholdKnob"]
@@ -332,3 +334,16 @@ class ThresholdKnob(LogThresholdKnob):
             for name, layer in self._layers.items():
                 out[f"compression.rank.{short_layer_name(name)}"[:64]] = float(layer.active_rank)
         return out
+
+
+def register_calibrated(name: str, hint: str) -> None:
+    """A knob whose setter measures on calibration data: the callback cannot build it from the
+    trainer, so the registration says what to pass."""
+
+    @knob_setter(name, hint=hint)
+    def calibrated(**_: Any) -> Any:
+        raise ConfigError(f"knobs.{name}: the threshold knob measures sensitivities on calibration data the "
+                          f"callback does not have; pass setters=[{hint}]")
+
+
+register_calibrated("compression_threshold", "actuator.agents.compression.ThresholdKnob(model, calibration)")

@@ -33,7 +33,7 @@ from torch import nn
 
 from ..knobs import KnobNotSupported
 from ._lowrank import _calibrate
-from ._threshold import LogThresholdKnob, short_layer_name, smallest_threshold_within
+from ._threshold import LogThresholdKnob, register_calibrated, short_layer_name, smallest_threshold_within
 
 __all__ = ["ChannelThresholdKnob", "channel_masks", "gated_mlps"]
 
@@ -248,3 +248,6 @@ class ChannelThresholdKnob(LogThresholdKnob):
         for m in self._masks.values():
             m.remove()
         self._masks = {}
+
+
+register_calibrated("mlp_channel_threshold", "actuator.agents.compression.ChannelThresholdKnob(model, calibration)")

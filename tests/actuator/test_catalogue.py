@@ -5,10 +5,15 @@ registered setters and the docs tables (docs/reference/knobs-and-probes.md)."""
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import pytest
 
-from actuator.catalogue import KNOBS, PROBES, default_knob_spec, limit
+from actuator._exceptions import ConfigError, PolicyError
+from actuator.agents.knobs import _REGISTRY, knob_setter, registered_setters, setter_for
+from actuator.catalogue import KNOBS, PROBES, Knob, Probe, default_knob_spec, limit
+from actuator.policy import load_policy
 from actuator.controllers import PID, PIDConfig
 from actuator.schemas import KnobSpec
 
@@ -110,3 +115,132 @@ def test_default_knob_spec(name, value, expected):
     assert got.keys() == expected.keys()
     for key, want in expected.items():
         assert got[key] == (pytest.approx(want, rel=1e-12) if isinstance(want, float) else want), key
+
+
+# -- catalogue, setters and docs agree -------------------------------------------------------------
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "reference" / "knobs-and-probes.md"
+
+
+def _table(text: str, section: str) -> dict[str, list[str]]:
+    """The rows of the table under ``## section``, by the name in their first cell."""
+    body = text.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in body.splitlines()
+            if line.startswith("| `")]
+    return {row[0].strip("`"): row[1:] for row in rows}
+
+
+def _number(cell: str, value: float) -> float | None:
+    """A docs cell ('value / 100', 'max(1, value)', 'ln 1.05', '[−∞, 0]' parts, 'none') as a number."""
+    if cell == "none":
+        return None
+    expr = cell.replace("×", "*").replace("−", "-").replace("∞", "inf")
+    expr = re.sub(r"\bln ([\d.]+)", r"ln(\1)", expr)
+    return float(eval(expr, {"__builtins__": {}}, {"value": value, "max": max, "ln": math.log, "inf": math.inf}))
+
+
+def disagreements(knobs: dict[str, Knob], probes: dict[str, Probe], setters: dict[str, str], docs: str) -> list[str]:
+    """Every way the catalogue, the registered setters (name -> hint) and the docs tables differ."""
+    out: list[str] = []
+    knob_rows, probe_rows = _table(docs, "Knobs"), _table(docs, "Probes")
+    for name in sorted(set(knobs) | set(setters) | set(knob_rows)):
+        where = {"catalogue": name in knobs, "setters": name in setters, "docs": name in knob_rows}
+        if not all(where.values()):
+            out.append(f"knob {name}: missing from {[w for w, there in where.items() if not there]}")
+            continue
+        lo, hi, scale, step, setter, _ = knob_rows[name]
+        knob = knobs[name]
+        for value in (0.5, 3.0):
+            spec = knob.spec(value)
+            documented = {"min": _number(lo, value), "max": _number(hi, value), "scale": scale,
+                          "max_step": _number(step, value)}
+            for key, want in documented.items():
+                if not (spec[key] == want or (isinstance(want, float) and spec[key] == pytest.approx(want))):
+                    out.append(f"knob {name}: docs say {key} {want}, the catalogue {spec[key]} (value {value})")
+        if f"actuator.agents.{setter.strip('`')}" != setters[name]:
+            out.append(f"knob {name}: docs name the setter {setter}, the registry {setters[name]}")
+    for name in sorted(set(probes) | set(probe_rows)):
+        if name not in probes or name not in probe_rows:
+            out.append(f"probe {name}: missing from {'the docs' if name in probes else 'the catalogue'}")
+            continue
+        rng, better, drift, source, _ = probe_rows[name]
+        probe = probes[name]
+        documented = (tuple(_number(c.strip(), 0.0) for c in rng.strip("[]").split(",")),
+                      better == "higher", drift == "yes", None if source == "(knob setter)" else source.strip("`"))
+        if documented != (probe.range, probe.higher_is_better, probe.drift, probe.source):
+            out.append(f"probe {name}: docs say {documented}, the catalogue "
+                       f"{(probe.range, probe.higher_is_better, probe.drift, probe.source)}")
+    return out
+
+
+def test_catalogue_setters_and_docs_agree():
+    assert disagreements(KNOBS, PROBES, registered_setters(), DOCS.read_text()) == []
+
+
+def test_the_agreement_check_finds_a_knob_missing_from_the_docs_or_the_setters():
+    docs, setters = DOCS.read_text(), registered_setters()
+    row = next(line for line in docs.splitlines() if line.startswith("| `kl_beta` |"))
+    assert disagreements(KNOBS, PROBES, setters, docs.replace(row + "\n", "")) == [
+        "knob kl_beta: missing from ['docs']"]
+    assert disagreements(KNOBS, PROBES, {k: v for k, v in setters.items() if k != "rank"}, docs) == [
+        "knob rank: missing from ['setters']"]
+    wrong = docs.replace("| `gkd_beta` | 0 | 1 | linear | 0.2 |", "| `gkd_beta` | 0 | 1 | linear | 0.3 |")
+    assert [d.split(":")[0] for d in disagreements(KNOBS, PROBES, setters, wrong)] == ["knob gkd_beta"] * 2
+    probe_row = next(line for line in docs.splitlines() if line.startswith("| `policy_kl` |"))
+    assert disagreements(KNOBS, PROBES, setters, docs.replace(probe_row + "\n", "")) == [
+        "probe policy_kl: missing from the docs"]
+
+
+def test_every_probe_key_names_a_shipped_probe_that_produces_it():
+    # compression.flops was listed once and produced by nothing; each key names what produces it
+    from actuator.agents import probes
+
+    shipped = {getattr(probes, cls).name for cls in ("Perplexity", "KLDrift", "AnswerKL", "PolicyKL",
+                                                      "EmbeddingDrift", "HotpotQA", "DraftAcceptance")}
+    assert "compression.flops" not in PROBES
+    assert {p.source for p in PROBES.values()} - {None} == shipped
+
+
+# -- one registration adds a knob -----------------------------------------------------------------
+
+
+class ToyKnob:
+    name = "toy_knob"
+
+    def __init__(self) -> None:
+        self.value = 0.5
+
+    def read(self) -> float:
+        return self.value
+
+    def apply(self, value: float) -> float:
+        self.value = float(value)
+        return self.read()
+
+
+def _toy_policy() -> dict:
+    return {"name": "toy", "controllers": [{"name": "hold", "probe": "perplexity", "knob": "toy_knob",
+                                            "setpoint": 5.0, "kp": 0.1}]}
+
+
+def test_a_toy_knob_needs_one_registration():
+    with pytest.raises(PolicyError, match="unknown knob 'toy_knob'"):
+        load_policy(_toy_policy())
+    with pytest.raises(ConfigError, match="knobs.toy_knob: no setter"):
+        setter_for("toy_knob")
+    try:
+        @knob_setter(Knob("toy_knob", 0.0, 1.0, "linear", 0.1, "a test's knob"), hint="ToyKnob()", needs_trainer=False)
+        def _toy(**_):
+            return ToyKnob()
+
+        assert load_policy(_toy_policy()).controllers[0].knob == "toy_knob"
+        setter = setter_for("toy_knob")
+        assert isinstance(setter, ToyKnob) and setter.apply(0.25) == 0.25
+        assert default_knob_spec("toy_knob", 0.5) == {"min": 0.0, "max": 1.0, "scale": "linear", "max_step": 0.1}
+        assert disagreements(KNOBS, PROBES, registered_setters(), DOCS.read_text()) == [
+            "knob toy_knob: missing from ['docs']"]
+    finally:
+        KNOBS.pop("toy_knob", None)
+        _REGISTRY.pop("toy_knob", None)
+    with pytest.raises(PolicyError, match="unknown knob 'toy_knob'"):
+        load_policy(_toy_policy())
