@@ -36,7 +36,9 @@ Arms
 An *arm* is one way of turning the knob: :class:`PIDArm`, :class:`AdaptiveKLArm`,
 :class:`PlateauArm`, :class:`FixedArm`. :func:`run_arm` runs one arm on one plant and returns a
 :class:`Trace`; :func:`settling_steps`, :func:`overshoot_pct`, :func:`steady_state_error` and
-:func:`steps_over` score it. ``python -m benchmarks.control.plants`` prints the comparison table.
+:func:`steps_over` score it. ``python -m benchmarks.control.plants [--quick] [--steps N] [--seeds S ...]``
+prints the comparison table and writes ``benchmarks/results/plants.json`` and ``plants.png`` (the
+measurement and the knob of each arm on the first seed).
 """
 
 from __future__ import annotations
@@ -772,20 +774,79 @@ def compare(scenario: Scenario, seeds: Sequence[int], budget: float | None = Non
     return results
 
 
-def _main() -> None:
+SCENARIO = "plants"
+SEEDS = (0, 1, 2, 3, 4)
+QUICK_SEEDS = (0, 1)
+QUICK_STEPS = 100
+
+
+def scenarios(steps: int | None = None) -> list[tuple[str, Scenario, float | None]]:
+    """The four comparisons: (title, scenario, drift budget). ``steps`` replaces each scenario's
+    own length (300 intervals; 12 for the two fitted rl-kl plants, the real runs' length)."""
+    kl, lr, rl, grpo = kl_scenario(), lr_scenario(), rl_kl_scenario(), grpo_kl_scenario()
+    for scenario in (kl, lr, rl, grpo):
+        scenario.steps = steps or scenario.steps
+    return [
+        ("KL vs beta (target 6)", kl, None),
+        ("drift vs learning rate (budget 1.0)", lr, 1.0),
+        (f"RLOO KL vs beta, fitted to rl-kl (target 0.04, {rl.steps} intervals)", rl, None),
+        (f"GRPO KL vs beta, fitted to rl-kl --trainer grpo (target 0.04, {grpo.steps} intervals)", grpo, None),
+    ]
+
+
+def plot(chosen: list[tuple[str, Scenario, float | None]], seed: int, path: Any) -> None:
+    """``path``: one column per comparison, seed ``seed``: the measurement of each arm against the
+    setpoint (and the budget) above, the knob each arm set below (log axis: every knob here is a
+    multiplier)."""
+    from benchmarks.control.harness import figure
+
+    with figure(path, nrows=2, ncols=len(chosen), size=(4.4 * len(chosen), 3.4)) as (fig, axes):
+        for col, (title, scenario, budget) in enumerate(chosen):
+            top, bottom = axes[0][col], axes[1][col]
+            for arm in scenario.arms:
+                trace = run_arm(scenario.plant_factory(), arm, scenario.steps, seed)
+                top.plot(trace.measured, label=arm.name, lw=1)
+                bottom.plot(trace.knob, label=arm.name, lw=1)
+            top.plot(trace.setpoint, "k--", lw=0.8, label="setpoint")
+            if budget is not None:
+                top.axhline(budget, color="r", ls=":", lw=0.8, label="budget")
+            top.set_title(title.replace(" (", "\n(", 1), fontsize=8)
+            top.set_ylabel("measurement")
+            bottom.set_yscale("log")
+            bottom.set_ylabel("knob")
+            bottom.set_xlabel(f"decision interval (seed {seed})")
+            top.legend(fontsize=7)
+
+
+def _main(argv: Sequence[str] | None = None) -> None:
+    import argparse
     import json
+    import sys
     from pathlib import Path
 
-    seeds = range(5)
-    out: dict[str, Any] = {"scenario": "plants", "seeds": list(seeds),
-                           "command": "python -m benchmarks.control.plants"}
-    for title, scenario, budget in (
-        ("KL vs beta (target 6)", kl_scenario(), None),
-        ("drift vs learning rate (budget 1.0)", lr_scenario(), 1.0),
-        ("RLOO KL vs beta, fitted to rl-kl (target 0.04, 12 intervals)", rl_kl_scenario(12), None),
-        ("GRPO KL vs beta, fitted to rl-kl --trainer grpo (target 0.04, 12 intervals)", grpo_kl_scenario(12), None),
-    ):
-        print(f"== {title}, seeds {list(seeds)}")
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.control.plants", description=__doc__.split("\n")[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=None, help=f"seeds (default {' '.join(map(str, SEEDS))})")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="decision intervals per run, for every plant (default: each plant's own, 300 or 12)")
+    ap.add_argument("--quick", action="store_true",
+                    help=f"seeds {' '.join(map(str, QUICK_SEEDS))} and at most {QUICK_STEPS} intervals per plant")
+    ap.add_argument("--results", type=Path, default=Path(__file__).resolve().parents[1] / "results",
+                    help="folder of plants.json and plants.png (default benchmarks/results)")
+    a = ap.parse_args(argv)
+    if a.steps is not None and a.steps < 1:
+        ap.error("--steps must be at least 1")
+    seeds = a.seeds if a.seeds is not None else list(QUICK_SEEDS if a.quick else SEEDS)
+    chosen = scenarios(a.steps)
+    if a.quick and a.steps is None:
+        for _, scenario, _ in chosen:
+            scenario.steps = min(scenario.steps, QUICK_STEPS)
+    args = list(sys.argv[1:] if argv is None else argv)
+    out: dict[str, Any] = {"scenario": SCENARIO, "seeds": seeds,
+                           "command": " ".join(["python -m benchmarks.control.plants", *args])}
+    if a.quick or a.steps is not None:  # the lengths differ from the titles' and the defaults'
+        out["steps"] = {title: scenario.steps for title, scenario, _ in chosen}
+    for title, scenario, budget in chosen:
+        print(f"== {title}, seeds {seeds}")
         figures = compare(scenario, seeds, budget)
         out[title] = figures
         for arm, rows in figures.items():
@@ -794,10 +855,10 @@ def _main() -> None:
                 vals = [r[key] for r in rows]
                 cells.append(f"{key}=" + ",".join("-" if v is None else f"{v:.3g}" for v in vals))
             print(f"  {arm:18s} " + "  ".join(cells))
-    results = Path(__file__).resolve().parents[1] / "results"
-    results.mkdir(exist_ok=True)
-    (results / "plants.json").write_text(json.dumps(out, indent=2))
-    print(f"wrote {results / 'plants.json'}")
+    a.results.mkdir(parents=True, exist_ok=True)
+    (a.results / f"{SCENARIO}.json").write_text(json.dumps(out, indent=2))
+    plot(chosen, seeds[0], a.results / f"{SCENARIO}.png")
+    print(f"wrote {a.results / (SCENARIO + '.json')} and {SCENARIO}.png")
 
 
 if __name__ == "__main__":

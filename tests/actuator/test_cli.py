@@ -1,9 +1,12 @@
 """The typer CLI against a real service: runs, decisions (--explain), policy validate; errors on
-stderr, --version, bench outside a checkout; the package data it ships."""
+stderr, --version, bench outside a checkout, the scenario list and `bench control plants`' flags and
+files; the package data it ships."""
 
 from __future__ import annotations
 
+import ast
 import importlib.metadata
+import json
 import os
 import shutil
 import subprocess
@@ -107,3 +110,50 @@ def test_package_data_globs_all_match_files():
         folder = root / dirs.get(package, package.replace(".", "/"))
         for pattern in patterns:
             assert list(folder.glob(pattern)), f"package-data {package}: {pattern!r} matches nothing in {folder}"
+
+
+def _scenario_modules(folder: Path) -> dict[str, str]:
+    """The modules of ``folder`` that declare a module-level ``SCENARIO = "<name>"``: name -> file stem."""
+    found = {}
+    for path in sorted(folder.glob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if (isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["SCENARIO"]
+                    and isinstance(node.value, ast.Constant)):
+                found[node.value.value] = path.stem
+    return found
+
+
+def test_the_cli_lists_exactly_the_scenario_modules_that_exist():
+    from actuator.cli import SCENARIOS
+
+    modules = _scenario_modules(Path(__file__).resolve().parents[2] / "benchmarks" / "control")
+    assert len(set(SCENARIOS)) == len(SCENARIOS)
+    assert set(SCENARIOS) == set(modules)
+    assert all(stem == name.replace("-", "_") for name, stem in modules.items())  # how the CLI finds the file
+
+
+def test_bench_control_plants_takes_its_flags_and_writes_the_json_and_png_it_promises(tmp_path):
+    """``actuator bench control plants`` in a checkout (a copy, so benchmarks/results stays as it is):
+    --steps and --seeds reach the plants, --quick shortens the run, and both result files are written."""
+    root = Path(__file__).resolve().parents[2]
+    checkout = tmp_path / "checkout"
+    shutil.copytree(root / "benchmarks" / "control", checkout / "benchmarks" / "control",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(root / "benchmarks" / "__init__.py", checkout / "benchmarks" / "__init__.py")
+    results = checkout / "benchmarks" / "results"
+    out = _cli("bench", "control", "plants", "--steps", "20", "--seeds", "3", "--seeds", "4", cwd=str(checkout))
+    assert out.returncode == 0, out.stderr[-3000:]
+    written = json.loads((results / "plants.json").read_text())
+    assert written["seeds"] == [3, 4] and written["command"].endswith("--steps 20 --seeds 3 4")
+    assert set(written["steps"].values()) == {20}
+    comparisons = {k: v for k, v in written.items() if isinstance(v, dict) and k != "steps"}
+    assert len(comparisons) == 4 and all(len(rows) == 2 for arms in comparisons.values() for rows in arms.values())
+    assert (results / "plants.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "wrote" in out.stdout and "plants.png" in out.stdout
+
+    (results / "plants.png").unlink()
+    out = _cli("bench", "control", "plants", "--quick", cwd=str(checkout))
+    assert out.returncode == 0, out.stderr[-3000:]
+    written = json.loads((results / "plants.json").read_text())
+    assert written["seeds"] == [0, 1] and max(written["steps"].values()) == 100
+    assert (results / "plants.png").is_file()
