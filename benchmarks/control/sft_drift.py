@@ -30,13 +30,14 @@ a cut takes effect a probe late. A trial at setpoint 1 / kp 2 / EMA 0.6 ended at
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks.control.harness import identify_and_tune as _identify_and_tune
 from benchmarks.control.harness import (
-    scenario_args, identification_args, tune_summary, start,
+    RESULTS, scenario_args, identification_args, tune_summary, start, judged, read_seeds, spread, arm_label,
     figure, arm_progress, command_line, console, save_results,
 )
 from benchmarks.control.word_task import Setup, make_trainer
@@ -141,13 +142,86 @@ def pareto(points: list[tuple[str, float, float]]) -> set[str]:
     return front
 
 
+def targets_of(pid: dict[str, Any], ref: dict[str, Any], front: set[str]) -> dict[str, Any]:
+    """The targets of a PID arm against the open loop at the same start (one seed's runs, or their
+    means over seeds): task gain no worse, drift at most a third, on the Pareto front."""
+    return {
+        "task_gain_no_worse_loss": pid["task_gain"] >= ref["task_gain"],
+        "task_gain_no_worse_accuracy": pid["final"]["task_accuracy"] >= ref["final"]["task_accuracy"],
+        "drift_at_most_one_third": pid["final_kl_drift"] <= ref["final_kl_drift"] / 3,
+        "drift_ratio": pid["final_kl_drift"] / ref["final_kl_drift"],
+        "on_or_beyond_pareto_front": pid["arm"] in front,
+    }
+
+
+def aggregate(tag: str = "", results: Path = RESULTS) -> dict[str, Any]:
+    """Combine the result files of separate runs (``sft-drift.json``, ``sft-drift-TAG.json``, one
+    seed or several each; with ``tag``, the files ``sft-drift-TAG*.json``): each arm's mean ± sd
+    and worst seed, and each target judged by the harness rule (on the means and on >= 4 of 5
+    seeds). Writes ``sft-drift-aggregate{-TAG}.json`` / ``.png``."""
+    name = f"{SCENARIO}-aggregate" + (f"-{tag}" if tag else "")
+    found = read_seeds(results, f"{SCENARIO}-{tag}*.json" if tag else f"{SCENARIO}*.json",
+                       keep=lambda f: "-aggregate" not in f.stem)
+    runs: dict[tuple[str, int], dict[str, Any]] = {}
+    for _, part in found:
+        for r in part["arms"]:
+            runs[(r["arm"], r["seed"])] = r  # a later file's run of the same arm and seed replaces it
+    first = found[0][1]
+    lr = first["lr"]
+    seeds = sorted({s for _, s in runs})
+    names = list(dict.fromkeys(n for n, _ in runs))
+    rows: dict[str, Any] = {}
+    means: dict[str, dict[str, Any]] = {}
+    for n in names:
+        mine = {s: runs[(n, s)] for s in seeds if (n, s) in runs}
+        any_run = next(iter(mine.values()))
+        gain = {s: r["task_gain"] for s, r in mine.items()}
+        acc = {s: r["final"]["task_accuracy"] for s, r in mine.items()}
+        drift = {s: r["final_kl_drift"] for s, r in mine.items()}
+        rows[n] = {"kind": any_run["kind"], "seeds": sorted(mine), "task_gain": spread(gain),
+                   "task_accuracy": spread(acc), "final_kl_drift": spread(drift, higher_is_better=False)}
+        means[n] = {"arm": n, "kind": any_run["kind"], "start_lr": any_run["start_lr"],
+                    "task_gain": rows[n]["task_gain"]["mean"], "final_kl_drift": rows[n]["final_kl_drift"]["mean"],
+                    "final": {"task_accuracy": rows[n]["task_accuracy"]["mean"]}}
+
+    def front_of(arms: list[dict[str, Any]]) -> set[str]:
+        return pareto([(r["arm"], r["task_gain"], r["final_kl_drift"]) for r in arms
+                       if r["kind"] in ("open", "actuator", "tuned")])
+
+    def pair(arms: list[dict[str, Any]], kind: str) -> tuple[Any, Any]:
+        ref = next((r for r in arms if r["kind"] == "open" and r["start_lr"] == lr), None)
+        return next((r for r in arms if r["kind"] == kind), None), ref
+
+    targets: dict[str, Any] = {}
+    for kind in ("actuator", "tuned"):
+        pid, ref = pair(list(means.values()), kind)
+        if pid is None or ref is None:
+            continue
+        on_mean = targets_of(pid, ref, front_of(list(means.values())))
+        per_seed: dict[int, dict[str, Any]] = {}
+        for seed in seeds:
+            mine = [r for (_, s), r in runs.items() if s == seed]
+            p, q = pair(mine, kind)
+            if p is not None and q is not None:
+                per_seed[seed] = targets_of(p, q, front_of(mine))
+        targets[kind] = {k: judged({"met": v}, {s: t[k] for s, t in per_seed.items()})
+                         for k, v in on_mean.items() if isinstance(v, bool)}
+        targets[kind]["drift_ratio_of_means"] = on_mean["drift_ratio"]
+    out = {"scenario": SCENARIO, "aggregate": True, "seeds": seeds, "lr": lr, "setpoint": first["setpoint"],
+           "steps": first["steps"], "rows": rows, "targets": targets, "arms": list(runs.values()),
+           "files": [f.name for f, _ in found]}
+    console.print(json.dumps({"rows": rows, "targets": targets}, indent=1, default=str))
+    save_results(name, out, plot, results=results)
+    return out
+
+
 def plot(result: dict[str, Any], path: Path) -> None:
     with figure(path, size=(15, 4)) as (fig, axes):
         ax1, ax2, ax3 = axes[0]
         for arm in result["arms"]:
             steps = [t["step"] for t in arm["trace"]]
-            ax1.plot(steps, [t["kl_drift"] for t in arm["trace"]], marker=".", label=arm["arm"])
-            ax2.plot(steps, [t["lr"] for t in arm["trace"]], label=arm["arm"])
+            ax1.plot(steps, [t["kl_drift"] for t in arm["trace"]], marker=".", label=arm_label(arm, result))
+            ax2.plot(steps, [t["lr"] for t in arm["trace"]], label=arm_label(arm, result))
             ax3.scatter([arm["final_kl_drift"]], [arm["task_gain"]], s=60)
             ax3.annotate(arm["arm"], (arm["final_kl_drift"], arm["task_gain"]), fontsize=8)
         ax1.axhline(result["setpoint"], ls="--", color="black", label="setpoint")
@@ -167,7 +241,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     scenario_args(ap, SCENARIO, steps=40, quick="16 steps, three arms, fewer HotpotQA records",
                   arms=["sweep", "open", "plateau", "actuator", "tuned"], arms_default=["sweep", "plateau", "actuator"],
                   arms_help="'open' runs only the open loop at --lr; 'sweep' runs lr/3, lr and 3*lr",
-                  tag_help="results go to sft-drift-TAG.json (default sft-drift.json)")
+                  tag_help="results go to sft-drift-TAG.json (default sft-drift.json)",
+                  aggregate="combine the result files of separate runs (one process per seed: --seeds N --tag "
+                            "seedN) into sft-drift-aggregate.json; run nothing")
     ap.add_argument("--lr", type=float, default=3e-5, help="the aggressive starting learning rate")
     ap.add_argument("--setpoint", type=float, default=1.5, help="KL drift (nats/token) the Actuator arm holds")
     ap.add_argument("--probe-every", type=int, default=2)
@@ -178,6 +254,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     help="EMA weight of the newest drift reading (1 = no filter: the probe is deterministic)")
     identification_args(ap)
     a = ap.parse_args(argv)
+    if a.aggregate:
+        return aggregate(a.tag, a.results)
     if a.quick:
         a.steps = min(a.steps, 16)
     url = start(a)
@@ -245,13 +323,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for kind in ("actuator", "tuned"):
             pid = next((r for r in mine if r["kind"] == kind), None)
             if ref and pid:
-                out["targets"][f"seed {seed}" + (" tuned" if kind == "tuned" else "")] = {
-                    "task_gain_no_worse_loss": pid["task_gain"] >= ref["task_gain"],
-                    "task_gain_no_worse_accuracy": pid["final"]["task_accuracy"] >= ref["final"]["task_accuracy"],
-                    "drift_at_most_one_third": pid["final_kl_drift"] <= ref["final_kl_drift"] / 3,
-                    "drift_ratio": pid["final_kl_drift"] / ref["final_kl_drift"],
-                    "on_or_beyond_pareto_front": pid["arm"] in front,
-                }
+                out["targets"][f"seed {seed}" + (" tuned" if kind == "tuned" else "")] = targets_of(pid, ref, front)
     console.print(table)
     console.print(f"targets: {out['targets']}")
     save_results(f"{SCENARIO}-{a.tag}" if a.tag else SCENARIO, out, plot, t_start, a.results)

@@ -96,7 +96,7 @@ def test_per_seed_files_keep_their_names_and_read_back_in_order(tmp_path):
 
 
 # -- the common flags -----------------------------------------------------------------------------
-SEEDED = {"forgetting", "rl_kl", "draft_distill", "compress_rank"}  # per-seed files: --aggregate
+SEEDED = {"forgetting", "rl_kl", "draft_distill", "compress_rank", "sft_drift"}  # --aggregate
 
 
 @pytest.mark.parametrize("module", ["sft_drift", "forgetting", "dpo_kl", "rl_kl", "draft_distill", "compress_rank"])
@@ -248,3 +248,34 @@ def test_an_alpha_gain_on_the_mean_but_not_on_every_later_seed_is_not_met(tmp_pa
     assert gain["held_per_seed"] == {"1": True, "2": False} and not gain["met"]
     assert out["summary"]["actuator"]["alpha_worst"]["worst_seed"] == 2
     assert (tmp_path / "draft-distill.json").is_file() and (tmp_path / "draft-distill.png").is_file()
+
+
+def _sft_run(folder: Path, name: str, seed: int, arms: dict[str, tuple[str, float, float, float]]) -> None:
+    """One sft-drift result file: arm -> (kind, task gain, accuracy, final KL drift)."""
+    import json
+
+    rows = [{"arm": arm, "kind": kind, "start_lr": 3e-5, "seed": seed, "task_gain": gain,
+             "final": {"task_accuracy": acc}, "final_kl_drift": drift,
+             "trace": [{"step": 2, "kl_drift": drift, "lr": 3e-5}]} for arm, (kind, gain, acc, drift) in arms.items()]
+    (folder / f"{name}.json").write_text(json.dumps(
+        {"scenario": "sft-drift", "seeds": [seed], "lr": 3e-5, "setpoint": 1.5, "steps": 40, "arms": rows}))
+
+
+def test_sft_drift_aggregates_separate_runs_and_judges_each_target_on_the_seeds_and_the_mean(tmp_path):
+    from benchmarks.control.sft_drift import main
+
+    _sft_run(tmp_path, "sft-drift", 0, {"open loop 3.0e-05": ("open", 1.0, 0.5, 6.0),
+                                        "actuator PID": ("actuator", 1.1, 0.6, 1.5)})
+    _sft_run(tmp_path, "sft-drift-seed1", 1, {"open loop 3.0e-05": ("open", 1.0, 0.5, 6.0),
+                                              "actuator PID": ("actuator", 0.8, 0.4, 2.5)})
+    out = main(["--aggregate", "--results", str(tmp_path)])
+    t = out["targets"]["actuator"]
+    # drift: 1.5 and 2.5 of 6 (a quarter, 0.42): a third of the open loop on the mean, not on seed 1
+    assert t["drift_at_most_one_third"]["met_on_mean"] and not t["drift_at_most_one_third"]["met"]
+    assert t["drift_at_most_one_third"]["held_per_seed"] == {"0": True, "1": False}
+    assert t["task_gain_no_worse_loss"]["met_on_mean"] is False  # 0.95 < 1.0
+    assert out["rows"]["actuator PID"]["final_kl_drift"]["worst_seed"] == 1
+    assert out["files"] == ["sft-drift-seed1.json", "sft-drift.json"]
+    assert (tmp_path / "sft-drift-aggregate.json").is_file()
+    again = main(["--aggregate", "--results", str(tmp_path)])  # its own output is not an input
+    assert again["files"] == out["files"]
