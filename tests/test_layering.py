@@ -314,3 +314,18 @@ def test_no_file_refers_to_a_document_outside_the_repository():
             if not target.is_relative_to(ROOT) or not target.exists():
                 offenders.append(f"{rel}: {ref}")
     assert offenders == [], f"references to documents outside the repository: {offenders}"
+
+
+# -- at run time -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["controllers", "api", "api.views", "agents", "agents.callback", "migrations"])
+def test_a_package_folder_is_not_importable_by_its_folder_name_in_a_test_run(name, monkeypatch):
+    # The checkout's root on sys.path (python -m pytest puts the working directory there) would
+    # make the folder importable as a second module; tests/conftest.py refuses it.
+    monkeypatch.syspath_prepend(str(ROOT))
+    for loaded in [m for m in sys.modules if m.split(".")[0] == name.split(".")[0]]:
+        monkeypatch.delitem(sys.modules, loaded)
+    package = f"actuator.{name}"
+    with pytest.raises(ModuleNotFoundError, match=f"import actuator.{name.split('.')[0]} instead"):
+        __import__(name)
+    assert __import__(package, fromlist=["_"]).__name__ == package
