@@ -329,3 +329,16 @@ def test_a_package_folder_is_not_importable_by_its_folder_name_in_a_test_run(nam
     with pytest.raises(ModuleNotFoundError, match=f"import actuator.{name.split('.')[0]} instead"):
         __import__(name)
     assert __import__(package, fromlist=["_"]).__name__ == package
+
+
+def test_the_architecture_page_says_what_this_test_enforces():
+    """docs/explanation/architecture.md: its folder table names each top-level folder's installed
+    package as pyproject does, and its layer table names the agents' wire side as WIRE_SIDE."""
+    import re
+
+    page = (ROOT / "docs" / "explanation" / "architecture.md").read_text()
+    rows = dict(re.findall(r"^\| `(\w+)/` \| `([\w.]+)` \|", page, flags=re.M))
+    top_level = {folder.name: package for folder, package in package_dirs(ROOT).items() if folder.parent == ROOT}
+    assert rows == top_level
+    agents_row = next(line for line in page.splitlines() if line.startswith("| `actuator.agents` |"))
+    assert set(re.findall(r"`(actuator(?:\.\w+)?)`", agents_row.split("**wire side**")[1])) == WIRE_SIDE
