@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import math
 import random
 import time
@@ -63,7 +64,8 @@ from typing import Any
 from benchmarks.control.data import prompt_text
 from benchmarks.control.harness import identify_and_tune as _identify_and_tune
 from benchmarks.control.harness import (
-    scenario_args, add_flags, identification_args, tune_summary, start, control_quality,
+    RESULTS, scenario_args, add_flags, identification_args, tune_summary, start, control_quality, judged, mean_sd,
+    read_seeds, spread,
     arm_label, figure, record_targets,
     command_line, console, arm_progress, save_results,
 )
@@ -389,6 +391,80 @@ def identify_and_tune(setup: Setup, a: argparse.Namespace, url: str, seed: int) 
                               policy=lambda: restoring_policy(a, "lr+anchor")[0], run_args=ia)
 
 
+def targets_of(pid: dict[str, Any], zie: dict[str, Any], steps: int) -> dict[str, Any]:
+    """The PID arm against Ziegler's (one seed's runs, or their means over seeds): settles in half
+    Ziegler's steps, overshoot at most 15%."""
+    settle = math.inf if pid["settling_step"] is None else float(pid["settling_step"])
+    # A controller that never settles within the run "needs" more than the run's steps.
+    zsteps = float(zie["settling_step"]) if zie["settling_step"] is not None else float(steps + 1)
+    return {
+        "settles_in_half_ziegler_steps": settle <= zsteps / 2,
+        "overshoot_at_most_15pct": pid["overshoot_pct"] <= 15.0,
+        "pid_settling_step": pid["settling_step"], "ziegler_settling_step": zie["settling_step"],
+        "pid_overshoot_pct": pid["overshoot_pct"], "ziegler_overshoot_pct": zie["overshoot_pct"],
+    }
+
+
+def aggregate(tag: str = "", results: Path = RESULTS) -> dict[str, Any]:
+    """Combine the result files of separate runs (``dpo-kl.json``, ``dpo-kl-TAG.json``; with
+    ``tag``, the files ``dpo-kl-TAG*.json``): per loss and arm the mean ± sd and worst seed of the
+    settling step (not settled: the run's steps + 1), overshoot and final KL, and the PID's targets
+    against Ziegler judged on the means and on the seeds (harness rule). Writes
+    ``dpo-kl-aggregate{-TAG}.json`` / ``.png``."""
+    name = f"{SCENARIO}-aggregate" + (f"-{tag}" if tag else "")
+    found = read_seeds(results, f"{SCENARIO}-{tag}*.json" if tag else f"{SCENARIO}*.json",
+                       keep=lambda f: "-aggregate" not in f.stem)
+    runs: dict[tuple[str, str, int], dict[str, Any]] = {}
+    configs: dict[str, Any] = {}
+    for _, part in found:
+        configs.update(part.get("configs", {}))
+        for r in part["arms"]:
+            runs[(r["loss_type"], r["arm"], r["seed"])] = r  # a later file's run replaces it
+    first = found[0][1]
+    steps = first["steps"]
+    seeds = sorted({s for *_, s in runs})
+    rows: dict[str, Any] = {}
+    targets: dict[str, Any] = {}
+    for loss in sorted({lo for lo, *_ in runs}):
+        by_kind: dict[str, dict[int, dict[str, Any]]] = {}
+        rows[loss] = {}
+        for (lo, arm, seed), r in runs.items():
+            if lo != loss:
+                continue
+            by_kind.setdefault(r["kind"], {})[seed] = r
+            row = rows[loss].setdefault(arm, {"kind": r["kind"], "runs": {}})
+            row["runs"][seed] = r
+        for row in rows[loss].values():
+            mine = row.pop("runs")
+            row.update(seeds=sorted(mine), settled=sum(r["settling_step"] is not None for r in mine.values()),
+                       settling_step=spread({s: r["settling_step"] if r["settling_step"] is not None else steps + 1
+                                             for s, r in mine.items()}, higher_is_better=False),
+                       overshoot_pct=spread({s: r["overshoot_pct"] for s, r in mine.items()}, higher_is_better=False),
+                       final_kl=spread({s: r["final_kl"] for s, r in mine.items()}))
+        pids, zies = by_kind.get("actuator", {}), by_kind.get("ziegler", {})
+        both = [s for s in seeds if s in pids and s in zies]
+        if not both:
+            continue
+
+        def mean_run(kind_runs: dict[int, dict[str, Any]], pid: bool, both: list[int] = both) -> dict[str, Any]:
+            settles = [r["settling_step"] for s, r in kind_runs.items() if s in both]
+            unsettled = math.inf if pid else float(steps + 1)  # as targets_of reads one run
+            settling = [float(x) if x is not None else unsettled for x in settles]
+            return {"settling_step": sum(settling) / len(settling),
+                    "overshoot_pct": mean_sd([r["overshoot_pct"] for s, r in kind_runs.items() if s in both])[0]}
+
+        on_mean = targets_of(mean_run(pids, True), mean_run(zies, False), steps)
+        per_seed = {s: targets_of(pids[s], zies[s], steps) for s in both}
+        targets[loss] = {k: judged({"met": v}, {s: t[k] for s, t in per_seed.items()})
+                         for k, v in on_mean.items() if isinstance(v, bool)}
+    out = {"scenario": SCENARIO, "aggregate": True, "seeds": seeds, "steps": steps, "target": first["target"],
+           "band": first["band"], "lr": first["lr"], "configs": configs, "rows": rows, "targets": targets,
+           "arms": list(runs.values()), "files": [f.name for f, _ in found]}
+    console.print(json.dumps({"rows": rows, "targets": targets}, indent=1, default=str))
+    save_results(name, out, plot, results=results)
+    return out
+
+
 def plot(result: dict[str, Any], path: Path) -> None:
     target, band = result["target"], result["band"]
     losses = list(result["configs"])
@@ -441,7 +517,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   arms_default=["fixed", "ziegler", "actuator"],
                   arms_help="actuator = the PID on beta; lr, anchor, lr+anchor = the actuators with authority "
                             "over DPO's KL (see restoring_policy)",
-                  tag_help="results go to dpo-kl-TAG.json (default dpo-kl.json)")
+                  tag_help="results go to dpo-kl-TAG.json (default dpo-kl.json)",
+                  aggregate="combine the result files of separate runs (one process per seed: --seeds N --tag "
+                            "seedN) into dpo-kl-aggregate.json; run nothing")
     ap.add_argument("--loss-type", nargs="+", choices=sorted(LOSS_DEFAULTS), default=["sigmoid"],
                     help="DPOTrainer loss(es), each with all arms (default: sigmoid)")
     ap.add_argument("--beta", type=float, default=None, help="starting beta, all arms (default per loss)")
@@ -473,6 +551,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
                     help="training precision (auto: bf16 where the machine has it natively, else fp32)")
     a = ap.parse_args(argv)
+    if a.aggregate:
+        return aggregate(a.tag, a.results)
     if a.precision == "auto":
         a.precision = native_precision()
     if a.quick:
@@ -522,9 +602,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "command": command_line("dpo_kl", argv),
         }
 
-        def settle(r: dict[str, Any]) -> float:
-            return math.inf if r["settling_step"] is None else float(r["settling_step"])
-
         targets = {}
         for loss in configs:
             for seed in a.seeds:
@@ -532,14 +609,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 pid = next((r for r in pick if r["kind"] == "actuator"), None)
                 zie = next((r for r in pick if r["kind"] == "ziegler"), None)
                 if pid and zie:
-                    # A controller that never settles within the run "needs" more than the run's steps.
-                    zsteps = settle(zie) if zie["settling_step"] is not None else float(a.steps + 1)
-                    targets[f"{loss} seed {seed}"] = {
-                        "settles_in_half_ziegler_steps": settle(pid) <= zsteps / 2,
-                        "overshoot_at_most_15pct": pid["overshoot_pct"] <= 15.0,
-                        "pid_settling_step": pid["settling_step"], "ziegler_settling_step": zie["settling_step"],
-                        "pid_overshoot_pct": pid["overshoot_pct"], "ziegler_overshoot_pct": zie["overshoot_pct"],
-                    }
+                    targets[f"{loss} seed {seed}"] = targets_of(pid, zie, a.steps)
         record_targets(out, targets)
         save_results(f"{SCENARIO}-{a.tag}" if a.tag else SCENARIO, out, plot, t_start, a.results)
         return out

@@ -96,9 +96,6 @@ def test_per_seed_files_keep_their_names_and_read_back_in_order(tmp_path):
 
 
 # -- the common flags -----------------------------------------------------------------------------
-SEEDED = {"forgetting", "rl_kl", "draft_distill", "compress_rank", "sft_drift"}  # --aggregate
-
-
 @pytest.mark.parametrize("module", ["sft_drift", "forgetting", "dpo_kl", "rl_kl", "draft_distill", "compress_rank"])
 def test_every_scenario_takes_the_common_flags(module, capsys):
     import importlib
@@ -108,8 +105,7 @@ def test_every_scenario_takes_the_common_flags(module, capsys):
         main(["--help"])
     assert exc.value.code == 0
     text = capsys.readouterr().out
-    flags = {"--steps", "--seeds", "--quick", "--threads", "--out", "--results", "--tag", "--arms"}
-    flags |= {"--aggregate"} if module in SEEDED else set()
+    flags = {"--steps", "--seeds", "--quick", "--threads", "--out", "--results", "--tag", "--arms", "--aggregate"}
     assert {f for f in flags if not re.search(rf"(^|\s|\[){re.escape(f)}\b", text)} == set()
 
 
@@ -279,3 +275,29 @@ def test_sft_drift_aggregates_separate_runs_and_judges_each_target_on_the_seeds_
     assert (tmp_path / "sft-drift-aggregate.json").is_file()
     again = main(["--aggregate", "--results", str(tmp_path)])  # its own output is not an input
     assert again["files"] == out["files"]
+
+
+def test_dpo_kl_aggregates_separate_runs_and_judges_the_pid_against_ziegler_per_seed(tmp_path):
+    import json
+
+    from benchmarks.control.dpo_kl import main
+
+    def run(name: str, seed: int, pid: tuple[int | None, float], zie: tuple[int | None, float]) -> None:
+        arms = [{"arm": arm, "kind": kind, "loss_type": "sigmoid", "seed": seed, "settling_step": settle,
+                 "overshoot_pct": over, "final_kl": 0.1, "trace": [{"step": 2, "kl_drift": 0.1, "beta": 0.1}],
+                 "margins": []} for arm, kind, (settle, over) in (("actuator PID", "actuator", pid),
+                                                                   ("Ziegler adaptive KL", "ziegler", zie))]
+        (tmp_path / f"{name}.json").write_text(json.dumps(
+            {"scenario": "dpo-kl", "seeds": [seed], "steps": 40, "target": 0.1, "band": 0.1, "lr": 1e-5,
+             "configs": {"sigmoid": {}}, "arms": arms}))
+
+    run("dpo-kl", 0, (8, 10.0), (30, 40.0))
+    run("dpo-kl-seed1", 1, (None, 12.0), (20, 40.0))  # the PID never settles on seed 1
+    run("dpo-kl-seed2", 2, (6, 5.0), (None, 50.0))  # Ziegler never settles: it needs 41 steps
+    out = main(["--aggregate", "--results", str(tmp_path)])
+    t = out["targets"]["sigmoid"]
+    assert t["settles_in_half_ziegler_steps"]["held_per_seed"] == {"0": True, "1": False, "2": True}
+    assert not t["settles_in_half_ziegler_steps"]["met"] and not t["settles_in_half_ziegler_steps"]["met_on_mean"]
+    assert t["overshoot_at_most_15pct"]["met"] and t["overshoot_at_most_15pct"]["seeds_held"] == 3
+    assert out["rows"]["sigmoid"]["actuator PID"]["settling_step"]["worst_seed"] == 1
+    assert out["rows"]["sigmoid"]["Ziegler adaptive KL"]["settled"] == 2
