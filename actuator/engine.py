@@ -25,7 +25,7 @@ from .controllers import (
 )
 from .policy import ControllerSpec, GuardrailSpec, PolicyDocument, setpoint_at
 from .run_state import ControllerState, GuardrailState, KnobState, RunContext
-from .schemas import Action, Decision, ObservationCreate
+from .schemas import Action, ControllerUnusable, Decision, Event, GuardrailBreach, GuardrailCleared, ObservationCreate
 
 __all__ = ["RunContext", "EngineResult", "Engine"]
 
@@ -34,7 +34,7 @@ __all__ = ["RunContext", "EngineResult", "Engine"]
 class EngineResult:
     decisions: list[Decision] = field(default_factory=list)
     actions: list[Action] = field(default_factory=list)
-    events: list[dict[str, Any]] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
     controller_outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
@@ -318,8 +318,8 @@ class Engine:
                 st.breaches = 0
                 if st.active:
                     st.active = False
-                    result.events.append({"kind": "guardrail_cleared", "step": obs.step, "guardrail": g.name,
-                                          "value": value, "threshold": threshold})
+                    result.events.append(GuardrailCleared(step=obs.step, guardrail=g.name, value=value,
+                                                          threshold=threshold))
             if breached and st.breaches >= g.consecutive and not st.active:
                 st.active = True
                 self._fire(ctx, g, obs.step, value, threshold, result)
@@ -327,8 +327,8 @@ class Engine:
     def _fire(self, ctx: RunContext, g: GuardrailSpec, step: int, value: float, threshold: float, result: EngineResult) -> None:
         side = "below" if g.bound == "lower" else "above"
         reason = f"guardrail {g.name}: {g.probe} {_fmt(value)} {side} threshold {_fmt(threshold)} ({g.action})"
-        result.events.append({"kind": "guardrail_breach", "step": step, "guardrail": g.name, "action": g.action,
-                              "value": value, "threshold": threshold, "reason": reason})
+        result.events.append(GuardrailBreach(step=step, guardrail=g.name, action=g.action, value=value,
+                                             threshold=threshold, reason=reason))
         if g.action in ("adjust", "rollback") and g.knob and g.knob in ctx.knobs:
             old = float(ctx.knobs[g.knob].value)
             self._decide(ctx, result, step=step + 1, knob=g.knob, new=old * g.factor, reason=reason,
@@ -347,8 +347,7 @@ class Engine:
     @staticmethod
     def _unusable(st: ControllerState, spec: ControllerSpec, step: int, message: str, result: EngineResult) -> None:
         if st.error != message:  # one event per new problem, not one per observation
-            result.events.append({"kind": "controller_unusable", "step": step, "controller": spec.name,
-                                  "knob": spec.knob, "reason": message})
+            result.events.append(ControllerUnusable(step=step, controller=spec.name, knob=spec.knob, reason=message))
         st.error = message
 
     def _controllers(self, ctx: RunContext, obs: ObservationCreate, values: dict[str, float], result: EngineResult) -> None:

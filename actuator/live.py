@@ -29,6 +29,8 @@ from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, cast
 
+from .schemas import Event, Gap
+
 __all__ = ["EventId", "LiveEvent", "LiveState", "MemoryLive", "RedisLive", "make_live"]
 
 _CHUNK = 500  # events per read while catching up, and per run per shared read
@@ -70,16 +72,17 @@ ORIGIN = EventId(0, 0)  # before every event: a follower that has seen nothing y
 
 @dataclass(frozen=True, slots=True)
 class LiveEvent:
-    """One event of a run's live stream. ``data`` is the event as JSON text: encoded once when
-    published and sent as is to every follower."""
+    """One event of a run's live stream. ``data`` is the event (an :data:`actuator.schemas.Event`)
+    as JSON text: encoded once when published and sent as is to every follower."""
 
     id: EventId
     kind: str
     data: str
 
 
-def _encode(event: dict[str, Any]) -> tuple[str, str]:
-    return str(event.get("kind", "message")), json.dumps(event, default=str)
+def _encode(event: Event) -> tuple[str, str]:
+    """The event's kind and JSON text (``kind`` first; json.dumps' spacing, as the stream always had)."""
+    return event.kind, json.dumps({"kind": event.kind, **event.model_dump(by_alias=True)})
 
 
 def _epoch_now() -> int:
@@ -89,8 +92,7 @@ def _epoch_now() -> int:
 def _trimmed(epoch: int, first: int, last: int) -> LiveEvent:
     """Events ``first..last`` are no longer kept. Carries the id of ``last``: a client that
     reconnects after it is not told again."""
-    return LiveEvent(EventId(epoch, last), "gap",
-                     json.dumps({"kind": "gap", "reason": "trimmed", "first": first, "last": last}))
+    return LiveEvent(EventId(epoch, last), *_encode(Gap.trimmed(first, last)))
 
 
 def _restarted(after: EventId, resume: EventId) -> LiveEvent:
@@ -98,7 +100,7 @@ def _restarted(after: EventId, resume: EventId) -> LiveEvent:
     the process restarted, or Redis was flushed): whatever came after it is unknown here, so the
     client resyncs from the durable report. Carries ``resume``, the id just before the events
     that follow (``after`` itself while no event of the new numbering exists yet)."""
-    return LiveEvent(resume, "gap", json.dumps({"kind": "gap", "reason": "restarted", "last_event_id": str(after)}))
+    return LiveEvent(resume, *_encode(Gap.restarted(str(after))))
 
 
 class _Source(Protocol):
@@ -151,8 +153,8 @@ class LiveState(Protocol):
     def ping(self) -> None: ...
     def touch(self, run_id: str, step: int) -> None: ...
     def last_seen(self, run_id: str) -> float | None: ...
-    def publish(self, run_id: str, event: dict[str, Any]) -> None: ...
-    def publish_many(self, run_id: str, events: Iterable[dict[str, Any]], *, touch: int | None = None) -> None: ...
+    def publish(self, run_id: str, event: Event) -> None: ...
+    def publish_many(self, run_id: str, events: Iterable[Event], *, touch: int | None = None) -> None: ...
     def follow(self, run_id: str, after: EventId | None = None) -> AsyncGenerator[LiveEvent, None]:
         """The run's events after ``after`` (``None``: every kept event), then new ones as they are
         published, until the caller stops (and closes it: ``aclose()``). Raises if the backend
@@ -183,10 +185,10 @@ class MemoryLive:
     def last_seen(self, run_id: str) -> float | None:
         return self._seen.get(run_id)
 
-    def publish(self, run_id: str, event: dict[str, Any]) -> None:
+    def publish(self, run_id: str, event: Event) -> None:
         self.publish_many(run_id, (event,))
 
-    def publish_many(self, run_id: str, events: Iterable[dict[str, Any]], *, touch: int | None = None) -> None:
+    def publish_many(self, run_id: str, events: Iterable[Event], *, touch: int | None = None) -> None:
         """``publish`` of each event, in order (and ``touch(run_id, touch)`` first unless None)."""
         if touch is not None:
             self.touch(run_id, touch)
@@ -336,10 +338,10 @@ class RedisLive:
         v = self._r.hget("actuator:last_seen", run_id)
         return float(v) if v is not None else None
 
-    def publish(self, run_id: str, event: dict[str, Any]) -> None:
+    def publish(self, run_id: str, event: Event) -> None:
         self.publish_many(run_id, (event,))
 
-    def publish_many(self, run_id: str, events: Iterable[dict[str, Any]], *, touch: int | None = None) -> None:
+    def publish_many(self, run_id: str, events: Iterable[Event], *, touch: int | None = None) -> None:
         """The same stream entries as ``publish`` of each event in order (and the ``touch`` first
         unless None), in one script call: one round trip for all, and the events contiguous."""
         fields = [part for event in events for part in _encode(event)]

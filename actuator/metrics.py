@@ -77,11 +77,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.mmap_dict import MmapedDict, mmap_key
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from .run_state import RunContext
+from .schemas import FINAL_STATES, RUN_STATES, GuardrailBreach, RunStateName
+
 __all__ = ["Metrics", "RUN_STATES", "FINAL_STATES", "DECISION_REASONS", "GUARDRAIL_ACTIONS", "BACKENDS"]
 
 _NS = "actuator"
-RUN_STATES = ("running", "paused", "halted", "finished")
-FINAL_STATES = ("halted", "finished")  # no way back to running: the run's series can go
+# RUN_STATES (the run_state gauge's label values) are RunStateName's; in FINAL_STATES the run's series can go.
 DECISION_REASONS = ("controller", "guardrail", "operator")
 GUARDRAIL_ACTIONS = ("alert", "adjust", "halt", "rollback")
 BACKENDS = ("store", "redis")
@@ -266,7 +268,7 @@ class Metrics:
             for reason in DECISION_REASONS:
                 self._add(self.decisions, 0, run, knob, reason)
 
-    def observe_registration(self, run: str, state: str, knobs: dict[str, float]) -> None:
+    def observe_registration(self, run: str, state: RunStateName, knobs: dict[str, float]) -> None:
         """A run registered: its state (its counters start at 0) and the knob values it starts from."""
         self.set_state(run, state)
         if not self._exported(run):
@@ -275,13 +277,15 @@ class Metrics:
             self._set(self.knob_target, value, run, knob)
 
     def observe_ingest(self, out: Any) -> None:
-        """Export what one ingest (a store ``IngestOutcome``) changed."""
+        """Export what one ingest (a store ``IngestOutcome``: its run snapshot, with the run's
+        typed context) changed."""
         run = out.run
+        ctx: RunContext = run.context
         self.observations.inc(out.accepted)
         self.duplicates.inc(out.duplicates)
         if not self._exported(run.id):
             return
-        self._init_run(run.id, run.knobs)
+        self._init_run(run.id, ctx.knobs)
         if out.accepted:
             self._set(self.last_observation, time.time(), run.id)
             self._set(self.training_step, run.last_step or 0, run.id)
@@ -289,44 +293,46 @@ class Metrics:
             self._set(self.probe_value, v, run.id, probe)
         for knob, v in run.knobs_in_effect.items():
             self._set(self.knob_value, v, run.id, knob)
-        for knob, spec in run.knobs.items():
-            self._set(self.knob_target, spec["value"], run.id, knob)
-        for name, st in run.controllers.items():
-            if "filtered" in st:
-                self._set(self.probe_filtered, st["filtered"], run.id, name, st["probe"])
-                if st.get("setpoint") is not None:  # a maximize controller has none
-                    self._set(self.setpoint, st["setpoint"], run.id, name, st["probe"])
+        for knob, spec in ctx.knobs.items():
+            self._set(self.knob_target, spec.value, run.id, knob)
+        for name, st in ctx.controllers.items():
+            if st.filtered is not None and st.probe is not None:
+                self._set(self.probe_filtered, st.filtered, run.id, name, st.probe)
+                if st.setpoint is not None:  # a maximize controller has none
+                    self._set(self.setpoint, st.setpoint, run.id, name, st.probe)
             for comp in ("p", "i", "d"):
-                if (st.get("components") or {}).get(comp) is not None:
-                    self._set(self.pid_component, st["components"][comp], run.id, name, comp)
-        for name, st in run.guardrails.items():
-            if st.get("threshold") is not None:
-                self._set(self.threshold, st["threshold"], run.id, name, st["probe"])
+                value = (st.components or {}).get(comp)
+                if value is not None:
+                    self._set(self.pid_component, value, run.id, name, comp)
+        for name, gs in ctx.guardrails.items():
+            if gs.threshold is not None and gs.probe is not None:
+                self._set(self.threshold, gs.threshold, run.id, name, gs.probe)
         # One increment per label set, not per decision (a batch of 100 can make 99 of them).
         decided = collections.Counter((d.knob, "controller" if d.controller else "guardrail") for d in out.created)
         for (knob, reason), n in decided.items():
             self._add(self.decisions, n, run.id, knob, reason)
-        fired = collections.Counter(ev["action"] for ev in out.events if ev["kind"] == "guardrail_breach")
+        fired = collections.Counter(ev.action for ev in out.events if isinstance(ev, GuardrailBreach))
         for action, n in fired.items():
             self._add(self.breaches, n, run.id, action)
-        self.set_state(run.id, run.state)
+        self.set_state(run.id, ctx.state)
 
-    def observe_control(self, run: Any, decisions: Any = ()) -> None:
-        """Export an operator action (pause/resume, manual override, setpoint, policy change): the
-        run's state, knob targets and setpoints, and the decisions it made (reason ``operator``)."""
-        if not self._exported(run.id):
+    def observe_control(self, run: str, ctx: RunContext, decisions: Any = ()) -> None:
+        """Export an operator action (pause/resume, manual override, setpoint, policy change) on
+        run ``run``, whose context is ``ctx`` after it: the run's state, knob targets and
+        setpoints, and the decisions it made (reason ``operator``)."""
+        if not self._exported(run):
             return
-        self._init_run(run.id, run.knobs)
-        for knob, spec in run.knobs.items():
-            self._set(self.knob_target, spec["value"], run.id, knob)
-        for name, st in run.controllers.items():
-            if st.get("setpoint") is not None and st.get("probe"):
-                self._set(self.setpoint, st["setpoint"], run.id, name, st["probe"])
+        self._init_run(run, ctx.knobs)
+        for knob, spec in ctx.knobs.items():
+            self._set(self.knob_target, spec.value, run, knob)
+        for name, st in ctx.controllers.items():
+            if st.setpoint is not None and st.probe:
+                self._set(self.setpoint, st.setpoint, run, name, st.probe)
         for knob, n in collections.Counter(d.knob for d in decisions).items():
-            self._add(self.decisions, n, run.id, knob, "operator")
-        self.set_state(run.id, run.state)
+            self._add(self.decisions, n, run, knob, "operator")
+        self.set_state(run, ctx.state)
 
-    def set_state(self, run: str, state: str) -> None:
+    def set_state(self, run: str, state: RunStateName) -> None:
         """The run's state (called at registration too, which is when its counters start at 0).
         A final state starts the countdown to the removal of the run's series."""
         if not self._exported(run):

@@ -9,6 +9,8 @@ from sqlalchemy import (JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, 
                         UniqueConstraint)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from .schemas import RunStateName
+
 __all__ = ["Base", "PolicyRow", "RunRow", "ObservationRow", "DecisionRow", "EventRow", "utcnow"]
 
 
@@ -40,7 +42,7 @@ class RunRow(Base):
     policy_id: Mapped[int] = mapped_column(ForeignKey("policies.id"))
     policy_name: Mapped[str] = mapped_column(String(64))
     policy_version: Mapped[int] = mapped_column(Integer)
-    state: Mapped[str] = mapped_column(String(16), default="running", index=True)
+    state: Mapped[RunStateName] = mapped_column(String(16), default="running", index=True)
     token_hash: Mapped[str] = mapped_column(String(64))
     knobs: Mapped[dict[str, Any]]  # name -> KnobSpec dict; "value" is the controller's target
     controllers: Mapped[dict[str, Any]]  # controller name -> {pid, filter, last_step, ...}

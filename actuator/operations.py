@@ -11,11 +11,19 @@ from typing import Any
 
 from .policy import PolicyDocument
 from .run_state import ControllerState, RunContext
-from .schemas import Decision
+from .schemas import (
+    ControlPaused,
+    ControlResumed,
+    Decision,
+    Event,
+    KnobOverridden,
+    OverrideReleased,
+    SetpointChanged,
+)
 
 __all__ = ["override_knob", "release_knob", "set_setpoint", "pause", "resume"]
 
-Result = tuple[list[Decision], list[dict[str, Any]]]
+Result = tuple[list[Decision], list[Event]]
 
 
 def _step(run: Any) -> int:
@@ -34,7 +42,7 @@ def override_knob(ctx: RunContext, run: Any, knob: str, value: float, note: str 
     old = float(spec.value)
     spec.override = float(value)
     spec.value = float(value)
-    ev = {"kind": "override", "step": run.last_step, "knob": knob, "old": old, "new": value, "note": note}
+    ev = KnobOverridden(step=run.last_step, knob=knob, old=old, new=value, note=note)
     drafts = []
     if value != old:
         ctx.decision_count += 1
@@ -56,7 +64,7 @@ def release_knob(ctx: RunContext, run: Any, knob: str, policy: PolicyDocument) -
     for c in policy.controllers:
         if c.knob == knob and c.name in ctx.controllers:
             ctx.controllers[c.name].reset = True
-    return [], [{"kind": "override_released", "step": run.last_step, "knob": knob, "value": spec.value}]
+    return [], [OverrideReleased(step=run.last_step, knob=knob, value=spec.value)]
 
 
 def set_setpoint(ctx: RunContext, run: Any, controller: str, setpoint: Any, policy: PolicyDocument) -> Result:
@@ -69,14 +77,14 @@ def set_setpoint(ctx: RunContext, run: Any, controller: str, setpoint: Any, poli
     st = ctx.controllers.setdefault(controller, ControllerState())
     old = st.setpoint_override
     st.setpoint_override = setpoint
-    return [], [{"kind": "setpoint", "step": run.last_step, "controller": controller, "old": old, "new": setpoint}]
+    return [], [SetpointChanged(step=run.last_step, controller=controller, old=old, new=setpoint)]
 
 
 def pause(ctx: RunContext, run: Any) -> Result:
     if ctx.state != "running":
         raise ValueError(f"state: run is {ctx.state}; only a running run can be paused")
     ctx.state = "paused"
-    return [], [{"kind": "control_paused", "step": run.last_step}]
+    return [], [ControlPaused(step=run.last_step)]
 
 
 def resume(ctx: RunContext, run: Any) -> Result:
@@ -85,4 +93,4 @@ def resume(ctx: RunContext, run: Any) -> Result:
     ctx.state = "running"
     for st in ctx.controllers.values():
         st.reset = True  # bumpless: start again from the values in effect
-    return [], [{"kind": "control_resumed", "step": run.last_step}]
+    return [], [ControlResumed(step=run.last_step)]

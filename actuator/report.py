@@ -45,16 +45,11 @@ def _drawable(values: list[float]) -> tuple[list[float], bool]:
 def _cut(label: str, cut: bool) -> str:
     return f"{label} (cut to ±{PLOT_LIMIT:.0e})" if cut else label
 
-# The decision record's fields a report lists (the audit trail's components and inputs stay in
-# GET /v1/runs/{id}/decisions).
-_DECISION_FIELDS = ("number", "step", "knob", "old_value", "new_value", "reason", "applied_step", "applied_value",
-                    "skipped")
-
-
 def build_report(run: Any, observations: list[Any], decisions: list[Any], events: list[Any],
                  policy: Any, *, sampling: dict[str, Any] | None = None, decisions_total: int | None = None,
                  events_total: int | None = None) -> dict[str, Any]:
-    """The report's data. ``sampling``: how ``observations`` were picked (``{"observations": n,
+    """The report's data (what :class:`actuator.schemas.ReportPublic` describes: decisions as
+    :class:`~actuator.schemas.DecisionListed`, events as stored). ``sampling``: how ``observations`` were picked (``{"observations": n,
     "every": k}``); ``decisions_total``/``events_total``: how many the run has, when only the
     latest were passed (the rest are counted as omitted)."""
     probes: dict[str, list[list[float]]] = {}
@@ -69,6 +64,7 @@ def build_report(run: Any, observations: list[Any], decisions: list[Any], events
             metrics.setdefault(k, []).append([o.step, v])
     from .policy import relative
     from .run_state import RunContext
+    from .schemas import DecisionListed, EventRecord
 
     ctx = RunContext.from_json(run.knobs, run.controllers, run.guardrails)
     setpoints: dict[str, Any] = {}
@@ -91,8 +87,8 @@ def build_report(run: Any, observations: list[Any], decisions: list[Any], events
         "metrics": metrics,
         "setpoints": setpoints,
         "thresholds": thresholds,
-        "decisions": [{name: getattr(d, name) for name in _DECISION_FIELDS} for d in decisions],
-        "events": [{"kind": e.kind, "step": e.step, "payload": e.payload} for e in events],
+        "decisions": [DecisionListed.model_validate(d, from_attributes=True).model_dump() for d in decisions],
+        "events": [EventRecord.model_validate(e, from_attributes=True).model_dump() for e in events],
         "sampling": sampling or {"observations": len(observations), "every": 1},
         "decisions_omitted": max(0, (decisions_total or 0) - len(decisions)),
         "events_omitted": max(0, (events_total or 0) - len(events)),

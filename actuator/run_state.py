@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .controllers import PIDState
+from .schemas import RunStateName
 
 __all__ = ["KnobState", "ControllerState", "GuardrailState", "RunContext", "PROBE_REPORT", "STARVED_PREFIX",
            "starved_probes", "knobs_in_effect"]
@@ -127,12 +128,12 @@ class RunContext:
     knobs: dict[str, KnobState]
     controllers: dict[str, ControllerState] = field(default_factory=dict)
     guardrails: dict[str, GuardrailState] = field(default_factory=dict)
-    state: str = "running"
+    state: RunStateName = "running"
     decision_count: int = 0
 
     @classmethod
     def from_json(cls, knobs: Mapping[str, Mapping[str, Any]], controllers: Mapping[str, Mapping[str, Any]] | None = None,
-                  guardrails: Mapping[str, Mapping[str, Any]] | None = None, state: str = "running",
+                  guardrails: Mapping[str, Mapping[str, Any]] | None = None, state: RunStateName = "running",
                   decision_count: int = 0) -> RunContext:
         """From the run's stored JSON columns (nothing of them is shared: they may be reused)."""
         return cls(knobs={k: KnobState.from_dict(v, k) for k, v in knobs.items()},

@@ -9,9 +9,20 @@ service's answers ignoring them, so an agent keeps working with a newer service.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    StringConstraints,
+    TypeAdapter,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 __all__ = [
@@ -35,7 +46,9 @@ __all__ = [
     "ObservationCreate",
     "ObservationBatch",
     "Action",
+    "DecisionChange",
     "Decision",
+    "DecisionListed",
     "DecisionPublic",
     "DecisionPage",
     "IngestResult",
@@ -54,6 +67,28 @@ __all__ = [
     "TunePrediction",
     "TunePublic",
     "EventPublic",
+    "EventRecord",
+    "Event",
+    "EventKind",
+    "EVENT",
+    "GuardrailBreach",
+    "GuardrailCleared",
+    "ControllerUnusable",
+    "KnobOverridden",
+    "OverrideReleased",
+    "SetpointChanged",
+    "ControlPaused",
+    "ControlResumed",
+    "ObservationEvent",
+    "DecisionEvent",
+    "Acknowledged",
+    "StateChanged",
+    "PolicyMoved",
+    "RunRegistered",
+    "Gap",
+    "RUN_STATES",
+    "FINAL_STATES",
+    "SimulatedAction",
     "ControlResult",
     "ReportSampling",
     "ReportPublic",
@@ -78,7 +113,10 @@ FiniteFloat = Annotated[float, Field(allow_inf_nan=False), BeforeValidator(_not_
 PositiveFinite = Annotated[float, Field(gt=0, allow_inf_nan=False), BeforeValidator(_not_a_bool)]
 WireInt = Annotated[int, BeforeValidator(_not_a_bool)]
 Scale = Literal["log", "linear", "integer"]
+# A run's state: the one list of them (metrics, the routers' filters and the store read it from here).
 RunStateName = Literal["running", "paused", "halted", "finished"]
+RUN_STATES: tuple[RunStateName, ...] = get_args(RunStateName)
+FINAL_STATES: tuple[RunStateName, ...] = ("halted", "finished")  # no way back to running
 
 _MAX_VALUES = 256  # probes / metrics / knobs per observation
 
@@ -262,10 +300,9 @@ def _all_finite(value: Any) -> bool:
     return True
 
 
-class Decision(_Model):
-    """A knob change the controller, a guardrail or an operator orders: the one decision record
-    the engine makes, the store keeps (as :class:`DecisionPublic`), the API returns and the
-    report lists. Every number in it is finite: JSON and Postgres hold no others."""
+class DecisionChange(_Model):
+    """The change a decision orders, the part of :class:`Decision` every view of it shows (the
+    live ``decision`` event, a report's list)."""
 
     number: int = Field(description="Per-run decision number, 1, 2, ...")
     step: int = Field(description="The step from which the new value applies.")
@@ -273,6 +310,14 @@ class Decision(_Model):
     old_value: FiniteFloat
     new_value: FiniteFloat
     reason: str
+
+
+class Decision(DecisionChange):
+    """A knob change the controller, a guardrail or an operator orders: the one decision record
+    the engine makes, the store keeps (as :class:`DecisionPublic`), the API returns, simulate
+    replays and the report lists (in part: :class:`DecisionListed`). Every number in it is
+    finite: JSON and Postgres hold no others."""
+
     controller: str | None = Field(description="The controller that decided (None: a guardrail or an operator).")
     components: dict[str, FiniteFloat | None] = Field(description="P, I, D, error of the control law.")
     inputs: dict[str, Any] = Field(description="Raw and filtered probe value, setpoint, limits applied.")
@@ -285,15 +330,9 @@ class Decision(_Model):
         return v
 
 
-class DecisionPublic(Decision):
-    """A decision as stored: the record plus what the store assigns, and what the agent said it
-    did with it (``applied_step``/``applied_value``, or ``skipped``; all None: not acknowledged —
-    not received yet, or ordered after the run's last step and so never applied)."""
+class _Applied(_Model):
+    """What the agent said it did with a decision (first among a model's bases: its fields come last)."""
 
-    id: int
-    run_id: str
-    policy_version: int
-    created_at: datetime
     applied_step: int | None = Field(None, description="The step boundary at which the agent applied it (after "
                                      "step N: in effect from the next optimizer step).")
     applied_value: FiniteFloat | None = Field(
@@ -301,11 +340,233 @@ class DecisionPublic(Decision):
     skipped: str | None = Field(None, description="Why the agent set it aside (no setter, identification...).")
 
 
+class _Stored(Decision):
+    id: int
+    run_id: str
+    policy_version: int
+    created_at: datetime
+
+
+class DecisionPublic(_Applied, _Stored):
+    """A decision as stored: the record plus what the store assigns, and what the agent said it
+    did with it (``applied_step``/``applied_value``, or ``skipped``; all None: not acknowledged —
+    not received yet, or ordered after the run's last step and so never applied)."""
+
+
+class DecisionListed(_Applied, DecisionChange):
+    """A decision as a report lists it: the change and what the agent did with it (the audit
+    trail's components and inputs stay in GET /v1/runs/{id}/decisions)."""
+
+
 class DecisionPage(_Model):
     items: list[DecisionPublic]
     total: int
     offset: int
     limit: int
+
+
+# -- events ------------------------------------------------------------------------------------
+# What happens to a run beside its decisions, one model per kind: the engine's (guardrails,
+# unusable controllers), the operator actions', the live stream's (observations, decisions,
+# acknowledgements, state and policy changes, gaps) and the audit trail's. ``Event`` is their
+# union, told apart by ``kind`` as on the wire; ``EVENT`` validates one.
+
+
+class _Event(_Model):
+    """One event. Fields named in ``_omit_none`` are left out, not written as null, when None
+    (as they always were on the wire)."""
+
+    model_config = ConfigDict(extra="forbid", validate_by_name=True, validate_by_alias=True)
+    _omit_none: ClassVar[tuple[str, ...]] = ()
+    # The audit trail keeps most events whole as their row's payload; those in ``_RecordEvent``
+    # keep their row's kind and step out of it.
+    _payload_exclude: ClassVar[set[str]] = set()
+
+    kind: str
+
+    @model_serializer(mode="wrap")
+    def _omit(self, handler: SerializerFunctionWrapHandler):  # no return type: the schema stays the model's
+        data = handler(self)
+        for name in self._omit_none:
+            key = name if name in data else type(self).model_fields[name].alias
+            if key in data and data[key] is None:
+                del data[key]
+        return data
+
+    def row(self) -> dict[str, Any]:
+        """The event as the store's events table keeps it: kind, step and the payload."""
+        return {"kind": self.kind, "step": getattr(self, "step", None),
+                "payload": self.model_dump(by_alias=True, exclude=self._payload_exclude)}
+
+
+class GuardrailBreach(_Event):
+    """A guardrail fired (after its consecutive breaches); ``action`` is what it does about it."""
+
+    kind: Literal["guardrail_breach"] = "guardrail_breach"
+    step: int
+    guardrail: str
+    action: Literal["alert", "adjust", "halt", "rollback"]
+    value: float
+    threshold: float
+    reason: str
+
+
+class GuardrailCleared(_Event):
+    kind: Literal["guardrail_cleared"] = "guardrail_cleared"
+    step: int
+    guardrail: str
+    value: float
+    threshold: float
+
+
+class ControllerUnusable(_Event):
+    """A controller's law cannot run on this run's knobs: it is skipped until that changes."""
+
+    kind: Literal["controller_unusable"] = "controller_unusable"
+    step: int
+    controller: str
+    knob: str
+    reason: str
+
+
+class KnobOverridden(_Event):
+    kind: Literal["override"] = "override"
+    step: int | None
+    knob: str
+    old: float
+    new: float
+    note: str
+
+
+class OverrideReleased(_Event):
+    kind: Literal["override_released"] = "override_released"
+    step: int | None
+    knob: str
+    value: float
+
+
+# An operator's setpoint: a number, or a schedule of [step, value] points.
+_Setpoint = float | list[tuple[int, float]]
+
+
+class SetpointChanged(_Event):
+    kind: Literal["setpoint"] = "setpoint"
+    step: int | None
+    controller: str
+    old: _Setpoint | None
+    new: _Setpoint
+
+
+class ControlPaused(_Event):
+    kind: Literal["control_paused"] = "control_paused"
+    step: int | None
+
+
+class ControlResumed(_Event):
+    kind: Literal["control_resumed"] = "control_resumed"
+    step: int | None
+
+
+class ObservationEvent(_Event):
+    """An observation stored (live stream only: the observations themselves are the record)."""
+
+    kind: Literal["observation"] = "observation"
+    seq: int
+    step: int
+    probes: dict[str, float]
+    knobs: dict[str, float]
+
+
+class DecisionEvent(DecisionChange, _Event):
+    """A decision made (live stream only: the decision itself is the record)."""
+
+    kind: Literal["decision"] = "decision"
+
+
+class Acknowledged(DecisionAck, _Event):
+    """The agent's acknowledgement of a decision (live stream only: it is kept on the decision)."""
+
+    _omit_none = ("value", "reason")
+    kind: Literal["acknowledged"] = "acknowledged"
+
+
+class _RecordEvent(_Event):
+    """An event whose audit row keeps kind and step beside its payload, not in it."""
+
+    _payload_exclude = {"kind", "step"}
+
+
+class StateChanged(_RecordEvent):
+    """The run's state changed. The live event says ``to`` and ``reason``; the audit row ``from``
+    and ``to`` (and ``reason`` for a halt or finish by request)."""
+
+    _omit_none = ("step", "from_", "reason")
+    kind: Literal["state"] = "state"
+    step: int | None = None
+    from_: RunStateName | None = Field(None, alias="from")
+    to: RunStateName
+    reason: str | None = None
+
+
+class PolicyMoved(_RecordEvent):
+    """The run moved to another policy version (``name@version``)."""
+
+    _omit_none = ("step", "from_", "reason")
+    kind: Literal["policy_moved"] = "policy_moved"
+    step: int | None = None
+    from_: str | None = Field(None, alias="from")
+    to: str
+    reason: str | None = None
+
+
+class RunRegistered(_RecordEvent):
+    """The run registered (audit trail only): its policy version and the knobs it declared."""
+
+    kind: Literal["run_registered"] = "run_registered"
+    step: None = Field(None, exclude=True)
+    policy: str
+    version: int
+    knobs: dict[str, KnobSpec]
+
+
+class Gap(_Event):
+    """Live stream only: what the stream cannot resume. ``trimmed``: events ``first`` .. ``last``
+    are no longer kept; ``restarted``: the id ``last_event_id`` belongs to a numbering the live
+    state lost (re-read the run's report)."""
+
+    _omit_none = ("first", "last", "last_event_id")
+    kind: Literal["gap"] = "gap"
+    reason: Literal["trimmed", "restarted"]
+    first: int | None = None
+    last: int | None = None
+    last_event_id: str | None = None
+
+    @model_validator(mode="after")
+    def _says_what(self) -> Gap:
+        trimmed = self.first is not None and self.last is not None and self.last_event_id is None
+        restarted = self.first is None and self.last is None and self.last_event_id is not None
+        if not (trimmed if self.reason == "trimmed" else restarted):
+            raise ValueError("a trimmed gap names first and last, a restarted one last_event_id")
+        return self
+
+    @classmethod
+    def trimmed(cls, first: int, last: int) -> Gap:
+        return cls(reason="trimmed", first=first, last=last)
+
+    @classmethod
+    def restarted(cls, last_event_id: str) -> Gap:
+        return cls(reason="restarted", last_event_id=last_event_id)
+
+
+Event = Annotated[
+    GuardrailBreach | GuardrailCleared | ControllerUnusable | KnobOverridden | OverrideReleased | SetpointChanged
+    | ControlPaused | ControlResumed | ObservationEvent | DecisionEvent | Acknowledged | StateChanged | PolicyMoved
+    | RunRegistered | Gap,
+    Field(discriminator="kind")]
+EVENT: TypeAdapter[Event] = TypeAdapter(Event)
+EventKind = Literal["guardrail_breach", "guardrail_cleared", "controller_unusable", "override", "override_released",
+                    "setpoint", "control_paused", "control_resumed", "observation", "decision", "acknowledged",
+                    "state", "policy_moved", "run_registered", "gap"]
 
 
 class IngestResult(_Model):
@@ -377,12 +638,18 @@ class PolicyValidation(_Public):
     errors: list[ErrorItem] = Field(description="Every error with its path in the document (empty when valid).")
 
 
+class SimulatedAction(Action):
+    """An action a replayed policy took, at the step of the observation that caused it."""
+
+    step: int
+
+
 class SimulationPublic(_Public):
     """What a policy would have done on a run's recorded observations."""
 
-    decisions: list[dict[str, Any]]
-    actions: list[dict[str, Any]]
-    events: list[dict[str, Any]]
+    decisions: list[Decision]
+    actions: list[SimulatedAction]
+    events: list[Event]
     trace: list[dict[str, Any]] = Field(description="Knob values after each replayed observation.")
     final_state: RunStateName
     observations: int = Field(description="Observations replayed.")
@@ -390,13 +657,22 @@ class SimulationPublic(_Public):
                                     "ACTUATOR_SIMULATE_OBSERVATIONS cut the replay).")
 
 
-class EventPublic(_Public):
-    """An audit event of a run: breach, override, policy move, state change."""
+class EventRecord(_Public):
+    """An audit event of a run as the store keeps it: breach, override, policy move, state change
+    (the payload is the event, see :data:`Event`; a ``_RecordEvent`` without its kind and step)."""
 
-    id: int
     kind: str
     step: int | None
     payload: dict[str, Any]
+
+
+class _EventId(_Public):
+    id: int
+
+
+class EventPublic(EventRecord, _EventId):
+    """An audit event of a run with its id (page on it) and time."""
+
     created_at: datetime
 
 
@@ -405,7 +681,7 @@ class ControlResult(_Public):
 
     run: RunState
     decisions: list[DecisionPublic]
-    events: list[dict[str, Any]]
+    events: list[Event]
 
 
 class ReportSampling(_Public):
@@ -426,8 +702,8 @@ class ReportPublic(_Public):
     metrics: dict[str, list[list[float]]]
     setpoints: dict[str, Any]
     thresholds: dict[str, float]
-    decisions: list[dict[str, Any]] = Field(description="The latest ACTUATOR_REPORT_DECISIONS decisions.")
-    events: list[dict[str, Any]] = Field(description="The latest ACTUATOR_REPORT_EVENTS events.")
+    decisions: list[DecisionListed] = Field(description="The latest ACTUATOR_REPORT_DECISIONS decisions.")
+    events: list[EventRecord] = Field(description="The latest ACTUATOR_REPORT_EVENTS events.")
     sampling: ReportSampling
     decisions_omitted: int = Field(description="Earlier decisions not listed (GET /v1/runs/{id}/decisions pages "
                                    "through all).")

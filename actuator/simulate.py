@@ -18,7 +18,7 @@ from .controllers.identify import FittedModel
 from .engine import Engine
 from .policy import PolicyDocument
 from .run_state import RunContext
-from .schemas import ObservationCreate
+from .schemas import FINAL_STATES, Decision, Event, ObservationCreate, SimulatedAction
 
 __all__ = ["simulate", "simulate_model"]
 
@@ -26,18 +26,18 @@ __all__ = ["simulate", "simulate_model"]
 def simulate(policy: PolicyDocument, knobs: dict[str, dict[str, Any]], observations: list[Any]) -> dict[str, Any]:
     engine = Engine(policy, 0)
     ctx = RunContext.from_json(knobs)
-    decisions: list[dict[str, Any]] = []
-    actions: list[dict[str, Any]] = []
-    events: list[dict[str, Any]] = []
+    decisions: list[Decision] = []
+    actions: list[SimulatedAction] = []
+    events: list[Event] = []
     trace: list[dict[str, Any]] = []
     for o in sorted(observations, key=lambda o: o.seq):
-        if ctx.state in ("halted", "finished"):
+        if ctx.state in FINAL_STATES:
             break
         obs = ObservationCreate(seq=o.seq, step=o.step, probes=o.probes, metrics=o.metrics,
                                 knobs={k: float(v.value) for k, v in ctx.knobs.items()})
         result = engine.observe(ctx, obs)
-        decisions.extend(d.model_dump() for d in result.decisions)
-        actions.extend({**a.model_dump(), "step": o.step} for a in result.actions)
+        decisions.extend(result.decisions)
+        actions.extend(SimulatedAction(**a.model_dump(), step=o.step) for a in result.actions)
         events.extend(result.events)
         trace.append({"step": o.step, "knobs": {k: float(v.value) for k, v in ctx.knobs.items()}})
     return {"decisions": decisions, "actions": actions, "events": events, "trace": trace,
@@ -54,7 +54,7 @@ def simulate_model(policy: PolicyDocument, knobs: dict[str, dict[str, Any]], mod
     log = ctx.knobs[knob].scale == "log"
     state = model.start()
     y = model.output(state)
-    decisions: list[dict[str, Any]] = []
+    decisions: list[Decision] = []
     trace: list[dict[str, Any]] = []
     setpoints: dict[str, float] = {}
     seq = 0
@@ -69,7 +69,7 @@ def simulate_model(policy: PolicyDocument, knobs: dict[str, dict[str, Any]], mod
                                     knobs={n: float(v.value) for n, v in ctx.knobs.items()})
             seq += 1
             result = engine.observe(ctx, obs)
-            decisions.extend(d.model_dump() for d in result.decisions)
+            decisions.extend(result.decisions)
             setpoints = {n: c.setpoint for n, c in ctx.controllers.items() if c.setpoint is not None}
         trace.append({"step": start_step + k, "probe": y, "knob": value, "setpoints": dict(setpoints)})
     return {"decisions": decisions, "trace": trace, "final_state": ctx.state, "observations": seq}

@@ -24,7 +24,7 @@ import secrets
 import select as _select
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -56,8 +56,22 @@ from sqlalchemy.orm import Session, sessionmaker
 from .engine import Engine
 from .models import Base, DecisionRow, EventRow, ObservationRow, PolicyRow, RunRow, utcnow
 from .policy import PolicyDocument
-from .run_state import ControllerState, RunContext
-from .schemas import MAX_SEQ_GAP, Action, Decision, DecisionPublic, ObservationBatch, ObservationCreate, RunCreate
+from .run_state import ControllerState, KnobState, RunContext
+from .schemas import (
+    FINAL_STATES,
+    MAX_SEQ_GAP,
+    Action,
+    Decision,
+    DecisionPublic,
+    Event,
+    ObservationBatch,
+    ObservationCreate,
+    PolicyMoved,
+    RunCreate,
+    RunRegistered,
+    RunStateName,
+    StateChanged,
+)
 
 __all__ = ["Store", "IngestOutcome", "ObservationRefused", "RunTokenRefused", "PolicyVersionConflict", "RunSnapshot",
            "hash_token", "new_token", "make_engine", "MAX_NAMES"]
@@ -78,8 +92,10 @@ def _table(row: type[Base]) -> Table:
 
 _RUNS, _OBS, _DEC, _EV, _POL = (_table(RunRow), _table(ObservationRow), _table(DecisionRow), _table(EventRow),
                                 _table(PolicyRow))
-# The run's JSON columns an ingest reads and may write (run_metadata is never touched by one).
-_STATE_JSON = ("knobs", "controllers", "guardrails", "latest_probes", "latest_metrics", "knobs_in_effect")
+# The run's JSON columns an ingest reads and may write (run_metadata is never touched by one): the
+# run's context (knobs, controllers, guardrails), then what it last observed.
+_CONTEXT_JSON = ("knobs", "controllers", "guardrails")
+_STATE_JSON = (*_CONTEXT_JSON, "latest_probes", "latest_metrics", "knobs_in_effect")
 # The run row under its lock; the JSON columns as their stored text, so an ingest can tell which
 # ones it changed by comparing encodings (whatever the engine mutates, and however deep).
 _LOCK_RUN = (select(_RUNS.c.id, _RUNS.c.policy_id, _RUNS.c.policy_version, _RUNS.c.state, _RUNS.c.token_hash,
@@ -221,22 +237,27 @@ def _retry_on_disconnect(fn: Callable[..., _T]) -> Callable[..., _T]:
 @dataclass(eq=False)
 class RunSnapshot:
     """The run's row as an ingest read it under the lock and left it (what the answer and the
-    metrics need); the JSON columns decoded."""
+    metrics need): its control state typed (``context``: knobs, controllers, guardrails, state,
+    decision count), the latest values it observed decoded."""
 
     id: str
     policy_id: int
     policy_version: int
-    state: str
     token_hash: str
     last_step: int | None
     last_seq: int | None
-    decision_count: int
-    knobs: dict[str, Any]
-    controllers: dict[str, Any]
-    guardrails: dict[str, Any]
-    latest_probes: dict[str, Any]
-    latest_metrics: dict[str, Any]
-    knobs_in_effect: dict[str, Any]
+    context: RunContext
+    latest_probes: dict[str, float]
+    latest_metrics: dict[str, float]
+    knobs_in_effect: dict[str, float]
+
+    @property
+    def state(self) -> RunStateName:
+        return self.context.state
+
+    @property
+    def decision_count(self) -> int:
+        return self.context.decision_count
 
 
 @dataclass
@@ -247,7 +268,7 @@ class IngestOutcome:
     decisions: list[DecisionPublic]  # decisions after the agent's last_decision (to apply), oldest first
     created: list[DecisionPublic]  # the decisions this request created
     actions: list[Action]
-    events: list[dict[str, Any]]
+    events: list[Event]
     run: RunSnapshot
     controller_outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     more_decisions: bool = False  # ``decisions`` stopped at the cap: more follow the last one
@@ -384,9 +405,8 @@ class Store:
         with self.session() as s:
             s.add(row)
             s.flush()  # no ORM relationship orders the two inserts; the event's FK needs the run
-            s.add(EventRow(run_id=row.id, kind="run_registered", step=None,
-                           payload={"policy": policy.name, "version": policy.version,
-                                    "knobs": {k.name: k.model_dump(mode="json") for k in body.knobs}}))
+            s.add(EventRow(run_id=row.id, **RunRegistered(policy=policy.name, version=policy.version,
+                                                          knobs={k.name: k for k in body.knobs}).row()))
         return row, token
 
     @_retry_on_disconnect
@@ -442,9 +462,12 @@ class Store:
                     yield conn, None, {}
                 else:
                     stored = {name: getattr(row, name) for name in _STATE_JSON}
-                    run = RunSnapshot(row.id, row.policy_id, row.policy_version, row.state, row.token_hash,
-                                      row.last_step, row.last_seq, row.decision_count,
-                                      **{name: json.loads(value) for name, value in stored.items()})
+                    columns = {name: json.loads(value) for name, value in stored.items()}
+                    context = RunContext.from_json(columns["knobs"], columns["controllers"], columns["guardrails"],
+                                                   row.state, row.decision_count)
+                    run = RunSnapshot(row.id, row.policy_id, row.policy_version, row.token_hash, row.last_step,
+                                      row.last_seq, context, columns["latest_probes"], columns["latest_metrics"],
+                                      columns["knobs_in_effect"])
                     yield conn, run, stored
                 conn.commit()
             finally:
@@ -459,34 +482,37 @@ class Store:
             conn.close()
             raise
 
-    def set_state(self, run_id: str, state: str, reason: str = "") -> RunRow | None:
+    def set_state(self, run_id: str, state: RunStateName, reason: str = "") -> RunRow | None:
         with self._locked_run(run_id) as (s, run):
             if run is None:
                 return None
             old = run.state
             run.state = state
             run.updated_at = utcnow()
-            s.add(EventRow(run_id=run_id, kind="state", step=run.last_step,
-                           payload={"from": old, "to": state, "reason": reason}))
+            s.add(EventRow(run_id=run_id, **StateChanged(step=run.last_step, from_=old, to=state,
+                                                         reason=reason).row()))
             return run
 
     @staticmethod
-    def _context(run: RunRow | RunSnapshot) -> RunContext:
-        return RunContext.from_json(run.knobs, run.controllers, run.guardrails, run.state, run.decision_count)
+    def context(run: RunRow) -> RunContext:
+        """The run's control state, typed, from its row."""
+        return RunContext.from_json(run.knobs, run.controllers, run.guardrails, run.state,
+                                    run.decision_count)
 
-    def mutate(self, run_id: str, op: Any) -> tuple[RunRow, list[DecisionPublic], list[dict[str, Any]]] | None:
+    def mutate(self, run_id: str, op: Any) -> tuple[RunRow, RunContext, list[DecisionPublic], list[Event]] | None:
         """Apply an operator action ``op(ctx, run) -> (decision drafts, events)`` under the run's
-        lock, persisting the context, decisions and audit events in one transaction. ``op`` may
-        raise ``ValueError`` to refuse (nothing is stored then)."""
+        lock, persisting the context, decisions and audit events in one transaction: the run after
+        it, its context, the decisions as stored and the events. ``op`` may raise ``ValueError``
+        to refuse (nothing is stored then)."""
         with self._locked_run(run_id) as (s, run):
             if run is None:
                 return None
-            ctx = self._context(run)
+            ctx = self.context(run)
             drafts, events = op(ctx, run)
             now = utcnow()
             rows = self._event_rows(events)
             if ctx.state != run.state:
-                rows.append({"kind": "state", "step": run.last_step, "payload": {"from": run.state, "to": ctx.state}})
+                rows.append(StateChanged(step=run.last_step, from_=run.state, to=ctx.state).row())
             decisions = self._persist(s.connection(), run.id, now, drafts, run.policy_version, rows)
             columns = ctx.to_json()
             _dumps(columns)  # finite, or refused here as by the hot path
@@ -494,7 +520,7 @@ class Store:
             run.state, run.decision_count = ctx.state, ctx.decision_count
             run.updated_at = now
             s.flush()
-            return run, decisions, events
+            return run, ctx, decisions, events
 
     def move_policy(self, run_id: str, policy: PolicyRow, reason: str) -> RunRow | None:
         """Move a live run to another policy version (an explicit, audited action). Controllers
@@ -509,8 +535,8 @@ class Store:
                 st.reset = True
             run.controllers = {k: st.to_dict() for k, st in reset.items()}
             run.updated_at = utcnow()
-            s.add(EventRow(run_id=run_id, kind="policy_moved", step=run.last_step,
-                           payload={"from": old, "to": f"{policy.name}@{policy.version}", "reason": reason}))
+            s.add(EventRow(run_id=run_id, **PolicyMoved(step=run.last_step, from_=old, to=f"{policy.name}@{policy.version}",
+                                                        reason=reason).row()))
             return run
 
     def archive_policy(self, name: str) -> int:
@@ -536,12 +562,12 @@ class Store:
             new = self._new_observations(conn, run, batch)
             self._check_new(conn, run, batch, new)
             engine = engine or self.policy_engine(run.policy_id, conn)
-            ctx = self._context(run)
+            ctx = run.context  # the engine moves it on: the snapshot is left as the ingest leaves the run
             before = (run.state, run.decision_count, run.last_step, run.last_seq)
             self._acknowledge(conn, run, batch, before[1])
             drafts: list[Decision] = []
             actions: list[Action] = []
-            events: list[dict[str, Any]] = []
+            events: list[Event] = []
             outputs: dict[str, dict[str, Any]] = {}
             probes, metrics, in_effect = run.latest_probes, run.latest_metrics, run.knobs_in_effect
             observations = []
@@ -555,7 +581,7 @@ class Store:
                     in_effect.update(obs.knobs)
                     run.last_step = obs.step
                 run.last_seq = obs.seq if run.last_seq is None else max(run.last_seq, obs.seq)
-                if not fresh or ctx.state in ("halted", "finished"):
+                if not fresh or ctx.state in FINAL_STATES:
                     # A late observation (delivered out of order, its step older than one already
                     # evaluated) is kept for the record only: controllers and guardrails move
                     # forward in time, and counting it would reorder consecutive-breach counts.
@@ -569,23 +595,21 @@ class Store:
                 if len(names) > MAX_NAMES:
                     raise ObservationRefused(f"observations.{field_name}",
                                              f"a run reports at most {MAX_NAMES} distinct {field_name} names")
-            columns = ctx.to_json()
-            run.knobs, run.controllers, run.guardrails = columns["knobs"], columns["controllers"], columns["guardrails"]
-            run.state, run.decision_count = ctx.state, ctx.decision_count
             created: list[DecisionPublic] = []
             if new:  # a batch of duplicates changes nothing
                 changes: dict[str, Any] = {name: value for name, old, value in zip(
                     ("state", "decision_count", "last_step", "last_seq"), before,
                     (run.state, run.decision_count, run.last_step, run.last_seq)) if value != old}
+                values = {**ctx.to_json(), "latest_probes": probes, "latest_metrics": metrics,
+                          "knobs_in_effect": in_effect}
                 for name in _STATE_JSON:
-                    encoded = _dumps(getattr(run, name))
+                    encoded = _dumps(values[name])
                     if encoded != stored[name]:
                         changes[name] = encoded
                 changes["updated_at"] = now
                 event_rows = self._event_rows(events)
                 if run.state != before[0]:
-                    event_rows.append({"kind": "state", "step": run.last_step,
-                                       "payload": {"from": before[0], "to": run.state}})
+                    event_rows.append(StateChanged(step=run.last_step, from_=before[0], to=run.state).row())
                 created = self._persist(conn, run_id, now, drafts, engine.policy_version, event_rows,
                                         observations, changes)
             pending = [d for d in created if d.number > batch.last_decision]
@@ -623,10 +647,10 @@ class Store:
             if ack.step < decision.step:
                 raise ObservationRefused(f"applied.{i}.step", f"decision {ack.number} was ordered for step "
                                          f"{decision.step}; it cannot have been {ack.status} at step {ack.step}")
-            spec = run.knobs.get(decision.knob)
+            spec = run.context.knobs.get(decision.knob)
             if ack.value is not None and spec is not None and not _within_bounds(spec, ack.value):
                 raise ObservationRefused(f"applied.{i}.value", f"{ack.value!r} is outside {decision.knob}'s "
-                                         f"bounds [{spec['min']}, {spec['max']}]: no value the agent could set")
+                                         f"bounds [{spec.min}, {spec.max}]: no value the agent could set")
         conn.execute(_ACK, [{"ack_run": run.id, "ack_number": a.number,
                              "ack_step": a.step if a.status == "applied" else None,
                              "ack_value": a.value if a.status == "applied" else None,
@@ -644,8 +668,8 @@ class Store:
         return sorted((o for o in batch.observations if o.seq not in seen), key=lambda o: o.seq)
 
     @staticmethod
-    def _event_rows(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return [{"kind": ev["kind"], "step": ev.get("step"), "payload": ev} for ev in events]
+    def _event_rows(events: list[Event]) -> list[dict[str, Any]]:
+        return [ev.row() for ev in events]
 
     def _persist(self, conn: Connection, run_id: str, now: datetime, drafts: list[Decision], policy_version: int,
                  events: list[dict[str, Any]], observations: list[dict[str, Any]] | None = None,
@@ -718,10 +742,10 @@ class Store:
             return ObservationRefused(f"observations.{index[obs.seq]}.{field_name}", message, status)
 
         for obs in new:
-            unknown = sorted(set(obs.knobs) - set(run.knobs)) if obs.knobs else None
+            unknown = sorted(set(obs.knobs) - set(run.context.knobs)) if obs.knobs else None
             if unknown:
                 raise refuse(obs, f"knobs.{unknown[0]}", f"the run has no knob {unknown[0]!r} "
-                             f"(knobs: {sorted(run.knobs)})", 422)
+                             f"(knobs: {sorted(run.context.knobs)})", 422)
         base = run.last_seq if run.last_seq is not None else 0
         for obs in new:
             if obs.seq > base + MAX_SEQ_GAP:
@@ -819,12 +843,12 @@ class Store:
             return s.scalar(select(func.count()).select_from(table)) or 0
 
 
-def _within_bounds(spec: Mapping[str, Any], value: float) -> bool:
+def _within_bounds(spec: KnobState, value: float) -> bool:
     """Whether ``value`` is one the agent can have set for a knob (``spec`` as the run stores it):
     within its bounds, give or take float rounding. The agent rounds an integer knob's clamped
     value to the nearest integer, which may pass a fractional bound by up to a half."""
-    lo, hi = float(spec["min"]), float(spec["max"])
-    if spec.get("scale") == "integer":
+    lo, hi = float(spec.min), float(spec.max)
+    if spec.scale == "integer":
         lo, hi = math.floor(lo), math.ceil(hi)
     slack = _BOUND_RTOL * max(abs(lo), abs(hi))
     return lo - slack <= value <= hi + slack

@@ -16,8 +16,8 @@ from typing import Any
 import yaml
 
 from actuator import __version__
-from actuator.metrics import FINAL_STATES
 from actuator.models import PolicyRow, RunRow
+from actuator.schemas import FINAL_STATES
 
 __all__ = ["CSP", "SECURITY_HEADERS", "runs_page", "runs_rows", "run_page", "policies_page", "policy_page",
            "not_found_page", "policy_yaml"]

@@ -22,6 +22,7 @@ from actuator.schemas import (
     ErrorPublic,
     EventPublic,
     FiniteFloat,
+    PolicyMoved,
     ReportPublic,
     RunState,
 )
@@ -67,8 +68,8 @@ def _act(services: Services, run_id: str, op: Any) -> ControlResult:
         raise ApiError(422, str(exc), [{"loc": f"body.{field}", "msg": msg or str(exc)}]) from exc
     if out is None:
         raise run_not_found(run_id)
-    run, rows, events = out
-    services.metrics.observe_control(run, rows)
+    run, ctx, rows, events = out
+    services.metrics.observe_control(run.id, ctx, rows)
     services.live.publish_many(run.id, events)
     return ControlResult(run=run_state(run), decisions=[decision_public(d) for d in rows], events=events)
 
@@ -146,7 +147,7 @@ def move_policy(run_id: RunId, body: MoveBody, _: AdminDep, services: ServicesDe
         raise ApiError(422, None, errors)
     moved = services.store.move_policy(run_id, row, body.reason)
     assert moved is not None
-    services.live.publish(run_id, {"kind": "policy_moved", "to": f"{row.name}@{row.version}"})
+    services.live.publish(run_id, PolicyMoved(to=f"{row.name}@{row.version}"))
     return run_state(moved)
 
 

@@ -15,16 +15,22 @@ from actuator.models import DecisionRow, ObservationRow, PolicyRow, RunRow
 from actuator.policy import PolicyDocument, load_policy
 from actuator.run_state import PROBE_REPORT, STARVED_PREFIX, knobs_in_effect, starved_probes
 from actuator.schemas import (
+    Acknowledged,
     DecisionAck,
+    DecisionEvent,
     DecisionPage,
     IngestResult,
     ObservationBatch,
+    ObservationEvent,
     RunCreate,
     RunCreated,
     RunPublic,
     RunState,
+    RUN_STATES,
+    RunStateName,
+    StateChanged,
 )
-from actuator.store import ObservationRefused, RunTokenRefused
+from actuator.store import IngestOutcome, ObservationRefused, RunTokenRefused
 
 from ..deps import (
     AdminDep,
@@ -44,6 +50,7 @@ from ..views import decision_public, run_public, run_state
 from .policies import publish_policy
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
+_STATE_PATTERN = f"^({'|'.join(RUN_STATES)})$"  # a pattern, not the Literal: the 422's words stay as they were
 
 
 def _unprocessable(message: str, errors: list[dict[str, Any]] | None = None) -> ApiError:
@@ -148,7 +155,7 @@ def register_run(body: RunCreate, _: AdminDep, services: ServicesDep) -> RunCrea
 @router.get("", response_model=list[RunPublic], responses=error_responses(422, 503), summary="List runs")
 def list_runs(
     services: ServicesDep,
-    state: Annotated[str | None, Query(pattern="^(running|paused|halted|finished)$")] = None,
+    state: Annotated[str | None, Query(pattern=_STATE_PATTERN)] = None,
     name: Annotated[str | None, Query(max_length=128, pattern=r"^[^\x00]*$")] = None,
     limit: Annotated[PageSize, Query()] = 100,
     offset: Annotated[Offset, Query()] = 0,
@@ -191,8 +198,8 @@ def post_observations(batch: ObservationBatch, run: RunAuthDep, services: Servic
         decisions=[decision_public(d) for d in out.decisions], more_decisions=out.more_decisions,
         actions=out.actions,
         state=out.run.state,
-        knobs={k: float(v["value"]) for k, v in out.run.knobs.items()},
-        breached=sorted(name for name, st in out.run.guardrails.items() if st.get("active")),
+        knobs={k: float(v.value) for k, v in out.run.context.knobs.items()},
+        breached=sorted(name for name, st in out.run.context.guardrails.items() if st.active),
         last_step=out.run.last_step,
     )
     # Serialized here: returning the model would make FastAPI validate it again, in the thread
@@ -200,18 +207,17 @@ def post_observations(batch: ObservationBatch, run: RunAuthDep, services: Servic
     return Response(result.model_dump_json(), media_type="application/json")
 
 
-def _export(services: Services, out: Any, acks: list[DecisionAck]) -> None:
+def _export(services: Services, out: IngestOutcome, acks: list[DecisionAck]) -> None:
     """Metrics and live events for one ingest (after commit: never inside the transaction).
     ``acks``: the agent's acknowledgements the request carried (each is an ``acknowledged``
     event: they change the knobs in effect, and may come on a batch with no new observation)."""
     services.metrics.observe_ingest(out)
     run = out.run
     events = [*out.events,
-              *({"kind": "observation", "seq": obs.seq, "step": obs.step, "probes": obs.probes, "knobs": obs.knobs}
+              *(ObservationEvent(seq=obs.seq, step=obs.step, probes=obs.probes, knobs=obs.knobs)
                 for obs in out.new_observations),
-              *({"kind": "decision", "number": d.number, "step": d.step, "knob": d.knob,
-                 "old_value": d.old_value, "new_value": d.new_value, "reason": d.reason} for d in out.created),
-              *({"kind": "acknowledged", **a.model_dump(mode="json", exclude_none=True)} for a in acks)]
+              *(DecisionEvent.model_validate(d, from_attributes=True) for d in out.created),
+              *(Acknowledged(**a.model_dump()) for a in acks)]
     # One round trip to Redis for the whole request (it was one per event).
     services.live.publish_many(run.id, events, touch=(run.last_step or 0) if out.accepted else None)
 
@@ -231,7 +237,8 @@ def list_decisions(
     return DecisionPage(items=[decision_public(d) for d in rows], total=total, offset=offset, limit=limit)
 
 
-def _transition(services: Services, run_id: str, to: str, allowed: tuple[str, ...], reason: str) -> RunPublic:
+def _transition(services: Services, run_id: str, to: RunStateName, allowed: tuple[RunStateName, ...],
+                reason: str) -> RunPublic:
     run = services.store.get_run(run_id)
     if run is None:
         raise run_not_found(run_id)
@@ -240,7 +247,7 @@ def _transition(services: Services, run_id: str, to: str, allowed: tuple[str, ..
     row = services.store.set_state(run_id, to, reason)
     assert row is not None
     services.metrics.set_state(run_id, to)
-    services.live.publish(run_id, {"kind": "state", "to": to, "reason": reason})
+    services.live.publish(run_id, StateChanged(to=to, reason=reason))
     return run_public(row)
 
 

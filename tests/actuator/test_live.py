@@ -14,16 +14,25 @@ import pytest
 
 import actuator.live as live_module
 from actuator.live import EventId, LiveEvent, MemoryLive, RedisLive
+from actuator.schemas import EVENT, DecisionEvent, Event, GuardrailBreach, ObservationEvent, StateChanged
 
 from servers import start_redis
 
-EVENTS: list[dict[str, Any]] = [
-    {"kind": "guardrail_breach", "step": 3, "guardrail": "cap", "value": 5.5, "threshold": 5.0},
+# As the stream carries them (the JSON text is json.dumps of these dicts, byte for byte).
+WIRE: list[dict[str, Any]] = [
+    {"kind": "guardrail_breach", "step": 3, "guardrail": "cap", "action": "alert", "value": 5.5, "threshold": 5.0,
+     "reason": "guardrail cap: kl 5.5 above threshold 5 (alert)"},
     {"kind": "observation", "seq": 1, "step": 3, "probes": {"kl": 0.2}, "knobs": {"lr": 1e-4}},
     {"kind": "observation", "seq": 2, "step": 4, "probes": {}, "knobs": {}},
     {"kind": "decision", "number": 1, "step": 5, "knob": "lr", "old_value": 1e-4, "new_value": 9e-5,
      "reason": "kl 0.2 above setpoint 0.1: lr 0.0001 -> 9e-05"},
 ]
+EVENTS: list[Event] = [GuardrailBreach(**WIRE[0]), ObservationEvent(**WIRE[1]), ObservationEvent(**WIRE[2]),
+                       DecisionEvent(**WIRE[3])]
+
+
+def obs(seq: int) -> ObservationEvent:
+    return ObservationEvent(seq=seq, step=seq, probes={}, knobs={})
 
 
 def make(request: pytest.FixtureRequest, keep: int = 1000) -> Any:
@@ -98,9 +107,9 @@ async def kept(live: Any, run: str, after: EventId | None = None) -> list[LiveEv
 
 
 def decoded(events: list[LiveEvent]) -> list[tuple[int, dict[str, Any]]]:
-    """(number, event) of each; all of one epoch."""
+    """(number, event) of each; all of one epoch; each one of the typed events."""
     for ev in events:
-        assert ev.kind == json.loads(ev.data)["kind"]
+        assert ev.kind == json.loads(ev.data)["kind"] == EVENT.validate_json(ev.data).kind
     assert len({ev.id.epoch for ev in events}) <= 1
     return [(ev.id.n, json.loads(ev.data)) for ev in events]
 
@@ -118,12 +127,13 @@ def test_publish_many_is_publish_of_each_in_order(live: Any) -> None:
 
     async def main() -> None:
         everything = await kept(live, many)
-        assert decoded(everything) == decoded(await kept(live, one)) == list(enumerate(EVENTS, start=1))
+        assert decoded(everything) == decoded(await kept(live, one)) == list(enumerate(WIRE, start=1))
+        assert [e.data for e in everything] == [json.dumps(w) for w in WIRE]  # the text the stream always sent
         epoch = everything[0].id.epoch
-        assert decoded(await kept(live, many, after=EventId(epoch, 2))) == [(3, EVENTS[2]), (4, EVENTS[3])]
+        assert decoded(await kept(live, many, after=EventId(epoch, 2))) == [(3, WIRE[2]), (4, WIRE[3])]
         # Interleaved with single publishes, the ids stay one sequence.
-        live.publish(many, {"kind": "state", "to": "paused", "reason": "r"})
-        live.publish_many(many, [{"kind": "state", "to": "running", "reason": "r"}])
+        live.publish(many, StateChanged(to="paused", reason="r"))
+        live.publish_many(many, [StateChanged(to="running", reason="r")])
         assert [e.id for e in await kept(live, many)] == [EventId(epoch, n) for n in range(1, 7)]
         assert json.loads((await kept(live, many, after=EventId(epoch, 4)))[-1].data)["to"] == "running"
 
@@ -140,13 +150,13 @@ def test_publish_many_touches_only_when_asked(live: Any) -> None:
     live.publish_many(run, EVENTS[1:], touch=8)
     assert live.last_seen(run) >= seen
     live.publish_many(run, [])  # nothing at all: no round trip, no error
-    assert [e for _, e in decoded(run_async(live, lambda: kept(live, run)))] == EVENTS
+    assert [e for _, e in decoded(run_async(live, lambda: kept(live, run)))] == WIRE
 
 
 def test_follow_resumes_exactly_and_reports_trimmed_events_as_one_gap(small_live: Any) -> None:
     run = f"trim-{uuid.uuid4().hex}"
     for i in range(300):
-        small_live.publish(run, {"kind": "observation", "seq": i})
+        small_live.publish(run, obs(i))
 
     async def main() -> None:
         everything = await kept(small_live, run)  # no Last-Event-ID: what is kept, no gap
@@ -178,7 +188,7 @@ def test_follow_resumes_exactly_and_reports_trimmed_events_as_one_gap(small_live
 
 def test_every_follower_of_a_run_gets_its_live_events_and_no_other_runs(live: Any) -> None:
     a, b = f"a-{uuid.uuid4().hex}", f"b-{uuid.uuid4().hex}"
-    live.publish(a, {"kind": "observation", "seq": 0})
+    live.publish(a, obs(0))
 
     async def main() -> None:
         followers = [live.follow(a) for _ in range(5)]
@@ -190,12 +200,12 @@ def test_every_follower_of_a_run_gets_its_live_events_and_no_other_runs(live: An
         other_waiting = asyncio.create_task(take(other, 1))
         await asyncio.sleep(0.3)
         # Published from another thread, as the ingest route does.
-        await asyncio.to_thread(live.publish_many, a, [{"kind": "observation", "seq": s} for s in (1, 2, 3)])
+        await asyncio.to_thread(live.publish_many, a, [obs(s) for s in (1, 2, 3)])
         for task in waiting:
             assert [json.loads(e.data)["seq"] for e in await task] == [1, 2, 3]
         await asyncio.sleep(0.3)
         assert not other_waiting.done()  # run b heard nothing of run a
-        await asyncio.to_thread(live.publish, b, {"kind": "state", "to": "paused"})
+        await asyncio.to_thread(live.publish, b, StateChanged(to="paused"))
         # well within the 10 s the shared read blocks for: the wake worked
         assert numbers(await asyncio.wait_for(other_waiting, 2)) == [1]
         for f in [*followers, other]:
@@ -216,7 +226,7 @@ def test_a_follower_that_falls_behind_reads_from_its_cursor(redis_server: Any, m
         first = asyncio.create_task(take(events, 1))
         await asyncio.sleep(0.3)
         for s in range(20):  # separate publishes: the shared read hands them on in many batches
-            await asyncio.to_thread(live.publish, run, {"kind": "observation", "seq": s})
+            await asyncio.to_thread(live.publish, run, obs(s))
             await asyncio.sleep(0.02)
         assert numbers(await first) == [1]
         assert numbers(await take(events, 19)) == list(range(2, 21))
@@ -258,8 +268,8 @@ def test_a_stream_recreated_below_the_shared_reads_cursor_is_found(redis_live: A
     monkeypatch.setattr(live_module, "_BLOCK_MS", 300)
     live, r = redis_live
     older, run = f"older-{uuid.uuid4().hex}", f"sunk-{uuid.uuid4().hex}"
-    live.publish_many(older, [{"kind": "observation", "seq": s} for s in (100, 101)])
-    live.publish(run, {"kind": "observation", "seq": 0})
+    live.publish_many(older, [obs(s) for s in (100, 101)])
+    live.publish(run, obs(0))
 
     async def main() -> None:
         events = live.follow(run)
@@ -283,7 +293,7 @@ def test_a_follower_across_a_flushall_is_told_and_gets_every_new_event(redis_liv
     blocking at the old numbering's cursor, sees; the follower is told, then gets every event."""
     live, r = redis_live
     run = f"flushed-{uuid.uuid4().hex}"
-    live.publish_many(run, [{"kind": "observation", "seq": s} for s in range(50)])
+    live.publish_many(run, [obs(s) for s in range(50)])
 
     async def main() -> None:
         events = live.follow(run)
@@ -291,7 +301,7 @@ def test_a_follower_across_a_flushall_is_told_and_gets_every_new_event(redis_liv
         waiting = asyncio.create_task(take(events, 11))
         await asyncio.sleep(0.3)
         r.flushall()
-        await asyncio.to_thread(live.publish_many, run, [{"kind": "observation", "seq": s} for s in range(50, 60)])
+        await asyncio.to_thread(live.publish_many, run, [obs(s) for s in range(50, 60)])
         gap, *rest = await waiting
         assert gap.kind == "gap" and json.loads(gap.data)["reason"] == "restarted"
         assert json.loads(gap.data)["last_event_id"] == str(before[-1].id)

@@ -8,15 +8,21 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from actuator.metrics import Metrics
+from actuator.run_state import RunContext
+from actuator.schemas import GuardrailBreach, GuardrailCleared
+
+
+def _breach(action: str) -> GuardrailBreach:
+    return GuardrailBreach(step=3, guardrail="cap", action=action, value=1.0, threshold=0.5, reason="r")
 
 
 def _outcome() -> Any:
-    run = SimpleNamespace(id="r1", state="running", last_step=10, latest_probes={}, knobs_in_effect={},
-                          knobs={"lr": {"value": 1e-4}, "beta": {"value": 0.1}}, controllers={}, guardrails={})
+    ctx = RunContext.from_json({"lr": {"value": 1e-4, "min": 1e-6, "max": 1e-3}, "beta": {"value": 0.1, "min": 0, "max": 1}})
+    run = SimpleNamespace(id="r1", last_step=10, latest_probes={}, knobs_in_effect={}, context=ctx)
     created = ([SimpleNamespace(knob="lr", controller="drift")] * 5 + [SimpleNamespace(knob="lr", controller=None)] * 2
                + [SimpleNamespace(knob="beta", controller="kl")] * 3)
-    events = ([{"kind": "guardrail_breach", "action": "adjust"}] * 2 + [{"kind": "guardrail_cleared"}]
-              + [{"kind": "guardrail_breach", "action": "alert"}])
+    events = ([_breach("adjust")] * 2 + [GuardrailCleared(step=4, guardrail="cap", value=0.1, threshold=0.5)]
+              + [_breach("alert")])
     return SimpleNamespace(run=run, accepted=10, duplicates=0, created=created, events=events)
 
 
@@ -52,6 +58,6 @@ def test_a_batch_counts_every_decision_and_breach_with_one_increment_per_label_s
 
 def test_operator_decisions_are_counted_per_knob() -> None:
     reg = CollectorRegistry()
-    run = SimpleNamespace(id="r1", state="running", knobs={"lr": {"value": 1e-4}}, controllers={})
-    Metrics(reg).observe_control(run, [SimpleNamespace(knob="lr")] * 2)
+    ctx = RunContext.from_json({"lr": {"value": 1e-4, "min": 1e-6, "max": 1e-3}})
+    Metrics(reg).observe_control("r1", ctx, [SimpleNamespace(knob="lr")] * 2)
     assert reg.get_sample_value("actuator_decisions_total", {"run": "r1", "knob": "lr", "reason": "operator"}) == 2

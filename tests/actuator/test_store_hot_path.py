@@ -73,9 +73,10 @@ def test_the_answer_is_what_is_stored(store, run):
     assert [{f: getattr(d, f) for f in fields} for d in out.created] == \
            [{f: getattr(d, f) for f in fields} for d in stored]
     row = store.get_run(run_id)
-    for f in ("state", "knobs", "controllers", "guardrails", "latest_probes", "latest_metrics", "knobs_in_effect",
-              "last_step", "last_seq", "decision_count"):
+    for f in ("state", "latest_probes", "latest_metrics", "knobs_in_effect", "last_step", "last_seq", "decision_count"):
         assert getattr(row, f) == getattr(out.run, f), f
+    assert out.run.context.to_json() == {f: getattr(row, f) for f in ("knobs", "controllers", "guardrails")}
+    assert out.run.context == Store.context(row)  # the typed context the answer and the metrics read
     assert row.decision_count == out.created[-1].number and row.last_seq == 4 and row.last_step == 5
     assert [(o.seq, o.step, o.probes, o.metrics, o.knobs) for o in store.list_observations(run_id)] == \
            [(s, s + 1, {"kl_drift": 0.1 + 0.05 * s}, {"loss": 2.0 - s / 100}, {"learning_rate": 1e-3})

@@ -49,7 +49,7 @@ def test_replay_on_the_model_keeps_bounds_and_rate_limit():
     knobs = [t["knob"] for t in sim["trace"]]
     assert all(KNOB["min"] <= k <= KNOB["max"] for k in knobs)
     assert all(abs(math.log(b / a)) <= KNOB["max_step"] + 1e-12 for a, b in zip(knobs, knobs[1:]))
-    assert sim["decisions"] and all(d["step"] % 2 == 1 for d in sim["decisions"])  # from the step after a probe
+    assert sim["decisions"] and all(d.step % 2 == 1 for d in sim["decisions"])  # from the step after a probe
     assert abs(sim["trace"][-1]["probe"] - 0.35) < 0.01
 
 
