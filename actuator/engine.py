@@ -23,6 +23,7 @@ from .controllers import (
     PIDLagrangian,
     make_filter,
 )
+from .catalogue import limit
 from .policy import ControllerSpec, GuardrailSpec, PolicyDocument, setpoint_at
 from .run_state import ControllerState, GuardrailState, KnobState, RunContext
 from .schemas import Action, ControllerUnusable, Decision, Event, GuardrailBreach, GuardrailCleared, ObservationCreate
@@ -276,9 +277,7 @@ class Engine:
     ) -> None:
         spec = ctx.knobs[knob]
         old = float(spec.value)
-        new = min(max(new, spec.min), spec.max)
-        if spec.scale == "integer":
-            new = float(round(new))
+        new = limit(spec, None, new)  # bounds and integer rounding; the law applied the rate limit
         if new == old:
             return
         ctx.decision_count += 1
