@@ -15,6 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import actuator.metrics as metrics_module
 from actuator.metrics import GUARDRAIL_ACTIONS, Metrics
+from actuator.run_state import RunContext
+from actuator.schemas import GuardrailBreach
 
 
 def _documented() -> dict[str, tuple[str, tuple[str, ...]]]:
@@ -55,14 +57,17 @@ def test_injected_registry_and_counters_born_at_zero() -> None:
 
 
 def _outcome(**run_fields):  # type: ignore[no-untyped-def]
-    run = SimpleNamespace(
-        id="r1", state="running", last_step=10, latest_probes={"kl_drift": 0.2},
-        knobs_in_effect={"learning_rate": 1e-3}, knobs={"learning_rate": {"value": 8e-4}},
-        controllers={"drift": {"probe": "kl_drift", "filtered": 0.15, "setpoint": 0.1,
-                               "components": {"p": -0.05, "i": -0.01, "d": None, "error": 0.05}}},
-        guardrails={"ceiling": {"probe": "kl_drift", "threshold": 0.5}}, **run_fields)
+    state = run_fields.pop("state", "running")
+    knobs = run_fields.pop("knobs", {"learning_rate": {"value": 8e-4, "min": 1e-6, "max": 1e-2}})
+    context = RunContext.from_json(
+        knobs,
+        {"drift": {"probe": "kl_drift", "filtered": 0.15, "setpoint": 0.1,
+                   "components": {"p": -0.05, "i": -0.01, "d": None, "error": 0.05}}},
+        {"ceiling": {"probe": "kl_drift", "threshold": 0.5}}, state=state)
+    run = SimpleNamespace(id="r1", last_step=10, latest_probes={"kl_drift": 0.2},
+                          knobs_in_effect={"learning_rate": 1e-3}, context=context, **run_fields)
     decision = SimpleNamespace(knob="learning_rate", controller="drift")
-    breach = {"kind": "guardrail_breach", "action": "adjust"}
+    breach = GuardrailBreach(step=1, guardrail="ceiling", action="adjust", value=0.6, threshold=0.5, reason="r")
     return SimpleNamespace(run=run, accepted=1, duplicates=0, created=[decision], events=[breach])
 
 
@@ -122,10 +127,9 @@ def test_multiprocess_mode_merges_worker_files(tmp_path: Path) -> None:
 def test_observe_control_counts_operator_decisions() -> None:
     reg = CollectorRegistry()
     m = Metrics(reg)
-    out = _outcome()
-    out.run.knobs = {"learning_rate": {"value": 5e-4, "override": 5e-4}}
-    out.run.state = "paused"
-    m.observe_control(out.run, [SimpleNamespace(knob="learning_rate", controller=None)])
+    ctx = RunContext.from_json({"learning_rate": {"value": 5e-4, "min": 1e-6, "max": 1e-2, "override": 5e-4}},
+                               state="paused")
+    m.observe_control("r1", ctx, [SimpleNamespace(knob="learning_rate", controller=None)])
     v = reg.get_sample_value
     assert v("actuator_decisions_total", {"run": "r1", "knob": "learning_rate", "reason": "operator"}) == 1
     assert v("actuator_decisions_total", {"run": "r1", "knob": "learning_rate", "reason": "controller"}) == 0
