@@ -13,14 +13,18 @@ import math
 import re
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self, cast
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, SerializationInfo,
+                      SerializerFunctionWrapHandler, Tag, TypeAdapter, ValidationError, ValidationInfo, field_validator,
+                      model_serializer, model_validator)
+from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from ._exceptions import PolicyError
 from .catalogue import KNOBS, PROBES
+from .controllers import ParameterError
 from .schemas import MAX_INT, MAX_SETPOINT_POINTS, FiniteFloat, Name, PositiveFinite, Scale
 
 __all__ = [
@@ -105,22 +109,32 @@ class ProbeSpec(_Model):
 # and every term of the law would only sit at its overflow limit.
 MAX_GAIN = 1e9
 
+# A setpoint, budget or threshold relative to the probe's first value: '+10%', '-5%'.
+_PERCENT = r"[+-]\d+(\.\d+)?%"
+
 SetpointPoints = Annotated[list[tuple[Annotated[int, Field(ge=0)], FiniteFloat]],
                           Field(min_length=1, max_length=MAX_SETPOINT_POINTS)]
 
 
 class ControllerSpec(_Model):
-    """probe (filtered) → control law → knob.
+    """probe (filtered) → control law → knob: the fields every kind shares.
 
-    ``kind: setpoint`` (default) holds the probe at ``setpoint`` with a PID. ``kind: constraint``
-    keeps the probe within a budget (``setpoint`` is the budget; ``bound: upper`` means probe <=
-    budget) with a PID-Lagrangian on a multiplier knob >= 0 such as ``kl_weight``: the weight
-    rises only while the constraint is violated and returns to 0 once it holds (see
-    ``controllers/lagrangian.py``). Its direction follows from ``bound``. ``kind: maximize`` has
-    no setpoint: extremum seeking moves the knob towards where the probe (minus ``cost_weight`` ×
-    the ``cost`` probe) peaks, with a square-wave ``dither``, a ``gain`` and a centre step of at
-    most ``max_step`` per decision (see ``controllers/extremum.py``); ``kp``/``ki``/``kd``,
-    ``direction``, ``deadband`` and ``cooldown`` are not its fields.
+    A controller is one of three kinds, each its own model with its own fields and rules
+    (``PolicyDocument.controllers`` picks the model by ``kind``; ``ControllerSpec.model_validate``
+    does the same): :class:`SetpointController` (``kind: setpoint``, the default) holds the probe at
+    ``setpoint`` with a PID; :class:`ConstraintController` (``kind: constraint``) keeps the probe
+    within a budget (``setpoint`` is the budget; ``bound: upper`` means probe <= budget) with a
+    PID-Lagrangian on a multiplier knob >= 0 such as ``kl_weight``: the weight rises only while the
+    constraint is violated and returns to 0 once it holds (see ``controllers/lagrangian.py``), its
+    direction following from ``bound``; :class:`MaximizeController` (``kind: maximize``) has no
+    setpoint: extremum seeking moves the knob towards where the probe (minus ``cost_weight`` × the
+    ``cost`` probe) peaks, with a square-wave ``dither``, a ``gain`` and a centre step of at most
+    ``max_step`` per decision (see ``controllers/extremum.py``).
+
+    A field of another kind is refused with a message saying whose it is (``PolicyDocument``
+    reports it beside the document's other errors) unless it holds that field's unused value, as
+    documents written before the kinds were separate do; read on a controller, another kind's
+    field gives its unused value (``kp`` of a maximize controller is None).
     """
 
     name: Name
@@ -128,16 +142,106 @@ class ControllerSpec(_Model):
         "setpoint", description="setpoint: hold the probe at setpoint (PID); constraint: keep it within the "
         "budget given as setpoint, with a multiplier knob >= 0 (PID-Lagrangian); maximize: drive the knob to "
         "where the probe peaks (extremum seeking; no setpoint).")
-    bound: Literal["upper", "lower"] = Field(
-        "upper", description="constraint only: upper = probe <= budget (drift, perplexity); lower = probe >= "
-        "budget (gold log-prob, accuracy).")
     probe: str
     knob: str
+    filter: FilterSpec = Field(default_factory=FilterSpec)
+    min: FiniteFloat | None = Field(None, description="Tighter lower bound than the run's knob.")
+    max: FiniteFloat | None = Field(None, description="Tighter upper bound than the run's knob.")
+    scale: Scale | None = Field(None, description="Override of the knob's scale.")
+    max_step: PositiveFinite | None = Field(None, description="Largest change per decision (scale units).")
+    priority: int = Field(0, description="When two controllers drive one knob, the higher priority acts.")
+
+    # Fields of another kind found in the input (their values valid for the kind they belong to):
+    # kind_errors reports those that are not the field's unused value.
+    _foreign: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    _probe = field_validator("probe")(classmethod(lambda cls, v: _check_probe(v)))
+    _knob = field_validator("knob")(classmethod(lambda cls, v: _check_knob(v)))
+
+    @field_validator("max")
+    @classmethod
+    def _bounds(cls, v: float | None, info: ValidationInfo) -> float | None:
+        # A field validator (not a model one) so this error is reported beside any others.
+        lo = info.data.get("min")
+        if v is not None and lo is not None and lo > v:
+            raise ValueError(f"min ({lo}) is greater than max ({v})")
+        return v
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _other_kinds_fields(cls, data: Any, handler: Any) -> Any:
+        """Set another kind's fields aside, each checked as its own kind checks it, and report
+        their errors together with this kind's own."""
+        if not isinstance(data, dict):
+            return handler(data)
+        foreign = {k: v for k, v in data.items() if k in _KIND_FIELDS and k not in cls.model_fields}
+        errors: list[InitErrorDetails] = []
+        try:
+            spec = handler({k: v for k, v in data.items() if k not in foreign})
+        except ValidationError as exc:
+            errors += _details(exc)
+        for name, value in foreign.items():
+            try:
+                foreign[name] = _KIND_FIELDS[name].validate_python(value)
+            except ValidationError as exc:
+                errors += _details(exc, (name,))
+        if errors:
+            raise ValidationError.from_exception_data(cls.__name__, errors)
+        # kept only where it is not the field's unused value: a spec equals another of the same fields
+        spec._foreign = {k: v for k, v in foreign.items() if v != _UNUSED[k]}
+        return spec
+
+    @model_serializer(mode="wrap")
+    def _flat(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
+        """A controller's document as stored and served: every kind's fields, another kind's at its
+        unused value, in one order (the REST contract and the stored documents keep their shape)."""
+        own = handler(self)
+        if not isinstance(own, dict) or info.exclude_defaults or info.exclude_unset or info.include or info.exclude:
+            return own
+        unused = {k: v for k, v in _UNUSED.items() if not (info.exclude_none and v is None)}
+        return {k: own[k] if k in own else unused[k] for k in _DUMP_ORDER if k in own or k in unused}
+
+    @classmethod
+    def model_validate(cls, obj: Any, *, strict: bool | None = None, extra: Any = None,
+                       from_attributes: bool | None = None, context: Any | None = None,
+                       by_alias: bool | None = None, by_name: bool | None = None) -> Self:
+        """``ControllerSpec.model_validate`` gives the model of the document's kind."""
+        if cls is ControllerSpec:
+            return cast(Self, _CONTROLLER.validate_python(obj, strict=strict, extra=extra,
+                                                          from_attributes=from_attributes, context=context,
+                                                          by_alias=by_alias, by_name=by_name))
+        return super().model_validate(obj, strict=strict, extra=extra, from_attributes=from_attributes,
+                                      context=context, by_alias=by_alias, by_name=by_name)
+
+    def __getattr__(self, name: str) -> Any:
+        # Another kind's field reads as its unused value (kp of a maximize controller: None).
+        if name in _KIND_FIELDS and name not in type(self).model_fields:
+            return _UNUSED[name]
+        return super().__getattr__(name)  # type: ignore[misc]
+
+    def given(self, name: str) -> Any:
+        """The value ``name`` was given: this kind's field, or another kind's found in the input."""
+        return getattr(self, name) if name in type(self).model_fields else self._foreign.get(name)
+
+    def kind_errors(self) -> list[tuple[str, str]]:
+        """``(field, message)`` for every field this controller's kind requires or does not use."""
+        return []
+
+
+class _FeedbackController(ControllerSpec):
+    """What the two PID kinds share: a setpoint (or budget), gains, direction, deadband, cooldown."""
+
     setpoint: FiniteFloat | SetpointPoints | str | None = Field(
         None, description="Constant, a piecewise-linear schedule [[step, value], ...], or relative to the "
         "probe's first value: '+10%' (e.g. a perplexity budget). Required by setpoint and constraint "
         "controllers; a maximize controller has none."
     )
+    gains: Literal["absolute", "relative"] = Field(
+        "absolute", description="absolute: kp, ki, kd are knob-scale units per probe unit. relative: per unit of "
+        "relative error, the same numbers for a probe of any magnitude: a setpoint controller's error divided by "
+        "|setpoint| (a relative setpoint '+10%' resolved against the probe's first value), a constraint's "
+        "violation divided by the budget's margin (0.10 × |first value| for '+10%', |budget| for an absolute "
+        "one).")
     kp: FiniteFloat | None = Field(None, ge=0, le=MAX_GAIN, description="Required by setpoint and constraint "
                                    "controllers.")
     ki: FiniteFloat = Field(0.0, ge=0, le=MAX_GAIN)
@@ -147,18 +251,114 @@ class ControllerSpec(_Model):
         description="direct: raising the knob raises the probe (learning_rate → kl_drift); "
         "reverse: raising the knob lowers it (kl_beta → kl_drift).",
     )
-    filter: FilterSpec = Field(default_factory=FilterSpec)
-    min: FiniteFloat | None = Field(None, description="Tighter lower bound than the run's knob.")
-    max: FiniteFloat | None = Field(None, description="Tighter upper bound than the run's knob.")
-    scale: Scale | None = Field(None, description="Override of the knob's scale.")
-    max_step: PositiveFinite | None = Field(None, description="Largest change per decision (scale units).")
     deadband: FiniteFloat = Field(0.0, ge=0)
+    cooldown: int = Field(0, ge=0, description="Optimizer steps between two changes.")
+
+    @field_validator("setpoint")
+    @classmethod
+    def _sorted(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            if not re.fullmatch(_PERCENT, v.strip()):
+                raise ValueError("a relative setpoint looks like '+10%' or '-5%'")
+            return v.strip()
+        if isinstance(v, list):
+            steps = [s for s, _ in v]
+            if steps != sorted(steps) or len(set(steps)) != len(steps):
+                raise ValueError("setpoint schedule steps must be strictly increasing")
+        return v
+
+    @model_validator(mode="after")
+    def _reachable(self) -> Self:
+        points = [self.setpoint] if isinstance(self.setpoint, (int, float)) else (
+            [p[1] for p in self.setpoint] if isinstance(self.setpoint, list) else [])
+        for value in points:
+            _check_in_range(self.probe, value, "setpoint")
+        return self
+
+    def kind_errors(self) -> list[tuple[str, str]]:
+        errors: list[tuple[str, str]] = []
+        for name in ("setpoint", "kp"):
+            if getattr(self, name) is None:
+                errors.append((name, f"a {self.kind} controller needs {name}"))
+        for name in ("dither", "gain", "cost"):
+            if self.given(name) is not None:
+                errors.append((name, f"only a maximize controller has {name} (this one is kind {self.kind})"))
+        if self.given("cost_weight"):
+            errors.append(("cost_weight", f"only a maximize controller has cost_weight (kind {self.kind})"))
+        return errors
+
+    def error_span(self, setpoint: float, baseline: float | None) -> float:
+        """What kp, ki and kd divide by so they act on the error as ``gains`` states them: 1.0 for
+        absolute gains; for relative ones the setpoint's magnitude (``setpoint``: the one in force,
+        a relative one already resolved against the probe's first value ``baseline``) or, for a
+        constraint, the budget's margin. Raises ParameterError (field ``gains``) when that span is
+        zero or not finite, or needs a baseline not known yet."""
+        if self.gains == "absolute":
+            return 1.0
+        span, what = self._span(setpoint, baseline)
+        if not (math.isfinite(span) and span > 0):
+            raise ParameterError("gains", f"relative gains divide the error by {what}, here {span:g}: state the "
+                                          "gains as absolute")
+        return span
+
+    def _span(self, setpoint: float, baseline: float | None) -> tuple[float, str]:
+        return abs(setpoint), "|setpoint|"
+
+
+class SetpointController(_FeedbackController):
+    """``kind: setpoint`` (the default): hold the probe at ``setpoint`` with a PID."""
+
+    kind: Literal["setpoint"] = Field("setpoint", description="setpoint: hold the probe at setpoint (PID).")
     setpoint_weight: FiniteFloat = Field(
         0.0, ge=0, le=1, description="setpoint only: how much of the error found at the controller's first "
         "update the proportional term acts on (0: bumpless start, the integral alone closes the initial gap; 1: "
         "P on the error from the start, the structure SIMC gains assume; `actuator policy tune` sets 1).")
-    cooldown: int = Field(0, ge=0, description="Optimizer steps between two changes.")
-    priority: int = Field(0, description="When two controllers drive one knob, the higher priority acts.")
+
+
+class ConstraintController(_FeedbackController):
+    """``kind: constraint``: keep the probe within the budget ``setpoint`` with a PID-Lagrangian on a
+    multiplier knob >= 0 (linear scale); the direction follows from ``bound``."""
+
+    kind: Literal["constraint"] = Field("constraint", description="constraint: keep the probe within the budget given as "
+                                        "setpoint, with a multiplier knob >= 0 (PID-Lagrangian).")
+    bound: Literal["upper", "lower"] = Field(
+        "upper", description="constraint only: upper = probe <= budget (drift, perplexity); lower = probe >= "
+        "budget (gold log-prob, accuracy).")
+
+    @model_validator(mode="after")
+    def _constraint(self) -> Self:
+        if self.scale not in (None, "linear"):
+            raise ValueError(f"a constraint's knob is a multiplier on a linear scale, not {self.scale!r}")
+        if self.min is not None and self.min < 0:
+            raise ValueError(f"a constraint's multiplier is >= 0: min {self.min} is negative")
+        # Raising a restoring-force weight pushes the probe back inside its bound.
+        self.direction = "reverse" if self.bound == "upper" else "direct"
+        return self
+
+    def _span(self, setpoint: float, baseline: float | None) -> tuple[float, str]:
+        # the margin: pct x |first value| for a relative budget ('+10%'), |budget| for an absolute one
+        if not isinstance(self.setpoint, str):
+            return abs(setpoint), "the budget's margin |budget|"
+        if baseline is None:
+            raise ParameterError("gains", f"relative gains on the budget {self.setpoint!r} need the probe's first "
+                                          "value")
+        pct = abs(float(self.setpoint.rstrip("%"))) / 100.0
+        return pct * abs(baseline), f"the budget's margin ({self.setpoint} of |{baseline:g}|)"
+
+    def kind_errors(self) -> list[tuple[str, str]]:
+        errors = super().kind_errors()
+        if self.given("setpoint_weight"):
+            errors.append(("setpoint_weight", "a constraint's multiplier starts at rest: setpoint_weight is a "
+                                              "setpoint controller's"))
+        return errors
+
+
+class MaximizeController(ControllerSpec):
+    """``kind: maximize``: no setpoint; extremum seeking climbs to where the probe peaks.
+    ``kp``/``ki``/``kd``, ``direction``, ``deadband`` and ``cooldown`` are not its fields."""
+
+    kind: Literal["maximize"] = Field("maximize", description="maximize: drive the knob to where the probe peaks (extremum "
+                                      "seeking; no setpoint).")
     dither: PositiveFinite | None = Field(None, description="maximize only (required): the square-wave "
                                           "perturbation's amplitude, in the knob's scale units.")
     gain: FiniteFloat | None = Field(None, ge=0, le=MAX_GAIN, description="maximize only (required): centre "
@@ -169,64 +369,29 @@ class ControllerSpec(_Model):
                              "probe, times cost_weight (e.g. train.step_seconds).")
     cost_weight: FiniteFloat = Field(0.0, ge=0, le=MAX_GAIN, description="maximize only: weight of cost.")
 
-    _probe = field_validator("probe")(classmethod(lambda cls, v: _check_probe(v)))
-    _knob = field_validator("knob")(classmethod(lambda cls, v: _check_knob(v)))
-
     @field_validator("cost")
     @classmethod
     def _cost_probe(cls, v: str | None) -> str | None:
         return None if v is None else _check_probe(v)
 
-    @field_validator("setpoint")
-    @classmethod
-    def _sorted(cls, v: Any) -> Any:
-        if isinstance(v, str):
-            if not re.fullmatch(r"[+-]\d+(\.\d+)?%", v.strip()):
-                raise ValueError("a relative setpoint looks like '+10%' or '-5%'")
-            return v.strip()
-        if isinstance(v, list):
-            steps = [s for s, _ in v]
-            if steps != sorted(steps) or len(set(steps)) != len(steps):
-                raise ValueError("setpoint schedule steps must be strictly increasing")
-        return v
-
-    @model_validator(mode="after")
-    def _reachable(self) -> ControllerSpec:
-        points = [self.setpoint] if isinstance(self.setpoint, (int, float)) else (
-            [p[1] for p in self.setpoint] if isinstance(self.setpoint, list) else [])
-        for value in points:
-            _check_in_range(self.probe, value, "setpoint")
-        return self
-
     def kind_errors(self) -> list[tuple[str, str]]:
-        """``(field, message)`` for every field this controller's kind requires or does not use."""
         errors: list[tuple[str, str]] = []
-        if self.kind != "maximize":
-            for name in ("setpoint", "kp"):
-                if getattr(self, name) is None:
-                    errors.append((name, f"a {self.kind} controller needs {name}"))
-            for name in ("dither", "gain", "cost"):
-                if getattr(self, name) is not None:
-                    errors.append((name, f"only a maximize controller has {name} (this one is kind {self.kind})"))
-            if self.cost_weight:
-                errors.append(("cost_weight", f"only a maximize controller has cost_weight (kind {self.kind})"))
-            if self.kind == "constraint" and self.setpoint_weight:
-                errors.append(("setpoint_weight", "a constraint's multiplier starts at rest: setpoint_weight is a "
-                                                  "setpoint controller's"))
-            return errors
         for name in ("dither", "gain"):
             if getattr(self, name) is None:
                 errors.append((name, f"a maximize controller needs {name}"))
-        if self.setpoint is not None:
+        if self.given("setpoint") is not None:
             errors.append(("setpoint", "a maximize controller has no setpoint: it climbs to where the probe peaks "
                                        "(use kind setpoint to hold a value)"))
         for name in ("kp", "ki", "kd"):
-            if getattr(self, name):
+            if self.given(name):
                 errors.append((name, f"a maximize controller has no {name}: its step size is gain (and max_step)"))
+        if self.given("gains") == "relative":
+            errors.append(("gains", "a maximize controller has no kp, ki, kd to state relative: its step size is "
+                                    "gain (and max_step)"))
         for name in ("deadband", "cooldown"):
-            if getattr(self, name):
+            if self.given(name):
                 errors.append((name, f"a maximize controller does not use {name}: the dither moves every decision"))
-        if self.setpoint_weight:
+        if self.given("setpoint_weight"):
             errors.append(("setpoint_weight", "a maximize controller has no setpoint to weigh"))
         if self.scale == "integer":
             errors.append(("scale", "a maximize controller needs a linear or log scale (a dither must be able to "
@@ -237,26 +402,45 @@ class ControllerSpec(_Model):
             errors.append(("cost", "cost_weight > 0 needs the cost probe to weigh"))
         return errors
 
-    @model_validator(mode="after")
-    def _constraint(self) -> ControllerSpec:
-        if self.kind != "constraint":
-            return self
-        if self.scale not in (None, "linear"):
-            raise ValueError(f"a constraint's knob is a multiplier on a linear scale, not {self.scale!r}")
-        if self.min is not None and self.min < 0:
-            raise ValueError(f"a constraint's multiplier is >= 0: min {self.min} is negative")
-        # Raising a restoring-force weight pushes the probe back inside its bound.
-        self.direction = "reverse" if self.bound == "upper" else "direct"
-        return self
 
-    @field_validator("max")
-    @classmethod
-    def _bounds(cls, v: float | None, info: ValidationInfo) -> float | None:
-        # A field validator (not a model one) so this error is reported beside any others.
-        lo = info.data.get("min")
-        if v is not None and lo is not None and lo > v:
-            raise ValueError(f"min ({lo}) is greater than max ({v})")
-        return v
+_KINDS: dict[str, type[ControllerSpec]] = {"setpoint": SetpointController, "constraint": ConstraintController,
+                                           "maximize": MaximizeController}
+# Every kind's own fields, each with a validator of its type and constraints and its unused value.
+_KIND_FIELDS: dict[str, TypeAdapter[Any]] = {
+    name: TypeAdapter(cast(Any, Annotated[info.annotation, info])) for model in _KINDS.values()
+    for name, info in model.model_fields.items() if name not in ControllerSpec.model_fields}
+_UNUSED: dict[str, Any] = {name: info.get_default(call_default_factory=True) for model in _KINDS.values()
+                           for name, info in model.model_fields.items() if name not in ControllerSpec.model_fields}
+
+
+# The order of a controller's fields in its document (the order of the one model before the kinds).
+_DUMP_ORDER = ("name", "kind", "bound", "probe", "knob", "setpoint", "gains", "kp", "ki", "kd", "direction", "filter",
+               "min", "max", "scale", "max_step", "deadband", "setpoint_weight", "cooldown", "priority", "dither",
+               "gain", "smoothing", "cost", "cost_weight")
+assert set(_DUMP_ORDER) == {*ControllerSpec.model_fields, *_UNUSED}, "a controller field is missing from _DUMP_ORDER"
+
+
+def _kind_of(value: Any) -> str:
+    if not isinstance(value, (dict, ControllerSpec)):
+        return "?"  # refused as not a controller (a mapping or ControllerSpec), as before the kinds
+    kind = value.get("kind", "setpoint") if isinstance(value, dict) else value.kind
+    return kind if isinstance(kind, str) and kind in _KINDS else "?"
+
+
+# A controller document: the model of its kind (no kind: setpoint). An unknown kind is validated by
+# the shared fields alone, whose `kind` then names the kinds there are.
+Controller = Annotated[
+    Annotated[SetpointController, Tag("setpoint")] | Annotated[ConstraintController, Tag("constraint")]
+    | Annotated[MaximizeController, Tag("maximize")] | Annotated[SkipJsonSchema[ControllerSpec], Tag("?")],
+    Discriminator(_kind_of)]
+_CONTROLLER: TypeAdapter[ControllerSpec] = TypeAdapter(Controller)
+_TAGS = {*_KINDS, "?"}
+
+
+def _details(exc: ValidationError, prefix: tuple[str | int, ...] = ()) -> list[InitErrorDetails]:
+    """A ValidationError's errors, to raise again (under ``prefix``) with others."""
+    return [{"type": PydanticCustomError(e["type"], str(e["msg"])), "loc": (*prefix, *e["loc"]), "input": e["input"]}
+            for e in exc.errors(include_url=False)]
 
 
 class GuardrailSpec(_Model):
@@ -286,7 +470,7 @@ class GuardrailSpec(_Model):
     @field_validator("threshold")
     @classmethod
     def _threshold(cls, v: float | str) -> float | str:
-        if isinstance(v, str) and not re.fullmatch(r"[+-]\d+(\.\d+)?%", v.strip()):
+        if isinstance(v, str) and not re.fullmatch(_PERCENT, v.strip()):
             raise ValueError("a relative threshold looks like '-5%' or '+20%'")
         return v.strip() if isinstance(v, str) else v
 
@@ -313,7 +497,9 @@ class PolicyDocument(_Model):
     name: Name
     description: str = Field("", max_length=2000)
     probes: list[ProbeSpec] = Field(default_factory=list, max_length=32)
-    controllers: list[ControllerSpec] = Field(default_factory=list, max_length=32)
+    controllers: list[Controller] = Field(
+        default_factory=list, max_length=32, description="ControllerSpec documents, each the model of its kind: "
+        "SetpointController (no kind: setpoint), ConstraintController or MaximizeController.")
     guardrails: list[GuardrailSpec] = Field(default_factory=list, max_length=64)
 
     @model_validator(mode="after")
@@ -334,6 +520,8 @@ class PolicyDocument(_Model):
         errors: list[InitErrorDetails] = []
 
         def walk(value: Any, loc: tuple[str | int, ...]) -> None:
+            if len(loc) == 2 and loc[0] == "controllers":  # a controller's errors carry its kind, as pydantic's do
+                loc = (*loc, self.controllers[int(loc[1])].kind)
             if isinstance(value, bool):
                 return
             if isinstance(value, int) and abs(value) > MAX_INT:
@@ -349,9 +537,10 @@ class PolicyDocument(_Model):
         walk(self.model_dump(), ())
         for i, c in enumerate(self.controllers):
             for name, msg in c.kind_errors():
-                errors.append({"type": PydanticCustomError("controller_kind", msg), "loc": ("controllers", i, name),
-                               "input": getattr(c, name)})
-        relatives = [(("controllers", i, "setpoint"), c.setpoint) for i, c in enumerate(self.controllers)]
+                errors.append({"type": PydanticCustomError("controller_kind", msg),
+                               "loc": ("controllers", i, c.kind, name), "input": c.given(name)})
+        relatives: list[tuple[tuple[str | int, ...], Any]] = [
+            (("controllers", i, c.kind, "setpoint"), c.setpoint) for i, c in enumerate(self.controllers)]
         relatives += [(("guardrails", i, "threshold"), g.threshold) for i, g in enumerate(self.guardrails)]
         for loc, value in relatives:
             if isinstance(value, str) and not math.isfinite(float(value.rstrip("%"))):
@@ -391,7 +580,10 @@ def policy_errors(exc: ValidationError) -> list[dict[str, Any]]:
     """Pydantic errors as ``{"loc": "controllers.0.kp", "msg": ..., "type": ...}``."""
     out = []
     for err in exc.errors(include_url=False):
-        loc = ".".join(str(p) for p in err["loc"])
+        parts = list(err["loc"])
+        if len(parts) >= 3 and parts[0] == "controllers" and parts[2] in _TAGS:
+            del parts[2]  # the kind pydantic adds to a controller's errors: the document has no such level
+        loc = ".".join(str(p) for p in parts)
         msg = str(err["msg"]).removeprefix("Value error, ")
         out.append({"loc": loc or "(document)", "msg": msg, "type": err["type"]})
     return out

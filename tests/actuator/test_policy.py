@@ -153,3 +153,65 @@ def test_setpoint_weight_is_a_setpoint_controllers_and_defaults_to_the_bumpless_
     with pytest.raises(PolicyError, match="setpoint_weight"):
         load_policy({"name": "p", "controllers": [{**base, "knob": "kl_weight", "kind": "constraint",
                                                    "setpoint_weight": 1}]})
+
+
+MAXIMIZE = {"name": "m", "kind": "maximize", "probe": "draft.acceptance", "knob": "onpolicy_fraction",
+            "dither": 0.1, "gain": 0.5}
+
+
+def test_each_kind_is_its_own_model_and_controller_spec_dispatches_on_kind():
+    from actuator.policy import ConstraintController, ControllerSpec, MaximizeController, SetpointController
+
+    budget = {**CTRL, "name": "b", "kind": "constraint", "knob": "kl_weight"}
+    doc = load_policy({"name": "p", "controllers": [CTRL, budget, MAXIMIZE]})
+    assert [type(c) for c in doc.controllers] == [SetpointController, ConstraintController, MaximizeController]
+    for data, model in ((CTRL, SetpointController), (budget, ConstraintController), (MAXIMIZE, MaximizeController)):
+        assert type(ControllerSpec.model_validate(data)) is model
+    assert "dither" not in SetpointController.model_fields and "setpoint_weight" not in ConstraintController.model_fields
+    assert not {"setpoint", "kp", "ki", "kd", "direction", "gains"} & set(MaximizeController.model_fields)
+    # another kind's field reads as its unused value, and documents keep every field in one order
+    assert (doc.controllers[2].setpoint, doc.controllers[2].kp, doc.controllers[0].cost) == (None, None, None)
+    setpoint, constraint, maximize = (c.model_dump(mode="json") for c in doc.controllers)
+    assert list(setpoint) == list(constraint) == list(maximize)
+    assert (setpoint["dither"], constraint["setpoint_weight"], maximize["kp"], maximize["gains"]) == (
+        None, 0.0, None, "absolute")
+    assert load_policy(doc.model_dump(mode="json")) == doc
+
+
+def test_a_document_with_every_field_on_every_controller_still_loads():
+    # what policies stored before the kinds were separate hold: each controller with every field,
+    # another kind's at its unused value
+    unused = {"bound": "upper", "setpoint": None, "kp": None, "ki": 0.0, "kd": 0.0, "direction": "direct",
+              "deadband": 0.0, "setpoint_weight": 0.0, "cooldown": 0, "dither": None, "gain": None,
+              "smoothing": 0.5, "cost": None, "cost_weight": 0.0}
+    new = load_policy({"name": "p", "controllers": [CTRL, MAXIMIZE]})
+    old = load_policy({"name": "p", "controllers": [{**unused, **CTRL}, {**unused, **MAXIMIZE}]})
+    assert old == new
+
+
+@pytest.mark.parametrize("controller,loc,needle", [
+    ({**CTRL, "kind": "bogus"}, "controllers.0.kind", "Input should be 'setpoint', 'constraint' or 'maximize'"),
+    ({**CTRL, "dither": 0.1}, "controllers.0.dither", "only a maximize controller has dither (this one is kind "
+                                                       "setpoint)"),
+    ({**CTRL, "dither": -0.1}, "controllers.0.dither", "greater than 0"),
+    ({**CTRL, "kind": "constraint", "knob": "kl_weight", "min": -1.0}, "controllers.0", "is negative"),
+    ({**MAXIMIZE, "kp": 1.0}, "controllers.0.kp", "a maximize controller has no kp"),
+    ({**MAXIMIZE, "smoothing": 0.0}, "controllers.0.smoothing", "greater than 0"),
+    ({**MAXIMIZE, "setpoint": [[5, 0.3], [1, 0.2]]}, "controllers.0.setpoint", "has no setpoint"),
+])
+def test_errors_of_every_kind_name_the_documents_field(controller, loc, needle):
+    errs = errors_of({"name": "p", "controllers": [controller]})
+    assert loc in errs and needle in errs[loc], errs
+
+
+def test_the_schema_shows_every_field_of_every_kind():
+    from actuator.policy import ControllerSpec, PolicyDocument, _KINDS
+
+    schema = PolicyDocument.model_json_schema()
+    items = schema["properties"]["controllers"]["items"]["oneOf"]
+    assert [i["$ref"].rsplit("/", 1)[1] for i in items] == ["SetpointController", "ConstraintController",
+                                                            "MaximizeController"]
+    for model in _KINDS.values():
+        props = schema["$defs"][model.__name__]["properties"]
+        assert set(props) == set(model.model_fields) >= set(ControllerSpec.model_fields)
+    assert "gains" in schema["$defs"]["SetpointController"]["properties"]
