@@ -125,8 +125,9 @@ class Engine:
     # -- helpers -----------------------------------------------------------------------------
     @staticmethod
     def _law(spec: ControllerSpec, knob: KnobState, step: int, setpoint_override: Any,
-             baseline: float | None) -> tuple[float, Any, Any, Any, Any]:
-        """What a controller's PIDConfig takes from the run: setpoint, bounds, scale, max_step."""
+             baseline: float | None) -> tuple[float, Any, Any, Any, Any, float]:
+        """What a controller's PIDConfig takes from the run: setpoint, bounds, scale, max_step, and
+        the span its gains divide the error by (``gains: relative``; 1.0 for absolute gains)."""
         lo = knob.min if spec.min is None else max(knob.min, spec.min)
         hi = knob.max if spec.max is None else min(knob.max, spec.max)
         target = spec.setpoint if setpoint_override is None else setpoint_override
@@ -134,19 +135,22 @@ class Engine:
         setpoint = math.nan if target is None else setpoint_at(target, step, baseline)
         scale = "linear" if spec.kind == "constraint" else spec.scale or knob.scale
         max_step = spec.max_step if spec.max_step is not None else knob.max_step
-        return setpoint, lo, hi, scale, max_step
+        span = 1.0 if target is None else spec.error_span(setpoint, baseline)
+        return setpoint, lo, hi, scale, max_step, span
 
     def pid_config(self, spec: ControllerSpec, knob: KnobState, step: int,
                    setpoint_override: Any = None, baseline: float | None = None) -> PIDConfig:
         return self._config(spec, *self._law(spec, knob, step, setpoint_override, baseline))
 
     @staticmethod
-    def _config(spec: ControllerSpec, setpoint: float, lo: Any, hi: Any, scale: Any, max_step: Any) -> PIDConfig:
+    def _config(spec: ControllerSpec, setpoint: float, lo: Any, hi: Any, scale: Any, max_step: Any,
+                span: float = 1.0) -> PIDConfig:
+        # relative gains (span != 1) act on the error divided by the span: the same law in probe units
         return PIDConfig(
             setpoint=setpoint,
-            kp=spec.kp if spec.kp is not None else 0.0,
-            ki=spec.ki,
-            kd=spec.kd,
+            kp=(spec.kp if spec.kp is not None else 0.0) / span,
+            ki=spec.ki / span,
+            kd=spec.kd / span,
             out_min=lo,
             out_max=hi,
             scale=scale,
