@@ -104,6 +104,24 @@ def policy_markdown() -> str:
     return schema_markdown("Policy language", PolicyDocument.model_json_schema(), intro)
 
 
+def events_markdown() -> str:
+    from actuator.schemas import EVENT
+
+    schema = EVENT.json_schema()
+    intro = ("Every kind of event the service stores, streams (`GET /v1/runs/{id}/stream`) and reports, one "
+             "table per kind, generated from the union `actuator.schemas.Event` (discriminated on `kind`) when the "
+             "site is built. How the stream numbers, resumes and reports gaps is in [Events](events.md).")
+    lines = ["# Event kinds", "", intro, ""]
+    for name, sub in sorted(schema.get("$defs", {}).items()):
+        if "kind" in sub.get("properties", {}):
+            kind = sub["properties"]["kind"].get("const") or sub["properties"]["kind"].get("default")
+            lines += _model_table(f"`{kind}` ({name})", sub)
+    for name, sub in sorted(schema.get("$defs", {}).items()):
+        if "kind" not in sub.get("properties", {}) and (sub.get("type") == "object" or "properties" in sub):
+            lines += _model_table(name, sub)
+    return "\n".join(lines)
+
+
 def _operation_lines(path: str, method: str, op: dict[str, Any]) -> list[str]:
     lines = [f"### `{method.upper()} {path}`", ""]
     if op.get("summary"):
@@ -216,7 +234,8 @@ def metrics_markdown() -> str:
 
 
 PAGES = {"reference/policy.md": policy_markdown, "reference/rest.md": rest_markdown,
-         "reference/cli.md": cli_markdown, "reference/metrics.md": metrics_markdown}
+         "reference/cli.md": cli_markdown, "reference/metrics.md": metrics_markdown,
+         "reference/event-kinds.md": events_markdown}
 
 
 def on_files(files: Any, config: Any) -> Any:  # mkdocs hook

@@ -135,3 +135,21 @@ def test_the_cli_and_rest_pages_name_every_command_and_operation():
     page = docs_reference.openapi_markdown(document)
     assert "### `GET /v1/x/{id}`" in page and "| `id` | path | string | yes |" in page
     assert "| 200 | application/json | [X](#x) |" in page and "| `a` | integer | required |" in page
+
+
+def test_the_event_kinds_page_has_every_kind_of_the_union_with_its_fields(site):
+    from typing import get_args
+
+    from actuator.schemas import Event
+
+    page = docs_reference.events_markdown()
+    members = get_args(get_args(Event)[0])
+    assert len(members) >= 15
+    for model in members:
+        kind = model.model_fields["kind"].default
+        section = page[page.index(f"### `{kind}` ({model.__name__})\n"):]
+        section = section[:section.find("\n### ", 1) if "\n### " in section[1:] else None]
+        for name, info in model.model_fields.items():
+            field = info.serialization_alias or info.alias or name
+            assert f"| `{field}` |" in section, (kind, field)
+    assert (site / "reference" / "event-kinds.html").is_file()
