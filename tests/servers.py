@@ -3,6 +3,8 @@ on loopback. A missing binary is a test failure with the install command, never 
 
 from __future__ import annotations
 
+import atexit
+import json
 import os
 import pwd
 import shutil
@@ -12,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -114,6 +117,124 @@ def start_redis() -> Redis:
     return Redis(f"redis://127.0.0.1:{port}/0", port, proc)
 
 
+# Importing the service (FastAPI, SQLAlchemy, Alembic, the app) is most of a start: seconds on a
+# loaded 2-core machine, and the suite starts the service more than a hundred times. So the plain
+# uvicorn command runs in a child forked from a process that imported it once (gunicorn's
+# --preload): still uvicorn's own command line in its own process and session, the app built by
+# its factory in that process, logs to the service's log. One launcher per pytest process.
+_LAUNCHER = r"""
+import json, os, signal, sys
+import uvicorn.main
+import actuator.api.app
+signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the services
+print("ready", flush=True)
+for line in iter(sys.stdin.readline, ""):
+    req = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.setsid()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            null = os.open(os.devnull, os.O_RDONLY)
+            log = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            os.dup2(null, 0), os.dup2(log, 1), os.dup2(log, 2)
+            os.environ.clear()
+            os.environ.update(req["env"])
+            uvicorn.main.main(args=req["args"], prog_name="uvicorn")
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        finally:
+            sys.stdout.flush(), sys.stderr.flush()
+            os._exit(code)
+    print(pid, flush=True)
+"""
+
+
+class _Forked:
+    """A service forked by the launcher: the part of subprocess.Popen that Service uses."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    def poll(self) -> int | None:
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return 0  # gone (the launcher ignores SIGCHLD, so no zombie stays behind)
+        return None
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"service pid {self.pid}", timeout or 0)
+            time.sleep(0.02)
+        return 0
+
+    def send_signal(self, sig: int) -> None:
+        try:
+            os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+
+class _Launcher:
+    """A process that imported the service once and forks one per start (json lines on stdin)."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self.proc = subprocess.Popen([sys.executable, "-c", _LAUNCHER], env=self.env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None and self.proc.stdout.readline().strip() == "ready", \
+            "the service launcher did not start"
+
+    def fork(self, args: list[str], env: dict[str, str], log_path: str) -> _Forked:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps({"args": args, "env": env, "log": log_path}) + "\n")
+        self.proc.stdin.flush()
+        return _Forked(int(self.proc.stdout.readline()))
+
+    def close(self) -> None:
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            self.proc.stdin.close()  # end of input: the launcher exits (its services run on)
+        self.proc.wait(10)
+
+
+_launcher: _Launcher | None = None
+
+
+@atexit.register
+def _close_launcher() -> None:
+    if _launcher is not None:
+        _launcher.close()
+
+
+def _base_env(env: Mapping[str, str]) -> dict[str, str]:
+    """What a launcher's import may depend on: the environment but the service's own settings."""
+    return {k: v for k, v in env.items() if not k.startswith("ACTUATOR_")}
+
+
+def _fork_service(args: list[str], env: dict[str, str], log_path: str) -> _Forked | None:
+    """The service forked from a launcher started with its environment (less its ACTUATOR_*
+    settings, read by the app at start); None (start it as a plain process) for several processes'
+    metrics (PROMETHEUS_MULTIPROC_DIR is read at import)."""
+    global _launcher
+    if "PROMETHEUS_MULTIPROC_DIR" in env:
+        return None
+    base = _base_env(env)
+    if _launcher is not None and (_launcher.proc.poll() is not None or _launcher.env != base):
+        _launcher.close()  # gone, or the environment changed since (a test set a variable)
+        _launcher = None
+    if _launcher is None:
+        _launcher = _Launcher(base)
+    return _launcher.fork(args, env, log_path)
+
+
 @dataclass
 class Service:
     """The Actuator service under a real uvicorn, in its own process."""
@@ -121,12 +242,12 @@ class Service:
     url: str
     port: int
     env: dict[str, str]
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen | _Forked | None = None
     log_path: str = ""
     serve_args: list[str] | None = None  # run `actuator serve` with these (as the Dockerfile does)
 
     def start(self, timeout: float = 60.0) -> Service:
-        log = open(self.log_path, "ab")
+        forked = None
         if self.serve_args is not None:
             actuator = shutil.which("actuator", path=os.path.dirname(sys.executable)) or "actuator"
             argv = [actuator, "serve", "--port", str(self.port), "--log-level", "warning", *self.serve_args]
@@ -134,10 +255,16 @@ class Service:
             # A live stream (/stream, the console) whose client has gone ends only at its next write
             # (the 15 s keep-alive): without a graceful-shutdown limit, stop() waited 10 s and killed.
             # After 1 s uvicorn cancels what is still open and runs the app's shutdown as usual.
-            argv = [sys.executable, "-m", "uvicorn", "--factory", "actuator.api.app:create_app",
-                    "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning",
-                    "--timeout-graceful-shutdown", str(GRACEFUL_SHUTDOWN_S)]
-        self.proc = subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            args = ["--factory", "actuator.api.app:create_app", "--host", "127.0.0.1", "--port", str(self.port),
+                    "--log-level", "warning", "--timeout-graceful-shutdown", str(GRACEFUL_SHUTDOWN_S)]
+            argv = [sys.executable, "-m", "uvicorn", *args]
+            forked = _fork_service(args, self.env, self.log_path)
+        if forked is not None:
+            self.proc = forked
+        else:
+            with open(self.log_path, "ab") as log:
+                self.proc = subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                             start_new_session=True)
         _wait(lambda: httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200, timeout, "actuator service")
         return self
 
