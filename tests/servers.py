@@ -190,8 +190,10 @@ class _Launcher:
         self.env = env
         self.proc = subprocess.Popen([sys.executable, "-c", _LAUNCHER], env=self.env, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True)
-        assert self.proc.stdout is not None and self.proc.stdout.readline().strip() == "ready", \
-            "the service launcher did not start"
+        assert self.proc.stdout is not None
+        if self.proc.stdout.readline().strip() != "ready":
+            self.proc.wait(10)
+            raise RuntimeError("the service launcher did not start")
 
     def fork(self, args: list[str], env: dict[str, str], log_path: str) -> _Forked:
         assert self.proc.stdin is not None and self.proc.stdout is not None
@@ -231,7 +233,10 @@ def _fork_service(args: list[str], env: dict[str, str], log_path: str) -> _Forke
         _launcher.close()  # gone, or the environment changed since (a test set a variable)
         _launcher = None
     if _launcher is None:
-        _launcher = _Launcher(base)
+        try:
+            _launcher = _Launcher(base)
+        except RuntimeError:  # the app does not import: a plain start puts why in the service's log
+            return None
     return _launcher.fork(args, env, log_path)
 
 
