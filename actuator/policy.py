@@ -267,11 +267,14 @@ class _FeedbackController(ControllerSpec):
                 raise ValueError("setpoint schedule steps must be strictly increasing")
         return v
 
+    def _points(self) -> list[float]:
+        """The setpoint's values: a constant's, a schedule's points'; none for a relative one."""
+        return [self.setpoint] if isinstance(self.setpoint, (int, float)) else (
+            [p[1] for p in self.setpoint] if isinstance(self.setpoint, list) else [])
+
     @model_validator(mode="after")
     def _reachable(self) -> Self:
-        points = [self.setpoint] if isinstance(self.setpoint, (int, float)) else (
-            [p[1] for p in self.setpoint] if isinstance(self.setpoint, list) else [])
-        for value in points:
+        for value in self._points():
             _check_in_range(self.probe, value, "setpoint")
         return self
 
@@ -285,6 +288,10 @@ class _FeedbackController(ControllerSpec):
                 errors.append((name, f"only a maximize controller has {name} (this one is kind {self.kind})"))
         if self.given("cost_weight"):
             errors.append(("cost_weight", f"only a maximize controller has cost_weight (kind {self.kind})"))
+        points = self._points()
+        if self.gains == "relative" and points and min(points) <= 0 <= max(points):
+            errors.append(("gains", "relative gains divide the error by |setpoint|, which is 0 here (or on the way): "
+                                    "state the gains as absolute"))
         return errors
 
     def error_span(self, setpoint: float, baseline: float | None) -> float:
@@ -303,6 +310,38 @@ class _FeedbackController(ControllerSpec):
 
     def _span(self, setpoint: float, baseline: float | None) -> tuple[float, str]:
         return abs(setpoint), "|setpoint|"
+
+    def gains_text(self) -> str:
+        """The gains as stated and, for relative ones, what they are per probe unit: the numbers
+        where the span is known without a run (a constant setpoint, an absolute budget), else the
+        formula in the probe's first reading ``b`` (``kp 0.5 per +10% margin = 0.5/(0.1·b) per
+        perplexity unit``)."""
+        terms = [(n, float(getattr(self, n) or 0.0)) for n in ("kp", "ki", "kd")]
+        terms = [t for t in terms if t[1]] or terms[:1]
+        stated = " ".join(f"{n} {v:g}" for n, v in terms)
+        unit = f"per {self.probe} unit"
+        if self.gains == "absolute":
+            return f"{stated} {unit}"
+        if isinstance(self.setpoint, str):
+            formula = self._span_formula(float(self.setpoint.rstrip("%")) / 100.0)
+            per = f"per {self.setpoint} margin" if self.kind == "constraint" else "per unit of |setpoint|"
+            return f"{stated} {per} = " + " ".join(f"{n} {v:g}/({formula})" for n, v in terms) + \
+                f" {unit}, b the first {self.probe} reading"
+        if isinstance(self.setpoint, list):
+            ends = sorted(abs(v) for _, v in self.setpoint)
+            return (f"{stated} per unit of |setpoint| = " + " ".join(f"{n} {v:g}/|setpoint|" for n, v in terms)
+                    + f" {unit}, |setpoint| {ends[0]:g}…{ends[-1]:g} on the schedule")
+        what = "margin |budget|" if self.kind == "constraint" else "|setpoint|"
+        try:
+            span = self.error_span(float(self.setpoint or 0.0), None)
+        except ParameterError as exc:
+            return f"{stated} relative: {exc}"
+        return f"{stated} per unit of {what} {span:g} = " + " ".join(f"{n} {v / span:.4g}" for n, v in terms) + \
+            f" {unit}"
+
+    def _span_formula(self, pct: float) -> str:
+        # |setpoint| for a first reading b > 0: b·(1 + pct)
+        return f"{1 + pct:g}·b"
 
 
 class SetpointController(_FeedbackController):
@@ -344,6 +383,9 @@ class ConstraintController(_FeedbackController):
                                           "value")
         pct = abs(float(self.setpoint.rstrip("%"))) / 100.0
         return pct * abs(baseline), f"the budget's margin ({self.setpoint} of |{baseline:g}|)"
+
+    def _span_formula(self, pct: float) -> str:
+        return f"{abs(pct):g}·|b|"
 
     def kind_errors(self) -> list[tuple[str, str]]:
         errors = super().kind_errors()
