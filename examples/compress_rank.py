@@ -148,14 +148,14 @@ def main() -> None:
         # Closed loop on a perplexity budget: the preset's PID holds held-out perplexity at +8% of
         # its value when compression starts, shrinking the rank while there is room and growing
         # it back when the budget is breached (its guardrail then also scales the rank up).
-        from actuator.agents.callback import ActuatorCallback
+        from actuator.agents.callback import ActuatorCallback, Reporting
         from actuator.agents.probes import Perplexity
 
         url = args.url or _embedded_service(out_dir)
         texts = [tokenizer.decode(ids) for ids in held_out[:4]]
         cb = ActuatorCallback(
-            "preset:compress-ppl", url=url, setters=[knob], run_name="example-compress-rank",
-            knobs={"rank": {"min": 64, "max": 576, "max_step": 64}}, budget_share=0.3,
+            "preset:compress-ppl", connection=url, setters=[knob], run="example-compress-rank",
+            knobs={"rank": {"min": 64, "max": 576, "max_step": 64}}, reporting=Reporting(budget_share=0.3),
             probes=[Perplexity(texts, tokenizer, every=args.probe_every, batch_size=args.batch_size)],
         ).attach(trainer)
     t0 = time.perf_counter()

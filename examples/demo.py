@@ -206,7 +206,7 @@ def run_arm(job: Job, name: str, *, controlled: bool, url: str, start: dict[str,
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     from actuator.agents.anchor import KLAnchor, anchor_trainer
-    from actuator.agents.callback import ActuatorCallback
+    from actuator.agents.callback import ActuatorCallback, Reporting
     from actuator.agents.probes import ProbeSuite
 
     args = job.args
@@ -229,7 +229,8 @@ def run_arm(job: Job, name: str, *, controlled: bool, url: str, start: dict[str,
         trainer = anchor_trainer(Trainer)(kl_anchor=anchor, **common)
         # The demo shows the loop, so the drift probe is never skipped for budget (a real run keeps
         # the default 10% budget). kl_weight comes with the policy: the trainer has an anchor.
-        cb = ActuatorCallback(policy(args, start), url=url, probes=[probe], run_name=f"demo-{name}", budget_share=1.0,
+        cb = ActuatorCallback(policy(args, start), connection=url, probes=[probe], run=f"demo-{name}",
+                              reporting=Reporting(budget_share=1.0),
                               knobs={"kl_weight": {"min": 0.0, "max": args.w_max, "max_step": args.w_step}})
         cb.attach(trainer)
     else:

@@ -150,14 +150,14 @@ def main() -> None:
     if args.lambda_to is None:
         # Closed loop: a PID on the draft's acceptance rate α (speculative decoding's expected
         # acceptance against this teacher) moves λ, the weight of KL-to-teacher in the loss.
-        from actuator.agents.callback import ActuatorCallback
+        from actuator.agents.callback import ActuatorCallback, Reporting
         from actuator.agents.probes import DraftAcceptance
 
         url = args.url or _embedded_service(out_dir)
         texts = [tokenizer.decode(ids[:64]) for ids in held_out[:4]]
         cb = ActuatorCallback(
-            "preset:draft-distill", url=url, setters=[knob], run_name="example-distill-draft",
-            knobs={"distill_lambda": {"min": 0.0, "max": 1.0, "max_step": 0.2}}, budget_share=0.3,
+            "preset:draft-distill", connection=url, setters=[knob], run="example-distill-draft",
+            knobs={"distill_lambda": {"min": 0.0, "max": 1.0, "max_step": 0.2}}, reporting=Reporting(budget_share=0.3),
             probes=[DraftAcceptance(teacher, texts, tokenizer, gamma=4, every=args.probe_every)],
         ).attach(trainer)
     t0 = time.perf_counter()

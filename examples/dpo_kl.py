@@ -44,7 +44,7 @@ from transformers import TrainerCallback  # noqa: E402
 from transformers.trainer_callback import PrinterCallback, ProgressCallback  # noqa: E402
 
 from actuator.agents.anchor import KLAnchor, anchor_trainer  # noqa: E402
-from actuator.agents.callback import ActuatorCallback  # noqa: E402
+from actuator.agents.callback import ActuatorCallback, Reporting  # noqa: E402
 from actuator.agents.models import load_smollm2  # noqa: E402
 from actuator.agents.precision import native_precision, precision_args  # noqa: E402
 from actuator.agents.probes import KLDrift  # noqa: E402
@@ -200,8 +200,8 @@ def main() -> None:
                     max_length=48, batch_size=3)
     # No knobs= or setters=: the preset brings learning_rate and kl_weight, the callback finds
     # their setters on the trainer (the optimizer's schedule, the trainer's KL anchor).
-    cb = ActuatorCallback(args.policy or inline_policy(args.setpoint, args.probe_every), url=url,
-                          run_name="dpo-kl-example", probes=[drift], budget_share=0.3).attach(trainer)
+    cb = ActuatorCallback(args.policy or inline_policy(args.setpoint, args.probe_every), connection=url,
+                          run="dpo-kl-example", probes=[drift], reporting=Reporting(budget_share=0.3)).attach(trainer)
     trainer.add_callback(Live(trainer, cb))
     t_train = time.time()
     trainer.train()

@@ -1,16 +1,16 @@
-"""Actuator in a plain PyTorch training loop: no Trainer, the pieces used directly.
+"""Actuator in a plain PyTorch training loop: no Trainer, a ControlSession at each step boundary.
 
-    client = ActuatorClient(url)                                  # register the run
-    run = client.register_run(RunCreate(policy=..., knobs=[KnobSpec(name="learning_rate", ...)]))
-    sender = BackgroundSender(client, run_id=run.id, token=run.token)   # training never waits on HTTP
     knob = LearningRateKnob(optimizer, scheduler)                 # scales base_lrs: the schedule survives
-    suite = ProbeSuite([KLDrift(...)]); suite.setup(model)        # the reference: the starting weights
+    session = ControlSession(policy, setters=[knob], knobs={"learning_rate": {...bounds...}},
+                             probes=ProbeSuite([KLDrift(...)]), connection=Connection(url))
+    session.begin(model, max_steps=steps)     # register the run, set the probes up, read the baseline
     for step ...:
         loss.backward(); optimizer.step(); scheduler.step(); optimizer.zero_grad()
-        # step boundary: apply what came back, then observe
-        for result in sender.results(): ... knob.apply(decision.new_value)
-        report = suite.run(model, step)
-        if report: sender.submit(ObservationCreate(seq, step, probes, metrics, knobs={knob.name: knob.read()}))
+        # step boundary: decisions that came back are guarded (the knob's bounds and rate limit),
+        # applied and acknowledged; due probes run and the observation goes to the background
+        # sender (training never waits on HTTP)
+        if session.step(step, model, metrics={"loss": loss}).halt: break
+    session.finish()                          # deliver what is buffered, mark the run finished
 
 By default a tiny random Llama learns a narrow character-level task (seconds); ``--smollm2``
 fine-tunes the real SmolLM2-135M-Instruct on a narrow chat task instead (minutes).
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 import random
 import string
@@ -44,9 +43,8 @@ import torch  # noqa: E402
 
 from actuator.agents.knobs import LearningRateKnob  # noqa: E402
 from actuator.agents.probes import KLDrift, ProbeSuite  # noqa: E402
-from actuator.agents.sender import BackgroundSender  # noqa: E402
+from actuator.agents.session import Connection, ControlSession, RunInfo  # noqa: E402
 from actuator.client import ActuatorClient  # noqa: E402
-from actuator.schemas import KnobSpec, ObservationCreate, RunCreate  # noqa: E402
 
 WORDS = ("apple river candle mountain window garden silver rocket planet forest violin marble tiger lemon "
          "castle harbor pencil meadow thunder island copper velvet falcon lantern orchid glacier compass").split()
@@ -135,7 +133,6 @@ def main() -> None:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: max(0.0, (steps - s) / steps))
     knob = LearningRateKnob(optimizer, scheduler)
     suite = ProbeSuite([KLDrift(prompts, tok, every=every, max_length=48, batch_size=3)], budget_share=0.5)
-    suite.setup(model)  # the drift reference: a frozen copy of the starting weights
 
     policy = {
         "name": "own-loop-drift-lr",
@@ -144,35 +141,29 @@ def main() -> None:
                          "kp": 0.4 / setpoint, "ki": 0.04 / setpoint, "direction": "direct",
                          "filter": {"kind": "ema", "alpha": 0.6}}],
     }
-    client = ActuatorClient(url)
-    run = client.register_run(RunCreate(
-        name="own-loop-smollm2" if args.smollm2 else "own-loop-tiny", policy=policy,
-        knobs=[KnobSpec(name="learning_rate", value=knob.nominal(), min=lr / 100, max=lr * 3, scale="log",
-                        max_step=0.7)]))
-    sender = BackgroundSender(client, run_id=run.id, token=run.token)
-    print(f"run {run.id} registered; {'SmolLM2-135M-Instruct' if args.smollm2 else 'tiny Llama'} loaded "
+    session = ControlSession(
+        policy, setters=[knob], probes=suite, connection=Connection(url),
+        knobs={"learning_rate": {"min": lr / 100, "max": lr * 3, "scale": "log", "max_step": 0.7}},
+        run=RunInfo("own-loop-smollm2" if args.smollm2 else "own-loop-tiny"))
+    session.begin(model, max_steps=steps)  # registers the run, sets the probes up (the drift reference), baseline
+    print(f"run {session.run_id} registered; {'SmolLM2-135M-Instruct' if args.smollm2 else 'tiny Llama'} loaded "
           f"({time.time() - t_start:.0f} s)")
 
-    seq, last_decision, applied, halted = 0, 0, [], False
-    metrics: dict[str, float] = {}
-
-    def observe(step: int, *, force: bool = False) -> None:
-        nonlocal seq
-        report = suite.run(model, step, force=force)
-        if report is None:
+    def show(step: int) -> None:
+        """The observation sent at ``step``, if one was."""
+        if not session.history or session.history[-1]["step"] != step:
             return
-        probes = {k: v for k, v in report.values.items() if not k.startswith("probe_") and math.isfinite(v)}
-        if not probes:  # every due probe was skipped for budget (report.notes says why)
-            print(f"step {step:>4}  probes skipped: {'; '.join(report.notes)}")
+        probes = session.history[-1]["probes"]
+        if not probes:  # every due probe was skipped for budget (the suite says why in a warning)
+            print(f"step {step:>4}  probes skipped")
             return
-        sender.submit(ObservationCreate(seq=seq, step=step, probes=probes, metrics=dict(metrics),
-                                        knobs={knob.name: knob.read()}, time=time.time()))
-        seq += 1
         loss = f"{metrics['loss']:.4f}" if "loss" in metrics else "-"
         print(f"step {step:>4}  loss {loss}  lr {knob.read():.2e}  "
               f"kl_drift {probes.get('kl_drift', float('nan')):.4f}  ({time.time() - t_start:.0f} s)", flush=True)
 
-    observe(0, force=True)  # the baseline
+    metrics: dict[str, float] = {}
+    applied: list[dict] = []
+    show(0)  # the baseline
     data = batches(tok, texts, 4, 64, args.seed)
     t_train = time.time()
     for step in range(1, steps + 1):
@@ -184,36 +175,29 @@ def main() -> None:
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         metrics = {"loss": float(loss.detach())}
-        # Step boundary: decisions that came back apply from the next optimizer step.
-        for result in sender.results():
-            for d in result.decisions:
-                if d.number > last_decision and d.knob == knob.name:
-                    value = knob.apply(d.new_value)
-                    applied.append((step, d.number, value))
-                    last_decision = d.number
-            halted = halted or result.state == "halted"
-        sender.last_decision = last_decision
-        if halted:
+        # Step boundary: decisions that came back apply from the next optimizer step (guarded and
+        # acknowledged), then due probes run and the observation is handed to the sender.
+        outcome = session.step(step, model, metrics=metrics)
+        applied += outcome.applied
+        show(step)
+        if outcome.halt:
             print(f"the controller halted the run at step {step}")
             break
-        observe(step)
     train_s = time.time() - t_train
 
-    delivered = sender.close(10.0)
-    if not halted:
-        client.finish(run.id, token=run.token)
-    decisions = client.list_decisions(run.id, limit=1000).items
+    delivered = session.finish()  # delivers what is buffered, acknowledgements too; the run is finished
+    client = ActuatorClient(url)
+    decisions = client.list_decisions(session.run_id, limit=1000).items
     client.close()
     print(f"\ntrained {step} steps in {train_s:.0f} s; {len(applied)} decisions applied "
           f"(all observations delivered: {delivered}); lr in effect now {knob.read():.2e}")
     print(f"\nwhat the controller changed ({len(decisions)} decisions):")
-    print(f"{'#':>3} {'from step':>9} {'after step':>10} {'old':>9} {'new':>9}  why")
-    at = {n: s for s, n, _ in applied}
+    print(f"{'#':>3} {'from step':>9} {'applied after':>13} {'old':>9} {'new':>9} {'applied':>9}  why")
     for d in decisions:
-        print(f"{d.number:>3} {d.step:>9} {at.get(d.number, '-')!s:>10} {d.old_value:>9.2e} {d.new_value:>9.2e}  "
-              f"{d.reason}")
+        value = "-" if d.applied_value is None else f"{d.applied_value:.2e}"
+        print(f"{d.number:>3} {d.step:>9} {d.applied_step if d.applied_step is not None else '-'!s:>13} "
+              f"{d.old_value:>9.2e} {d.new_value:>9.2e} {value:>9}  {d.reason}")
     print(f"\ntotal wall time {time.time() - t_start:.0f} s")
-
 
 if __name__ == "__main__":
     main()

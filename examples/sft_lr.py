@@ -44,7 +44,7 @@ import torch  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 from transformers.trainer_callback import PrinterCallback, ProgressCallback  # noqa: E402
 
-from actuator.agents.callback import ActuatorCallback  # noqa: E402
+from actuator.agents.callback import ActuatorCallback, Reporting  # noqa: E402
 from actuator.agents.models import load_smollm2  # noqa: E402
 from actuator.agents.precision import native_precision, precision_args  # noqa: E402
 from actuator.agents.probes import HotpotQA, KLDrift, builtin_hotpotqa_path  # noqa: E402
@@ -169,8 +169,8 @@ def main() -> None:
         HotpotQA(builtin_hotpotqa_path(), tok, every=args.qa_every, max_examples=4, max_new_tokens=8, max_length=192),
     ]
     cb = ActuatorCallback(
-        args.policy or inline_policy(args.setpoint, args.drift_every, args.qa_every), url=url,
-        run_name="sft-lr-example", probes=probes, budget_share=args.budget,
+        args.policy or inline_policy(args.setpoint, args.drift_every, args.qa_every), connection=url,
+        run="sft-lr-example", probes=probes, reporting=Reporting(budget_share=args.budget),
         knobs={"learning_rate": {"min": args.lr / 100, "max": args.lr, "max_step": 1.0}},
     ).attach(trainer)
     trainer.add_callback(Live(trainer, cb))

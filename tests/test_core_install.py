@@ -102,8 +102,9 @@ SCRIPT = textwrap.dedent(
     args = TrainingArguments(output_dir={out!r}, max_steps=12, per_device_train_batch_size=4, learning_rate=1e-3,
                              lr_scheduler_type="constant", save_strategy="no", report_to=[], use_cpu=True,
                              disable_tqdm=True, logging_steps=1)
-    cb = ActuatorCallback(policy, url={url!r}, knobs={{"learning_rate": {{"min": 1e-6, "max": 1e-2, "max_step": 0.5}}}},
-                          probes=[Rising()], budget_share=1.0)
+    cb = ActuatorCallback(policy, connection={url!r},
+                          knobs={{"learning_rate": {{"min": 1e-6, "max": 1e-2, "max_step": 0.5}}}},
+                          probes=[Rising()], reporting={{"budget_share": 1.0}})
     trainer = Trainer(model=tiny_llama(), args=args, train_dataset=data, callbacks=[cb])
     trainer.train()
     loaded = sorted(m for m in sys.modules if m.split(".")[0] in {server!r})

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from actuator.agents.callback import ActuatorCallback
+from actuator.agents.callback import ActuatorCallback, Reporting
 from actuator.agents.probes import KLDrift
 from servers import make_service
 
@@ -38,7 +38,7 @@ def test_the_quick_path_from_serve_to_explained_decisions(tmp_path, monkeypatch,
         trainer = make_trainer(tmp_path, tokenizer, steps=30, scheduler="constant", lr=5e-3)
         trainer.add_callback(ActuatorCallback(
             POLICY, knobs={"learning_rate": {"min": 1e-9, "max": 1e-2, "max_step": 0.5}},
-            probes=[KLDrift(HELD_OUT, tokenizer, every=2, max_length=32)], budget_share=1.0))
+            probes=[KLDrift(HELD_OUT, tokenizer, every=2, max_length=32)], reporting=Reporting(budget_share=1.0)))
         with caplog.at_level(logging.WARNING):
             trainer.train()
 

@@ -26,7 +26,7 @@ torch.set_num_threads(1)  # two ranks share two cores
 import torch.distributed as dist  # noqa: E402
 from transformers import Trainer, TrainingArguments  # noqa: E402
 
-from actuator.agents.callback import ActuatorCallback  # noqa: E402
+from actuator.agents.callback import ActuatorCallback, Reporting  # noqa: E402
 from actuator.agents.models import tiny_llama  # noqa: E402
 from actuator.agents.probes import KLDrift  # noqa: E402
 
@@ -61,9 +61,9 @@ def main() -> None:
     trainer.create_optimizer()
     trainer.optimizer.register_step_pre_hook(lambda opt, args, kwargs: used.append(opt.param_groups[0]["lr"]))
     cb = ActuatorCallback(
-        POLICY, url=a.url, run_name="ddp-test",
+        POLICY, connection=a.url, run="ddp-test",
         knobs={"learning_rate": {"min": 1e-5, "max": 1e-2, "max_step": 0.5}},
-        probes=[KLDrift(HELD_OUT, tok, every=2, max_length=32)], budget_share=1.0,
+        probes=[KLDrift(HELD_OUT, tok, every=2, max_length=32)], reporting=Reporting(budget_share=1.0),
     ).attach(trainer)
     trainer.add_callback(SlowSteps(0.05))
     trainer.train()

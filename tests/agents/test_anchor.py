@@ -9,7 +9,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from actuator._exceptions import ConfigError
 from actuator.agents.anchor import KLAnchor, KLAnchorKnob, anchor_trainer, bucket_kl
-from actuator.agents.callback import ActuatorCallback
+from actuator.agents.callback import ActuatorCallback, Reporting
 from actuator.agents.models import tiny_llama
 from actuator.agents.probes import AnswerKL, KLDrift
 
@@ -93,9 +93,10 @@ def test_constraint_controller_turns_the_weight_the_loss_really_uses(tmp_path, c
     policy = {"name": "test-anchor", "controllers": [{
         "name": "drift-budget", "kind": "constraint", "probe": "kl_drift", "knob": "kl_weight", "setpoint": 0.0,
         "kp": 20.0, "ki": 10.0}]}
-    cb = ActuatorCallback(policy, url=sqlite_service.url, probes=[KLDrift(HELD_OUT, char_tokenizer, every=2,
+    cb = ActuatorCallback(policy, connection=sqlite_service.url, probes=[KLDrift(HELD_OUT, char_tokenizer, every=2,
                                                                           max_length=32)],
-                          budget_share=1.0).attach(trainer)  # kl_weight comes with the policy: no knobs=
+                          reporting=Reporting(budget_share=1.0),
+                          ).attach(trainer)  # kl_weight comes with the policy: no knobs=
     trainer.add_callback(SlowSteps())
     trainer.add_callback(used)
     trainer.train()
@@ -184,7 +185,7 @@ def test_errors_name_what_to_do(tmp_path, char_tokenizer):
     with pytest.raises(RuntimeError, match="setup"):
         anchor.loss(model)
     plain = Trainer(model=model, args=args(tmp_path, 1), train_dataset=lm_dataset(char_tokenizer, NARROW_TASK))
-    cb = ActuatorCallback({"name": "x"}, knobs={"kl_weight": {}}, url="http://127.0.0.1:9").attach(plain)
+    cb = ActuatorCallback({"name": "x"}, knobs={"kl_weight": {}}, connection="http://127.0.0.1:9").attach(plain)
     with pytest.raises(ConfigError, match="anchor_trainer"):
         cb.on_train_begin(plain.args, plain.state, plain.control, model=model)
     with pytest.raises(TypeError, match="Trainer subclass"):
@@ -196,7 +197,7 @@ def test_protect_one_liner_holds_its_budget_with_the_anchor_weight(tmp_path, cha
     trainer, anchor = anchored(tmp_path, char_tokenizer, 32)
     probe = (KLDrift(HELD_OUT, char_tokenizer, every=2, max_length=32) if key == "kl_drift"
              else AnswerKL(HELD_OUT, char_tokenizer, answer_tokens=4, every=2))
-    cb = ActuatorCallback(protect={key: 0.001}, url=sqlite_service.url, budget_share=1.0,
+    cb = ActuatorCallback(protect={key: 0.001}, connection=sqlite_service.url, reporting=Reporting(budget_share=1.0),
                           probes=[probe]).attach(trainer)
     trainer.add_callback(SlowSteps())
     trainer.train()

@@ -10,7 +10,7 @@ import pytest
 from transformers import TrainerCallback
 
 from actuator import ConfigError
-from actuator.agents.callback import ActuatorCallback
+from actuator.agents.callback import ActuatorCallback, Connection, Reporting
 from actuator.agents.probes import KLDrift
 
 from agent_helpers import HELD_OUT, SlowSteps, make_trainer, record_lr_used
@@ -27,9 +27,9 @@ def test_learning_rate_decisions_are_what_the_optimizer_uses(tmp_path, char_toke
     trainer = make_trainer(tmp_path, char_tokenizer, steps=24, scheduler=scheduler)
     used = record_lr_used(trainer)
     cb = ActuatorCallback(
-        POLICY, url=sqlite_service.url,
+        POLICY, connection=sqlite_service.url,
         knobs={"learning_rate": {"min": 1e-5, "max": 1e-2, "max_step": 0.5}},
-        probes=[KLDrift(HELD_OUT, char_tokenizer, every=3, max_length=32)], budget_share=1.0,
+        probes=[KLDrift(HELD_OUT, char_tokenizer, every=3, max_length=32)], reporting=Reporting(budget_share=1.0),
     ).attach(trainer)
     trainer.add_callback(SlowSteps())
     trainer.train()
@@ -88,9 +88,9 @@ def test_controller_killed_mid_run_training_finishes(tmp_path, char_tokenizer, s
     trainer = make_trainer(tmp_path, char_tokenizer, steps=30, scheduler="constant")
     used = record_lr_used(trainer)
     cb = ActuatorCallback(
-        POLICY, url=sqlite_service.url, flush_timeout=1.0, timeout=0.5,
+        POLICY, connection=Connection(sqlite_service.url, flush_timeout=1.0, timeout=0.5),
         knobs={"learning_rate": {"min": 1e-5, "max": 1e-2, "max_step": 0.5}},
-        probes=[KLDrift(HELD_OUT, char_tokenizer, every=2, max_length=32)], budget_share=1.0,
+        probes=[KLDrift(HELD_OUT, char_tokenizer, every=2, max_length=32)], reporting=Reporting(budget_share=1.0),
     ).attach(trainer)
     killer = KillAt(sqlite_service, step=12)
     trainer.add_callback(killer)
@@ -119,7 +119,8 @@ def test_probe_schedule_comes_from_the_policy(tmp_path, char_tokenizer, sqlite_s
     assert _httpx.post(f"{sqlite_service.url}/v1/policies", json=stored).status_code == 201
     trainer = make_trainer(tmp_path, char_tokenizer, steps=20, scheduler="constant")
     probe = KLDrift(HELD_OUT, char_tokenizer, every=1000, max_length=32)  # the script says: rarely
-    cb = ActuatorCallback("schedule-policy", url=sqlite_service.url, probes=[probe], budget_share=1.0,
+    cb = ActuatorCallback("schedule-policy", connection=sqlite_service.url, probes=[probe],
+                          reporting=Reporting(budget_share=1.0),
                           knobs={"learning_rate": {"min": 1e-5, "max": 1e-2}}).attach(trainer)
     trainer.add_callback(SlowSteps(0.03))
     trainer.train()
@@ -132,7 +133,7 @@ def test_unknown_stored_policy_fails_loudly_at_train_start(tmp_path, char_tokeni
     """A policy name the service does not have is the user's mistake, not an outage: train() stops
     before its first step with an error that names the policy."""
     trainer = make_trainer(tmp_path, char_tokenizer, steps=6, scheduler="constant")
-    cb = ActuatorCallback("no-such-policy", url=sqlite_service.url,
+    cb = ActuatorCallback("no-such-policy", connection=sqlite_service.url,
                           probes=[KLDrift(HELD_OUT, char_tokenizer, every=2, max_length=32)]).attach(trainer)
     with pytest.raises(ConfigError, match=r"policy: .*no stored policy 'no-such-policy'"):
         trainer.train()
@@ -156,9 +157,9 @@ def test_default_bounds_never_raise_the_lr_above_the_configured_value(tmp_path, 
     trainer = make_trainer(tmp_path, char_tokenizer, steps=12, scheduler="constant", lr=lr)
     used = record_lr_used(trainer)
     knobs = None if explicit_max is None else {"learning_rate": {"min": lr / 100, "max": explicit_max}}
-    cb = ActuatorCallback(RAISE_POLICY, url=sqlite_service.url, knobs=knobs,
-                          probes=[KLDrift(HELD_OUT, char_tokenizer, every=2, max_length=32)], budget_share=1.0,
-                          ).attach(trainer)
+    cb = ActuatorCallback(RAISE_POLICY, connection=sqlite_service.url, knobs=knobs,
+                          probes=[KLDrift(HELD_OUT, char_tokenizer, every=2, max_length=32)],
+                          reporting=Reporting(budget_share=1.0)).attach(trainer)
     trainer.add_callback(SlowSteps())
     trainer.train()
 
@@ -178,7 +179,7 @@ def test_refused_registration_fails_loudly_at_train_start(tmp_path, char_tokeniz
     policy = {"name": "miss-the-knob", "controllers": [
         {"name": "drift", "probe": "kl_drift", "knob": "learning_rate", "setpoint": 0.1, "kp": 1.0,
          "min": 1.0, "max": 2.0}]}  # the learning rate's bounds are [5e-5, 5e-3]
-    cb = ActuatorCallback(policy, url=sqlite_service.url,
+    cb = ActuatorCallback(policy, connection=sqlite_service.url,
                           probes=[KLDrift(HELD_OUT, char_tokenizer, every=2, max_length=32)]).attach(trainer)
     with pytest.raises(ConfigError, match=r"refused to register.*422.*controllers\.0\.(min|max)") as info:
         trainer.train()
@@ -193,7 +194,7 @@ def test_unreachable_service_at_train_start_trains_without_control(tmp_path, cha
     from servers import free_port
 
     trainer = make_trainer(tmp_path, char_tokenizer, steps=8, scheduler="constant")
-    cb = ActuatorCallback(POLICY, url=f"http://127.0.0.1:{free_port()}", flush_timeout=0.5,
+    cb = ActuatorCallback(POLICY, connection=Connection(f"http://127.0.0.1:{free_port()}", flush_timeout=0.5),
                           probes=[KLDrift(HELD_OUT, char_tokenizer, every=2, max_length=32)]).attach(trainer)
     with caplog.at_level(logging.WARNING, logger="actuator.agents"):
         trainer.train()
@@ -213,8 +214,8 @@ def test_the_audit_trail_says_which_decisions_the_agent_applied(tmp_path, char_t
 
     trainer = make_trainer(tmp_path, char_tokenizer, steps=12)
     cb = ActuatorCallback(
-        POLICY, url=service.url, knobs={"learning_rate": {"min": 1e-5, "max": 1e-2, "max_step": 0.5}},
-        probes=[KLDrift(HELD_OUT, char_tokenizer, every=3, max_length=32)], budget_share=1.0,
+        POLICY, connection=service.url, knobs={"learning_rate": {"min": 1e-5, "max": 1e-2, "max_step": 0.5}},
+        probes=[KLDrift(HELD_OUT, char_tokenizer, every=3, max_length=32)], reporting=Reporting(budget_share=1.0),
     ).attach(trainer)
     trainer.add_callback(SlowSteps(0.2))
     trainer.train()

@@ -346,7 +346,7 @@ def pid_trainer(tmp_path, tokenizer, url: str, model: nn.Module, knob) -> tuple:
     PID raises the threshold at every decision."""
     from transformers import Trainer, TrainingArguments
 
-    from actuator.agents.callback import ActuatorCallback
+    from actuator.agents.callback import ActuatorCallback, Reporting
     from actuator.agents.probes import Perplexity
 
     from agent_helpers import HELD_OUT, NARROW_TASK, lm_dataset
@@ -358,8 +358,8 @@ def pid_trainer(tmp_path, tokenizer, url: str, model: nn.Module, knob) -> tuple:
                              learning_rate=1e-3, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
                              disable_tqdm=True)
     trainer = Trainer(model=model, args=args, train_dataset=lm_dataset(tokenizer, NARROW_TASK))
-    cb = ActuatorCallback(policy, url=url, probes=[Perplexity(HELD_OUT, tokenizer, every=2)], setters=[knob],
-                          knobs={knob.name: {"max_step": 0.7}}, budget_share=1.0).attach(trainer)
+    cb = ActuatorCallback(policy, connection=url, probes=[Perplexity(HELD_OUT, tokenizer, every=2)], setters=[knob],
+                          knobs={knob.name: {"max_step": 0.7}}, reporting=Reporting(budget_share=1.0)).attach(trainer)
     return trainer, cb
 
 

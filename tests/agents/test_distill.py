@@ -214,12 +214,12 @@ def test_gkd_knobs_set_what_trl_reads_each_step(tmp_path, monkeypatch) -> None:
 
 def test_a_gkd_trainer_brings_its_knobs_to_the_callback(tmp_path, monkeypatch, sqlite_service) -> None:
     """A policy on distill_lambda and gkd_beta: the callback finds both setters on a GKDTrainer."""
-    from actuator.agents.callback import ActuatorCallback
+    from actuator.agents.callback import ActuatorCallback, Reporting
 
     policy = {"name": "gkd-knobs", "controllers": [
         {"name": "lam", "probe": "train.loss", "knob": "distill_lambda", "setpoint": 0.0, "kp": 0.01},
         {"name": "jsd", "probe": "train.loss", "knob": "gkd_beta", "setpoint": 0.0, "kp": 0.01}]}
-    cb = ActuatorCallback(policy, url=sqlite_service.url, report_every=1)
+    cb = ActuatorCallback(policy, connection=sqlite_service.url, reporting=Reporting(report_every=1))
     trainer = make_gkd(tmp_path, monkeypatch, steps=2, callbacks=[cb])
     trainer.train()
     assert isinstance(cb.setters["distill_lambda"], DistillLambdaKnob) and cb.setters["distill_lambda"].attr == "lmbda"

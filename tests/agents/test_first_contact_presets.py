@@ -17,7 +17,7 @@ import pytest
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from actuator import ConfigError
-from actuator.agents.callback import ActuatorCallback
+from actuator.agents.callback import ActuatorCallback, Connection, Reporting
 from actuator.agents.knobs import KnobNotSupported
 from actuator.agents.models import tiny_llama
 from actuator.agents.probes import KLDrift
@@ -49,8 +49,8 @@ def test_a_probes_own_every_wins_over_the_presets(tmp_path, char_tokenizer, sqli
     """preset:sft-capability probes KL drift every 10 steps; KLDrift(every=3) is the user's word."""
     trainer = sft_trainer(tmp_path, char_tokenizer, 12)
     probe = KLDrift(HELD_OUT, char_tokenizer, every=3, max_length=32)
-    cb = ActuatorCallback("preset:sft-capability", url=sqlite_service.url, probes=[probe],
-                          budget_share=1.0).attach(trainer)
+    cb = ActuatorCallback("preset:sft-capability", connection=sqlite_service.url, probes=[probe],
+                          reporting=Reporting(budget_share=1.0)).attach(trainer)
     trainer.train()
     assert probe.every == 3
     assert readings(cb, "kl_drift") == [0, 3, 6, 9, 12]
@@ -64,8 +64,8 @@ def test_a_presets_probe_intervals_shrink_with_max_steps(tmp_path, char_tokenize
     trainer = sft_trainer(tmp_path, char_tokenizer, 12)
     trainer.add_callback(SlowSteps())
     probe = KLDrift(HELD_OUT, char_tokenizer, max_length=32)
-    cb = ActuatorCallback("preset:sft-capability", url=sqlite_service.url, probes=[probe],
-                          budget_share=1.0).attach(trainer)
+    cb = ActuatorCallback("preset:sft-capability", connection=sqlite_service.url, probes=[probe],
+                          reporting=Reporting(budget_share=1.0)).attach(trainer)
     trainer.train()
     every = {p.name: p.every for p in cb.suite.probes}
     preset = {spec.name: spec.every for spec in load_preset("sft-capability").probes}
@@ -82,7 +82,8 @@ def test_a_presets_probe_intervals_shrink_with_max_steps(tmp_path, char_tokenize
 
 def test_a_preset_given_no_probes_builds_them_from_shipped_data(tmp_path, char_tokenizer, sqlite_service):
     trainer = sft_trainer(tmp_path, char_tokenizer, 4)
-    cb = ActuatorCallback("preset:sft-capability", url=sqlite_service.url, budget_share=1.0).attach(trainer)
+    cb = ActuatorCallback("preset:sft-capability", connection=sqlite_service.url,
+                          reporting=Reporting(budget_share=1.0)).attach(trainer)
     trainer.train()
     baseline = cb.history[0]["probes"]
     assert {"kl_drift", "perplexity", "hotpotqa.gold_logprob"} <= set(baseline), baseline
@@ -96,7 +97,7 @@ def test_a_probe_a_controller_reads_that_cannot_be_built_stops_train_start(tmp_p
     """No tokenizer on the trainer: KL drift (the controller's probe) cannot be built. Before this,
     the run trained with a warning and a controller that never acted."""
     trainer = sft_trainer(tmp_path, char_tokenizer, 4, with_tokenizer=False)
-    ActuatorCallback("preset:sft-capability", url=sqlite_service.url).attach(trainer)
+    ActuatorCallback("preset:sft-capability", connection=sqlite_service.url).attach(trainer)
     with pytest.raises(ConfigError, match=r"probes\.kl_drift: controller drift-lr .*processing_class.*probes=\["):
         trainer.train()
     assert trainer.state.global_step == 0
@@ -108,7 +109,7 @@ def test_draft_acceptance_without_a_teacher_is_named_at_train_start(tmp_path, ch
               "controllers": [{"name": "accept-lr", "probe": "draft.acceptance", "knob": "learning_rate",
                                "setpoint": 0.7, "kp": 1.0}]}
     trainer = sft_trainer(tmp_path, char_tokenizer, 4)
-    ActuatorCallback(policy, url=sqlite_service.url).attach(trainer)
+    ActuatorCallback(policy, connection=sqlite_service.url).attach(trainer)
     with pytest.raises(ConfigError, match=r"probes\.draft: controller accept-lr .*teacher.*DraftAcceptance\("):
         trainer.train()
     assert trainer.state.global_step == 0
@@ -117,7 +118,7 @@ def test_draft_acceptance_without_a_teacher_is_named_at_train_start(tmp_path, ch
 def test_a_guardrails_probe_that_cannot_be_built_is_warned_and_training_runs(tmp_path, char_tokenizer,
                                                                              sqlite_service, caplog):
     trainer = sft_trainer(tmp_path, char_tokenizer, 4, with_tokenizer=False)
-    cb = ActuatorCallback("preset:sft-capability", url=sqlite_service.url, budget_share=1.0,
+    cb = ActuatorCallback("preset:sft-capability", connection=sqlite_service.url, reporting=Reporting(budget_share=1.0),
                           probes=[KLDrift(HELD_OUT, char_tokenizer, max_length=32)]).attach(trainer)
     with caplog.at_level(logging.WARNING, logger="actuator.agents"):
         trainer.train()
@@ -170,7 +171,7 @@ def test_dpo_preset_alone_puts_the_kl_anchor_on_the_trainers_own_pairs(added, tm
                      logging_steps=1, save_strategy="no", disable_tqdm=True, seed=0, dataloader_num_workers=0,
                      bf16=False)
     model = tiny_llama(seed=0)
-    cb = ActuatorCallback("preset:dpo-kl", url=sqlite_service.url, budget_share=1.0)
+    cb = ActuatorCallback("preset:dpo-kl", connection=sqlite_service.url, reporting=Reporting(budget_share=1.0))
     trainer = DPOTrainer(model=model, ref_model=copy.deepcopy(model), args=args, train_dataset=pairs,
                          processing_class=tok, callbacks=[cb] if added == "callbacks" else None)
     if added == "add_callback":
@@ -190,7 +191,7 @@ def test_dpo_preset_alone_puts_the_kl_anchor_on_the_trainers_own_pairs(added, tm
 
 def test_the_run_says_where_to_find_it_at_warning(tmp_path, char_tokenizer, sqlite_service, caplog):
     trainer = sft_trainer(tmp_path, char_tokenizer, 2)
-    cb = ActuatorCallback({"name": "plain", "controllers": []}, url=sqlite_service.url).attach(trainer)
+    cb = ActuatorCallback({"name": "plain", "controllers": []}, connection=sqlite_service.url).attach(trainer)
     with caplog.at_level(logging.WARNING, logger="actuator.agents"):
         trainer.train()
     lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "registered" in r.getMessage()]
@@ -204,7 +205,7 @@ def test_a_404_at_registration_says_to_check_the_url(tmp_path, char_tokenizer, s
     the message said to fix the policy or knobs."""
     trainer = sft_trainer(tmp_path, char_tokenizer, 2)
     url = f"{sqlite_service.url}/actuator"
-    ActuatorCallback({"name": "plain", "controllers": []}, url=url).attach(trainer)
+    ActuatorCallback({"name": "plain", "controllers": []}, connection=url).attach(trainer)
     with pytest.raises(ConfigError, match=r"404.*Check url / ACTUATOR_URL") as err:
         trainer.train()
     assert url in str(err.value) and "policy or knobs" not in str(err.value)
@@ -224,7 +225,8 @@ def test_a_404_from_something_else_at_the_url_says_to_check_it_and_training_runs
     app.add_route("/{path:path}", lambda request: PlainTextResponse("Not Found", status_code=404), methods=["GET", "POST"])
     trainer = sft_trainer(tmp_path, char_tokenizer, 2)
     with ServedApp(app) as served:
-        ActuatorCallback({"name": "plain", "controllers": []}, url=served.url, flush_timeout=0.5).attach(trainer)
+        ActuatorCallback({"name": "plain", "controllers": []},
+                         connection=Connection(served.url, flush_timeout=0.5)).attach(trainer)
         with caplog.at_level(logging.WARNING, logger="actuator.agents"):
             trainer.train()
     assert trainer.state.global_step == 2

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import TrainerCallback
 
-from actuator.agents.callback import ActuatorCallback
+from actuator.agents.callback import ActuatorCallback, Protect, Reporting
 from agent_helpers import Canary, SlowSteps, make_trainer, record_lr_used
 
 
@@ -19,8 +19,8 @@ def test_halt_stops_training_and_leaves_a_checkpoint(tmp_path, char_tokenizer, s
     trainer = make_trainer(tmp_path, char_tokenizer, steps=40, scheduler="constant")
     policy = {"name": "halt-test", "guardrails": [{"name": "canary-halt", "probe": "custom.canary",
                                                    "bound": "upper", "threshold": 0.5, "action": "halt"}]}
-    cb = ActuatorCallback(policy, url=sqlite_service.url, probes=[Canary(trainer, bad_from=6)],
-                          budget_share=1.0).attach(trainer)
+    cb = ActuatorCallback(policy, connection=sqlite_service.url, probes=[Canary(trainer, bad_from=6)],
+                          reporting=Reporting(budget_share=1.0)).attach(trainer)
     trainer.add_callback(SlowSteps())
     trainer.train()
     stopped = trainer.state.global_step
@@ -52,8 +52,8 @@ def test_rollback_restores_saved_weights_and_training_continues(tmp_path, char_t
     trainer.args.save_strategy = "steps"
     trainer.args.save_steps = 3
     used = record_lr_used(trainer)
-    cb = ActuatorCallback(protect={"custom.canary": 0.5}, on_breach="rollback", url=sqlite_service.url,
-                          probes=[Canary(trainer, bad_from=10)], budget_share=1.0,
+    cb = ActuatorCallback(protect=Protect({"custom.canary": 0.5}, on_breach="rollback"), connection=sqlite_service.url,
+                          probes=[Canary(trainer, bad_from=10)], reporting=Reporting(budget_share=1.0),
                           knobs={"learning_rate": {"min": 1e-5, "max": 1e-2}}).attach(trainer)
     snap = Snapshot(cb)
     trainer.add_callback(snap)

@@ -16,7 +16,7 @@ from transformers.integrations import integration_utils
 
 from actuator import ConfigError
 from actuator.agents import _hf_compat
-from actuator.agents.callback import ActuatorCallback
+from actuator.agents.callback import ActuatorCallback, Protect, Reporting
 from actuator.agents.models import tiny_llama
 
 from agent_helpers import Canary, SlowSteps, make_trainer, record_lr_used
@@ -48,8 +48,9 @@ def recorder_integration(monkeypatch):
 def test_every_way_of_adding_the_callback_behaves_the_same(how, tmp_path, char_tokenizer, sqlite_service,
                                                            recorder_integration):
     canary = Canary(None, bad_from=10)
-    cb = ActuatorCallback(protect={"custom.canary": 0.5}, on_breach="rollback", url=sqlite_service.url,
-                          probes=[canary], budget_share=1.0, knobs={"learning_rate": {"min": 1e-5, "max": 1e-2}})
+    cb = ActuatorCallback(protect=Protect({"custom.canary": 0.5}, on_breach="rollback"), connection=sqlite_service.url,
+                          probes=[canary], reporting=Reporting(budget_share=1.0),
+                          knobs={"learning_rate": {"min": 1e-5, "max": 1e-2}})
     trainer = make_trainer(tmp_path, char_tokenizer, steps=30, scheduler="constant", save_strategy="steps",
                            save_steps=3, report_to=[recorder_integration],
                            callbacks=[cb, SlowSteps()] if how == "callbacks" else [SlowSteps()])
@@ -132,7 +133,7 @@ def test_fsdp_and_deepspeed_are_refused_at_train_start(tmp_path, char_tokenizer,
     assert _hf_compat.sharding_unsupported(trainer) is None  # plain single-process training
     cb = ActuatorCallback({"name": "p", "controllers": [{"name": "c", "probe": "custom.x", "knob": "learning_rate",
                                                          "setpoint": 0.0, "kp": 1.0}]},
-                          url="http://127.0.0.1:9").attach(trainer)
+                          connection="http://127.0.0.1:9").attach(trainer)
     setattr(trainer, flag, True)
     with pytest.raises(ConfigError, match=f"{what} is not supported: only rank 0 probes"):
         trainer.callback_handler.on_train_begin(trainer.args, trainer.state, trainer.control)

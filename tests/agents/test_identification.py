@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from actuator._exceptions import ConfigError
-from actuator.agents.callback import ActuatorCallback
+from actuator.agents.callback import ActuatorCallback, Reporting
 from actuator.agents.identification import IdentificationMode
 from actuator.agents.probes import KLDrift
 
@@ -27,8 +27,8 @@ def test_step_test_is_applied_held_restored_and_recorded(tmp_path, char_tokenize
     trainer = make_trainer(tmp_path, char_tokenizer, steps=16, scheduler="constant", lr=LR)
     used = record_lr_used(trainer)
     cb = ActuatorCallback(
-        POLICY, url=sqlite_service.url, knobs={"learning_rate": {"min": 1e-5, "max": 1e-1}},
-        probes=[KLDrift(HELD_OUT, char_tokenizer, every=2, max_length=32)], budget_share=1.0,
+        POLICY, connection=sqlite_service.url, knobs={"learning_rate": {"min": 1e-5, "max": 1e-1}},
+        probes=[KLDrift(HELD_OUT, char_tokenizer, every=2, max_length=32)], reporting=Reporting(budget_share=1.0),
         identify={"knob": "learning_rate", "size": SIZE, "hold": HOLD, "length": LENGTH},
     ).attach(trainer)
     trainer.add_callback(SlowSteps())

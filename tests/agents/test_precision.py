@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from actuator.agents.callback import ActuatorCallback
+from actuator.agents.callback import ActuatorCallback, Reporting
 from actuator.agents.models import tiny_llama
 from actuator.agents.probes import DraftAcceptance, EmbeddingDrift, KLDrift
 from actuator.agents.probes._common import observe_precision, probe_mode
@@ -38,7 +38,8 @@ def test_drift_is_exactly_zero_before_training_in_any_precision(bf16, tmp_path, 
     kl = KLDrift(HELD_OUT, char_tokenizer, every=100, max_length=32)
     answers = EmbeddingDrift(HELD_OUT, char_tokenizer, every=100, embedder=CharCounts(), max_new_tokens=6,
                              use_chat_template=False)
-    cb = ActuatorCallback(POLICY, url=sqlite_service.url, probes=[kl, answers], budget_share=1.0).attach(trainer)
+    cb = ActuatorCallback(POLICY, connection=sqlite_service.url, probes=[kl, answers],
+                          reporting=Reporting(budget_share=1.0)).attach(trainer)
     trainer.train()
 
     with probe_mode(trainer.model), observe_precision(trainer.model) as seen:

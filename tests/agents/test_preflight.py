@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from actuator import ConfigError
-from actuator.agents.callback import ActuatorCallback
+from actuator.agents.callback import ActuatorCallback, Reporting
 from actuator.agents.preflight import late_first_decisions
 from actuator.agents.probes import KLDrift
 from actuator.policy import PolicyDocument
@@ -34,9 +34,9 @@ def _late(caplog) -> list[str]:
 def _train_10_steps(tmp_path, tokenizer, service, policy, *, probe_every, caplog) -> ActuatorCallback:
     """A 10-step tiny Trainer under ``policy`` with a KL-drift probe, warnings captured."""
     trainer = make_trainer(tmp_path, tokenizer, steps=10)
-    cb = ActuatorCallback(policy, url=service.url, knobs=KNOBS,
+    cb = ActuatorCallback(policy, connection=service.url, knobs=KNOBS,
                           probes=[KLDrift(HELD_OUT, tokenizer, every=probe_every, max_length=32)],
-                          budget_share=1.0).attach(trainer)
+                          reporting=Reporting(budget_share=1.0)).attach(trainer)
     with caplog.at_level(logging.WARNING, logger="actuator.agents"):
         trainer.train()
     return cb
@@ -91,7 +91,7 @@ def test_the_arithmetic_counts_identification_and_resumes():
 ])
 def test_a_bad_controller_url_is_refused_when_the_callback_is_built(url, says, monkeypatch):
     with pytest.raises(ConfigError, match="url") as err:
-        ActuatorCallback(POLICY, url=url, knobs=KNOBS)
+        ActuatorCallback(POLICY, connection=url, knobs=KNOBS)
     assert says in str(err.value)
     monkeypatch.setenv("ACTUATOR_URL", url)
     with pytest.raises(ConfigError, match="ACTUATOR_URL"):
@@ -99,6 +99,6 @@ def test_a_bad_controller_url_is_refused_when_the_callback_is_built(url, says, m
 
 
 def test_good_urls_are_kept_without_a_trailing_slash():
-    assert ActuatorCallback(POLICY, url="http://127.0.0.1:8000/", knobs=KNOBS).url == "http://127.0.0.1:8000"
+    assert ActuatorCallback(POLICY, connection="http://127.0.0.1:8000/", knobs=KNOBS).url == "http://127.0.0.1:8000"
     # A service behind a reverse proxy under a path prefix is a good URL.
-    assert ActuatorCallback(POLICY, url="https://ctl.example/actuator", knobs=KNOBS).url == "https://ctl.example/actuator"
+    assert ActuatorCallback(POLICY, connection="https://ctl.example/actuator", knobs=KNOBS).url == "https://ctl.example/actuator"

@@ -10,7 +10,7 @@ import pytest
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from actuator import ConfigError
-from actuator.agents.callback import ActuatorCallback
+from actuator.agents.callback import ActuatorCallback, Reporting
 from actuator.agents.knobs import LearningRateKnob
 from actuator.agents.models import tiny_llama
 from actuator.agents.probes import KLDrift
@@ -42,7 +42,7 @@ BETA_POLICY = {"name": "dpo-beta", "probes": [{"name": "kl_drift", "every": 10}]
 
 def test_a_kl_beta_policy_on_dpo_needs_no_knobs_or_setters(tmp_path, char_tokenizer, sqlite_service):
     # On a TRL DPOTrainer: nothing but the policy and a probe.
-    cb = ActuatorCallback(BETA_POLICY, url=sqlite_service.url, report_every=1,
+    cb = ActuatorCallback(BETA_POLICY, connection=sqlite_service.url, reporting=Reporting(report_every=1),
                           probes=[KLDrift(HELD_OUT, char_tokenizer, max_length=32, reference=tiny_llama(seed=0))])
     trainer = make_dpo(tmp_path, char_tokenizer, steps=14, beta=0.1, callbacks=[cb])
     probe = BetaUsedByLoss(trainer)
@@ -81,7 +81,7 @@ def test_dpo_preset_on_an_anchored_dpo_trainer_turns_the_learning_rate_and_the_a
 
     pairs = preference_dataset(24)
     anchor = KLAnchor([p + c for p, c in zip(pairs["prompt"], pairs["chosen"])], char_tokenizer, max_length=32)
-    cb = ActuatorCallback("preset:dpo-kl", url=sqlite_service.url, report_every=1,
+    cb = ActuatorCallback("preset:dpo-kl", connection=sqlite_service.url, reporting=Reporting(report_every=1),
                           probes=[KLDrift(HELD_OUT, char_tokenizer, max_length=32, every=2, reference=tiny_llama(seed=0))])
     args = DPOConfig(output_dir=str(tmp_path / "dpo"), max_steps=20, per_device_train_batch_size=2, learning_rate=3e-2,
                      lr_scheduler_type="constant", beta=0.1, max_length=32, use_cpu=True, report_to=[],
@@ -135,7 +135,7 @@ def _plain_trainer(tmp_path, tokenizer) -> Trainer:
 ])
 def test_a_knob_the_trainer_cannot_have_fails_at_train_start(tmp_path, char_tokenizer, policy, message):
     trainer = _plain_trainer(tmp_path, char_tokenizer)
-    ActuatorCallback(policy, url="http://127.0.0.1:9").attach(trainer)
+    ActuatorCallback(policy, connection="http://127.0.0.1:9").attach(trainer)
     with pytest.raises(ConfigError, match=message):
         trainer.train()
     assert trainer.state.global_step == 0

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from transformers import TrainerCallback
 
-from actuator.agents.callback import ActuatorCallback
+from actuator.agents.callback import ActuatorCallback, Reporting
 from actuator.agents.probes import KLDrift
 
 from agent_helpers import HELD_OUT, SlowSteps, make_trainer
@@ -37,8 +37,8 @@ class CrashAfterSave(TrainerCallback):
 
 
 def _callback(url: str, tok) -> ActuatorCallback:
-    return ActuatorCallback(POLICY, url=url, knobs={"learning_rate": {"min": 1e-5, "max": 1e-2, "max_step": 0.5}},
-                            probes=[KLDrift(HELD_OUT, tok, every=2, max_length=32)], budget_share=1.0)
+    return ActuatorCallback(POLICY, connection=url, knobs={"learning_rate": {"min": 1e-5, "max": 1e-2, "max_step": 0.5}},
+                            probes=[KLDrift(HELD_OUT, tok, every=2, max_length=32)], reporting=Reporting(budget_share=1.0))
 
 
 @pytest.mark.parametrize("how", ["callbacks", "attach"])

@@ -6,7 +6,7 @@ import httpx
 import pytest
 from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments
 
-from actuator.agents.callback import ActuatorCallback
+from actuator.agents.callback import ActuatorCallback, Reporting
 from actuator.agents.models import load_smollm2
 from actuator.agents.probes import KLDrift
 
@@ -34,7 +34,7 @@ def test_smollm2_few_controlled_steps(tmp_path, sqlite_service):
               "knob": "learning_rate", "setpoint": 0.0, "kp": 0.5, "ki": 0.1}]}
     prompts = [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
                for q in ("What is the capital of France?", "Name three primary colors.")]
-    cb = ActuatorCallback(policy, url=sqlite_service.url, budget_share=1.0,
+    cb = ActuatorCallback(policy, connection=sqlite_service.url, reporting=Reporting(budget_share=1.0),
                           knobs={"learning_rate": {"min": 1e-6, "max": 5e-4, "max_step": 0.5}},
                           probes=[KLDrift(prompts, tok, every=1, max_length=48)]).attach(trainer)
     trainer.train()

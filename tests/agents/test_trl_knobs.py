@@ -11,7 +11,7 @@ import httpx
 import pytest
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
-from actuator.agents.callback import ActuatorCallback
+from actuator.agents.callback import ActuatorCallback, Connection, Reporting
 from actuator.agents.knobs import KnobNotSupported, KnobSetter
 from actuator.agents.models import tiny_llama
 from actuator.agents.probes import KLDrift
@@ -143,8 +143,9 @@ def test_controller_raises_dpo_beta_when_drift_is_above_setpoint(tmp_path, char_
     # at train begin: see test_kl_drift_snapshot_of_a_trl_patched_model_sees_training.
     drift = KLDrift(HELD_OUT, char_tokenizer, every=2, max_length=32, reference=tiny_llama(seed=0).eval())
     cb = TRLMetricNames(
-        POLICY, url=sqlite_service.url, setters=[KLBetaKnob(trainer)],
-        knobs={"kl_beta": {"min": 0.01, "max": 2.0, "max_step": 0.5}}, probes=[drift], budget_share=1.0,
+        POLICY, connection=sqlite_service.url, setters=[KLBetaKnob(trainer)],
+        knobs={"kl_beta": {"min": 0.01, "max": 2.0, "max_step": 0.5}}, probes=[drift],
+        reporting=Reporting(budget_share=1.0),
     ).attach(trainer)
     trainer.add_callback(SlowSteps())
     trainer.train()
@@ -178,8 +179,9 @@ def test_trl_metric_names_do_not_break_training(tmp_path, char_tokenizer, sqlite
     pydantic ValidationError escapes from on_step_end and kills trainer.train() at the first
     report. FAILS until agents/callback.py normalises metric names (see the report)."""
     trainer = make_dpo(tmp_path, char_tokenizer, steps=3, n=4)
-    cb = ActuatorCallback(POLICY, url=sqlite_service.url, setters=[KLBetaKnob(trainer)], knobs={"kl_beta": {}},
-                          report_every=1, flush_timeout=5.0).attach(trainer)
+    cb = ActuatorCallback(POLICY, connection=Connection(sqlite_service.url, flush_timeout=5.0),
+                          setters=[KLBetaKnob(trainer)], knobs={"kl_beta": {}},
+                          reporting=Reporting(report_every=1)).attach(trainer)
     trainer.train()
     assert trainer.state.global_step == 3
     assert cb.sender is not None and cb.sender.stats.sent >= 2
@@ -363,9 +365,9 @@ def test_controller_moves_the_beta_rl_trainers_really_use(kind, tmp_path, char_t
     reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()  # the starting weights
     probe = PolicyKL(HELD_OUT, char_tokenizer, reference=reference, every=2, max_new_tokens=4, samples=2,
                      use_chat_template=False)
-    cb = ActuatorCallback(RL_POLICY, url=sqlite_service.url, setters=[KLBetaKnob(trainer)],
+    cb = ActuatorCallback(RL_POLICY, connection=sqlite_service.url, setters=[KLBetaKnob(trainer)],
                           knobs={"kl_beta": {"min": 0.01, "max": 5.0, "max_step": 0.5}}, probes=[probe],
-                          budget_share=1.0).attach(trainer)
+                          reporting=Reporting(budget_share=1.0)).attach(trainer)
     trainer.add_callback(SlowSteps())
     trainer.train()
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 from typer.testing import CliRunner
 
-from actuator.agents.callback import ActuatorCallback
+from actuator.agents.callback import ActuatorCallback, Reporting
 from actuator.agents.probes import KLDrift, Probe
 from actuator.cli import app
 
@@ -44,9 +44,9 @@ def test_a_starved_probe_is_warned_and_shown_in_the_run_state(sqlite_service, tm
     url = sqlite_service.url
     tokenizer = make_char_tokenizer()
     trainer = make_trainer(tmp_path, tokenizer, steps=12, scheduler="constant")
-    cb = ActuatorCallback(POLICY, url=url, knobs={"learning_rate": {"min": 1e-9, "max": 1e-2}},
+    cb = ActuatorCallback(POLICY, connection=url, knobs={"learning_rate": {"min": 1e-9, "max": 1e-2}},
                           probes=[KLDrift(HELD_OUT, tokenizer, every=1, max_length=16), Slow(0.5)],
-                          budget_share=0.2).attach(trainer)
+                          reporting=Reporting(budget_share=0.2)).attach(trainer)
     with caplog.at_level(logging.WARNING):
         trainer.train()
 

@@ -35,8 +35,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from transformers import TrainerCallback
 
-import actuator.agents.callback as callback_module
-from actuator.agents.callback import ActuatorCallback
+import actuator.agents.session as session_module  # the session builds the sender and client
+from actuator.agents.callback import ActuatorCallback, Connection, Reporting
 from actuator.agents.probes import KLDrift
 from actuator.agents.sender import FOLLOW_UPS, BackgroundSender
 from actuator.schemas import MAX_INT
@@ -61,7 +61,7 @@ def _cases() -> list[Any]:
 def sender_with(monkeypatch: pytest.MonkeyPatch, **kw: Any) -> None:
     """The callback builds its sender with the defaults (backoff from 0.5 s up to 30 s); a test of a
     few seconds retries faster."""
-    monkeypatch.setattr(callback_module, "BackgroundSender",
+    monkeypatch.setattr(session_module, "BackgroundSender",
                         functools.partial(BackgroundSender, initial_backoff=0.05, max_backoff=0.2, **kw))
 
 
@@ -166,8 +166,9 @@ def train(tmp_path: Path, tokenizer: Any, url: str, *, steps: int = 40, every: i
     """A tiny Trainer under ActuatorCallback at ``url``; the lr each optimizer step really used."""
     trainer = make_trainer(tmp_path, tokenizer, steps=steps, scheduler="constant")
     used = record_lr_used(trainer)
-    cb = ActuatorCallback(POLICY, url=url, knobs=KNOBS, budget_share=1.0, flush_timeout=15.0,
-                          probes=[KLDrift(HELD_OUT, tokenizer, every=every, max_length=32)], **kw).attach(trainer)
+    cb = ActuatorCallback(POLICY, connection=Connection(url, flush_timeout=15.0, **kw), knobs=KNOBS,
+                          reporting=Reporting(budget_share=1.0),
+                          probes=[KLDrift(HELD_OUT, tokenizer, every=every, max_length=32)]).attach(trainer)
     trainer.add_callback(SlowSteps(0.03))
     if watch is not None:
         watch.cb = cb

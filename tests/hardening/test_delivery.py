@@ -13,8 +13,8 @@ import functools
 import httpx
 import pytest
 
-import actuator.agents.callback as callback_module
-from actuator.agents.callback import ActuatorCallback
+import actuator.agents.session as session_module  # the session builds the sender and client
+from actuator.agents.callback import ActuatorCallback, Connection, Reporting
 from actuator.agents.probes import KLDrift
 from actuator.client import ActuatorClient
 from agent_helpers import HELD_OUT, SlowSteps, make_trainer, record_lr_used
@@ -102,16 +102,16 @@ class ChaosTransport(httpx.HTTPTransport):
 def test_agent_applies_each_decision_once_under_duplicate_and_stale_answers(tmp_path, char_tokenizer,
                                                                            sqlite_service, monkeypatch):
     chaos = ChaosTransport()
-    monkeypatch.setattr(callback_module, "ActuatorClient", functools.partial(ActuatorClient, transport=chaos))
+    monkeypatch.setattr(session_module, "ActuatorClient", functools.partial(ActuatorClient, transport=chaos))
     steps = 60
     trainer = make_trainer(tmp_path, char_tokenizer, steps=steps, scheduler="constant")
     used = record_lr_used(trainer)
     policy = {"name": "chaos", "controllers": [{"name": "drift", "probe": "kl_drift", "knob": "learning_rate",
                                                 "setpoint": 0.0, "kp": 0.5, "ki": 0.1}]}
-    cb = ActuatorCallback(policy, url=sqlite_service.url, flush_timeout=10.0,
+    cb = ActuatorCallback(policy, connection=Connection(sqlite_service.url, flush_timeout=10.0),
                           knobs={"learning_rate": {"min": 1e-7, "max": 1e-2, "max_step": 0.2}},
                           probes=[KLDrift(HELD_OUT, char_tokenizer, every=2, max_length=32)],
-                          budget_share=1.0).attach(trainer)
+                          reporting=Reporting(budget_share=1.0)).attach(trainer)
     trainer.add_callback(SlowSteps(0.04))
     trainer.train()
 

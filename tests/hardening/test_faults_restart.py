@@ -25,8 +25,8 @@ import httpx
 import pytest
 from transformers import TrainerCallback
 
-import actuator.agents.callback as callback_module
-from actuator.agents.callback import ActuatorCallback
+import actuator.agents.session as session_module  # the session builds the sender and client
+from actuator.agents.callback import ActuatorCallback, Connection, Reporting
 from actuator.agents.probes import KLDrift
 from actuator.agents.sender import BackgroundSender
 from actuator.engine import Engine, RunContext
@@ -75,7 +75,7 @@ class KillThenRestart(TrainerCallback):
 def fast_backoff(monkeypatch):
     """The callback builds its sender with the defaults (0.5 s doubling up to 30 s); a test of a
     few seconds uses tighter bounds so delivery resumes within a second of the restart."""
-    monkeypatch.setattr(callback_module, "BackgroundSender",
+    monkeypatch.setattr(session_module, "BackgroundSender",
                         functools.partial(BackgroundSender, initial_backoff=0.05, max_backoff=0.5))
 
 
@@ -85,9 +85,9 @@ def test_controller_killed_and_restarted_mid_run(tmp_path, char_tokenizer, fast_
     steps = 150
     trainer = make_trainer(tmp_path, char_tokenizer, steps=steps, scheduler="constant")
     cb = ActuatorCallback(
-        POLICY, url=svc.url, timeout=HTTP_TIMEOUT, flush_timeout=30.0,
+        POLICY, connection=Connection(svc.url, timeout=HTTP_TIMEOUT, flush_timeout=30.0),
         knobs={"learning_rate": {"min": 1e-7, "max": 1e-2, "max_step": MAX_STEP}},
-        probes=[KLDrift(HELD_OUT, char_tokenizer, every=3, max_length=32)], budget_share=1.0,
+        probes=[KLDrift(HELD_OUT, char_tokenizer, every=3, max_length=32)], reporting=Reporting(budget_share=1.0),
     ).attach(trainer)
     faults = KillThenRestart(svc, kill_at=20, restart_at=35, cb=cb)
     clock = StepClock()

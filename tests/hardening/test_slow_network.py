@@ -7,8 +7,8 @@ from __future__ import annotations
 import statistics
 import time
 
-import actuator.agents.callback as callback_module
-from actuator.agents.callback import ActuatorCallback
+import actuator.agents.session as session_module  # the session builds the sender and client
+from actuator.agents.callback import ActuatorCallback, Connection, Reporting
 from actuator.agents.probes import KLDrift
 from actuator.agents.sender import BackgroundSender
 from agent_helpers import HELD_OUT, SlowSteps, make_trainer
@@ -33,10 +33,10 @@ class TimedSender(BackgroundSender):
 
 def run(tmp_path, tokenizer, url: str, steps: int) -> tuple[list[float], ActuatorCallback]:
     trainer = make_trainer(tmp_path, tokenizer, steps=steps, scheduler="constant")
-    cb = ActuatorCallback(POLICY, url=url, timeout=3.0, flush_timeout=30.0,
+    cb = ActuatorCallback(POLICY, connection=Connection(url, timeout=3.0, flush_timeout=30.0),
                           knobs={"learning_rate": {"min": 1e-7, "max": 1e-2, "max_step": 0.2}},
                           probes=[KLDrift(HELD_OUT, tokenizer, every=2, max_length=32)],
-                          budget_share=1.0).attach(trainer)
+                          reporting=Reporting(budget_share=1.0)).attach(trainer)
     trainer.add_callback(SlowSteps(0.02))  # long enough a run for several slow round trips
     clock = StepClock()
     trainer.add_callback(clock)
@@ -46,7 +46,7 @@ def run(tmp_path, tokenizer, url: str, steps: int) -> tuple[list[float], Actuato
 
 
 def test_slow_responses_do_not_slow_training(tmp_path, char_tokenizer, sqlite_service, monkeypatch):
-    monkeypatch.setattr(callback_module, "BackgroundSender", TimedSender)
+    monkeypatch.setattr(session_module, "BackgroundSender", TimedSender)
     steps = 200  # >= 4 s of training: registration and several posts make their slow round trips
     run(tmp_path / "warm", char_tokenizer, sqlite_service.url, 10)  # imports, allocator, caches
     direct, cb_direct = run(tmp_path / "direct", char_tokenizer, sqlite_service.url, steps)

@@ -17,7 +17,7 @@ import pytest
 from selenium.webdriver.common.by import By
 from transformers import TrainerCallback
 
-from actuator.agents.callback import ActuatorCallback
+from actuator.agents.callback import ActuatorCallback, Connection, Reporting
 from actuator.agents.probes import KLDrift
 from agent_helpers import HELD_OUT, SlowSteps, make_trainer, record_lr_used
 from servers import Service, make_service
@@ -98,8 +98,9 @@ def test_console_watches_and_steers_a_real_training_run(console_service, browser
     used = record_lr_used(trainer)
     stopper = StopOn()
     cb = ActuatorCallback(
-        POLICY, url=url, token=ADMIN, knobs={"learning_rate": {"min": 1e-9, "max": 1e-2, "max_step": 0.5}},
-        probes=[KLDrift(HELD_OUT, char_tokenizer, every=2, max_length=32)], budget_share=1.0,
+        POLICY, connection=Connection(url, token=ADMIN),
+        knobs={"learning_rate": {"min": 1e-9, "max": 1e-2, "max_step": 0.5}},
+        probes=[KLDrift(HELD_OUT, char_tokenizer, every=2, max_length=32)], reporting=Reporting(budget_share=1.0),
     ).attach(trainer)
     trainer.add_callback(SlowSteps(0.05))
     trainer.add_callback(stopper)

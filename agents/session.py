@@ -1,0 +1,684 @@
+"""ControlSession: one training run under control, whatever runs the training loop.
+
+The session holds what a run under control needs on the training side, with no trainer in sight:
+the policy and its registration, the knobs (setters and their specs), the background sender, the
+decisions and their acknowledgements, identification, and the probe schedule. ``ActuatorCallback``
+(agents/callback.py) is its Hugging Face adapter; a loop of your own uses it directly:
+
+    session = ControlSession(policy, setters=[LearningRateKnob(optimizer, scheduler)],
+                             knobs={"learning_rate": {"min": 1e-5, "max": 3e-3, "max_step": 0.7}},
+                             probes=[KLDrift(prompts, tok, every=10)], connection=Connection(url))
+    session.begin(model)                      # registers the run, sets the probes up, reads the baseline
+    for step in range(1, steps + 1):
+        ...                                   # forward, backward, optimizer.step(), scheduler.step()
+        if session.step(step, model, metrics={"loss": loss}).halt:
+            break
+    session.finish()                          # delivers what is buffered, marks the run finished
+
+Every decision goes through the same guard (the run's bounds and rate limit, on this side too)
+and is acknowledged with the value the setter read back, or set aside with the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from actuator._exceptions import ConfigError, NotFound, RequestRejected, ServiceUnavailable
+from actuator.catalogue import default_knob_spec, limit
+from actuator.client import ActuatorClient
+from actuator.policy import PolicyDocument, load_policy, load_preset
+from actuator.schemas import DecisionAck, DecisionPublic, IngestResult, KnobSpec, ObservationCreate, RunCreate
+
+from .identification import IdentificationMode
+from .knobs import KnobSetter
+from .preflight import check_url, late_first_decisions
+from .sender import BackgroundSender
+
+__all__ = ["Connection", "ControlSession", "Protect", "Received", "Reporting", "RunInfo", "StepOutcome",
+           "metric_name", "policy_argument"]
+
+log = logging.getLogger("actuator.agents")
+
+PolicyArg = str | dict[str, Any] | PolicyDocument | os.PathLike[str]
+
+
+# -- configuration objects -------------------------------------------------------------------------
+class _Group:
+    """Settings that belong together, built by :meth:`of` from themselves, a dict of their fields
+    (a checkpoint's ``state()``), the one field a string stands for (``_alone``), or None."""
+
+    _alone: ClassVar[str | None] = None
+
+    @classmethod
+    def of(cls, value: Any) -> Any:
+        if value is None:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str) and cls._alone is not None:
+            return cls(**{cls._alone: value})
+        return cls(**dict(value))
+
+
+@dataclass(frozen=True)
+class Connection(_Group):
+    """Where the controller service is and how long the agent waits for it.
+
+    ``url``: the service's base URL (default ``$ACTUATOR_URL`` or ``http://127.0.0.1:8000``).
+    ``token``: admin token for registration when the service has one (default ``$ACTUATOR_TOKEN``).
+    ``timeout``: the longest one request may take, in seconds, its whole answer included (the
+    sender's, never training's): an answer slower than that is an outage, retried.
+    ``register_timeout``: how long training may wait at its start for the registration's answer (a
+    refusal stops training there; no answer in time lets it start without control).
+    ``flush_timeout``: seconds to wait at the end for buffered observations.
+    """
+
+    url: str | None = None
+    token: str | None = None
+    timeout: float = 2.0
+    register_timeout: float = 10.0
+    flush_timeout: float = 10.0
+
+    _alone: ClassVar[str] = "url"
+
+    def resolved(self) -> Connection:
+        """With the environment's defaults filled in and the URL checked (a ConfigError now, not
+        a whole run trained uncontrolled behind one "unreachable" line)."""
+        url = check_url(self.url) if self.url else check_url(os.environ.get("ACTUATOR_URL", "http://127.0.0.1:8000"),
+                                                             field="ACTUATOR_URL")
+        return Connection(url, self.token or os.environ.get("ACTUATOR_TOKEN"), self.timeout,
+                          self.register_timeout, self.flush_timeout)
+
+    def public(self) -> dict[str, Any]:
+        """Every field but the token (a secret: never in a checkpoint's JSON)."""
+        return {"url": self.url, "timeout": self.timeout, "register_timeout": self.register_timeout,
+                "flush_timeout": self.flush_timeout}
+
+
+@dataclass(frozen=True)
+class RunInfo(_Group):
+    """What the run is called and what it carries: ``name`` (default: the trainer's ``run_name`` or
+    output dir, else "run") and ``metadata`` (str, number, bool or None values are registered)."""
+
+    name: str | None = None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+    _alone: ClassVar[str] = "name"
+
+
+@dataclass(frozen=True)
+class Reporting(_Group):
+    """What observing costs and how often it is sent: ``budget_share``, the largest share of wall
+    time probes may take (10% by default; a ``ProbeSuite`` given as probes keeps its own), and
+    ``report_every``, send training metrics every N steps without probes too (0: only with probes)."""
+
+    budget_share: float = 0.10
+    report_every: int = 0
+
+
+@dataclass(frozen=True)
+class Protect:
+    """The one-line policy: ``Protect({"hotpotqa.gold_logprob": "-5%", "kl_drift": 0.1})`` builds
+    one guardrail per probe; drift probes take ``on_drift`` (default ``adjust``), the others
+    ``on_breach`` (default ``rollback``)."""
+
+    budgets: Mapping[str, float | str]
+    on_drift: str = "adjust"
+    on_breach: str = "rollback"
+
+    @classmethod
+    def of(cls, value: Protect | Mapping[str, float | str]) -> Protect:
+        return value if isinstance(value, Protect) else cls(dict(value))
+
+
+def policy_argument(policy: PolicyArg) -> tuple[str | PolicyDocument, bool]:
+    """``(policy, from_preset)``: a stored policy's name stays a name (fetched at the start); a
+    preset or a document is loaded now (a PolicyError here, not mid-run)."""
+    if isinstance(policy, PolicyDocument):
+        return policy, False
+    if isinstance(policy, str) and policy.startswith("preset:"):
+        return load_preset(policy.removeprefix("preset:")), True
+    if isinstance(policy, str) and "\n" not in policy and not policy.endswith((".yaml", ".yml", ".json")):
+        return policy, False  # a stored policy on the service
+    return load_policy(policy), False
+
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,63}$")
+
+
+def metric_name(key: str) -> str | None:
+    """Trainer/TRL log keys as observation names: TRL logs 'rewards/margins', which becomes
+    'rewards.margins'; a key that still is not a valid name is dropped (None)."""
+    name = str(key).replace("/", ".")
+    return name if _NAME.match(name) else None
+
+
+def _setter_summary(setter: Any) -> dict[str, float]:
+    """A setter's report of what is in effect beyond its value (``summary()``, optional): finite
+    floats under valid observation names."""
+    fn = getattr(setter, "summary", None)
+    if fn is None:
+        return {}
+    try:
+        values = fn()
+    except Exception as exc:  # noqa: BLE001 - telemetry never stops training
+        log.warning("actuator: knob %s: summary failed: %s", getattr(setter, "name", "?"), exc)
+        return {}
+    return {k: float(v) for k, v in values.items()
+            if metric_name(k) == k and isinstance(v, (int, float)) and math.isfinite(v)}
+
+
+@dataclass
+class Received:
+    """What the service's answers since the last step boundary ask for: new decisions (oldest
+    first), a halt, a rollback."""
+
+    decisions: list[DecisionPublic] = field(default_factory=list)
+    halt: bool = False
+    rollback: bool = False
+
+
+@dataclass
+class StepOutcome:
+    """What :meth:`ControlSession.step` did: the decisions applied there (``applied`` entries) and
+    whether the controller stopped the run (``halt``: stop training)."""
+
+    applied: list[dict[str, Any]]
+    halt: bool
+
+
+class ControlSession:
+    """One run under control on the training side.
+
+    Args:
+        policy: a stored policy's name (``"sft-drift"`` or ``"sft-drift@3"``), a shipped preset
+            (``"preset:sft-capability"``), or a policy document (dict, YAML/JSON path,
+            :class:`PolicyDocument`) registered with the run.
+        setters: the knobs' setters (``KnobSetter``: ``name``, ``read()``, ``apply(value)``).
+        knobs: bounds per knob, ``{"learning_rate": {"min": 1e-6, "max": 1e-3, "max_step": 0.5}}``;
+            a knob without bounds gets the catalogue's defaults around its value. Default: one
+            entry per setter.
+        probes: a list of probes or a ``ProbeSuite`` (``actuator.agents.probes``).
+        connection: a :class:`Connection` (or its URL).
+        run: a :class:`RunInfo` (or the run's name).
+        reporting: a :class:`Reporting` (probe budget, metrics cadence).
+        identify: an identification pre-run (:class:`IdentificationMode` or its dict).
+    """
+
+    def __init__(
+        self,
+        policy: str | PolicyArg,
+        *,
+        setters: Iterable[KnobSetter] = (),
+        knobs: Mapping[str, Mapping[str, Any]] | None = None,
+        probes: Any = None,
+        connection: Connection | Mapping[str, Any] | str | None = None,
+        run: RunInfo | Mapping[str, Any] | str | None = None,
+        reporting: Reporting | Mapping[str, Any] | None = None,
+        identify: IdentificationMode | dict[str, Any] | None = None,
+    ) -> None:
+        self.policy, self.from_preset = policy_argument(policy)
+        self.connection = Connection.of(connection).resolved()
+        self.extra_setters: dict[str, KnobSetter] = {s.name: s for s in setters}
+        self.knob_bounds: dict[str, dict[str, Any]] = {k: dict(v) for k, v in (
+            knobs if knobs is not None else {name: {} for name in self.extra_setters}).items()}
+        info = RunInfo.of(run)
+        self.run_name, self.metadata = info.name, dict(info.metadata)
+        self.reporting = Reporting.of(reporting)
+        self.identification = IdentificationMode.from_config(identify) if identify is not None else None
+        if self.identification is not None:
+            self.knob_bounds.setdefault(self.identification.knob, {})
+        self.suite = self._make_suite(probes, self.reporting.budget_share)
+        # run-time state
+        self.main = True  # this process talks to the service (rank 0)
+        self.client: ActuatorClient | None = None
+        self.sender: BackgroundSender | None = None
+        self.setters: dict[str, KnobSetter] = {}
+        self.specs: dict[str, KnobSpec] = {}
+        self.policy_doc: PolicyDocument | None = self.policy if isinstance(self.policy, PolicyDocument) else None
+        self.run_id: str | None = None
+        self.run_token: str | None = None
+        self.run_state = "running"
+        self.seq = 0
+        self.last_decision = 0
+        self.last_ok_step: int | None = None
+        self.history: list[dict[str, Any]] = []
+        self.applied: list[dict[str, Any]] = []
+        self.metrics: dict[str, float] = {}  # the latest training metrics, sent with the next observation
+        self.log_extra: dict[str, float] = {}  # for the trainer's next log line (the callback drains it)
+        self.max_steps = 0  # the run's length when known (a preset's probe intervals are fitted to it)
+        self.unbuilt: set[str] = set()  # probes the policy names that could not be built (said already)
+        self.unreachable: ServiceUnavailable | None = None  # at the registration at start
+        self.schedule_pending = self.policy_doc is not None
+
+    @staticmethod
+    def _make_suite(probes: Any, budget_share: float) -> Any:
+        if probes is None:
+            return None
+        from .probes import ProbeSuite
+
+        if isinstance(probes, ProbeSuite):
+            return probes
+        return ProbeSuite(list(probes), budget_share=budget_share)
+
+    @property
+    def url(self) -> str:
+        return str(self.connection.url)
+
+    # -- the start, in the order a run goes through it ----------------------------------------
+    def begin(self, model: Any = None, *, step: int = 0, max_steps: int = 0) -> None:
+        """Everything :meth:`ActuatorCallback.on_train_begin` does without a trainer, in one call:
+        open, bind the setters given, register (a refusal raises ConfigError; an unreachable
+        service lets training start uncontrolled, with a warning), then :meth:`start`."""
+        self.open()
+        self.declare_policy_knobs()
+        self.bind_knobs(self.extra_setters)
+        self.start_identification(step)
+        refused = self.register_at_start()
+        if refused is not None:
+            self.close_client()
+            raise refused
+        self.start(model, step=step, max_steps=max_steps)
+
+    def open(self, *, main: bool = True) -> None:
+        """Connect (rank 0 only: ``main``) and fetch a stored policy's document (one that does not
+        exist is a ConfigError; an unreachable service is left to the registration)."""
+        self.main = main
+        if not main:
+            return
+        self.client = ActuatorClient(self.url, token=self.connection.token, timeout=self.connection.timeout)
+        self._resolve_policy()
+
+    def declare_policy_knobs(self) -> None:
+        """A policy brings its knobs (with default bounds unless ``knobs`` gave them)."""
+        for name in sorted(self.policy_knobs()):
+            self.knob_bounds.setdefault(name, {})
+
+    def policy_knobs(self) -> set[str]:
+        """The knobs the policy drives (controllers) or scales (guardrails' adjust / rollback)."""
+        doc = self.policy_doc
+        if doc is None:
+            return set()
+        return {c.knob for c in doc.controllers} | {g.knob for g in doc.guardrails if g.knob}
+
+    def _resolve_policy(self) -> None:
+        """A stored policy's document, so that its knobs are declared before registration. Not
+        found: ConfigError. Service unreachable: left to the registration (retried later)."""
+        if not isinstance(self.policy, str) or self.policy_doc is not None or self.client is None:
+            return
+        name, _, version = self.policy.partition("@")
+        try:
+            stored = self.client.get_policy(name, int(version) if version.isdigit() else None)
+        except NotFound as exc:
+            raise ConfigError(f"policy: the controller at {self.url} has no stored policy {self.policy!r} "
+                              "(create it with POST /v1/policies, or pass a document or preset:NAME)") from exc
+        except (ServiceUnavailable, RequestRejected):
+            return
+        self.policy_doc = PolicyDocument.model_validate(stored["document"])
+        self.schedule_pending = True
+
+    def bind_knobs(self, setters: Mapping[str, KnobSetter]) -> None:
+        """The setters in effect and each knob's spec: the catalogue's defaults around the value
+        the setter reads (``nominal()`` when it has one), a setter's own ``bounds``, then the
+        bounds given; the value itself always lies within. A knob without a setter is a ConfigError."""
+        missing = sorted(set(self.knob_bounds) - set(setters) - set(self.extra_setters))
+        if missing:
+            raise ConfigError(f"knobs.{missing[0]}: no setter for this knob; pass setters=[...] with an object that "
+                              "has name, read() and apply(value) (the KnobSetter protocol, actuator.agents.knobs)")
+        self.setters = {name: self.extra_setters.get(name) or setters[name] for name in self.knob_bounds}
+        for name, setter in self.extra_setters.items():
+            self.setters.setdefault(name, setter)
+        for name, setter in self.setters.items():
+            value = float(setter.nominal() if hasattr(setter, "nominal") else setter.read())
+            spec = default_knob_spec(name, value)
+            bounds = getattr(setter, "bounds", None)  # a setter that knows its range (rank: 1..max rank)
+            if bounds is not None:
+                spec["min"], spec["max"] = float(bounds[0]), float(bounds[1])
+            spec.update(self.knob_bounds.get(name, {}))
+            spec["min"], spec["max"] = min(spec["min"], value), max(spec["max"], value)
+            try:
+                self.specs[name] = KnobSpec(name=name, value=value, **spec)
+            except ValueError as exc:
+                raise ConfigError(f"knobs.{name}: {exc}") from exc
+
+    def start_identification(self, step: int) -> None:
+        """Training starts at ``step``: the identification test (if any) counts from there."""
+        if self.identification is not None:
+            knob = self.identification.knob
+            self.identification.bind(self.specs[knob], float(self.setters[knob].read()), step)
+
+    def register(self) -> tuple[str, str]:
+        """Register the run (at the start; again from the sender's thread while unreachable)."""
+        assert self.client is not None
+        policy = self.policy if isinstance(self.policy, str) else self.policy.model_dump(mode="json")
+        body = RunCreate(name=self.run_name or "run", policy=policy, knobs=list(self.specs.values()),
+                         metadata={k: v for k, v in self.metadata.items()
+                                   if isinstance(v, (str, int, float, bool)) or v is None})
+        if self.run_id is not None and self.run_token is not None:
+            return self.run_id, self.run_token  # resumed from a checkpoint: the same run continues
+        created = self.client.register_run(body, timeout=max(self.connection.timeout,
+                                                             self.connection.register_timeout))
+        self.run_id, self.run_token = created.id, created.token
+        try:
+            # Read as tolerantly as the answer itself: a newer service may add fields.
+            self.policy_doc = PolicyDocument.model_validate(created.policy, extra="ignore")
+        except ValueError as exc:  # the run is registered: only the probe schedule is lost
+            log.warning("actuator: the service's copy of the policy could not be read (%s); probes keep the "
+                        "schedule given to ActuatorCallback", exc)
+        self.schedule_pending = True
+        # At WARNING: stock training scripts (TRL's) show only warnings, and this is how a user finds the run.
+        log.warning("actuator: run %s registered (policy %s v%d); console: %s/ui/runs/%s", created.id,
+                    created.policy_name, created.policy_version, self.url, created.id)
+        return created.id, created.token
+
+    def register_at_start(self) -> ConfigError | None:
+        """Register now (one request, at most ``register_timeout`` seconds). A refusal (a 4xx with
+        the service's error envelope) is the user's configuration and is returned, to stop
+        training before its first step; anything else (no answer, an answer that cannot be read,
+        a proxy's page) only means training starts without control, said loudly, and the sender
+        registers the run when the service answers."""
+        self.unreachable = None
+        try:
+            self.register()
+        except ServiceUnavailable as exc:
+            if exc.status_code == 404:  # something that is not the service answers there: likely the URL
+                exc = ServiceUnavailable(f"{exc}; check url / ACTUATOR_URL ({self.url}): it must be the controller's "
+                                         "base URL", status_code=404)
+            self.unreachable = exc
+        except RequestRejected as exc:
+            # The service answers 404 on POST /v1/runs only for a path it does not serve: the URL, not the policy.
+            fix = (f"Check url / ACTUATOR_URL ({self.url}): it must be the controller's base URL, the one its "
+                   "/healthz answers on (e.g. http://127.0.0.1:8000)" if isinstance(exc, NotFound)
+                   else "Fix the policy or knobs given to ActuatorCallback")
+            error = ConfigError(
+                f"the controller refused to register this run: {exc}. {fix}; training was not started (only an "
+                "unreachable controller lets training run without control)")
+            error.__cause__ = exc
+            return error
+        return None
+
+    def start(self, model: Any = None, *, step: int = 0, max_steps: int = 0) -> None:
+        """On rank 0: the probe schedule, the too-short-run check, the probes' setup (the drift
+        reference is taken here), the sender, and the baseline reading at ``step``."""
+        if not self.main:
+            return
+        self.max_steps = max_steps
+        self.apply_probe_schedule()
+        self._warn_if_too_short(step)
+        if self.suite is not None and model is not None:
+            self.suite.setup(model)  # only rank 0 probes: other ranks take no reference copy
+        assert self.client is not None
+        self.sender = BackgroundSender(self.client, run_id=self.run_id, token=self.run_token, register=self.register)
+        if self.unreachable is not None:
+            self.sender.report_outage(self.unreachable)
+        if self.suite is not None and model is not None:
+            self.observe(step, model, baseline=True)  # the baseline at the start
+
+    def apply_probe_schedule(self) -> None:
+        """The policy names probes and how often they run. A policy's word wins over the
+        constructor's, so changing a stored policy needs no change to the training script. A
+        preset's intervals are defaults instead, fitted to ``max_steps``
+        (``default_probes.fitted_intervals``), for the probes whose ``every=`` was not given."""
+        self.schedule_pending = False
+        doc = self.policy_doc
+        if doc is None:
+            return
+        intervals: dict[str, int | None] = {}
+        if self.suite is not None:
+            from .default_probes import controller_probes, fitted_intervals
+
+            self.suite.priority |= controller_probes(doc)  # a controller's readings come first
+            if self.from_preset and doc.probes:
+                intervals = fitted_intervals(doc, self.max_steps)
+        available = {p.name: p for p in (self.suite.probes if self.suite is not None else [])}
+        for spec in doc.probes:
+            probe = available.get(spec.name)
+            if probe is None:
+                if spec.name not in self.unbuilt:  # those were named at the start
+                    log.warning("actuator: the policy asks for probe %r, which this run was not given "
+                                "(pass it in probes=[...]); it will not be measured", spec.name)
+                continue
+            if not self.from_preset:
+                probe.every = spec.every
+            elif not getattr(probe, "every_given", True):
+                probe.every = intervals[spec.name]
+            probe.on_evaluate = spec.on_evaluate
+
+    def _warn_if_too_short(self, step: int) -> None:
+        """Say before step 1 when a controller's first decision can only land after the last step."""
+        if self.policy_doc is None:
+            return
+        every = {p.name: p.every for p in (self.suite.probes if self.suite is not None else [])}
+        free = {self.identification.knob: self.identification.end} if self.identification is not None else {}
+        for message in late_first_decisions(self.policy_doc, every, max_steps=self.max_steps,
+                                            start_step=int(step), free_from=free):
+            log.warning("actuator: %s", message)
+
+    # -- each step boundary --------------------------------------------------------------------
+    def step(self, step: int, model: Any = None, *, readings: Mapping[str, float] | None = None,
+             metrics: Mapping[str, Any] | None = None) -> StepOutcome:
+        """One step boundary of a loop of your own: the identification test's move, the decisions
+        that came back (guarded, applied, acknowledged), the setters' periodic work, then due
+        probes run on ``model`` (or the metrics every ``report_every`` steps) sent. ``readings``:
+        probe values the loop measured itself, sent at this step. A rollback ordered here halts: a
+        loop of its own has no checkpoints the session knows of."""
+        if metrics:
+            self.keep_metrics(metrics)
+        self.identification_step(step)
+        received = self.receive()
+        if received.rollback and not received.halt:
+            log.error("actuator: rollback ordered at step %d but this loop has no checkpoints the session knows "
+                      "of; halting instead", step)
+        before = len(self.applied)
+        self.apply(received.decisions, step)
+        halt = self.halt_if(received.halt or received.rollback, step)
+        self.after_step(step, model, readings)
+        return StepOutcome(self.applied[before:], halt)
+
+    def identification_step(self, step: int) -> None:
+        """Before the decisions: at the test's last step the restored value comes first and a
+        decision released at that boundary applies on top of it, instead of being undone."""
+        if self.identification is not None:
+            value = self.identification.due(step)
+            if value is not None:
+                self.setters[self.identification.knob].apply(value)
+
+    def receive(self) -> Received:
+        """The answers the sender brought since the last call (rank 0; empty elsewhere): decisions
+        not applied before, a halt or rollback, alerts logged, the last step every guardrail held."""
+        out = Received()
+        if not self.main or self.sender is None:
+            return out
+        for result in self.sender.results():
+            self._take(result, out)
+        self.sender.last_decision = self.last_decision
+        return out
+
+    def _take(self, result: IngestResult, out: Received) -> None:
+        for d in result.decisions:
+            if d.number > self.last_decision:
+                out.decisions.append(d)
+                self.last_decision = d.number
+        out.halt = out.halt or result.state == "halted"
+        out.rollback = out.rollback or any(a.type == "rollback" for a in result.actions)
+        if not result.breached and result.last_step is not None:
+            self.last_ok_step = max(self.last_ok_step or 0, result.last_step)
+        for a in result.actions:
+            if a.type == "alert":
+                log.warning("actuator: guardrail alert: %s", a.reason)
+
+    def halt_if(self, halt: bool, step: int) -> bool:
+        """Mark the run halted (once, with a warning); whether training should stop."""
+        if halt and self.run_state != "halted":
+            self.run_state = "halted"
+            log.warning("actuator: the controller halted this run at step %d; saving and stopping", step)
+        return halt
+
+    def apply(self, decisions: Iterable[DecisionPublic], step: int) -> None:
+        """Apply decisions in order at the boundary after ``step``: each is guarded (the run's
+        bounds and rate limit), written through its setter and acknowledged with the value read
+        back; one that cannot be applied (no setter, identification holds its knob) is
+        acknowledged as set aside, with the reason."""
+        for d in decisions:
+            self._apply_one(d, step)
+
+    def _apply_one(self, d: DecisionPublic, step: int) -> None:
+        setter, spec = self.setters.get(d.knob), self.specs.get(d.knob)
+        if setter is None or spec is None:
+            log.warning("actuator: decision %d names knob %r, which this run has no setter for", d.number, d.knob)
+            self._acknowledge(d.number, step, None, f"this run has no setter for knob {d.knob!r}")
+            return
+        if self.identification is not None and self.identification.holds(d.knob, step):
+            log.info("actuator: decision %d on %s set aside: identification runs until step %d", d.number,
+                     d.knob, self.identification.end)
+            self._acknowledge(d.number, step, None, f"identification holds {d.knob} until step "
+                                                    f"{self.identification.end}")
+            return
+        value = limit(spec, float(setter.read()), d.new_value)
+        applied = float(setter.apply(value))
+        entry: dict[str, Any] = {"number": d.number, "step": step, "knob": d.knob, "ordered": d.new_value,
+                                 "applied": applied, "reason": d.reason}
+        summary = _setter_summary(setter)
+        if summary:
+            entry["summary"] = summary  # what the decision put in effect (compression: params, ranks)
+        self.applied.append(entry)
+        self._acknowledge(d.number, step, applied, None)
+        self.log_extra[f"actuator/{d.knob}_ordered"] = d.new_value
+        log.info("actuator: step %d: %s -> %.6g (decision %d: %s)", step, d.knob, applied, d.number, d.reason)
+
+    def _acknowledge(self, number: int, step: int, value: float | None, skipped: str | None) -> None:
+        """Tell the service, with the next request, what became of decision ``number``."""
+        if self.sender is None:
+            return  # a non-zero rank: rank 0 acknowledges for the run
+        try:
+            ack = (DecisionAck(number=number, status="applied", step=step, value=value) if skipped is None else
+                   DecisionAck(number=number, status="skipped", step=step, reason=skipped[:500]))
+        except ValueError as exc:  # e.g. a setter that read back a non-finite value: telemetry only
+            log.warning("actuator: decision %d not acknowledged: %s", number, exc)
+            return
+        self.sender.acknowledge(ack)
+
+    def after_step(self, step: int, model: Any = None, readings: Mapping[str, float] | None = None) -> None:
+        """After the decisions: the setters' periodic work, a probe schedule the service sent, then
+        due probes (and ``readings``), or the metrics alone every ``report_every`` steps."""
+        self.setters_step_end(step)
+        if self.schedule_pending:
+            self.apply_probe_schedule()
+        if not self.main:
+            return
+        if readings:
+            self.submit(step, {k: float(v) for k, v in readings.items() if math.isfinite(v)})
+        ran = self.suite is not None and model is not None and self.observe(step, model)
+        ran = ran or bool(readings)
+        every = self.reporting.report_every
+        if not ran and every and step % every == 0:
+            self.submit(step, {})
+
+    def setters_step_end(self, step: int) -> None:
+        """Setters with periodic work of their own (``ThresholdKnob`` re-measures its layers'
+        sensitivities every K steps) do it here, on every rank alike. A failure is logged and the
+        setter keeps its last state: training goes on."""
+        for name, setter in self.setters.items():
+            hook = getattr(setter, "step_end", None)
+            if hook is None:
+                continue
+            try:
+                hook(step)
+            except Exception as exc:  # noqa: BLE001 - the agent never stops training
+                log.warning("actuator: knob %s: periodic update at step %d failed: %s", name, step, exc)
+
+    # -- observations --------------------------------------------------------------------------
+    def keep_metrics(self, values: Mapping[str, Any] | None) -> None:
+        """Keep the latest training metrics (finite numbers, under observation names) for the next
+        observation."""
+        for k, v in (values or {}).items():
+            name = metric_name(k)
+            if name and isinstance(v, (int, float)) and math.isfinite(v) and name != "epoch":
+                self.metrics[name] = float(v)
+
+    def knob_values(self) -> dict[str, float]:
+        return {name: float(s.read()) for name, s in self.setters.items()}
+
+    def setter_summaries(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for setter in self.setters.values():
+            out.update(_setter_summary(setter))
+        return out
+
+    def observe(self, step: int, model: Any, *, evaluate: bool = False, baseline: bool = False) -> bool:
+        """Run the probes due at ``step`` and send what they read; whether any ran."""
+        report = self.suite.run(model, step, evaluate=evaluate, baseline=baseline)
+        if report is None:
+            return False
+        probes = {k: v for k, v in report.values.items() if not k.startswith("probe_") and math.isfinite(v)}
+        costs = {k: v for k, v in report.values.items() if k.startswith("probe_") and math.isfinite(v)}
+        self.submit(step, probes, costs)
+        return True
+
+    def submit(self, step: int, probes: dict[str, float], extra_metrics: dict[str, float] | None = None) -> None:
+        """Hand one observation (probes, metrics, knob values in effect) to the sender."""
+        metrics = {**self.metrics, **self.setter_summaries(), **(extra_metrics or {})}
+        knobs = self.knob_values()
+        try:
+            obs = ObservationCreate(seq=self.seq, step=step, probes=probes, metrics=metrics, knobs=knobs,
+                                    time=time.time())
+        except ValueError as exc:  # telemetry must never stop training
+            log.warning("actuator: observation at step %d not sent: %s", step, exc)
+            return
+        self.seq += 1
+        self.history.append({"step": step, "probes": probes, "metrics": dict(metrics), "knobs": knobs})
+        if self.sender is not None:
+            self.sender.submit(obs)
+
+    # -- checkpoints and the end ---------------------------------------------------------------
+    def attributes(self) -> dict[str, Any]:
+        """Where the run is (JSON): its id, sequence number, last decision, knob values and the
+        last step at which every guardrail held. The token is not in it (a secret)."""
+        return {"run_id": self.run_id, "seq": self.seq, "last_decision": self.last_decision,
+                "saved_knobs": self.knob_values() if self.setters else {}, "last_ok_step": self.last_ok_step}
+
+    def restore(self, attrs: Mapping[str, Any], *, token: str | None = None) -> dict[str, float]:
+        """Continue where :meth:`attributes` left off; ``token``: the run token kept beside the
+        checkpoint (without it the run is registered again). Knobs other than the learning rate
+        (which lives in the optimizer/scheduler state a checkpoint restores) are applied; returns
+        the saved knob values."""
+        self.seq = int(attrs.get("seq", 0))
+        self.last_decision = int(attrs.get("last_decision", 0))
+        self.last_ok_step = attrs.get("last_ok_step")
+        knobs = attrs.get("saved_knobs", attrs.get("knobs")) or {}  # "knobs": checkpoints before 0.1.1
+        for name, value in knobs.items():
+            setter = self.setters.get(name)
+            if setter is not None and name != "learning_rate":
+                setter.apply(float(value))
+        if attrs.get("run_id") and token is not None:
+            self.run_id, self.run_token = attrs["run_id"], token
+        return dict(knobs)
+
+    def close_client(self) -> None:
+        if self.client is not None:
+            self.client.close()
+
+    def finish(self) -> bool:
+        """Deliver what is buffered (at most ``flush_timeout`` seconds), mark the run finished
+        unless the controller halted it, and close the connection; whether everything was
+        delivered."""
+        if self.sender is None:
+            return True
+        delivered = self.sender.close(self.connection.flush_timeout)
+        if not delivered:
+            log.warning("actuator: %d observations could not be delivered before train end", self.sender.backlog)
+        if self.run_id and self.client is not None and self.run_state == "running":
+            try:
+                self.client.finish(self.run_id, token=self.run_token)
+            except (ServiceUnavailable, RequestRejected) as exc:
+                log.warning("actuator: could not mark the run finished: %s", exc)
+        self.close_client()
+        return delivered

@@ -1,0 +1,169 @@
+"""ControlSession: a loop of one's own under control, with the callback's guarding and
+acknowledgements, against the real service."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import httpx
+import pytest
+
+from actuator import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+URL = "http://127.0.0.1:9"  # never contacted
+
+
+def _decisions(url: str, run_id: str) -> list[dict]:
+    return httpx.get(f"{url}/v1/runs/{run_id}/decisions", params={"limit": 1000}).json()["items"]
+
+
+def test_the_own_loop_example_acknowledges_its_decisions_within_the_knobs_limits(sqlite_service):
+    url = sqlite_service.url
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "own_loop.py"), "--url", url, "--steps", "14",
+                          "--probe-every", "2"], capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert out.returncode == 0, out.stdout + out.stderr
+    [run] = httpx.get(f"{url}/v1/runs").json()
+    assert run["state"] == "finished"
+    spec = run["knobs"]["learning_rate"]
+    decisions = _decisions(url, run["id"])
+    # The loop receives a decision at the step boundary after the observation it answers: every
+    # decision but those answering the last observation reached a boundary.
+    received = [d for d in decisions if d["step"] <= 14]
+    assert received, out.stdout
+    for d in received:
+        assert d["applied_step"] is not None, (d, out.stdout)
+        assert d["skipped"] is None
+        assert spec["min"] <= d["applied_value"] <= spec["max"], (d, spec)
+        assert d["applied_value"] == pytest.approx(d["new_value"], rel=1e-9)
+    assert f"{len(received)} decisions applied" in out.stdout
+
+
+# A loop with no transformers installed (imports of it fail), no torch model: a plain setter and
+# probe readings the loop measures itself.
+NO_TRANSFORMERS = textwrap.dedent(
+    """
+    import json, sys
+    sys.modules["transformers"] = None  # import transformers -> ImportError
+    from actuator.agents.session import Connection, ControlSession, RunInfo
+
+    class Dial:
+        name = "learning_rate"
+        def __init__(self):
+            self.value = 1e-3
+        def read(self):
+            return self.value
+        def apply(self, value):
+            self.value = float(value)
+            return self.value
+
+    policy = {{"name": "own", "controllers": [{{"name": "down", "probe": "custom.rising", "knob": "learning_rate",
+              "setpoint": 0.0, "kp": 1.0}}]}}
+    dial = Dial()
+    session = ControlSession(policy, setters=[dial], connection=Connection({url!r}), run=RunInfo("plain"),
+                             knobs={{"learning_rate": {{"min": 1e-5, "max": 1e-3, "max_step": 0.3}}}})
+    session.begin()
+    for step in range(1, 25):
+        session.step(step, readings={{"custom.rising": float(step)}}, metrics={{"loss": 1.0 / step}})
+        session.sender.flush(5.0)
+    session.finish()
+    print(json.dumps({{"run_id": session.run_id, "applied": session.applied, "dial": dial.value,
+                      "transformers": "transformers" in sys.modules and sys.modules["transformers"] is not None,
+                      "seq": session.seq}}))
+    """
+)
+
+
+def test_a_loop_without_transformers_gets_decisions_guarded_applied_and_acknowledged(sqlite_service):
+    url = sqlite_service.url
+    out = subprocess.run([sys.executable, "-c", NO_TRANSFORMERS.format(url=url)], capture_output=True, text=True,
+                         timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert not result["transformers"]
+    assert result["seq"] == 24
+    assert result["applied"], out.stderr
+    decisions = {d["number"]: d for d in _decisions(url, result["run_id"])}
+    for entry in result["applied"]:
+        stored = decisions[entry["number"]]
+        assert stored["applied_step"] == entry["step"] and stored["applied_value"] == pytest.approx(entry["applied"])
+        assert 1e-5 <= entry["applied"] <= 1e-3
+    assert result["dial"] == pytest.approx(result["applied"][-1]["applied"])
+    assert httpx.get(f"{url}/v1/runs/{result['run_id']}").json()["state"] == "finished"
+
+
+def test_the_session_guards_a_decision_past_the_knobs_bounds_and_rate_limit(sqlite_service):
+    """The guard on the agent side: a decision ordering more than the run's bounds and rate limit
+    allow (a service of another version, an operator's value) is clamped before it is applied."""
+    from actuator.agents.session import ControlSession
+    from actuator.client import ActuatorClient
+
+    class Dial:
+        name = "kl_beta"
+
+        def __init__(self) -> None:
+            self.value = 0.1
+
+        def read(self) -> float:
+            return self.value
+
+        def apply(self, value: float) -> float:
+            self.value = float(value)
+            return self.value
+
+    policy = {"name": "guard", "controllers": [{"name": "down", "probe": "custom.rising", "knob": "kl_beta",
+                                                "setpoint": 0.0, "kp": 1.0}]}
+    dial = Dial()
+    session = ControlSession(policy, setters=[dial], connection=sqlite_service.url,
+                             knobs={"kl_beta": {"min": 0.01, "max": 0.5, "max_step": 0.2}})
+    session.begin()
+    for step in range(1, 6):
+        session.step(step, readings={"custom.rising": float(step)})
+        session.sender.flush(5.0)
+    session.finish()
+    with ActuatorClient(sqlite_service.url) as client:
+        decision = client.list_decisions(session.run_id, limit=10).items[0]
+    # A session of its own, without a sender: the same decision, ordering 100x.
+    other = ControlSession(policy, setters=[Dial()], connection=sqlite_service.url,
+                           knobs={"kl_beta": {"min": 0.01, "max": 0.5, "max_step": 0.2}})
+    other.bind_knobs({})
+    other.apply([decision.model_copy(update={"new_value": 10.0})], step=7)
+    [entry] = other.applied
+    assert entry["ordered"] == 10.0
+    assert entry["applied"] == pytest.approx(0.1 * 2.718281828459045 ** 0.2)  # one max_step up, in log scale
+
+
+def test_a_knob_without_a_setter_is_a_config_error():
+    from actuator.agents.session import ControlSession
+
+    session = ControlSession("stored-policy", connection="http://127.0.0.1:9",
+                             knobs={"learning_rate": {}})
+    with pytest.raises(ConfigError, match="knobs.learning_rate: no setter"):
+        session.bind_knobs({})
+
+
+def test_the_old_arguments_warn_once_with_the_new_form():
+    from actuator.agents import callback as cb_module
+    from actuator.agents.callback import ActuatorCallback, Connection, Reporting, RunInfo
+
+    cb_module._WARNED.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        old = ActuatorCallback("preset:sft-capability", url=URL, timeout=3.0, run_name="r",
+                               budget_share=0.5, report_every=2)
+        ActuatorCallback("preset:sft-capability", url=URL)
+    messages = [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
+    assert len(messages) == 3  # connection, run, reporting: once each
+    assert any("connection=Connection(url=" in m for m in messages)
+    assert any("reporting=Reporting(" in m for m in messages)
+    new = ActuatorCallback("preset:sft-capability", connection=Connection(URL, timeout=3.0),
+                           run=RunInfo("r"), reporting=Reporting(budget_share=0.5, report_every=2))
+    assert old.state()["args"] == new.state()["args"]
+    assert old.session.connection == new.session.connection
+    with pytest.raises(TypeError, match="urll"):
+        ActuatorCallback("preset:sft-capability", urll="http://x")
