@@ -186,10 +186,10 @@ def _with_gains(policy: PolicyDocument, index: int, controller: str, tuning: Tun
     document = policy.model_dump(mode="json")
     if document["controllers"][index].get("kind") == "constraint":
         # The multiplier's direction is its bound's, and it starts at rest: only the gains change.
-        document["controllers"][index].update(kp=tuning.kp, ki=tuning.ki, kd=tuning.kd)
+        document["controllers"][index].update(kp=tuning.kp, ki=tuning.ki, kd=tuning.kd, gains="absolute")
     else:
-        document["controllers"][index].update(kp=tuning.kp, ki=tuning.ki, kd=tuning.kd, direction=tuning.direction,
-                                              setpoint_weight=tuning.setpoint_weight)
+        document["controllers"][index].update(kp=tuning.kp, ki=tuning.ki, kd=tuning.kd, gains="absolute",
+                                              direction=tuning.direction, setpoint_weight=tuning.setpoint_weight)
     document["description"] = (f"{policy.description} " if policy.description else "") + (
         f"[{controller}: gains from actuator policy tune, {tuning.rule.split(':')[0]}, aggressiveness "
         f"{aggressiveness:g}, setpoint weight {tuning.setpoint_weight:g}]")[:2000]
@@ -323,8 +323,8 @@ def tune_controller(policy: PolicyDocument, knobs: dict[str, dict[str, Any]], co
         "model": model.to_dict(),
         "gains": tuning.to_dict(),
         "noise_floor": noise_floor,
-        "current_gains": {"kp": spec.kp, "ki": spec.ki, "kd": spec.kd, "direction": spec.direction,
-                          "setpoint_weight": spec.setpoint_weight},
+        "current_gains": {"kp": spec.kp, "ki": spec.ki, "kd": spec.kd, "gains": spec.gains,
+                          "direction": spec.direction, "setpoint_weight": spec.setpoint_weight},
         "interval": every,
         "predicted": {"horizon": length, "proposed": predicted, "current": current},
         "policy": proposed.model_dump(mode="json"),

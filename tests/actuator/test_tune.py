@@ -220,6 +220,21 @@ def test_a_constraint_controller_gets_simc_gains_and_keeps_its_bound():
     assert load_policy(result["policy"]).controllers[0].kp == c["kp"]
 
 
+def test_tuning_a_controller_with_relative_gains_proposes_absolute_gains_the_engine_uses_once():
+    # The fitted gains are per probe unit; kept under `gains: relative` the engine would divide them
+    # by the budget again (48x too weak here).
+    relative = load_policy({"name": "p", "controllers": [{
+        "name": "budget", "kind": "constraint", "probe": "perplexity", "knob": "kl_weight", "setpoint": 48.0,
+        "gains": "relative", "kp": 4.8, "ki": 0.48}]})
+    result = tune_controller(relative, {"kl_weight": WEIGHT}, "budget", weight_observations(-4.0))
+    assert result["current_gains"]["gains"] == "relative"
+    c = load_policy(result["policy"]).controllers[0]
+    assert c.gains == "absolute" and c.kp == pytest.approx(result["gains"]["kp"])
+    assert c.error_span(48.0, None) == 1.0
+    absolute = tune_controller(budget_policy(), {"kl_weight": WEIGHT}, "budget", weight_observations(-4.0))
+    assert result["predicted"]["proposed"] == absolute["predicted"]["proposed"]
+
+
 def test_a_constraint_knob_that_moved_the_probe_the_wrong_way_is_refused():
     # raising the anchor weight raised the perplexity: an upper bound cannot be held with that
     with pytest.raises(WrongDirection, match="raised perplexity.*upper-bound constraint needs a knob that lowers"):
