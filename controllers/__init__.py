@@ -1,5 +1,5 @@
 """Control laws for Actuator: PID, the PID-Lagrangian constraint law, extremum seeking (maximise a
-probe), and the baselines they are compared against.
+probe), a follower (the knob follows a probe through a monotone schedule), and the baselines they are compared against.
 
 Standard library only -- no I/O, no clock, no logging, no numpy/torch -- so the same code runs
 in the service, in the ``simulate`` endpoint, in benchmarks and in tests, and every decision can
@@ -10,6 +10,7 @@ from ._checks import ParameterError
 from .baselines import AdaptiveKLController, AdaptiveKLState, FixedSchedule, PlateauState, ReduceLROnPlateau
 from .extremum import ExtremumConfig, ExtremumOutput, ExtremumSeeking, ExtremumState
 from .feedforward import KLStart, kl_coefficient_for_target
+from .follow import Follow, FollowConfig, FollowOutput, check_schedule, schedule_at
 from .filters import (
     EMA,
     EMAState,
@@ -43,6 +44,12 @@ __all__ = [
     "ExtremumConfig",
     "ExtremumState",
     "ExtremumOutput",
+    # follower (knob = f(probe))
+    "Follow",
+    "FollowConfig",
+    "FollowOutput",
+    "check_schedule",
+    "schedule_at",
     # filters
     "Filter",
     "FilterKind",
