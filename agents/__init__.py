@@ -5,7 +5,7 @@
 The names below are loaded on first use (PEP 562), so ``import actuator.agents`` (and a submodule
 such as ``actuator.agents.sender``) does not import torch or transformers: a training node brings
 those itself, and asking for a name that needs them without them names what to install. Each name
-is the object of its home module (``actuator.agents.callback``, ``.anchor``, ``.probes``); the
+is the object of its home module (``actuator.agents.callback``, ``.session``, ``.anchor``, ``.probes``); the
 rest of the training side (knob setters, compression, distillation, the sender) is imported from
 its module.
 """
@@ -18,6 +18,7 @@ from typing import Any
 # name -> the submodule (relative to this package) that defines it.
 _HOMES = {
     "ActuatorCallback": ".callback",
+    **dict.fromkeys(("ControlSession", "Connection", "RunInfo", "Reporting", "Protect"), ".session"),
     **dict.fromkeys(("KLAnchor", "KLAnchorKnob", "KLAnchorMixin", "KLAnchorCallback", "anchor_trainer",
                      "install_anchor", "pair_token_ids"), ".anchor"),
     **dict.fromkeys(("Probe", "ProbeSuite", "ProbeReport", "ProbeError", "Perplexity", "KLDrift", "AnswerKL",

@@ -45,7 +45,6 @@ from dataclasses import replace
 from typing import Any
 
 from actuator._exceptions import ConfigError
-from actuator.catalogue import default_knob_spec
 from actuator.policy import PolicyDocument, protect_policy
 
 from ._hf_compat import find_trainer, load_checkpoint, rollback_unsupported, run_before_loggers, sharding_unsupported
@@ -53,7 +52,7 @@ from .identification import IdentificationMode
 from .knobs import KnobSetter, setter_for
 from .session import Connection, ControlSession, Protect, Reporting, RunInfo
 
-__all__ = ["ActuatorCallback", "Connection", "Protect", "Reporting", "RunInfo", "default_knob_spec"]
+__all__ = ["ActuatorCallback", "Connection", "Protect", "Reporting", "RunInfo"]
 
 log = logging.getLogger("actuator.agents")
 
@@ -142,7 +141,7 @@ class ActuatorCallback(TrainerCallback, ExportableState):
             ``protect=Protect({...}, on_drift="adjust", on_breach="halt")``.
         probes: a list of probes or a ``ProbeSuite`` (``actuator.agents.probes``).
         knobs: bounds per knob, ``{"learning_rate": {"min": 1e-6, "max": 1e-3, "max_step": 0.5}}``;
-            a knob named without bounds gets :func:`default_knob_spec`. Default: learning_rate.
+            a knob named without bounds gets :func:`actuator.catalogue.default_knob_spec`. Default: learning_rate.
         setters: extra knob setters (``KnobSetter``) for knobs other than the learning rate.
         connection: :class:`Connection`: the service's ``url`` (default ``$ACTUATOR_URL`` or
             ``http://127.0.0.1:8000``), admin ``token`` for registration (``$ACTUATOR_TOKEN``),

@@ -239,7 +239,7 @@ def test_pid_moves_the_channel_threshold_in_a_real_trainer(tmp_path, char_tokeni
 def test_default_rate_limit_is_fine_for_bunched_importances() -> None:
     import math
 
-    from actuator.agents.callback import default_knob_spec
+    from actuator.catalogue import default_knob_spec
 
     spec = default_knob_spec("mlp_channel_threshold", 2.0)
     assert spec["scale"] == "log" and spec["max_step"] == pytest.approx(math.log(1.05))
