@@ -16,6 +16,8 @@ from typing import Any
 from .controllers import (
     PID,
     ExtremumConfig,
+    Follow,
+    FollowConfig,
     ExtremumSeeking,
     ExtremumState,
     ParameterError,
@@ -43,6 +45,10 @@ def _fmt(x: float) -> str:
     return f"{x:.4g}"
 
 
+def _trend(filtered: float, prev: float | None) -> str:
+    return "" if prev is None or filtered == prev else (" and rising" if filtered > prev else " and falling")
+
+
 def _limits(out: Any) -> str:
     """What held a law's output back, for a decision's reason."""
     text = f", limited by {', '.join(out.limited_by)}" if out.limited_by else ""
@@ -62,7 +68,7 @@ def _reason(probe: str, filtered: float, prev: float | None, setpoint: float, kn
     update), not the terms' levels, which the decision's components keep.
     """
     side = "above" if filtered > setpoint else "below" if filtered < setpoint else "at"
-    trend = "" if prev is None or filtered == prev else (" and rising" if filtered > prev else " and falling")
+    trend = _trend(filtered, prev)
     limits = _limits(out)
     terms = ""
     if prev_components:
@@ -80,7 +86,7 @@ def _constraint_reason(name: str, probe: str, filtered: float, prev: float | Non
     terms' levels, so the levels are what explains its value (labelled, not to be read as moves)."""
     violated = filtered > budget if bound == "upper" else filtered < budget
     sign = (">" if bound == "upper" else "<") if violated else ("<=" if bound == "upper" else ">=")
-    trend = "" if prev is None or filtered == prev else (" and rising" if filtered > prev else " and falling")
+    trend = _trend(filtered, prev)
     terms = " ".join(f"{n.upper()} {getattr(out, n):+.3g}" for n in ("p", "i", "d") if getattr(out, n))
     limits = _limits(out)
     state = "active" if violated else ("slack, releasing" if out.value < current else "slack")
@@ -121,6 +127,7 @@ class Engine:
         self._filters: dict[int, Any] = {}  # id(spec) -> filter (stateless; built on first use)
         self._pids: dict[tuple[Any, ...], PID] = {}
         self._extrema: dict[tuple[Any, ...], ExtremumSeeking] = {}
+        self._follows: dict[tuple[Any, ...], Follow] = {}
 
     # -- helpers -----------------------------------------------------------------------------
     @staticmethod
@@ -207,6 +214,34 @@ class Engine:
         return law
 
     @staticmethod
+    def follow_config(spec: ControllerSpec, knob: KnobState) -> FollowConfig:
+        """The follow law of a ``kind: follow`` controller on this run's knob: the schedule, bounds
+        and scale as for a PID, ``max_step`` the controller's or else the knob's."""
+        lo = knob.min if spec.min is None else max(knob.min, spec.min)
+        hi = knob.max if spec.max is None else min(knob.max, spec.max)
+        return FollowConfig(points=tuple((float(x), float(y)) for x, y in spec.schedule or ()), out_min=lo,
+                            out_max=hi, scale=spec.scale or knob.scale,
+                            max_step=spec.max_step if spec.max_step is not None else knob.max_step)
+
+    def _follow_law(self, spec: ControllerSpec, knob: KnobState) -> Follow:
+        """The validated follow law in force (cached like the PIDs). Raises ParameterError when it
+        cannot run on this knob, including a schedule whose knob values leave the run's bounds
+        (the law would clamp them, and the schedule would not say what the knob does)."""
+        cfg = self.follow_config(spec, knob)
+        key = (id(spec), *map(_exact, (cfg.out_min, cfg.out_max, cfg.scale, cfg.max_step)))
+        law = self._follows.get(key)
+        if law is None:
+            law = Follow(cfg)  # validates
+            outside = [y for _, y in law.points if not cfg.out_min <= y <= cfg.out_max]
+            if outside:
+                raise ParameterError("schedule", f"knob values {outside} are outside the bounds [{cfg.out_min:g}, "
+                                                 f"{cfg.out_max:g}]")
+            if len(self._follows) >= _PID_CACHE_SIZE:
+                self._follows.clear()
+            self._follows[key] = law
+        return law
+
+    @staticmethod
     def _law_class(spec: ControllerSpec) -> type[PID] | type[PIDLagrangian]:
         return PIDLagrangian if spec.kind == "constraint" else PID
 
@@ -230,15 +265,15 @@ class Engine:
             # Any step and baseline will do: bounds and scale do not depend on them, and a
             # setpoint is finite at every step once the document is valid.
             knob = KnobState.from_dict(stored, spec.knob)
-            if spec.kind == "maximize":
+            if spec.kind in ("maximize", "follow"):
                 try:
-                    self._extremum(spec, knob)
+                    self._extremum(spec, knob) if spec.kind == "maximize" else self._follow_law(spec, knob)
                 except ParameterError as exc:
                     field = {"out_min": "min", "out_max": "max"}.get(exc.field, exc.field)
                     if field in ("min", "max") and spec.min is None and spec.max is None:
                         field = "knob"
                     errors.append({"loc": f"controllers.{i}.{field}",
-                                   "msg": f"controller {spec.name!r} (maximize) on knob {spec.knob!r} "
+                                   "msg": f"controller {spec.name!r} ({spec.kind}) on knob {spec.knob!r} "
                                           f"[{knob.min}, {knob.max}]: {exc}"})
                 continue
             cfg = self.pid_config(spec, knob, 0, None, baseline=1.0)
@@ -353,6 +388,16 @@ class Engine:
             result.events.append(ControllerUnusable(step=step, controller=spec.name, knob=spec.knob, reason=message))
         st.error = message
 
+    def _usable(self, build: Any, spec: ControllerSpec, knob: KnobState, st: ControllerState, step: int,
+                result: EngineResult) -> Any:
+        """``build(spec, knob)``: a non-PID law in force, or None when it cannot run on this run's
+        knob (reported once as unusable; the controller is skipped)."""
+        try:
+            return build(spec, knob)
+        except ParameterError as exc:
+            self._unusable(st, spec, step, str(exc), result)
+            return None
+
     def _controllers(self, ctx: RunContext, obs: ObservationCreate, values: dict[str, float], result: EngineResult) -> None:
         # Highest priority first; a knob changed by one controller this observation is not
         # changed again by a lower-priority one (which instead tracks the new value bumplessly).
@@ -369,6 +414,9 @@ class Engine:
             dt = float(obs.step - last) if last is not None else 1.0
             if spec.kind == "maximize":
                 self._maximize(ctx, obs, values, result, spec, knob, st, raw, dt, taken)
+                continue
+            if spec.kind == "follow":
+                self._follow(ctx, obs, result, spec, knob, st, raw, dt, taken)
                 continue
             filt = self._filter(spec)
             filtered, fstate = filt.update(raw, filt.state_from_dict(st.filter) if st.filter else None)
@@ -432,6 +480,58 @@ class Engine:
                         "bounds": [cfg.out_min, cfg.out_max], "max_step": cfg.max_step, "scale": cfg.scale},
             )
 
+    def _track(self, obs: ObservationCreate, spec: ControllerSpec, knob: KnobState, st: ControllerState, raw: float,
+               lo: float, hi: float) -> tuple[float, float | None, float]:
+        """The bookkeeping of a law without a PID (maximize, follow) at an observation it acts on:
+        the filtered probe, the controller's memory updated, and the knob value in effect (the
+        agent's report, else the last known) clamped into ``[lo, hi]``. Returns ``(filtered, the
+        previous filtered value, value in effect)``."""
+        st.error = None
+        filt = self._filter(spec)
+        filtered, fstate = filt.update(raw, filt.state_from_dict(st.filter) if st.filter else None)
+        prev_filtered = st.filtered
+        st.filter = fstate.to_dict()
+        st.last_step = obs.step
+        st.probe, st.knob, st.raw, st.filtered = spec.probe, spec.knob, raw, filtered
+        st.baseline = filtered if st.baseline is None else st.baseline
+        reported = obs.knobs.get(spec.knob)
+        current = min(max(float(reported if reported is not None else knob.value), lo), hi)
+        knob.value = current
+        return filtered, prev_filtered, current
+
+    def _follow(self, ctx: RunContext, obs: ObservationCreate, result: EngineResult, spec: ControllerSpec,
+                knob: KnobState, st: ControllerState, raw: float, dt: float, taken: set[str]) -> None:
+        """One update of a ``kind: follow`` controller: the knob goes to the schedule's value at the
+        filtered probe, within the bounds and at most ``max_step`` from the value in effect. The law
+        has no state, so an override, another controller's move or control handed back needs no
+        restart: the law only stands aside while the knob is someone else's."""
+        law = self._usable(self._follow_law, spec, knob, st, obs.step, result)
+        if law is None:
+            return
+        cfg = law.config
+        # the value in effect as reported, even outside the bounds: the law brings it back at once
+        filtered, prev_filtered, current = self._track(obs, spec, knob, st, raw, -math.inf, math.inf)
+        st.reset = False
+        if knob.override is not None or spec.knob in taken:
+            return
+        out = law.update(filtered, current)
+        st.components = {"target": out.target}
+        result.controller_outputs[spec.name] = st.components
+        if not out.changed:
+            return
+        taken.add(spec.knob)
+        reason = (f"follow {spec.name}: {spec.probe} {_fmt(filtered)}{_trend(filtered, prev_filtered)} -> "
+                  f"{spec.knob} {_fmt(out.target)} ({law.where(out.segment)}): {spec.knob} {_fmt(current)} -> "
+                  f"{_fmt(out.value)}{_limits(out)}")
+        self._decide(
+            ctx, result, step=obs.step + 1, knob=spec.knob, new=out.value, reason=reason, controller=spec.name,
+            components={"target": out.target},
+            inputs={"probe": spec.probe, "raw": raw, "filtered": filtered, "dt": dt,
+                    "schedule": [list(p) for p in law.points], "segment": list(out.segment),
+                    "limited_by": list(out.limited_by), "bounds": [cfg.out_min, cfg.out_max],
+                    "max_step": cfg.max_step, "scale": cfg.scale},
+        )
+
     def _maximize(self, ctx: RunContext, obs: ObservationCreate, values: dict[str, float], result: EngineResult,
                   spec: ControllerSpec, knob: KnobState, st: ControllerState, raw: float, dt: float,
                   taken: set[str]) -> None:
@@ -442,23 +542,11 @@ class Engine:
             cost = values.get(spec.cost)
             if cost is None or not math.isfinite(cost):
                 return  # the objective needs both; wait for an observation that carries the cost
-        try:
-            law = self._extremum(spec, knob)
-        except ParameterError as exc:
-            self._unusable(st, spec, obs.step, str(exc), result)
+        law = self._usable(self._extremum, spec, knob, st, obs.step, result)
+        if law is None:
             return
-        st.error = None
-        filt = self._filter(spec)
-        filtered, fstate = filt.update(raw, filt.state_from_dict(st.filter) if st.filter else None)
-        prev_filtered = st.filtered
-        st.filter = fstate.to_dict()
-        st.last_step = obs.step
-        st.probe, st.knob, st.raw, st.filtered = spec.probe, spec.knob, raw, filtered
-        st.baseline = filtered if st.baseline is None else st.baseline
         cfg = law.config
-        reported = obs.knobs.get(spec.knob)
-        current = min(max(float(reported if reported is not None else knob.value), cfg.out_min), cfg.out_max)
-        knob.value = current
+        filtered, prev_filtered, current = self._track(obs, spec, knob, st, raw, cfg.out_min, cfg.out_max)
         state = ExtremumState.from_dict(st.law) if st.law else None
         if knob.override is not None or spec.knob in taken or st.reset:
             # An operator's value, another controller's move, or control handed back: start a new
@@ -492,7 +580,7 @@ def _maximize_reason(spec: ControllerSpec, filtered: float, prev: float | None, 
     """The maximiser's line: what it measured, what it estimates, how the centre moved, e.g.
     ``maximize max-acceptance: draft.acceptance 0.2612 and rising, d/d(onpolicy_fraction) ≈ +0.031
     (4 estimates): centre 0.5 -> 0.6 (+0.1, limited by rate), dither -0.15: onpolicy_fraction 0.65 -> 0.45``."""
-    trend = "" if prev is None or filtered == prev else (" and rising" if filtered > prev else " and falling")
+    trend = _trend(filtered, prev)
     objective = "" if cost is None else f" (objective {_fmt(out.objective)} after cost {spec.cost} {_fmt(cost)})"
     if out.demodulated is None:
         estimate = f"estimating the gradient (needs 3 dithered readings, has {len(out.state.objectives)})"

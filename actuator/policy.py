@@ -24,7 +24,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from ._exceptions import PolicyError
 from .catalogue import KNOBS, PROBES
-from .controllers import ParameterError
+from .controllers import ParameterError, check_schedule
 from .schemas import MAX_INT, MAX_SETPOINT_POINTS, FiniteFloat, Name, PositiveFinite, Scale
 
 __all__ = [
@@ -129,7 +129,10 @@ class ControllerSpec(_Model):
     direction following from ``bound``; :class:`MaximizeController` (``kind: maximize``) has no
     setpoint: extremum seeking moves the knob towards where the probe (minus ``cost_weight`` × the
     ``cost`` probe) peaks, with a square-wave ``dither``, a ``gain`` and a centre step of at most
-    ``max_step`` per decision (see ``controllers/extremum.py``).
+    ``max_step`` per decision (see ``controllers/extremum.py``); :class:`FollowController` (``kind:
+    follow``) has no setpoint either: the knob follows the probe through a monotone piecewise-linear
+    ``schedule`` [[probe value, knob value], ...], at most ``max_step`` per decision (see
+    ``controllers/follow.py``).
 
     A field of another kind is refused with a message saying whose it is (``PolicyDocument``
     reports it beside the document's other errors) unless it holds that field's unused value, as
@@ -138,10 +141,11 @@ class ControllerSpec(_Model):
     """
 
     name: Name
-    kind: Literal["setpoint", "constraint", "maximize"] = Field(
+    kind: Literal["setpoint", "constraint", "maximize", "follow"] = Field(
         "setpoint", description="setpoint: hold the probe at setpoint (PID); constraint: keep it within the "
         "budget given as setpoint, with a multiplier knob >= 0 (PID-Lagrangian); maximize: drive the knob to "
-        "where the probe peaks (extremum seeking; no setpoint).")
+        "where the probe peaks (extremum seeking; no setpoint); follow: set the knob to a monotone schedule's "
+        "value at the probe (no setpoint).")
     probe: str
     knob: str
     filter: FilterSpec = Field(default_factory=FilterSpec)
@@ -199,7 +203,8 @@ class ControllerSpec(_Model):
         if not isinstance(own, dict) or info.exclude_defaults or info.exclude_unset or info.include or info.exclude:
             return own
         unused = {k: v for k, v in _UNUSED.items() if not (info.exclude_none and v is None)}
-        return {k: own[k] if k in own else unused[k] for k in _DUMP_ORDER if k in own or k in unused}
+        return {k: own[k] if k in own else unused[k] for k in _DUMP_ORDER
+                if k in own or (k in unused and k not in _OWN_ONLY)}
 
     @classmethod
     def model_validate(cls, obj: Any, *, strict: bool | None = None, extra: Any = None,
@@ -286,6 +291,8 @@ class _FeedbackController(ControllerSpec):
         for name in ("dither", "gain", "cost"):
             if self.given(name) is not None:
                 errors.append((name, f"only a maximize controller has {name} (this one is kind {self.kind})"))
+        if self.given("schedule") is not None:
+            errors.append(("schedule", f"only a follow controller has schedule (this one is kind {self.kind})"))
         if self.given("cost_weight"):
             errors.append(("cost_weight", f"only a maximize controller has cost_weight (kind {self.kind})"))
         points = self._points()
@@ -438,6 +445,8 @@ class MaximizeController(ControllerSpec):
         if self.scale == "integer":
             errors.append(("scale", "a maximize controller needs a linear or log scale (a dither must be able to "
                                     "move the knob by less than one unit)"))
+        if self.given("schedule") is not None:
+            errors.append(("schedule", "only a follow controller has schedule (this one is kind maximize)"))
         if self.cost is not None and not self.cost_weight:
             errors.append(("cost_weight", f"cost {self.cost!r} is named but cost_weight is 0"))
         if self.cost_weight and self.cost is None:
@@ -445,8 +454,75 @@ class MaximizeController(ControllerSpec):
         return errors
 
 
+class FollowController(ControllerSpec):
+    """``kind: follow``: no setpoint; the knob is set to a monotone schedule's value at the
+    (filtered) probe: ``schedule`` [[probe value, knob value], ...], probe values strictly
+    increasing, knob values all rising or all falling, interpolated linearly between the points and
+    held at the end points' values outside them. Bounds, ``max_step`` and ``scale`` as for the
+    other kinds. E.g. the LK hybrid loss's TV weight rising with the measured draft acceptance."""
+
+    kind: Literal["follow"] = Field("follow", description="follow: set the knob to the schedule's value at the "
+                                    "probe (no setpoint).")
+    schedule: list[tuple[FiniteFloat, FiniteFloat]] | None = Field(
+        None, max_length=MAX_SETPOINT_POINTS, description="follow only (required): "
+        "[[probe value, knob value], ...], probe values strictly increasing, knob values monotone; the knob "
+        "follows the line through them (flat beyond the end points).")
+
+    @field_validator("schedule")
+    @classmethod
+    def _monotone(cls, v: list[tuple[float, float]] | None, info: ValidationInfo) -> list[tuple[float, float]] | None:
+        if v is None:
+            return v
+        try:
+            check_schedule(v)
+        except ParameterError as exc:
+            raise ValueError(str(exc).removeprefix("schedule: ")) from None
+        probe = info.data.get("probe")
+        for x, _ in v:
+            _check_in_range(probe, x, "schedule probe value")
+        # the knob's bounds where the catalogue states them absolutely, and the controller's own
+        name = info.data.get("knob") or ""
+        knob = KNOBS.get(name)
+        bounds = [(knob.min if isinstance(knob.min, (int, float)) else -math.inf,
+                   knob.max if isinstance(knob.max, (int, float)) else math.inf, f"the bounds of {name}")
+                  ] if knob is not None else []
+        own = info.data.get("min"), info.data.get("max")
+        if own != (None, None):
+            bounds.append((-math.inf if own[0] is None else own[0], math.inf if own[1] is None else own[1],
+                           "the controller's min/max"))
+        for _, y in v:
+            for lo, hi, what in bounds:
+                if not lo <= y <= hi:
+                    raise ValueError(f"schedule knob value {y:g} is outside {what} [{lo:g}, {hi:g}]")
+        return v
+
+    def kind_errors(self) -> list[tuple[str, str]]:
+        errors: list[tuple[str, str]] = []
+        if self.schedule is None:
+            errors.append(("schedule", "a follow controller needs schedule: [[probe value, knob value], ...]"))
+        if self.given("setpoint") is not None:
+            errors.append(("setpoint", "a follow controller has no setpoint: its schedule maps the probe to the knob "
+                                       "(use kind setpoint to hold a value)"))
+        for name in ("kp", "ki", "kd"):
+            if self.given(name):
+                errors.append((name, f"a follow controller has no {name}: the schedule sets the knob (max_step "
+                                     "limits each move)"))
+        if self.given("gains") == "relative":
+            errors.append(("gains", "a follow controller has no gains to state relative"))
+        for name in ("dither", "gain", "cost"):
+            if self.given(name) is not None:
+                errors.append((name, f"only a maximize controller has {name} (this one is kind follow)"))
+        for name in ("cost_weight", "deadband", "cooldown", "setpoint_weight"):
+            if self.given(name):
+                errors.append((name, f"a follow controller does not use {name}"))
+        if self.given("direction") == "reverse":
+            errors.append(("direction", "a follow controller's direction is its schedule's: knob values falling "
+                                        "with the probe"))
+        return errors
+
+
 _KINDS: dict[str, type[ControllerSpec]] = {"setpoint": SetpointController, "constraint": ConstraintController,
-                                           "maximize": MaximizeController}
+                                           "maximize": MaximizeController, "follow": FollowController}
 # Every kind's own fields, each with a validator of its type and constraints and its unused value.
 _KIND_FIELDS: dict[str, TypeAdapter[Any]] = {
     name: TypeAdapter(cast(Any, Annotated[info.annotation, info])) for model in _KINDS.values()
@@ -458,7 +534,10 @@ _UNUSED: dict[str, Any] = {name: info.get_default(call_default_factory=True) for
 # The order of a controller's fields in its document (the order of the one model before the kinds).
 _DUMP_ORDER = ("name", "kind", "bound", "probe", "knob", "setpoint", "gains", "kp", "ki", "kd", "direction", "filter",
                "min", "max", "scale", "max_step", "deadband", "setpoint_weight", "cooldown", "priority", "dither",
-               "gain", "smoothing", "cost", "cost_weight")
+               "gain", "smoothing", "cost", "cost_weight", "schedule")
+# Fields added after the flat shape was fixed: in their own kind's documents only, so the documents
+# of the kinds before them (stored, served, compared) keep their shape.
+_OWN_ONLY = frozenset({"schedule"})
 assert set(_DUMP_ORDER) == {*ControllerSpec.model_fields, *_UNUSED}, "a controller field is missing from _DUMP_ORDER"
 
 
@@ -473,7 +552,8 @@ def _kind_of(value: Any) -> str:
 # the shared fields alone, whose `kind` then names the kinds there are.
 Controller = Annotated[
     Annotated[SetpointController, Tag("setpoint")] | Annotated[ConstraintController, Tag("constraint")]
-    | Annotated[MaximizeController, Tag("maximize")] | Annotated[SkipJsonSchema[ControllerSpec], Tag("?")],
+    | Annotated[MaximizeController, Tag("maximize")] | Annotated[FollowController, Tag("follow")]
+    | Annotated[SkipJsonSchema[ControllerSpec], Tag("?")],
     Discriminator(_kind_of)]
 _CONTROLLER: TypeAdapter[ControllerSpec] = TypeAdapter(Controller)
 _TAGS = {*_KINDS, "?"}
@@ -541,7 +621,7 @@ class PolicyDocument(_Model):
     probes: list[ProbeSpec] = Field(default_factory=list, max_length=32)
     controllers: list[Controller] = Field(
         default_factory=list, max_length=32, description="ControllerSpec documents, each the model of its kind: "
-        "SetpointController (no kind: setpoint), ConstraintController or MaximizeController.")
+        "SetpointController (no kind: setpoint), ConstraintController, MaximizeController or FollowController.")
     guardrails: list[GuardrailSpec] = Field(default_factory=list, max_length=64)
 
     @model_validator(mode="after")

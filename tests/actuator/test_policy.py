@@ -190,7 +190,7 @@ def test_a_document_with_every_field_on_every_controller_still_loads():
 
 
 @pytest.mark.parametrize("controller,loc,needle", [
-    ({**CTRL, "kind": "bogus"}, "controllers.0.kind", "Input should be 'setpoint', 'constraint' or 'maximize'"),
+    ({**CTRL, "kind": "bogus"}, "controllers.0.kind", "Input should be 'setpoint', 'constraint', 'maximize' or 'follow'"),
     ({**CTRL, "dither": 0.1}, "controllers.0.dither", "only a maximize controller has dither (this one is kind "
                                                        "setpoint)"),
     ({**CTRL, "dither": -0.1}, "controllers.0.dither", "greater than 0"),
@@ -210,8 +210,64 @@ def test_the_schema_shows_every_field_of_every_kind():
     schema = PolicyDocument.model_json_schema()
     items = schema["properties"]["controllers"]["items"]["oneOf"]
     assert [i["$ref"].rsplit("/", 1)[1] for i in items] == ["SetpointController", "ConstraintController",
-                                                            "MaximizeController"]
+                                                            "MaximizeController", "FollowController"]
     for model in _KINDS.values():
         props = schema["$defs"][model.__name__]["properties"]
         assert set(props) == set(model.model_fields) >= set(ControllerSpec.model_fields)
     assert "gains" in schema["$defs"]["SetpointController"]["properties"]
+
+
+# -- kind: follow (issue 41): the knob follows the probe through a monotone schedule ------------------
+
+FOLLOW = {"name": "mix", "kind": "follow", "probe": "draft.acceptance", "knob": "divergence_mix",
+          "schedule": [[0.2, 0.0], [0.4, 0.5], [0.6, 1.0]], "max_step": 0.1, "filter": {"kind": "ema", "alpha": 0.3}}
+
+
+def test_a_follow_controller_loads_keeps_its_schedule_and_round_trips():
+    from actuator.policy import FollowController
+
+    doc = load_policy({"name": "p", "controllers": [CTRL, FOLLOW]})
+    follow = doc.controllers[1]
+    assert type(follow) is FollowController
+    assert follow.schedule == [(0.2, 0.0), (0.4, 0.5), (0.6, 1.0)]
+    assert (follow.setpoint, follow.kp, follow.dither) == (None, None, None)  # other kinds' fields: unused
+    assert load_policy(doc.model_dump(mode="json")) == doc
+    # the documents of the kinds before it keep their shape: no schedule field
+    assert "schedule" not in doc.controllers[0].model_dump(mode="json")
+    assert doc.controllers[1].model_dump(mode="json")["schedule"] == [[0.2, 0.0], [0.4, 0.5], [0.6, 1.0]]
+    # a falling schedule is monotone too (a temperature that drops as acceptance rises)
+    falling = {**FOLLOW, "knob": "distill_temperature", "schedule": [[0.2, 4.0], [0.6, 1.0]]}
+    assert load_policy({"name": "p", "controllers": [falling]}).controllers[0].schedule[1] == (0.6, 1.0)
+
+
+@pytest.mark.parametrize("patch,needle", [
+    ({"schedule": [[0.2, 0.0]]}, "at least 2 points"),
+    ({"schedule": []}, "at least 2 points"),
+    ({"schedule": [[0.4, 0.0], [0.2, 0.5]]}, "strictly increasing (sorted)"),
+    ({"schedule": [[0.2, 0.0], [0.2, 0.5]]}, "strictly increasing"),
+    ({"schedule": [[0.2, 0.0], [0.4, 0.8], [0.6, 0.5]]}, "must be monotone"),
+    ({"schedule": [[0.2, 0.0], [0.6, 1.5]]}, "outside the bounds of divergence_mix [0, 1]"),
+    ({"schedule": [[0.2, -0.1], [0.6, 1.0]]}, "outside the bounds of divergence_mix [0, 1]"),
+    ({"schedule": [[0.2, 0.0], [1.5, 1.0]]}, "outside the range of draft.acceptance"),
+    ({"schedule": [[0.2, 0.0], [0.6, 1.0]], "max": 0.5}, "outside the controller's min/max [-inf, 0.5]"),
+    ({"schedule": [[0.2, 0.0], [0.6, float("nan")]]}, "finite"),
+    ({"schedule": None}, "a follow controller needs schedule"),
+])
+def test_a_bad_schedule_is_refused_naming_the_schedule(patch, needle):
+    errs = errors_of({"name": "p", "controllers": [{**FOLLOW, **patch}]})
+    where = [loc for loc in errs if loc.startswith("controllers.0.schedule")]
+    assert where and needle in errs[where[0]], errs
+
+
+@pytest.mark.parametrize("controller,loc,needle", [
+    ({**FOLLOW, "kp": 1.0}, "controllers.0.kp", "a follow controller has no kp"),
+    ({**FOLLOW, "setpoint": 0.5}, "controllers.0.setpoint", "a follow controller has no setpoint"),
+    ({**FOLLOW, "dither": 0.1}, "controllers.0.dither", "only a maximize controller has dither"),
+    ({**FOLLOW, "direction": "reverse"}, "controllers.0.direction", "its schedule's"),
+    ({**CTRL, "schedule": [[0.0, 1.0], [1.0, 2.0]]}, "controllers.0.schedule", "only a follow controller has "
+                                                                                "schedule (this one is kind setpoint)"),
+    ({**MAXIMIZE, "schedule": [[0.0, 0.1], [1.0, 0.2]]}, "controllers.0.schedule", "only a follow controller"),
+])
+def test_fields_of_other_kinds_on_a_follow_controller_and_its_schedule_elsewhere_are_refused(controller, loc, needle):
+    errs = errors_of({"name": "p", "controllers": [controller]})
+    assert loc in errs and needle in errs[loc], errs
