@@ -374,15 +374,15 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
             t_final = max(a.t_init + 1, round(a.steps * a.t_final))
             schedule = FixedSchedule.cubic(math.log(knob.bounds[0]), math.log(arm["tau"]), a.t_init, t_final)
     if kind == "actuator":
-        cb = ActuatorCallback(pid_policy(a, setup.dense_ppl), url=url, probes=[probe], budget_share=1.0,
-                              run_name=f"bench-{SCENARIO}-{seed}", setters=[knob],
+        cb = ActuatorCallback(pid_policy(a, setup.dense_ppl), connection=url, probes=[probe], reporting={"budget_share": 1.0},
+                              run=f"bench-{SCENARIO}-{seed}", setters=[knob],
                               knobs={"compression_threshold": {"min": knob.bounds[0], "max": knob.bounds[1],
                                                                "max_step": a.max_step}})
         cb.attach(trainer)
     elif kind == "width-actuator":
         span = arm["span"]
-        cb = ActuatorCallback(width_policy(a, setup.dense_ppl, span), url=url, probes=[probe], budget_share=1.0,
-                              run_name=f"bench-{SCENARIO}-width-{seed}", setters=[knob],
+        cb = ActuatorCallback(width_policy(a, setup.dense_ppl, span), connection=url, probes=[probe], reporting={"budget_share": 1.0},
+                              run=f"bench-{SCENARIO}-width-{seed}", setters=[knob],
                               knobs={knob_name: {"min": arm["tau"], "max": knob.bounds[1],
                                                  "max_step": span / a.width_moves}})
         cb.attach(trainer)

@@ -297,7 +297,7 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
     cb = None
     if arm["kind"] == "actuator":
         cb = ActuatorCallback(
-            pid_policy(a), url=url, probes=[probe], budget_share=1.0, run_name=f"bench-{SCENARIO}-{a.loss_type}-{seed}",
+            pid_policy(a), connection=url, probes=[probe], reporting={"budget_share": 1.0}, run=f"bench-{SCENARIO}-{a.loss_type}-{seed}",
             setters=[knob], knobs={"kl_beta": {"min": a.beta / 4, "max": a.beta * a.beta_cap, "max_step": a.max_step}})
         cb.attach(trainer)
         suite = None
@@ -309,8 +309,8 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
         elif arm["kind"] == "identify":
             policy["probes"][0]["every"] = 1
         cb = ActuatorCallback(
-            policy, url=url, probes=[probe], budget_share=1.0,
-            run_name=f"bench-{SCENARIO}-{a.loss_type}-{arm['kind'].replace('+', '-')}-{seed}", knobs=knobs,
+            policy, connection=url, probes=[probe], reporting={"budget_share": 1.0},
+            run=f"bench-{SCENARIO}-{a.loss_type}-{arm['kind'].replace('+', '-')}-{seed}", knobs=knobs,
             setters=[KLAnchorKnob(anchor)] if anchor is not None else None,
             identify=arm.get("identify"))
         cb.attach(trainer)

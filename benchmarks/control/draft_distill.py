@@ -220,8 +220,8 @@ def run_arm(setup: Setup, key: str, a: argparse.Namespace, url: str, seed: int) 
     if arm.get("controller"):
         turned = arm["controller"]
         setter = {"onpolicy_fraction": knob, "distill_temperature": temperature}[turned]
-        cb = ActuatorCallback(es_policy(a, turned), url=url, probes=[setup.control], budget_share=1.0,
-                              run_name=f"bench-{SCENARIO}-{key}-{seed}", setters=[setter],
+        cb = ActuatorCallback(es_policy(a, turned), connection=url, probes=[setup.control], reporting={"budget_share": 1.0},
+                              run=f"bench-{SCENARIO}-{key}-{seed}", setters=[setter],
                               knobs={turned: es_knob(a, turned)[1]})
         cb.attach(trainer)
     else:

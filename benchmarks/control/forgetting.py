@@ -252,8 +252,8 @@ def run_arm(setup: ForgettingSetup, arm: dict[str, Any], a: argparse.Namespace, 
         policy = lr_pid_policy(a) if kind == "lr-pid" else arm.get("policy") or constraint_policy(a)
         knobs = ({"learning_rate": {"min": arm["lr"] / 100, "max": arm["lr"], "max_step": 1.5}} if kind == "lr-pid"
                  else {"kl_weight": {"min": 0.0, "max": a.w_max, "max_step": a.w_step}})
-        cb = ActuatorCallback(policy, url=url, probes=[drift], budget_share=1.0, knobs=knobs,
-                              run_name=f"bench-{SCENARIO}-{kind}-{seed}", identify=arm.get("identify")).attach(trainer)
+        cb = ActuatorCallback(policy, connection=url, probes=[drift], reporting={"budget_share": 1.0}, knobs=knobs,
+                              run=f"bench-{SCENARIO}-{kind}-{seed}", identify=arm.get("identify")).attach(trainer)
     elif probed:
         suite = ProbeSuite([drift], budget_share=1.0)
         suite.setup(setup.model)

@@ -249,7 +249,7 @@ def run_arm(setup: Setup, kind: str, arm: dict[str, Any], a: argparse.Namespace,
     suite = None
     if arm["kind"] == "actuator":
         cb = ActuatorCallback(
-            pid_policy(a), url=url, probes=[probe], budget_share=1.0, run_name=f"bench-{SCENARIO}-{kind}-{seed}",
+            pid_policy(a), connection=url, probes=[probe], reporting={"budget_share": 1.0}, run=f"bench-{SCENARIO}-{kind}-{seed}",
             setters=[knob], knobs={"kl_beta": {"min": a.beta * a.beta_bounds[0], "max": a.beta * a.beta_bounds[1],
                                         "max_step": a.max_step}})
         cb.attach(trainer)

@@ -68,8 +68,8 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
         policy = arm.get("policy") or pid_policy(a)
         if arm["kind"] == "identify":
             policy["probes"] = [{"name": "kl_drift", "every": 1}]
-        cb = ActuatorCallback(policy, url=url, probes=[drift], budget_share=1.0,
-                              run_name=f"bench-{SCENARIO}-{arm['kind']}-{seed}",
+        cb = ActuatorCallback(policy, connection=url, probes=[drift], reporting={"budget_share": 1.0},
+                              run=f"bench-{SCENARIO}-{arm['kind']}-{seed}",
                               knobs={"learning_rate": {"min": arm["lr"] / 100, "max": arm["lr"],
                                                        "max_step": a.max_step}},
                               identify=arm.get("identify"))

@@ -148,11 +148,11 @@ def main() -> None:
             cb = spent = None
             if with_callback:
                 cb = ActuatorCallback(
-                    PROBE_POLICY if probes else POLICY, url=svc.url,
+                    PROBE_POLICY if probes else POLICY, connection=svc.url,
                     knobs={"learning_rate": {"min": 1e-5, "max": 1e-2, "max_step": 0.3}},
                     probes=[KLDrift(HELD_OUT, tokenizer, every=5, max_length=32),
                             Perplexity(HELD_OUT, tokenizer, every=10, max_length=32)] if probes else None,
-                    budget_share=0.10, report_every=report_every).attach(trainer)
+                    reporting={"budget_share": 0.10, "report_every": report_every}).attach(trainer)
                 spent = _timed_hooks(cb)
             trainer.add_callback(clock)
             t0 = time.perf_counter()
