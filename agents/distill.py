@@ -25,9 +25,16 @@ Three more knobs move what the draft learns from and with, each read at every st
   ``trainer.onpolicy_fraction``; TRL GKD: ``trainer.lmbda`` (``random.random() <= self.lmbda`` in
   ``training_step``).
 * ``divergence_mix`` (:class:`DivergenceMixKnob`): the blend of forward KL(p‖q), reverse KL(q‖p)
-  and total variation TV(p, q) the loss uses. Acceptance in speculative sampling is 1 − TV
-  (Leviathan et al. 2023), which is why TV is on the menu (DistillSpec found TV-style losses
-  best for some tasks). The knob moves weight along a two-divergence path, forward → TV by default.
+  and total variation TV(p, q) the loss uses. Acceptance in speculative sampling is
+  α = Σ min(p, q) = 1 − TV (Leviathan et al. 2023), which is why TV is on the menu (DistillSpec
+  found TV-style losses best for some tasks). The knob moves weight along a two-divergence path,
+  forward → TV by default: ``mix_form="blend"`` (the default) as (1 − m)·KL + m·TV, ``"hybrid"`` as
+  the LK losses' hybrid KL + λ·TV with λ = m (Samarin et al. 2026, arXiv 2602.23881: KL keeps its
+  large gradients while TV, the quantity decoding pays for, gains weight; a ``kind: follow``
+  controller raises λ with the measured acceptance).
+* ``divergence="neg_log_acceptance"``: the LK losses' −log α per position, α = Σ_v min(p_v, q_v)
+  (clamped at :data:`ACCEPTANCE_FLOOR`), whose gradient is TV's scaled by 1/α: large while the draft
+  accepts little, where TV's own vanish.
 * ``distill_temperature`` (:class:`DistillTemperatureKnob`): T of the divergence term.
 """
 
@@ -55,7 +62,9 @@ from .probes._draft import sample_continuations
 log = logging.getLogger("actuator.agents")
 
 __all__ = [
+    "ACCEPTANCE_FLOOR",
     "DIVERGENCES",
+    "MIX_FORMS",
     "DistillationTrainer",
     "DistillLambdaKnob",
     "DistillTemperatureKnob",
@@ -64,11 +73,19 @@ __all__ = [
     "OnPolicyFractionKnob",
     "distillation_loss",
     "divergence_weights",
+    "mix_weights",
     "sample_continuations",
 ]
 
-# The divergences the loss can blend (p = teacher, q = student, both at temperature T).
-DIVERGENCES = ("forward", "reverse", "tv")
+# The divergences the loss can blend (p = teacher, q = student, both at temperature T):
+# KL(p‖q), KL(q‖p), TV(p, q) = ½ Σ|p − q|, and −log α with α = Σ min(p, q) = 1 − TV.
+DIVERGENCES = ("forward", "reverse", "tv", "neg_log_acceptance")
+# α is clamped here before its log: a position where the draft puts (numerically) no mass on the
+# teacher's tokens costs −log(1e-6) ≈ 13.8 and a finite gradient, never inf or NaN.
+ACCEPTANCE_FLOOR = 1e-6
+# How divergence_mix m weighs the two divergences of its path (a, b): blend (1 − m)·a + m·b,
+# hybrid a + m·b (the LK hybrid KL + λ·TV).
+MIX_FORMS = ("blend", "hybrid")
 
 
 def _check_unit(value: float, what: str) -> float:
@@ -85,9 +102,9 @@ def _check_temperature(value: float, what: str) -> float:
     return value
 
 
-def divergence_weights(spec: str | Mapping[str, float]) -> dict[str, float]:
-    """``"forward"`` / ``"reverse"`` / ``"tv"`` or a mapping of weights over them, as weights
-    summing to 1. Raises ``ValueError`` naming the bad key or weight."""
+def divergence_weights(spec: str | Mapping[str, float], normalise: bool = True) -> dict[str, float]:
+    """One of :data:`DIVERGENCES` or a mapping of weights over them, as weights summing to 1 (as
+    given when not ``normalise``). Raises ``ValueError`` naming the bad key or weight."""
     if isinstance(spec, str):
         spec = {spec: 1.0}
     if not isinstance(spec, Mapping):
@@ -102,7 +119,19 @@ def divergence_weights(spec: str | Mapping[str, float]) -> dict[str, float]:
     total = sum(weights.values())
     if total <= 0:
         raise ValueError(f"divergence: the weights sum to 0, got {dict(spec)}")
-    return {name: w / total for name, w in weights.items()}
+    return {name: w / total for name, w in weights.items()} if normalise else weights
+
+
+def mix_weights(m: float, path: tuple[str, str] = ("forward", "tv"), form: str = "blend") -> dict[str, float]:
+    """The divergence weights ``divergence_mix`` = m stands for on ``path`` (a, b): ``"blend"``:
+    ``{a: 1 − m, b: m}``; ``"hybrid"``: ``{a: 1, b: m}`` (not normalised: the LK hybrid a + λ·b).
+    Every other divergence weighs 0."""
+    m = _check_unit(m, "divergence_mix")
+    if form not in MIX_FORMS:
+        raise ValueError(f"mix_form must be one of {MIX_FORMS}, got {form!r}")
+    weights = {name: 0.0 for name in DIVERGENCES}
+    weights.update({path[0]: 1.0 if form == "hybrid" else 1.0 - m, path[1]: m})
+    return weights if form == "hybrid" else divergence_weights(weights)
 
 
 def distillation_loss(
@@ -114,12 +143,16 @@ def distillation_loss(
     num_items_in_batch: torch.Tensor | int | None = None,
     shifted: bool = False,
     divergence: str | Mapping[str, float] = "forward",
+    normalise: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(loss, kl, ce)`` for causal-LM logits (B, L, V) and labels (B, L).
 
-    ``loss = λ·T²·D + (1 − λ)·CE`` where ``D = w_f·KL(p‖q) + w_r·KL(q‖p) + w_tv·TV(p, q)`` with p
-    the teacher's and q the student's softmax at temperature T and the weights from
-    ``divergence`` (default: forward KL alone, the classic loss).
+    ``loss = λ·T²·D + (1 − λ)·CE`` where ``D = w_f·KL(p‖q) + w_r·KL(q‖p) + w_tv·TV(p, q) +
+    w_nla·(−log α)``, α = Σ min(p, q) clamped at :data:`ACCEPTANCE_FLOOR`, with p the teacher's and
+    q the student's softmax at temperature T, per position, and the weights from ``divergence``
+    (default: forward KL alone, the classic loss), normalised to sum 1 unless ``normalise`` is
+    False (the LK hybrid KL + λ·TV is ``{"forward": 1, "tv": λ}`` un-normalised, see
+    :func:`mix_weights`).
 
     Unless ``shifted``, logits at position i are scored against ``labels[:, i + 1]``. Positions
     whose label is -100 are excluded from both terms. ``kl`` (at temperature T, per token) and
@@ -148,15 +181,18 @@ def distillation_loss(
         reduction="sum",
         log_target=True,
     )
-    weights = divergence_weights(divergence)
+    weights = divergence_weights(divergence, normalise=normalise)
     div_sum = weights["forward"] * kl_sum if weights["forward"] else kl_sum.new_zeros(())
-    if weights["reverse"] or weights["tv"]:
+    if weights["reverse"] or weights["tv"] or weights["neg_log_acceptance"]:
         log_q = F.log_softmax(s / temperature, dim=-1)
         log_p = F.log_softmax(t / temperature, dim=-1)
         if weights["reverse"]:
             div_sum = div_sum + weights["reverse"] * (log_q.exp() * (log_q - log_p)).sum()
         if weights["tv"]:
             div_sum = div_sum + weights["tv"] * 0.5 * (log_q.exp() - log_p.exp()).abs().sum()
+        if weights["neg_log_acceptance"]:
+            alpha = torch.minimum(log_q.exp(), log_p.exp()).sum(dim=-1).clamp_min(ACCEPTANCE_FLOOR)
+            div_sum = div_sum + weights["neg_log_acceptance"] * -torch.log(alpha).sum()
     denom = n_local.clamp_min(1) if num_items_in_batch is None else num_items_in_batch
     if torch.is_tensor(denom):
         denom = denom.to(ce_sum.device)
@@ -175,8 +211,11 @@ class DistillationTrainer(Trainer):
     is read at every step: λ = 1 is pure distillation, λ = 0 pure cross-entropy (the teacher
     still runs, so ``distill_kl`` is measured). ``temperature`` > 0 applies to the divergence
     term only. ``divergence`` is ``"forward"`` (KL(teacher‖student), the default), ``"reverse"``,
-    ``"tv"`` or a mapping of weights over them (see :func:`distillation_loss`); the trainer keeps
-    it normalised in ``divergence_weights``, read at every step.
+    ``"tv"``, ``"neg_log_acceptance"`` (−log α, the LK loss) or a mapping of weights over them (see
+    :func:`distillation_loss`); the trainer keeps it normalised in ``divergence_weights``, read at
+    every step and used as it stands (the ``divergence_mix`` knob writes it). ``mix_form`` says how
+    that knob's value m weighs its path: ``"blend"`` (1 − m)·KL + m·TV, ``"hybrid"`` KL + m·TV (the
+    LK hybrid); see :class:`DivergenceMixKnob`.
 
     **On-policy steps.** With probability ``onpolicy_fraction`` (read at every micro-batch, drawn
     from the trainer's own ``random.Random(args.seed)`` so it never moves the data order) a
@@ -209,6 +248,7 @@ class DistillationTrainer(Trainer):
         distill_lambda: float = 0.5,
         temperature: float = 2.0,
         divergence: str | Mapping[str, float] = "forward",
+        mix_form: str = "blend",
         onpolicy_fraction: float = 0.0,
         onpolicy_prompt_tokens: int | None = None,
         onpolicy_new_tokens: int | None = None,
@@ -220,6 +260,9 @@ class DistillationTrainer(Trainer):
         self.distill_lambda = _check_unit(distill_lambda, "distill_lambda")
         self.temperature = _check_temperature(temperature, "temperature")
         self.divergence_weights = divergence_weights(divergence)
+        if mix_form not in MIX_FORMS:
+            raise ValueError(f"mix_form must be one of {MIX_FORMS}, got {mix_form!r}")
+        self.mix_form = mix_form
         self.onpolicy_fraction = _check_unit(onpolicy_fraction, "onpolicy_fraction")
         for name, value in (("onpolicy_prompt_tokens", onpolicy_prompt_tokens),
                             ("onpolicy_new_tokens", onpolicy_new_tokens)):
@@ -332,6 +375,7 @@ class DistillationTrainer(Trainer):
             num_items_in_batch=num_items_in_batch,
             shifted=shifted,
             divergence=weights,
+            normalise=False,  # valid as they stand: normalised at init, or the knob's (the hybrid's are not)
         )
         # Normalised by the count over all accumulated micro-batches: already scaled for GA (an
         # on-policy micro-batch is a per-token mean that the trainer divides by the GA steps).
@@ -465,19 +509,23 @@ class OnPolicyFractionKnob(_UnitAttrKnob):
 
 class DivergenceMixKnob:
     """``divergence_mix`` (linear scale, bounds [0, 1]): where the loss sits on a path between two
-    divergences of :class:`DistillationTrainer` (``"forward"``, ``"reverse"``, ``"tv"``).
+    divergences of :class:`DistillationTrainer` (``"forward"``, ``"reverse"``, ``"tv"``,
+    ``"neg_log_acceptance"``).
 
-    The value m sets ``trainer.divergence_weights`` to ``{path[0]: 1 − m, path[1]: m}`` (a weight
-    off the path becomes 0); ``read`` returns ``w[path[1]] / (w[path[0]] + w[path[1]])``. The
-    default path, forward KL → TV, goes from the classic distillation loss to the quantity
-    speculative decoding pays for (acceptance = 1 − TV). For TRL GKD's forward/reverse
+    The value m sets ``trainer.divergence_weights`` to :func:`mix_weights` (m, path, form) (a
+    weight off the path becomes 0): with ``form="blend"`` ``{path[0]: 1 − m, path[1]: m}``, and
+    ``read`` returns ``w[path[1]] / (w[path[0]] + w[path[1]])``; with ``form="hybrid"``
+    ``{path[0]: 1, path[1]: m}``, the LK losses' hybrid KL + λ·TV with λ = m on the default path,
+    and ``read`` returns ``w[path[1]] / w[path[0]]``. ``form`` defaults to the trainer's
+    ``mix_form``. The default path, forward KL → TV, goes from the classic distillation loss to the
+    quantity speculative decoding pays for (acceptance = 1 − TV). For TRL GKD's forward/reverse
     interpolation use :class:`GKDBetaKnob` (``gkd_beta``): GKD has no TV term.
     """
 
     name = "divergence_mix"
     bounds = (0.0, 1.0)
 
-    def __init__(self, trainer: Any, path: tuple[str, str] = ("forward", "tv")) -> None:
+    def __init__(self, trainer: Any, path: tuple[str, str] = ("forward", "tv"), form: str | None = None) -> None:
         if not isinstance(getattr(trainer, "divergence_weights", None), dict):
             raise KnobNotSupported(
                 f"DivergenceMixKnob: {type(trainer).__name__} has no `divergence_weights` read by its loss "
@@ -485,18 +533,23 @@ class DivergenceMixKnob:
             )
         if len(path) != 2 or path[0] == path[1] or any(p not in DIVERGENCES for p in path):
             raise ValueError(f"path: two different divergences of {DIVERGENCES}, got {path!r}")
+        form = getattr(trainer, "mix_form", "blend") if form is None else form
+        if form not in MIX_FORMS:
+            raise ValueError(f"form: one of {MIX_FORMS}, got {form!r}")
         self.trainer = trainer
         self.path = (path[0], path[1])
+        self.form = form
 
     def read(self) -> float:
         w = self.trainer.divergence_weights
         a, b = float(w.get(self.path[0], 0.0)), float(w.get(self.path[1], 0.0))
+        if self.form == "hybrid":
+            return min(1.0, b / a) if a > 0 else (1.0 if b > 0 else 0.0)
         return b / (a + b) if a + b > 0 else 0.0
 
     def apply(self, value: float) -> float:
-        m = _check_unit(value, self.name)
         # One assignment of a new dict: a step reading the weights sees the old blend or the new.
-        self.trainer.divergence_weights = divergence_weights({self.path[0]: 1.0 - m, self.path[1]: m})
+        self.trainer.divergence_weights = mix_weights(_check_unit(value, self.name), self.path, self.form)
         return self.read()
 
 

@@ -7,7 +7,14 @@ import pytest
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
-from actuator.agents.distill import DistillationTrainer, DistillLambdaKnob, GKDBetaKnob
+from actuator.agents.distill import (
+    ACCEPTANCE_FLOOR,
+    DistillationTrainer,
+    DistillLambdaKnob,
+    GKDBetaKnob,
+    distillation_loss,
+    mix_weights,
+)
 from actuator.agents.knobs import KnobNotSupported, KnobSetter
 from actuator.agents.models import tiny_llama
 
@@ -228,3 +235,69 @@ def test_a_gkd_trainer_brings_its_knobs_to_the_callback(tmp_path, monkeypatch, s
 
     knobs = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}").json()["knobs"]
     assert knobs["distill_lambda"]["value"] == 0.0 and knobs["gkd_beta"]["value"] == 0.5
+
+
+# -- the LK losses (issue 41) on toy distributions, numbers by hand ---------------------------------
+# Teacher p and student q at one position (T = 1, λ = 1: the divergence alone), a second position
+# where they agree (every divergence 0 there), so the per-token mean halves the first's value:
+#   α = Σ min(p, q) = 0.2 + 0.3 + 0.2 = 0.7;  TV = ½ Σ|p − q| = ½ (0.3 + 0 + 0.3) = 0.3 = 1 − α
+#   KL(p‖q) = 0.5 ln(0.5/0.2) + 0.3 ln 1 + 0.2 ln(0.2/0.5) = 0.3 ln 2.5 = 0.274887...
+#   −ln α = −ln 0.7 = 0.356675...
+P = torch.tensor([[[0.5, 0.3, 0.2], [0.25, 0.25, 0.5]]])
+Q = torch.tensor([[[0.2, 0.3, 0.5], [0.25, 0.25, 0.5]]])
+LABELS = torch.tensor([[0, 1]])
+KL_HAND = 0.3 * 0.9162907318741551  # 0.3 ln 2.5
+NLA_HAND = 0.35667494393873245  # -ln 0.7
+
+
+def _lk(divergence, student=Q.log(), normalise=True) -> torch.Tensor:  # noqa: ANN001
+    return distillation_loss(student, P.log(), LABELS, 1.0, 1.0, shifted=True, divergence=divergence,
+                             normalise=normalise)[0]
+
+
+def test_neg_log_acceptance_is_minus_log_alpha_per_position() -> None:
+    assert _lk("neg_log_acceptance").item() == pytest.approx(NLA_HAND / 2, rel=1e-6)
+    assert _lk("tv").item() == pytest.approx(0.3 / 2, rel=1e-6)
+    assert _lk("forward").item() == pytest.approx(KL_HAND / 2, rel=1e-6)
+
+
+def test_the_lk_hybrid_is_kl_plus_lambda_tv() -> None:
+    for lam in (0.0, 0.4, 1.0):
+        weights = mix_weights(lam, form="hybrid")
+        assert weights == {"forward": 1.0, "reverse": 0.0, "tv": lam, "neg_log_acceptance": 0.0}
+        assert _lk(weights, normalise=False).item() == pytest.approx((KL_HAND + lam * 0.3) / 2, rel=1e-6)
+    # the blend form of the same mix: (1 − m)·KL + m·TV
+    assert _lk(mix_weights(0.4)).item() == pytest.approx((0.6 * KL_HAND + 0.4 * 0.3) / 2, rel=1e-6)
+
+
+def test_acceptance_is_clamped_away_from_zero() -> None:
+    # disjoint supports: α underflows to 0; the loss is −ln(floor) per position, finite, gradient too
+    teacher = torch.tensor([[[0.0, -200.0, -200.0]]])
+    student = torch.tensor([[[-200.0, 0.0, -200.0]]], requires_grad=True)
+    loss = distillation_loss(student, teacher, torch.tensor([[0]]), 1.0, 1.0, shifted=True,
+                             divergence="neg_log_acceptance")[0]
+    assert loss.item() == pytest.approx(-torch.log(torch.tensor(ACCEPTANCE_FLOOR)).item(), rel=1e-6)
+    loss.backward()
+    assert torch.isfinite(student.grad).all()
+
+
+@pytest.mark.parametrize("divergence, normalise", [("neg_log_acceptance", True),
+                                                   (mix_weights(0.5, form="hybrid"), False)])
+def test_a_gradient_step_of_each_lk_loss_raises_acceptance(divergence, normalise) -> None:
+    logits = Q.log().clone().requires_grad_(True)
+    _lk(divergence, logits, normalise).backward()
+    with torch.no_grad():
+        stepped = logits - 0.5 * logits.grad
+    alpha = lambda x: torch.minimum(torch.softmax(x[0, 0], -1), P[0, 0]).sum().item()  # noqa: E731
+    assert alpha(Q.log()) == pytest.approx(0.7, rel=1e-6)
+    assert alpha(stepped) > 0.7 + 1e-3
+
+
+def test_neg_log_acceptance_scales_tvs_gradient_by_one_over_alpha() -> None:
+    # d(−ln α)/dq = −(1/α)·dα/dq = (1/α)·dTV/dq: the same direction, 1/0.7 as large
+    grads = []
+    for divergence in ("neg_log_acceptance", "tv"):
+        logits = Q.log().clone().requires_grad_(True)
+        _lk(divergence, logits).backward()
+        grads.append(logits.grad[0, 0])
+    assert torch.allclose(grads[0], grads[1] / 0.7, atol=1e-6)

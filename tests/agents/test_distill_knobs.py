@@ -163,14 +163,39 @@ def test_divergence_mix_changes_the_loss_the_step_uses(tmp_path) -> None:
     _apply_at(trainer, knob, step=2, value=1.0)
     trainer.train()
     used = [s["weights"] for s in trainer.seen]
-    assert used[:2] == [{"forward": 1.0, "reverse": 0.0, "tv": 0.0}] * 2
-    assert used[2:] == [{"forward": 0.0, "reverse": 0.0, "tv": 1.0}] * 2
+    assert used[:2] == [{"forward": 1.0, "reverse": 0.0, "tv": 0.0, "neg_log_acceptance": 0.0}] * 2
+    assert used[2:] == [{"forward": 0.0, "reverse": 0.0, "tv": 1.0, "neg_log_acceptance": 0.0}] * 2
     logs = [h for h in trainer.state.log_history if "loss" in h and "distill_kl" in h]
     for h in logs[:2]:  # forward KL steps: the loss is the logged KL (λ = 1, T = 1)
         assert h["loss"] == pytest.approx(h["distill_kl"], rel=1e-4)
     for h in logs[2:]:  # TV steps: not the KL, and within Pinsker's bound TV <= sqrt(KL / 2)
         assert h["loss"] != pytest.approx(h["distill_kl"], rel=1e-2)
         assert 0 < h["loss"] <= (h["distill_kl"] / 2) ** 0.5
+
+
+def test_divergence_mix_in_hybrid_form_trains_on_kl_plus_lambda_tv(tmp_path) -> None:
+    # the LK hybrid: the knob's value is λ of KL + λ·TV, and KL keeps its full weight
+    trainer = _trainer(tmp_path, distill_lambda=1.0, temperature=1.0, max_steps=4, mix_form="hybrid")
+    knob = DivergenceMixKnob(trainer)
+    assert knob.form == "hybrid" and knob.read() == 0.0
+    _apply_at(trainer, knob, step=2, value=0.5)
+    trainer.train()
+    assert [s["weights"] for s in trainer.seen] == (
+        [{"forward": 1.0, "reverse": 0.0, "tv": 0.0, "neg_log_acceptance": 0.0}] * 2
+        + [{"forward": 1.0, "reverse": 0.0, "tv": 0.5, "neg_log_acceptance": 0.0}] * 2)
+    assert knob.read() == 0.5
+    logs = [h for h in trainer.state.log_history if "loss" in h and "distill_kl" in h]
+    for h in logs[:2]:  # λ = 0: KL alone
+        assert h["loss"] == pytest.approx(h["distill_kl"], rel=1e-4)
+    for h in logs[2:]:  # KL + 0.5·TV: above the KL by at most 0.5 x Pinsker's bound sqrt(KL / 2)
+        assert 0 < h["loss"] - h["distill_kl"] <= 0.5 * (h["distill_kl"] / 2) ** 0.5
+    # the blend form of the same value would have halved the KL
+    assert DivergenceMixKnob(trainer, form="blend").apply(0.5) == 0.5
+    assert trainer.divergence_weights == {"forward": 0.5, "reverse": 0.0, "tv": 0.5, "neg_log_acceptance": 0.0}
+    with pytest.raises(ValueError, match="mix_form"):
+        _trainer(tmp_path, mix_form="sum")
+    with pytest.raises(ValueError, match="form"):
+        DivergenceMixKnob(trainer, form="sum")
 
 
 def test_divergence_terms_match_hand_computation() -> None:
@@ -182,7 +207,8 @@ def test_divergence_terms_match_hand_computation() -> None:
     fwd = (p * (p.log() - q.log())).sum(-1).mean()
     rev = (q * (q.log() - p.log())).sum(-1).mean()
     tv = 0.5 * (p - q).abs().sum(-1).mean()
-    for spec, want in (("forward", fwd), ("reverse", rev), ("tv", tv),
+    nla = -torch.minimum(p, q).sum(-1).log().mean()
+    for spec, want in (("forward", fwd), ("reverse", rev), ("tv", tv), ("neg_log_acceptance", nla),
                        ({"forward": 1, "reverse": 2, "tv": 1}, (fwd + 2 * rev + tv) / 4)):
         loss, _, _ = distillation_loss(s, t, labels, 1.0, T, divergence=spec)
         assert loss.item() == pytest.approx(T * T * want.item(), rel=1e-5), spec
