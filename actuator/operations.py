@@ -74,6 +74,9 @@ def set_setpoint(ctx: RunContext, run: Any, controller: str, setpoint: Any, poli
     spec = next(c for c in policy.controllers if c.name == controller)
     if spec.kind == "maximize":
         raise ValueError(f"controller: {controller!r} maximizes {spec.probe}; it has no setpoint to change")
+    if spec.kind == "follow":
+        raise ValueError(f"controller: {controller!r} follows {spec.probe} on a schedule; it has no setpoint to "
+                         "change (change the policy's schedule)")
     st = ctx.controllers.setdefault(controller, ControllerState())
     old = st.setpoint_override
     st.setpoint_override = setpoint
