@@ -6,16 +6,14 @@ its live stream and its audit trail read back and validated against the union, k
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from types import UnionType
 from typing import Annotated, Any, Union, get_args, get_origin
 
 import httpx
-import pytest
 
 from actuator.schemas import EVENT, Event, EventKind, RunRegistered, StateChanged
 
-from servers import Service, make_service
+from servers import Service
 
 POLICY = {
     "name": "typed-events",
@@ -34,14 +32,6 @@ KNOBS = [{"name": "learning_rate", "value": 1e-3, "min": 1e-6, "max": 1e-2, "sca
 # Emitted by the engine only for a stored policy whose law cannot run on the run's knobs, which
 # registration and policy moves refuse: no request can make one (tests/actuator covers the engine's).
 UNREACHABLE = {"controller_unusable"}
-
-
-@pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    tmp = tmp_path_factory.mktemp("typed-events")
-    svc = make_service(f"sqlite:///{tmp / 'a.db'}", log_dir=str(tmp)).start()
-    yield svc
-    svc.stop()
 
 
 def stream(url: str, run_id: str, last_event_id: str | None = None) -> list[dict[str, Any]]:
@@ -112,8 +102,8 @@ def drive(url: str) -> dict[str, Any]:
     return run
 
 
-def test_every_event_the_service_emits_is_a_typed_event(service: Service) -> None:
-    url = service.url
+def test_every_event_the_service_emits_is_a_typed_event(module_service: Service) -> None:
+    url = module_service.url
     run = drive(url)
     live = stream(url, run["id"])
     # A second run, halted and finished by request: the state events of the runs router.
