@@ -7,7 +7,14 @@ be replayed from stored state. ``dt`` is always an argument and state is always 
 """
 
 from ._checks import ParameterError
-from .baselines import AdaptiveKLController, AdaptiveKLState, FixedSchedule, PlateauState, ReduceLROnPlateau
+from .baselines import (
+    AdaptiveKLController,
+    AdaptiveKLState,
+    FixedSchedule,
+    KLAdaptiveLR,
+    PlateauState,
+    ReduceLROnPlateau,
+)
 from .extremum import ExtremumConfig, ExtremumOutput, ExtremumSeeking, ExtremumState
 from .feedforward import KLStart, kl_coefficient_for_target
 from .follow import Follow, FollowConfig, FollowOutput, check_schedule, schedule_at
@@ -72,5 +79,6 @@ __all__ = [
     "AdaptiveKLState",
     "ReduceLROnPlateau",
     "PlateauState",
+    "KLAdaptiveLR",
     "FixedSchedule",
 ]

@@ -7,6 +7,8 @@ shape as the PID: state in, state out, no hidden memory, no clock.
   Preferences", Sec. 2.2; the same update as openai/lm-human-preferences and TRL.
 * :class:`ReduceLROnPlateau` -- the semantics of ``torch.optim.lr_scheduler.ReduceLROnPlateau``
   for one parameter group, without needing an optimizer.
+* :class:`KLAdaptiveLR` -- TorchRL's ``torchrl.objectives.KLAdaptiveLR`` (the rsl_rl PPO rule): the
+  learning rate divided or multiplied by a factor when the KL leaves a band around the target.
 * :class:`FixedSchedule` -- open loop: constant, piecewise-linear, or AdaLoRA's cubic budget
   decay.
 """
@@ -32,6 +34,7 @@ __all__ = [
     "AdaptiveKLController",
     "PlateauState",
     "ReduceLROnPlateau",
+    "KLAdaptiveLR",
     "FixedSchedule",
 ]
 
@@ -188,6 +191,43 @@ class ReduceLROnPlateau:
             cooldown_counter=cooldown_counter,
             last_epoch=st.last_epoch + 1,
         )
+
+
+# -- TorchRL KLAdaptiveLR ---------------------------------------------------------------------
+
+
+class KLAdaptiveLR:
+    """TorchRL's ``KLAdaptiveLR`` rule for one learning rate (``torchrl.objectives.KLAdaptiveLR``,
+    the schedule of rsl_rl's PPO, Rudin et al. 2021), without an optimizer.
+
+    After each measurement of the KL: above ``2 * target_kl`` the learning rate is divided by
+    ``factor``; positive but below ``target_kl / 2`` it is multiplied by ``factor``; in the band
+    ``[target_kl / 2, 2 * target_kl]`` it is left alone; then it is clamped to ``[min_lr, max_lr]``.
+    A KL of exactly zero (or below: an estimate can come out negative) leaves it unchanged, so a
+    policy that did not move does not grow the rate without end. Defaults are TorchRL's: factor 1.5,
+    min_lr 1e-5, max_lr 1e-2. It is a bang-bang law with a dead band: no notion of how far outside
+    the band the KL is, or where it is heading, which is what it is compared for.
+    """
+
+    def __init__(self, target_kl: float, *, factor: float = 1.5, min_lr: float = 1e-5, max_lr: float = 1e-2) -> None:
+        self.target_kl = require_positive("target_kl", target_kl)
+        self.factor = require_finite("factor", factor)
+        if not self.factor > 1.0:
+            raise ParameterError("factor", f"must be greater than one, got {self.factor}")
+        self.min_lr = require_non_negative("min_lr", min_lr)
+        self.max_lr = require_positive("max_lr", max_lr)
+        if self.min_lr > self.max_lr:
+            raise ParameterError("min_lr", f"min_lr ({self.min_lr}) is greater than max_lr ({self.max_lr})")
+
+    def update(self, kl: float, current_lr: float) -> float:
+        """The learning rate after one ``step(kl)`` from ``current_lr`` (stateless: the rate is the state)."""
+        kl = require_finite("kl", kl)
+        lr = require_non_negative("current_lr", current_lr)
+        if kl > 2.0 * self.target_kl:
+            lr = lr / self.factor
+        elif 0.0 < kl < self.target_kl / 2.0:
+            lr = lr * self.factor
+        return min(max(lr, self.min_lr), self.max_lr)
 
 
 # -- open loop ---------------------------------------------------------------------------------

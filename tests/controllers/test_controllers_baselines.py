@@ -10,6 +10,7 @@ from actuator.controllers import (
     AdaptiveKLController,
     AdaptiveKLState,
     FixedSchedule,
+    KLAdaptiveLR,
     ParameterError,
     PlateauState,
     ReduceLROnPlateau,
@@ -156,3 +157,48 @@ def test_cubic_schedule_validation() -> None:
     with pytest.raises(ParameterError) as exc:
         FixedSchedule.cubic(v0=8, v_final=2, t_init=10, t_final=10)
     assert exc.value.field == "t_final"
+
+
+# -- TorchRL KLAdaptiveLR ------------------------------------------------------------------------
+
+
+def test_kl_adaptive_lr_follows_the_torchrl_rule() -> None:
+    """torchrl.objectives.KLAdaptiveLR's documented rule: KL > 2·target → lr / factor; 0 < KL <
+    target/2 → lr · factor; otherwise unchanged; clamped to [min_lr, max_lr] (defaults 1.5, 1e-5, 1e-2)."""
+    ctl = KLAdaptiveLR(0.04)
+    assert (ctl.factor, ctl.min_lr, ctl.max_lr) == (1.5, 1e-5, 1e-2)
+    assert ctl.update(0.09, 3e-4) == pytest.approx(2e-4)  # above 2·target: divided
+    assert ctl.update(0.01, 2e-4) == pytest.approx(3e-4)  # below target/2: multiplied
+    for kl in (0.02, 0.04, 0.08):  # the band, its edges included, leaves it alone
+        assert ctl.update(kl, 2e-4) == 2e-4
+    assert ctl.update(0.0, 2e-4) == 2e-4  # a policy that did not move: no runaway growth
+    assert ctl.update(-0.001, 2e-4) == 2e-4  # nor a negative estimate of a KL
+    assert ctl.update(0.01, 9e-3) == 1e-2  # clamped at max_lr
+    assert ctl.update(1.0, 1.2e-5) == 1e-5  # and at min_lr
+    custom = KLAdaptiveLR(0.1, factor=2.0, min_lr=1e-7, max_lr=1e-5)
+    assert custom.update(0.3, 1e-5) == pytest.approx(5e-6)
+    assert custom.update(0.01, 8e-6) == 1e-5  # ×2 = 1.6e-5, never above the peak
+
+
+def test_kl_adaptive_lr_matches_a_literal_loop() -> None:
+    rng = random.Random(1)
+    ctl, lr, ref = KLAdaptiveLR(0.05, factor=1.5, min_lr=1e-6, max_lr=1e-3), 1e-4, 1e-4
+    for _ in range(300):
+        kl = rng.uniform(-0.01, 0.2)
+        if kl > 2 * 0.05:
+            ref = ref / 1.5
+        elif 0 < kl < 0.05 / 2:
+            ref = ref * 1.5
+        ref = min(max(ref, 1e-6), 1e-3)
+        lr = ctl.update(kl, lr)
+        assert lr == ref
+
+
+@pytest.mark.parametrize("kwargs,field", [({"target_kl": 0.0}, "target_kl"), ({"factor": 1.0}, "factor"),
+                                          ({"factor": 0.5}, "factor"), ({"min_lr": -1.0}, "min_lr"),
+                                          ({"max_lr": 0.0}, "max_lr"), ({"min_lr": 1e-2, "max_lr": 1e-3}, "min_lr")])
+def test_kl_adaptive_lr_validation(kwargs: dict, field: str) -> None:
+    args = {"target_kl": 0.1, **kwargs}
+    with pytest.raises(ParameterError) as e:
+        KLAdaptiveLR(args.pop("target_kl"), **args)
+    assert e.value.field == field
