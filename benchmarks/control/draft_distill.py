@@ -23,7 +23,15 @@ Arms (every arm λ = 1 except today's, so they differ in one thing each):
 * ``actuator``     on-policy fraction under the maximising controller (``kind: maximize``,
   extremum seeking on the control probe's α) through the real service and ActuatorCallback;
 * ``actuator-T``   the distillation temperature under the same maximising controller (log scale),
-  forward KL on the text, starting at T = 2 (``DistillationTrainer``'s default, not a pick).
+  forward KL on the text, starting at T = 2 (``DistillationTrainer``'s default, not a pick);
+* ``follow-hybrid`` the LK hybrid (Samarin et al. 2026, arXiv 2602.23881) at T = 1: forward KL + λ·TV
+  (``mix_form="hybrid"``), λ (``divergence_mix``) set from the control probe's α by a ``kind: follow``
+  controller through the real service (:func:`follow_policy`, the schedule :func:`lk_schedule`);
+* ``neglogacc``    the LK losses' −log α per position at T = 1, fixed.
+
+The fixed pick is made on seed 0 among ``lambda1-T2``, ``fkl-T1`` and ``tv`` (:data:`FIXED`) and
+judged on the other seeds against every Actuator arm (:data:`ACTUATORS`): α ratio per seed, and the
+verdict of "α ≥ 1.078 × the pick, or the pick's final α reached in ≤ 60% of the CPU seconds".
 
 **Equal compute, not equal steps**: generation costs CPU, so every arm trains until it has used
 ``--budget`` seconds of process CPU time (training, its own generations and its control probes;
@@ -51,8 +59,8 @@ from typing import Any
 
 from benchmarks.control.data import blocks, stdlib_text
 from benchmarks.control.harness import (
-    RESULTS, add_flags, command_line, console, figure, for_each_seed, judged, machine, mean_sd, read_seeds, record_targets,
-    scenario_args, seed_path, spread, start, write_seed,
+    RESULTS, add_flags, command_line, console, figure, for_each_seed, judged, machine, mean_sd, pick_on_seed0, read_seeds,
+    record_targets, scenario_args, seed_path, spread, start, write_seed,
 )
 
 import torch  # noqa: E402
@@ -115,8 +123,33 @@ ARMS: dict[str, dict[str, Any]] = {
                    "onpolicy": 1.0},
     "linear": {"name": "on-policy linear 0→1", "lambda": 1.0, "temperature": 1.0, "divergence": "forward",
                "onpolicy": 0.0, "schedule": "linear"},
+    "follow-hybrid": {"name": "Actuator (follow: KL + λ(α)·TV)", "lambda": 1.0, "temperature": 1.0,
+                      "divergence": "forward", "mix_form": "hybrid", "onpolicy": 0.0, "controller": "divergence_mix"},
+    "neglogacc": {"name": "−log α (LK), T=1", "lambda": 1.0, "temperature": 1.0, "divergence": "neg_log_acceptance",
+                  "onpolicy": 0.0},
 }
-FIXED = ("lambda1-T2", "fkl-T1", "tv", "onpolicy-0.5", "onpolicy-1")
+# The fixed settings a user would pick among on seed 0 (forward KL at T 1 and 2, TV: issue 41).
+FIXED = ("lambda1-T2", "fkl-T1", "tv")
+# What a run without --arms runs: the fixed candidates, the LK arms and the old maximiser.
+DEFAULT_ARMS = ("lambda1-T2", "fkl-T1", "tv", "neglogacc", "follow-hybrid", "actuator-T")
+# The relative α gain over the fixed pick the issue asks for (Actuator's +7.8% on its draft
+# training), and the share of the pick's CPU seconds in which the pick's α must be reached instead.
+ALPHA_GAIN, TIME_SHARE = 0.078, 0.6
+
+
+def lk_schedule(eta: float) -> list[list[float]]:
+    """The LK hybrid's weight as ``kind: follow`` points [α, λ] for the loss KL + λ·TV.
+
+    The paper's hybrid is λ_KL·KL + (1 − λ_KL)·TV with λ_KL = exp(−η·α) (η = 3 its best setting, as
+    the vLLM speculators port states); divided by λ_KL that is KL + (e^{ηα} − 1)·TV, the same
+    direction at a scale in [1, 2] that Adam normalises away. So λ = e^{ηα} − 1, sampled every 0.05
+    of α (linear between the points, above the convex curve by at most 0.03 at η = 3), up to the
+    knob's bound λ = 1 at α = ln 2 / η (0.231 at η = 3): KL keeps at least half the weight, where the
+    paper's would fall to 0.41 at α 0.3. The paper takes α per position; here it is the control
+    probe's mean α on teacher samples. Chosen from the paper alone, not from any seed's results."""
+    top = math.log(2.0) / eta
+    xs = [round(0.05 * i, 2) for i in range(int(top / 0.05) + 1) if 0.05 * i < top - 1e-9]
+    return [[x, round(math.exp(eta * x) - 1.0, 4)] for x in xs] + [[round(top, 4), 1.0]]
 
 
 class Setup:
@@ -172,7 +205,8 @@ def make_trainer(setup: Setup, model: nn.Module, arm: dict[str, Any], a: argpars
     )
     trainer = DistillationTrainer(model=model, args=args, train_dataset=train, teacher_model=setup.teacher,
                                   distill_lambda=arm["lambda"], temperature=arm["temperature"],
-                                  divergence=arm["divergence"], onpolicy_fraction=arm["onpolicy"],
+                                  divergence=arm["divergence"], mix_form=arm.get("mix_form", "blend"),
+                                  onpolicy_fraction=arm["onpolicy"],
                                   onpolicy_prompt_tokens=a.prompt_tokens)
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
@@ -191,6 +225,25 @@ def es_knob(a: argparse.Namespace, knob: str) -> tuple[dict[str, Any], dict[str,
     return {"dither": a.dither, "gain": a.gain, "max_step": a.es_step}, {"min": 0.0, "max": 1.0, "max_step": 0.5}
 
 
+def follow_policy(a: argparse.Namespace) -> dict[str, Any]:
+    """The follow-hybrid arm's policy: λ (``divergence_mix``, the trainer in ``mix_form="hybrid"``)
+    follows the control probe's α through :func:`lk_schedule`."""
+    return {
+        "name": "bench-draft-distill-follow-lk-hybrid",
+        "probes": [{"name": "draft", "every": a.probe_every}],
+        "controllers": [{"name": "tv-weight-follows-acceptance", "kind": "follow", "probe": "draft.acceptance",
+                         "knob": "divergence_mix", "schedule": lk_schedule(a.lk_eta), "max_step": a.follow_step,
+                         "filter": {"kind": "ema", "alpha": a.follow_ema}}],
+    }
+
+
+def arm_policy(a: argparse.Namespace, knob: str) -> tuple[dict[str, Any], dict[str, float]]:
+    """The policy of the Actuator arm turning ``knob`` and the knob's limits on the agent."""
+    if knob == "divergence_mix":
+        return follow_policy(a), {"min": 0.0, "max": 1.0, "max_step": 1.0}
+    return es_policy(a, knob), es_knob(a, knob)[1]
+
+
 def es_policy(a: argparse.Namespace, knob: str = "onpolicy_fraction") -> dict[str, Any]:
     """Extremum seeking on ``knob``, maximising the control probe's α."""
     return {
@@ -205,7 +258,7 @@ def run_arm(setup: Setup, key: str, a: argparse.Namespace, url: str, seed: int) 
     from transformers import TrainerCallback
 
     from actuator.agents.callback import ActuatorCallback
-    from actuator.agents.distill import DistillTemperatureKnob, OnPolicyFractionKnob
+    from actuator.agents.distill import DistillTemperatureKnob, DivergenceMixKnob, OnPolicyFractionKnob
     from actuator.agents.probes import ProbeSuite
 
     arm = {**ARMS[key], "key": key}
@@ -213,16 +266,17 @@ def run_arm(setup: Setup, key: str, a: argparse.Namespace, url: str, seed: int) 
     trainer = make_trainer(setup, model, arm, a, seed)
     knob = OnPolicyFractionKnob(trainer)
     temperature = DistillTemperatureKnob(trainer)
+    mix = DivergenceMixKnob(trainer)
     trace: list[dict[str, float]] = []
     logs: list[dict[str, float]] = []
     cb = None
     suite = None
     if arm.get("controller"):
         turned = arm["controller"]
-        setter = {"onpolicy_fraction": knob, "distill_temperature": temperature}[turned]
-        cb = ActuatorCallback(es_policy(a, turned), connection=url, probes=[setup.control], reporting={"budget_share": 1.0},
-                              run=f"bench-{SCENARIO}-{key}-{seed}", setters=[setter],
-                              knobs={turned: es_knob(a, turned)[1]})
+        setter = {"onpolicy_fraction": knob, "distill_temperature": temperature, "divergence_mix": mix}[turned]
+        policy, limits = arm_policy(a, turned)
+        cb = ActuatorCallback(policy, connection=url, probes=[setup.control], reporting={"budget_share": 1.0},
+                              run=f"bench-{SCENARIO}-{key}-{seed}", setters=[setter], knobs={turned: limits})
         cb.attach(trainer)
     else:
         suite = ProbeSuite([setup.control], budget_share=1.0)
@@ -235,7 +289,7 @@ def run_arm(setup: Setup, key: str, a: argparse.Namespace, url: str, seed: int) 
         # the step-0 probe ran at train begin, before any training (the callback's is read later)
         trace.append({"step": step, "cpu_seconds": used() if step else 0.0, "acceptance": values["draft.acceptance"],
                       "tokens_per_call": values["draft.tokens_per_call"], "onpolicy_fraction": knob.read(),
-                      "temperature": temperature.read()})
+                      "temperature": temperature.read(), "divergence_mix": mix.read()})
 
     class Budget(TrainerCallback):
         def on_train_begin(self, args, state, control, model=None, **kw):  # noqa: ANN001
@@ -280,7 +334,7 @@ def run_arm(setup: Setup, key: str, a: argparse.Namespace, url: str, seed: int) 
     r = {"arm": arm["name"], "key": key, "seed": seed, "trace": trace, "train_logs": logs, "final": final,
          "steps": trainer.state.global_step, "cpu_seconds": cpu, "wall_seconds": wall,
          "onpolicy_steps": sum(shares), "final_onpolicy_fraction": knob.read(),
-         "final_temperature": temperature.read(),
+         "final_temperature": temperature.read(), "final_divergence_mix": mix.read(),
          "decisions": len(cb.applied) if cb is not None else None,
          "reasons": [d.get("reason") for d in (cb.applied if cb is not None else [])][:60]}
     console.print(f"  {arm['name']} seed {seed}: α {final['acceptance']:.4f}, tokens/call "
@@ -303,6 +357,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
             colors.setdefault(arm["key"], line.get_color())
             ax2.plot([t["cpu_seconds"] for t in arm["trace"]], [t["onpolicy_fraction"] for t in arm["trace"]],
                      color=colors[arm["key"]], lw=1, alpha=0.8)
+            if ARMS[arm["key"]].get("controller") == "divergence_mix":
+                ax2.plot([t["cpu_seconds"] for t in arm["trace"]], [t.get("divergence_mix", math.nan) for t in arm["trace"]],
+                         color=colors[arm["key"]], lw=1, ls="--", alpha=0.8)
             if ARMS[arm["key"]].get("controller") == "distill_temperature":
                 if ax2t is None:
                     ax2t = ax2.twinx()
@@ -320,7 +377,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax1.set_title("α on teacher samples (control probe, γ = 4)")
         ax1.set_xlabel("CPU seconds")
         ax1.legend(fontsize=7)
-        ax2.set_title("on-policy fraction (solid) and T (dotted) in effect")
+        ax2.set_title("on-policy fraction (solid), λ of KL + λ·TV (dashed), T (dotted)", fontsize=9)
         ax2.set_xlabel("CPU seconds")
         ax2.set_ylim(-0.05, 1.05)
         ax3.set_title("final α, evaluation set (mean ± sd over seeds)")
@@ -330,6 +387,43 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 def _time_to(trace: list[dict[str, float]], alpha: float) -> float | None:
     return next((t["cpu_seconds"] for t in trace if t["acceptance"] >= alpha), None)
+
+
+def judge_against_pick(arms: dict[tuple[str, int], dict[str, Any]], pick: str, act: str,
+                       seeds: list[int]) -> dict[str, Any]:
+    """Actuator arm ``act`` against the fixed ``pick`` on the seeds after 0 where both ran:
+    ``alpha_gain_vs_picked`` (α ≥ 1.078 × the pick's, the α ratio per seed),
+    ``time_to_fixed_final_alpha`` (the CPU seconds ``act`` takes to reach the α the pick ends at on
+    the control probe, as a share of the pick's own, ≤ 0.6) and ``verdict``: either one, on the
+    mean and per seed under the harness rule (:func:`judged`); ``outcome`` says "met" or "missed".
+    Empty when no such seed exists."""
+    eval_seeds = [s for s in seeds if s != 0 and (pick, s) in arms and (act, s) in arms]
+    if not eval_seeds:
+        return {}
+    alpha = {s: (arms[(act, s)]["final"]["acceptance"], arms[(pick, s)]["final"]["acceptance"]) for s in eval_seeds}
+    fixed_alpha = statistics.fmean(f for _, f in alpha.values())
+    act_alpha = statistics.fmean(x for x, _ in alpha.values())
+    rel = act_alpha / fixed_alpha - 1
+    ratio = {s: x / f for s, (x, f) in alpha.items()}
+    gain = judged({"arm": act, "seeds": eval_seeds, "actuator": act_alpha, "picked_fixed": fixed_alpha,
+                   "relative": rel, "target": ALPHA_GAIN, "met": rel >= ALPHA_GAIN,
+                   "alpha_ratio_per_seed": {str(s): r for s, r in ratio.items()}},
+                  {s: r - 1 >= ALPHA_GAIN for s, r in ratio.items()})
+    times = []
+    for s in eval_seeds:
+        fx, ac = arms[(pick, s)], arms[(act, s)]
+        goal = fx["trace"][-1]["acceptance"]
+        t_fx, t_ac = _time_to(fx["trace"], goal), _time_to(ac["trace"], goal)
+        times.append(None if t_ac is None or not t_fx else t_ac / t_fx)
+    time_on_mean = all(r is not None for r in times) and statistics.fmean(times) <= TIME_SHARE  # type: ignore[arg-type]
+    time = judged({"arm": act, "seeds": eval_seeds, "ratio": times, "target": TIME_SHARE, "met": time_on_mean},
+                  {s: r is not None and r <= TIME_SHARE for s, r in zip(eval_seeds, times)})
+    either = judged({"arm": act, "seeds": eval_seeds, "rule": f"alpha >= {1 + ALPHA_GAIN:g} x the fixed pick, or "
+                     f"the pick's final alpha reached in <= {TIME_SHARE:.0%} of its CPU seconds",
+                     "met": gain["met_on_mean"] or time_on_mean},
+                    {s: gain["held_per_seed"][str(s)] or time["held_per_seed"][str(s)] for s in eval_seeds})
+    either["outcome"] = "met" if either["met"] else "missed"
+    return {"alpha_gain_vs_picked": gain, "time_to_fixed_final_alpha": time, "verdict": either}
 
 
 def aggregate(tag: str = "", results: Path = RESULTS) -> dict[str, Any]:
@@ -365,46 +459,44 @@ def aggregate(tag: str = "", results: Path = RESULTS) -> dict[str, Any]:
     targets: dict[str, Any] = {}
     fixed0 = [k for k in FIXED if (k, 0) in arms]
     if fixed0 and any(k in summary for k in ACTUATORS):
-        pick = max(fixed0, key=lambda k: arms[(k, 0)]["final"]["acceptance"])
-        hindsight = max((k for k in FIXED if k in summary and summary[k]["alpha_eval_mean"] is not None),
-                        key=lambda k: summary[k]["alpha_eval_mean"], default=None)
+        choice = pick_on_seed0(FIXED, lambda k, s: arms[(k, s)]["final"]["acceptance"] if (k, s) in arms else None,
+                               seeds)
+        pick = choice["picked_on_seed0"]
         targets["picked_on_seed_0"] = pick
-        targets["best_in_hindsight_seeds_1_2"] = hindsight
+        targets["best_in_hindsight"] = choice["best_in_hindsight"]
+        targets["judged_on"] = choice["judged_on"]
+        # the name of the 3-seed runs (kept: the aggregates of seeds 0-2 are read by it)
+        targets["best_in_hindsight_seeds_1_2"] = choice["best_in_hindsight"]
         for act in (k for k in ACTUATORS if k in summary):
             suffix = "" if act == "actuator" else f"_{act.removeprefix('actuator-')}"
-            eval_seeds = [s for s in seeds if s != 0 and (pick, s) in arms and (act, s) in arms]
-            if not eval_seeds:
-                continue
-            fixed_alpha = statistics.fmean(arms[(pick, s)]["final"]["acceptance"] for s in eval_seeds)
-            act_alpha = statistics.fmean(arms[(act, s)]["final"]["acceptance"] for s in eval_seeds)
-            rel = act_alpha / fixed_alpha - 1
-            gain = {s: arms[(act, s)]["final"]["acceptance"] / arms[(pick, s)]["final"]["acceptance"] - 1
-                    for s in eval_seeds}
-            targets[f"alpha_gain_vs_picked{suffix}"] = judged({
-                "arm": act, "seeds": eval_seeds, "actuator": act_alpha, "picked_fixed": fixed_alpha,
-                "relative": rel, "target": 0.078, "met": rel >= 0.078}, {s: g >= 0.078 for s, g in gain.items()})
-            # time (CPU-s on the control probe) to reach the α the picked fixed arm ends at
-            ratios = []
-            for s in eval_seeds:
-                fx, ac = arms[(pick, s)], arms[(act, s)]
-                goal = fx["trace"][-1]["acceptance"]
-                t_fx, t_ac = _time_to(fx["trace"], goal), _time_to(ac["trace"], goal)
-                ratios.append(None if t_ac is None or not t_fx else t_ac / t_fx)
-            on_mean = all(r is not None for r in ratios) and statistics.fmean(ratios) <= 0.6  # type: ignore[arg-type]
-            targets[f"time_to_fixed_final_alpha{suffix}"] = judged({
-                "arm": act, "seeds": eval_seeds, "ratio": ratios, "target": 0.6, "met": on_mean},
-                {s: r is not None and r <= 0.6 for s, r in zip(eval_seeds, ratios)})
+            targets.update({f"{name}{suffix}": v for name, v in judge_against_pick(arms, pick, act, seeds).items()})
+        for k in summary:
+            if k != pick:
+                summary[k]["alpha_ratio_to_pick"] = {str(s): arms[(k, s)]["final"]["acceptance"]
+                                                     / arms[(pick, s)]["final"]["acceptance"]
+                                                     for s in seeds if s != 0 and (k, s) in arms and (pick, s) in arms}
     out = {**meta, "scenario": SCENARIO, "seeds": seeds, "arms": list(arms.values()), "summary": summary}
     record_targets(out, targets)
-    table = Table(title=f"{SCENARIO}: final α on held-out teacher samples, {meta.get('budget')} CPU-s per arm")
-    for col in ("arm", "seeds", "α mean ± sd", "α seeds 1–2", "tokens/call γ=4", "steps", "on-policy steps"):
+    table = Table(title=f"{SCENARIO}: final α on held-out teacher samples, {meta.get('budget')} CPU-s per arm; "
+                        f"fixed pick (seed 0): {targets.get('picked_on_seed_0')}, best in hindsight: "
+                        f"{targets.get('best_in_hindsight')}")
+    for col in ("arm", "seeds", "α mean ± sd", "worst seed", "α seeds ≥ 1", "α / pick per seed ≥ 1",
+                "tokens/call γ=4", "steps", "on-policy steps"):
         table.add_column(col, justify="right")
     for v in summary.values():
+        worst = v["alpha_worst"]
+        ratios = v.get("alpha_ratio_to_pick") or {}
         table.add_row(v["name"], ",".join(map(str, v["seeds"])), f"{v['alpha_mean']:.4f} ± {v['alpha_sd']:.4f}",
+                      f"{worst['worst']:.4f} (seed {worst['worst_seed']})",
                       "-" if v["alpha_eval_mean"] is None else f"{v['alpha_eval_mean']:.4f}",
+                      " ".join(f"{s}:{r:.3f}" for s, r in ratios.items()) or "-",
                       f"{v['tokens_per_call_mean']:.3f} ± {v['tokens_per_call_sd']:.3f}", f"{v['steps_mean']:.0f}",
                       f"{v['onpolicy_steps_mean']:.0f}")
     console.print(table)
+    for name, v in targets.items():
+        if name.startswith("verdict"):
+            console.print(f"{v['arm']} vs the fixed pick on seeds {v['seeds']}: {v['outcome'].upper()} "
+                          f"({v['seeds_held']} of {len(v['seeds'])} seeds, on the mean {v['met_on_mean']}; {v['rule']})")
     results.mkdir(parents=True, exist_ok=True)
     (results / f"{SCENARIO}{tag}.json").write_text(json.dumps(out, indent=2, default=str))
     plot(out, results / f"{SCENARIO}{tag}.png")
@@ -415,7 +507,7 @@ def aggregate(tag: str = "", results: Path = RESULTS) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     scenario_args(ap, SCENARIO, steps=0, quick="a 20 CPU-second budget and two arms", arms=list(ARMS),
-                  arms_default=list(ARMS),
+                  arms_default=list(DEFAULT_ARMS),
                   tag_help="suffix of the per-seed result files; --aggregate --tag=T combines the files whose "
                            "suffix starts with T (T-part1, T-part2 …) into draft-distill{T}.json, no tag the "
                            "untagged files only", aggregate="combine the per-seed files; run nothing")
@@ -441,6 +533,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         "--t-dither": (0.15, "actuator-T: ES dither amplitude (ln T)"),
         "--t-gain": (30.0, "actuator-T: ES step (ln T) per unit of dα/d ln T"),
         "--t-step": (0.1, "actuator-T: largest move of the centre (ln T)"),
+        "--lk-eta": (3.0, "follow-hybrid: eta of the LK schedule, lambda = exp(eta*alpha) - 1 (capped at 1)"),
+        "--follow-step": (0.2, "follow-hybrid: largest move of lambda per decision"),
+        "--follow-ema": (0.5, "follow-hybrid: EMA weight of the newest alpha in the controller's filter"),
     })
     ap.add_argument("--t-bounds", type=float, nargs=2, default=(0.7, 4.0), metavar=("MIN", "MAX"),
                     help="actuator-T: range of T")
@@ -454,7 +549,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         return None
     if a.quick:
         a.budget = min(a.budget, 20.0)
-        a.arms = a.arms[:2] if a.arms == list(ARMS) else a.arms
+        a.arms = a.arms[:2] if a.arms == list(DEFAULT_ARMS) else a.arms
     url = start(a, controller=any(k in a.arms for k in ACTUATORS))
     t_start = time.time()
     setup = Setup(a)
@@ -503,7 +598,8 @@ def _save(a: argparse.Namespace, argv: list[str] | None, setup: Setup, start: di
                                                    "prompt_tokens": a.probe_prompt_tokens,
                                                    "new_tokens": a.probe_new_tokens},
            "es_policy": es_policy(a)["controllers"][0],
-           "es_policy_temperature": es_policy(a, "distill_temperature")["controllers"][0], "start": start, "arms": results,
+           "es_policy_temperature": es_policy(a, "distill_temperature")["controllers"][0],
+           "follow_policy": follow_policy(a)["controllers"][0], "start": start, "arms": results,
            "command": command_line("draft_distill", argv), "machine": machine(),
            "wall_seconds": time.time() - t_start}
     write_seed(seed_path(a.results, SCENARIO, seed, a.tag), out)
