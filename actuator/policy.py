@@ -112,6 +112,27 @@ MAX_GAIN = 1e9
 # A setpoint, budget or threshold relative to the probe's first value: '+10%', '-5%'.
 _PERCENT = r"[+-]\d+(\.\d+)?%"
 
+# The longest warm-up step test a policy may ask for (hold or length, in steps).
+MAX_IDENTIFY_STEPS = 100_000
+
+
+class IdentifySpec(_Model):
+    """The warm-up step test of a ``gains: auto`` controller (``controllers/identify.py::StepTest``):
+    hold the knob ``hold`` steps, move it by ``size`` (scale units: log units for a log knob, 0.5 is
+    x1.65) for ``length`` steps, then restore it. A field left out is sized by the agent."""
+
+    size: FiniteFloat | None = Field(None, description="The move, in the knob's scale units (non-zero).")
+    hold: int | None = Field(None, ge=0, le=MAX_IDENTIFY_STEPS, description="Steps at the nominal value first.")
+    length: int | None = Field(None, ge=1, le=MAX_IDENTIFY_STEPS, description="Steps at the moved value.")
+
+    @field_validator("size")
+    @classmethod
+    def _moves(cls, v: float | None) -> float | None:
+        if v is not None and v == 0:
+            raise ValueError("a step test needs a non-zero size")
+        return v
+
+
 SetpointPoints = Annotated[list[tuple[Annotated[int, Field(ge=0)], FiniteFloat]],
                           Field(min_length=1, max_length=MAX_SETPOINT_POINTS)]
 
@@ -204,7 +225,8 @@ class ControllerSpec(_Model):
             return own
         unused = {k: v for k, v in _UNUSED.items() if not (info.exclude_none and v is None)}
         return {k: own[k] if k in own else unused[k] for k in _DUMP_ORDER
-                if k in own or (k in unused and k not in _OWN_ONLY)}
+                if (k in own and not (k in _OMIT_NONE and own[k] is None))
+                or (k not in own and k in unused and k not in _OWN_ONLY)}
 
     @classmethod
     def model_validate(cls, obj: Any, *, strict: bool | None = None, extra: Any = None,
@@ -241,12 +263,18 @@ class _FeedbackController(ControllerSpec):
         "probe's first value: '+10%' (e.g. a perplexity budget). Required by setpoint and constraint "
         "controllers; a maximize controller has none."
     )
-    gains: Literal["absolute", "relative"] = Field(
+    gains: Literal["absolute", "relative", "auto"] = Field(
         "absolute", description="absolute: kp, ki, kd are knob-scale units per probe unit. relative: per unit of "
         "relative error, the same numbers for a probe of any magnitude: a setpoint controller's error divided by "
         "|setpoint| (a relative setpoint '+10%' resolved against the probe's first value), a constraint's "
         "violation divided by the budget's margin (0.10 × |first value| for '+10%', |budget| for an absolute "
-        "one).")
+        "one). auto: the agent runs a step test on the knob at warm-up and the service tunes the gains from it "
+        "(identify, SIMC, replay); kp, ki, kd are then the fallback gains, stated relative, used until the test "
+        "ends and whenever its fit is refused. At most one controller of a policy has auto gains.")
+    identify: IdentifySpec | None = Field(
+        None, description="gains auto only: the warm-up step test (size in the knob's scale units, hold and "
+        "length in steps). Default: sized by the agent to fit the scheduler's warm-up, else the first 10% of "
+        "max_steps.")
     kp: FiniteFloat | None = Field(None, ge=0, le=MAX_GAIN, description="Required by setpoint and constraint "
                                    "controllers.")
     ki: FiniteFloat = Field(0.0, ge=0, le=MAX_GAIN)
@@ -295,8 +323,11 @@ class _FeedbackController(ControllerSpec):
             errors.append(("schedule", f"only a follow controller has schedule (this one is kind {self.kind})"))
         if self.given("cost_weight"):
             errors.append(("cost_weight", f"only a maximize controller has cost_weight (kind {self.kind})"))
+        if self.identify is not None and self.gains != "auto":
+            errors.append(("identify", "identify sizes the warm-up step test of gains auto (this controller's gains "
+                                       f"are {self.gains})"))
         points = self._points()
-        if self.gains == "relative" and points and min(points) <= 0 <= max(points):
+        if self.gains != "absolute" and points and min(points) <= 0 <= max(points):
             errors.append(("gains", "relative gains divide the error by |setpoint|, which is 0 here (or on the way): "
                                     "state the gains as absolute"))
         return errors
@@ -308,7 +339,7 @@ class _FeedbackController(ControllerSpec):
         constraint, the budget's margin. Raises ParameterError (field ``gains``) when that span is
         zero or not finite, or needs a baseline not known yet."""
         if self.gains == "absolute":
-            return 1.0
+            return 1.0  # relative, and auto's fallback gains (stated relative)
         span, what = self._span(setpoint, baseline)
         if not (math.isfinite(span) and span > 0):
             raise ParameterError("gains", f"relative gains divide the error by {what}, here {span:g}: state the "
@@ -434,9 +465,11 @@ class MaximizeController(ControllerSpec):
         for name in ("kp", "ki", "kd"):
             if self.given(name):
                 errors.append((name, f"a maximize controller has no {name}: its step size is gain (and max_step)"))
-        if self.given("gains") == "relative":
-            errors.append(("gains", "a maximize controller has no kp, ki, kd to state relative: its step size is "
-                                    "gain (and max_step)"))
+        if self.given("gains") in ("relative", "auto"):
+            errors.append(("gains", f"a maximize controller has no kp, ki, kd to state {self.given('gains')}: its "
+                                    "step size is gain (and max_step)"))
+        if self.given("identify") is not None:
+            errors.append(("identify", "a maximize controller has no gains to identify"))
         for name in ("deadband", "cooldown"):
             if self.given(name):
                 errors.append((name, f"a maximize controller does not use {name}: the dither moves every decision"))
@@ -507,8 +540,10 @@ class FollowController(ControllerSpec):
             if self.given(name):
                 errors.append((name, f"a follow controller has no {name}: the schedule sets the knob (max_step "
                                      "limits each move)"))
-        if self.given("gains") == "relative":
-            errors.append(("gains", "a follow controller has no gains to state relative"))
+        if self.given("gains") in ("relative", "auto"):
+            errors.append(("gains", f"a follow controller has no gains to state {self.given('gains')}"))
+        if self.given("identify") is not None:
+            errors.append(("identify", "a follow controller has no gains to identify"))
         for name in ("dither", "gain", "cost"):
             if self.given(name) is not None:
                 errors.append((name, f"only a maximize controller has {name} (this one is kind follow)"))
@@ -534,10 +569,12 @@ _UNUSED: dict[str, Any] = {name: info.get_default(call_default_factory=True) for
 # The order of a controller's fields in its document (the order of the one model before the kinds).
 _DUMP_ORDER = ("name", "kind", "bound", "probe", "knob", "setpoint", "gains", "kp", "ki", "kd", "direction", "filter",
                "min", "max", "scale", "max_step", "deadband", "setpoint_weight", "cooldown", "priority", "dither",
-               "gain", "smoothing", "cost", "cost_weight", "schedule")
+               "gain", "smoothing", "cost", "cost_weight", "schedule", "identify")
 # Fields added after the flat shape was fixed: in their own kind's documents only, so the documents
 # of the kinds before them (stored, served, compared) keep their shape.
-_OWN_ONLY = frozenset({"schedule"})
+_OWN_ONLY = frozenset({"schedule", "identify"})
+# ... and left out where unset (None), so a document without them keeps its shape in every kind.
+_OMIT_NONE = frozenset({"identify"})
 assert set(_DUMP_ORDER) == {*ControllerSpec.model_fields, *_UNUSED}, "a controller field is missing from _DUMP_ORDER"
 
 
@@ -661,6 +698,16 @@ class PolicyDocument(_Model):
             for name, msg in c.kind_errors():
                 errors.append({"type": PydanticCustomError("controller_kind", msg),
                                "loc": ("controllers", i, c.kind, name), "input": c.given(name)})
+        auto = [i for i, c in enumerate(self.controllers) if c.kind in ("setpoint", "constraint") and c.gains == "auto"]
+        for i in auto[1:]:
+            c = self.controllers[i]
+            same = [self.controllers[j].name for j in auto if j < i and self.controllers[j].knob == c.knob]
+            why = (f"controller {same[0]!r} already identifies knob {c.knob!r}" if same else
+                   f"controller {self.controllers[auto[0]].name!r} already has them")
+            errors.append({"type": PydanticCustomError("auto_gains", "at most one controller of a policy has gains "
+                                                       "auto: the warm-up runs one step test on one knob ({why}); "
+                                                       "state this one's gains relative", {"why": why}),
+                           "loc": ("controllers", i, c.kind, "gains"), "input": c.gains})
         relatives: list[tuple[tuple[str | int, ...], Any]] = [
             (("controllers", i, c.kind, "setpoint"), c.setpoint) for i, c in enumerate(self.controllers)]
         relatives += [(("guardrails", i, "threshold"), g.threshold) for i, g in enumerate(self.guardrails)]
