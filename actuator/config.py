@@ -81,6 +81,9 @@ class Settings(BaseSettings):
         "warnings say so.")
     policy_page_bytes: int = Field(
         4_000_000, ge=1_000_000, description="A page of GET /v1/policies ends before its documents exceed this.")
+    stream_keepalive: float = Field(
+        15.0, gt=0, le=3600, description="Seconds an idle event stream (GET /v1/runs/{id}/stream) waits before a "
+        "keep-alive comment (`: ping`): proxies close connections idle for longer than they allow.")
     metrics_retire_after: float = Field(
         300.0, ge=0, description="Seconds a finished or halted run's Prometheus series stay exported (so a "
         "scrape sees their final values); then they are removed.")

@@ -227,21 +227,33 @@ LastEventId = Annotated[str | SkipJsonSchema[None],
                         "event with reason `trimmed` naming their numbers, and an id of another epoch (or a "
                         "plain number from before epochs) as a `gap` with reason `restarted`: re-read the run's "
                         "report. Without it, the stream starts with the kept events. Idle streams get a "
-                        "keep-alive comment every 15 s.")
+                        "keep-alive comment (`: ping`) every `ACTUATOR_STREAM_KEEPALIVE` seconds (15 by default).")
 async def stream(run_id: Annotated[str, Depends(_streamed_run)], services: ServicesDep,
                  last_event_id: LastEventId = None,
                  max_seconds: Annotated[float, Query(gt=0, le=86400)] = 3600.0) -> AsyncIterator[ServerSentEvent]:
     after = EventId.parse(last_event_id) if last_event_id is not None else None
-    deadline = asyncio.get_running_loop().time() + max_seconds
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + max_seconds
+    keepalive = services.settings.stream_keepalive
     yield ServerSentEvent(retry=2000)
     events = services.live.follow(run_id, after)
+    # The next event is awaited in a task, so a keep-alive comment can be sent while it is
+    # pending without cancelling it (a cancelled __anext__ would end the live generator).
+    pending: asyncio.Task[Any] | None = None
     try:
         while True:
-            try:
-                async with asyncio.timeout_at(deadline):
-                    ev = await anext(events)
-            except TimeoutError:
+            if pending is None:
+                pending = asyncio.ensure_future(anext(events))
+            left = deadline - loop.time()
+            if left <= 0:
                 return
+            done, _ = await asyncio.wait({pending}, timeout=min(keepalive, left))
+            if not done:
+                if loop.time() < deadline:
+                    yield ServerSentEvent(comment="ping")
+                continue
+            try:
+                ev, pending = pending.result(), None
             except Exception as exc:  # noqa: BLE001 - the response has started: no 503 possible now
                 # Live state unreachable: end the stream cleanly; the client reconnects after the
                 # retry interval sent above (instead of a traceback and a cut connection).
@@ -251,4 +263,7 @@ async def stream(run_id: Annotated[str, Depends(_streamed_run)], services: Servi
                 return
             yield ServerSentEvent(id=str(ev.id), event=ev.kind, raw_data=ev.data)
     finally:
+        if pending is not None:
+            pending.cancel()
+            await asyncio.wait({pending})  # cancelled and finished (its error, if any, is not ours to raise)
         await events.aclose()
