@@ -25,6 +25,10 @@ Why a law of its own rather than the setpoint PID on ``w``:
 * The derivative term only counts a rising violation (Stooke's ``(J − J_prev)+``), which damps
   the overshoot of a lagging plant (Adam's momentum carries drift on for a few steps after the
   weight rises) without releasing the weight early when the probe turns down.
+* Prediction (``horizon`` in probe intervals, off at 0), as in the PID: P, I and the deadband act on
+  the projected violation ``y + h·(y − y_prev) − B``, so the multiplier rises while the probe is
+  still heading for the budget (an integrating plant with Adam's lag crosses it otherwise). A
+  ``setpoint_ramp`` is refused: a budget holds from the start.
 * First update = bumpless start, as in the PID: the integral is seeded so that the output equals
   the weight in effect (an operator's value after an override). At the floor (w = 0, a fresh
   run) the integral starts at 0, not at the slack, so a constraint that holds keeps w at 0 and a
@@ -43,7 +47,7 @@ import math
 
 from ._checks import ParameterError, finite_term, require_finite, require_positive, saturate
 from .limits import limited
-from .pid import PIDConfig, PIDOutput, PIDState
+from .pid import PIDConfig, PIDOutput, PIDState, projected_measurement
 
 __all__ = ["PIDLagrangian", "lagrangian_config"]
 
@@ -53,13 +57,13 @@ _SAME_VALUE_RTOL = 1e-12
 
 def lagrangian_config(budget: float, kp: float, ki: float = 0.0, kd: float = 0.0, *, bound: str = "upper",
                       out_min: float = 0.0, out_max: float = math.inf, max_step: float | None = None,
-                      deadband: float = 0.0, cooldown: float = 0.0) -> PIDConfig:
+                      deadband: float = 0.0, cooldown: float = 0.0, horizon: float = 0.0) -> PIDConfig:
     """The :class:`PIDConfig` of a constraint ``probe <= budget`` (``bound="upper"``) or ``>=``."""
     if bound not in ("upper", "lower"):
         raise ParameterError("bound", f"must be 'upper' or 'lower', got {bound!r}")
     return PIDConfig(setpoint=budget, kp=kp, ki=ki, kd=kd, out_min=out_min, out_max=out_max, scale="linear",
                      direction="reverse" if bound == "upper" else "direct", max_step=max_step,
-                     deadband=deadband, cooldown=cooldown)
+                     deadband=deadband, cooldown=cooldown, horizon=horizon)
 
 
 class PIDLagrangian:
@@ -77,6 +81,9 @@ class PIDLagrangian:
             raise ParameterError("scale", f"a multiplier is linear (projected at 0), got {config.scale!r}")
         if not config.out_min >= 0:
             raise ParameterError("out_min", f"a multiplier is >= 0, got out_min {config.out_min}")
+        if config.setpoint_ramp:
+            raise ParameterError("setpoint_ramp", "a constraint holds its budget from the start: a setpoint ramp is "
+                                                  "a setpoint controller's")
         self.config = config
         # violation = sign * (y - budget): upper bound -> y - B, lower bound -> B - y
         self._sign = 1.0 if config.direction == "reverse" else -1.0
@@ -102,7 +109,11 @@ class PIDLagrangian:
         limits: set[str] = set()
         fin = finite_term  # every term saturates at the largest float, as in the PID ("overflow")
         delta = fin(self.violation(y), limits)
-        p = fin(cfg.kp * delta, limits)
+        # P, I and the deadband act on the projected violation when a horizon is set (D stays on
+        # the measurement's rise): weight arrives while the probe is still heading for the budget.
+        y_law = projected_measurement(y, st.last_measurement, cfg.horizon, limits)
+        delta_law = delta if y_law == y else fin(self.violation(y_law), limits)
+        p = fin(cfg.kp * delta_law, limits)
         d = 0.0
         if st.last_measurement is not None and cfg.kd:
             rise = fin(delta - fin(self.violation(st.last_measurement), limits), limits)
@@ -110,7 +121,7 @@ class PIDLagrangian:
         since = st.since_change + dt
         first = st.last_output is None
         hold: str | None = None
-        if cfg.deadband > 0 and abs(delta) <= cfg.deadband:
+        if cfg.deadband > 0 and abs(delta_law) <= cfg.deadband:
             hold = "deadband"
         elif since + _COOLDOWN_TOLERANCE * max(1.0, cfg.cooldown) < cfg.cooldown:
             hold = "cooldown"
@@ -125,7 +136,7 @@ class PIDLagrangian:
             limits.add(hold)
             value = self._bounded(cur, limits)
         else:
-            integral, raw = self._integrate(st.integral, p, d, delta, dt, cur, limits)
+            integral, raw = self._integrate(st.integral, p, d, delta_law, dt, cur, limits)
             value = self._limited(fin(fin(p + integral, limits) + d, limits), cur, limits)
         if math.isclose(value, cur, rel_tol=_SAME_VALUE_RTOL, abs_tol=0.0):
             value = cur
@@ -134,7 +145,8 @@ class PIDLagrangian:
                              since_change=0.0 if changed else since, updates=st.updates + 1)
         order = ("bounds", "rate", "deadband", "cooldown", "overflow")
         return PIDOutput(value=value, changed=changed, error=fin(cfg.setpoint - y, limits), p=p, i=integral, d=d,
-                         unclamped=raw, limited_by=tuple(r for r in order if r in limits), state=new_state)
+                         unclamped=raw, limited_by=tuple(r for r in order if r in limits), state=new_state,
+                         projected=y_law if cfg.horizon > 0 else None)
 
     def bumpless(self, current: float, measurement: float, state: PIDState | None = None) -> PIDState:
         """State for handing control back at weight ``current`` (see :meth:`PID.bumpless`)."""

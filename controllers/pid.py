@@ -49,6 +49,20 @@ Why the pieces are the way they are:
 * **Order of limits.** bounds -> rate -> bounds again -> integer rounding. Bounds win over the rate
   limit: a knob found outside its bounds (an operator typed a bad value) is brought back at once,
   because bounds are the user's hard statement of what is safe.
+* **Prediction for integrating plants** (``horizon``, off at 0). KL under DPO or GRPO integrates
+  its knob, and Adam's momentum carries it on for a few steps after the knob is cut: a law that
+  acts on where the probe *is* winds up its integral during that lag and overshoots. With
+  ``horizon = h`` (in probe intervals, i.e. updates) P, I and the deadband act on the projected
+  measurement ``y + h * (y - y_prev)``, the slope taken from the (filtered) measurement over the
+  last interval; D stays on the measurement. The integral then stops growing when the probe is
+  *heading* for the setpoint, not once it is there. The first update after a fresh start or a
+  hand-back has no slope and projects nothing.
+* **Setpoint ramp** (``setpoint_ramp``, off at 0). The setpoint in force starts at the
+  measurement found at the controller's first update and reaches the target linearly over
+  ``setpoint_ramp`` updates (probe intervals), instead of stepping to it: the error the integral
+  sees stays small on the way up, so it does not bank the whole initial gap while the plant lags.
+  The ramp is the start's setpoint step spread out, so P sees ``setpoint_weight`` of it (none in
+  the default bumpless start); a schedule moves the ramp's end, and its changes reach P in full.
 * **Every number finite.** Finite inputs can still overflow (a probe of 1e308 minus a setpoint of
   -1e308; ``exp()`` of a log-scale output past 709): each term saturates at the largest finite
   float instead, and ``limited_by`` says ``"overflow"``. The components, the unclamped output and
@@ -74,7 +88,7 @@ from ._checks import (
     saturate,
 )
 
-__all__ = ["Scale", "Direction", "LimitReason", "PIDConfig", "PIDState", "PIDOutput", "PID"]
+__all__ = ["Scale", "Direction", "LimitReason", "PIDConfig", "PIDState", "PIDOutput", "PID", "projected_measurement"]
 
 Scale = Literal["log", "linear", "integer"]
 Direction = Literal["direct", "reverse"]
@@ -93,6 +107,15 @@ _DEADBAND_TOLERANCE = 1e-12
 _SAME_VALUE_RTOL = 1e-12
 
 
+def projected_measurement(y: float, previous: float | None, horizon: float, limits: set[str]) -> float:
+    """``y + horizon * (y - previous)``: where the measurement will be ``horizon`` probe intervals on
+    if it keeps the slope of the last one. ``y`` itself without a previous measurement or horizon."""
+    if horizon <= 0 or previous is None:
+        return y
+    slope = finite_term(y - previous, limits)
+    return finite_term(y + finite_term(horizon * slope, limits), limits)
+
+
 @dataclass(frozen=True)
 class PIDConfig:
     """Everything that defines one controller's law. Immutable: a schedule builds a new one.
@@ -103,6 +126,8 @@ class PIDConfig:
     it), ``cooldown`` in the same units as the ``dt`` passed to :meth:`PID.update`.
     ``integral_limit`` bounds ``|integral term|`` around zero; since the integral carries the
     operating point, it must leave room for it (for ``scale="log"``, |ln(knob)| ~ 9 for LR 1e-4).
+    ``horizon`` (projection of the measurement) and ``setpoint_ramp`` are in probe intervals
+    (updates); 0 turns each off.
     """
 
     setpoint: float
@@ -118,6 +143,8 @@ class PIDConfig:
     cooldown: float = 0.0
     integral_limit: float | None = None
     setpoint_weight: float = 0.0
+    horizon: float = 0.0
+    setpoint_ramp: float = 0.0
 
     def validate(self) -> None:
         """Raise :class:`ParameterError` (a ``ValueError``) naming the first invalid field."""
@@ -152,6 +179,8 @@ class PIDConfig:
         b = require_finite("setpoint_weight", self.setpoint_weight)
         if not 0.0 <= b <= 1.0:
             raise ParameterError("setpoint_weight", f"must be in [0, 1], got {b}")
+        require_non_negative("horizon", self.horizon)
+        require_non_negative("setpoint_ramp", self.setpoint_ramp)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe: infinite bounds travel as ``None``."""
@@ -182,16 +211,24 @@ class PIDState:
     last_output: float | None = None
     since_change: float = math.inf
     updates: int = 0
+    #: the setpoint ramp's gap (setpoint − measurement at its first update) and that update's
+    #: count; None while no ramp runs
+    ramp_gap: float | None = None
+    ramp_start: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        """Strict-JSON dict; ``since_change`` = infinity ("never changed") is written as ``None``."""
-        return {
+        """Strict-JSON dict; ``since_change`` = infinity ("never changed") is written as ``None``.
+        The ramp's keys are written only once a ramp has started."""
+        d: dict[str, Any] = {
             "integral": self.integral,
             "last_measurement": self.last_measurement,
             "last_output": self.last_output,
             "since_change": json_float(self.since_change),
             "updates": self.updates,
         }
+        if self.ramp_gap is not None:
+            d["ramp_gap"], d["ramp_start"] = self.ramp_gap, self.ramp_start
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PIDState:
@@ -201,6 +238,8 @@ class PIDState:
             last_output=None if d.get("last_output") is None else float(d["last_output"]),
             since_change=float_from_json(d.get("since_change"), math.inf),
             updates=int(d.get("updates", 0)),
+            ramp_gap=None if d.get("ramp_gap") is None else float(d["ramp_gap"]),
+            ramp_start=int(d.get("ramp_start", 0)),
         )
 
 
@@ -211,7 +250,9 @@ class PIDOutput:
     ``error`` is the raw ``setpoint - measurement`` (never sign-flipped for ``reverse``); the
     direction shows up in ``p``, ``i`` and ``d``, which are the signed contributions in scale units
     so that ``p + i + d`` is the unclamped output in scale units. ``i`` is the integral term after
-    this update's integration (equal to ``state.integral``).
+    this update's integration (equal to ``state.integral``). ``projected`` is the measurement the
+    law acted on when ``horizon`` is set, ``setpoint`` the setpoint in force when a ramp is set
+    (both ``None`` when off).
     """
 
     value: float
@@ -223,6 +264,8 @@ class PIDOutput:
     unclamped: float
     limited_by: tuple[str, ...]
     state: PIDState = field(repr=False)
+    projected: float | None = None
+    setpoint: float | None = None
 
 
 class PID:
@@ -266,13 +309,18 @@ class PID:
         limits: set[str] = set()
         fin = self._finite
         error = fin(cfg.setpoint - y, limits)
-        p = fin(self._sign * cfg.kp * error, limits)
+        # What the law acts on: the projected measurement against the setpoint in force (both
+        # exactly the measurement and the setpoint when prediction and ramp are off).
+        y_law = projected_measurement(y, st.last_measurement, cfg.horizon, limits)
+        r, p_off, ramp_gap, ramp_start = self._setpoint_in_force(y, st, limits)
+        e_law = error if (y_law == y and r == cfg.setpoint) else fin(r - y_law, limits)
+        p = fin(self._sign * cfg.kp * (e_law if p_off == 0.0 else fin(e_law - p_off, limits)), limits)
         d = 0.0 if st.last_measurement is None else fin(
             -self._sign * cfg.kd * (fin(y - st.last_measurement, limits) / dt), limits)
         since = st.since_change + dt
         first = st.last_output is None
         hold: str | None = None
-        if cfg.deadband > 0 and abs(error) <= cfg.deadband + _DEADBAND_TOLERANCE * max(abs(cfg.setpoint), abs(y), 1.0):
+        if cfg.deadband > 0 and abs(e_law) <= cfg.deadband + _DEADBAND_TOLERANCE * max(abs(r), abs(y_law), 1.0):
             hold = "deadband"
         elif since + _COOLDOWN_TOLERANCE * max(1.0, cfg.cooldown) < cfg.cooldown:
             hold = "cooldown"
@@ -288,7 +336,7 @@ class PID:
             integral = st.integral
             raw = self._sum(p, integral, d, limits)
             if hold is None:
-                integral, raw = self._integrate(integral, p, d, error, dt, cur_s, limits)
+                integral, raw = self._integrate(integral, p, d, e_law, dt, cur_s, limits)
 
         u = self._sum(p, integral, d, limits)
         if first:
@@ -313,6 +361,8 @@ class PID:
             last_output=value,
             since_change=0.0 if changed else since,
             updates=st.updates + 1,
+            ramp_gap=ramp_gap,
+            ramp_start=ramp_start,
         )
         unclamped = fin(self._from_scale(raw), limits)  # exp() of a log-scale output may overflow
         return PIDOutput(
@@ -323,8 +373,10 @@ class PID:
             i=integral,
             d=d,
             unclamped=unclamped,
-            limited_by=tuple(r for r in _LIMIT_ORDER if r in limits),
+            limited_by=tuple(reason for reason in _LIMIT_ORDER if reason in limits),
             state=new_state,
+            projected=y_law if cfg.horizon > 0 else None,
+            setpoint=r if cfg.setpoint_ramp > 0 else None,
         )
 
     def bumpless(self, current: float, measurement: float, state: PIDState | None = None) -> PIDState:
@@ -348,9 +400,30 @@ class PID:
             last_output=None,
             since_change=st.since_change,
             updates=st.updates,
+            ramp_gap=st.ramp_gap,
+            ramp_start=st.ramp_start,
         )
 
     # -- helpers -------------------------------------------------------------------------------
+
+    def _setpoint_in_force(self, y: float, st: PIDState, limits: set[str]) -> tuple[float, float, float | None, int]:
+        """The setpoint the law holds at this update, P's share of the ramp, and the ramp's state.
+
+        Without a ramp: the setpoint, 0, no state. With one: the gap ``G`` = setpoint − measurement
+        at the ramp's first update closes linearly over ``setpoint_ramp`` updates, ``r = setpoint −
+        (1 − share)·G`` (a ramp switched on mid-run starts at that update). The ramp is the start's
+        setpoint step spread out, so P sees ``setpoint_weight`` of it, as it sees that share of the
+        step (the rest, ``(1 − b)·share·G``, is returned to be taken off P's error); a schedule's
+        change of the setpoint passes through in full.
+        """
+        cfg = self.config
+        if cfg.setpoint_ramp <= 0:
+            return cfg.setpoint, 0.0, None, 0
+        fin = self._finite
+        gap, at = (st.ramp_gap, st.ramp_start) if st.ramp_gap is not None else (fin(cfg.setpoint - y, limits), st.updates)
+        share = min(1.0, (st.updates - at) / cfg.setpoint_ramp)
+        r = cfg.setpoint if share >= 1.0 else fin(cfg.setpoint - fin((1.0 - share) * gap, limits), limits)
+        return r, fin((1.0 - cfg.setpoint_weight) * share * gap, limits), gap, at
 
     def _sum(self, p: float, i: float, d: float, limits: set[str]) -> float:
         """``p + i + d`` in scale units, finite."""

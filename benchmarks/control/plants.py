@@ -23,6 +23,9 @@ Plants
 :class:`GRPOKLPlant`
     Fitted to the real rl-kl traces on GRPO: a KL pushed up at a constant rate by the reward and
     pulled back in proportion to beta·KL (:func:`fit_restoring_kl` fits it), for the same comparison.
+:class:`IntegratingLagPlant`
+    RLKLPlant's integrating KL behind Adam-like momentum (the KL rises on after β is raised), for
+    the PI with and without prediction (``horizon``) and a setpoint ramp.
 :class:`LRDriftPlant`
     Drift from the base model vs learning rate (direct acting), for PID vs ReduceLROnPlateau and
     an open-loop fixed learning rate.
@@ -47,7 +50,7 @@ import math
 import random
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from actuator.controllers import (
@@ -70,6 +73,7 @@ __all__ = [
     "KLBetaPlant",
     "LRDriftPlant",
     "RLKLPlant",
+    "IntegratingLagPlant",
     "Arm",
     "PIDArm",
     "AdaptiveKLArm",
@@ -85,6 +89,7 @@ __all__ = [
     "kl_scenario",
     "lr_scenario",
     "rl_kl_scenario",
+    "integrating_lag_scenario",
     "summarize",
     "compare",
 ]
@@ -408,6 +413,44 @@ def fit_restoring_kl(traces: Sequence[Sequence[tuple[float, float, float]]]) -> 
 
 
 @dataclass
+class IntegratingLagPlant(_FittedKLPlant):
+    """An integrating KL with actuator lag: :class:`RLKLPlant`'s law behind Adam-like momentum.
+
+    The rate at which the KL climbs does not follow β at once: it follows it through a first
+    moment, as Adam's update does its gradients::
+
+        v ← m·v + (1 − m)·interval·(drift + rate·ln(β / β_ref))      KL ← max(0, KL + v)
+
+    so after β is raised the KL keeps rising for a few intervals (by about ``m / (1 − m)`` times the
+    last interval's rise): DPO's trace, where the learning rate was cut by step 12 and the KL went
+    on rising, and GRPO's, where an integral sized from the time constant wound up during the lag.
+    ``momentum`` 0 is :class:`RLKLPlant`; the constants are RLKLPlant's (the fit to the real RLOO
+    traces) with a momentum of 0.6 (the rise carries on for ~1.5 intervals) and a probe noise of
+    0.002 (a quarter of the fits' residual: the projection's slope is the derivative of a noisy
+    reading, so this plant states what prediction does, not how it copes with noise). It starts at
+    β 0.3, where the KL rises slowly enough that a PI's integral lowers β to hurry it: the windup
+    during the lag that the real GRPO runs showed.
+    """
+
+    drift: float = 0.0095
+    rate: float = -0.0054
+    beta_ref: float = 0.1
+    momentum: float = 0.6
+    noise_sd: float = 0.002
+    initial_knob: float = 0.3
+    name: str = "integrating_lag"
+
+    def reset(self, rng: random.Random) -> None:
+        super().reset(rng)
+        self._v = 0.0
+
+    def advance(self, kl: float, knob: float) -> float:
+        push = self.interval * (self.drift + self.rate * math.log(knob / self.beta_ref))
+        self._v = self.momentum * self._v + (1.0 - self.momentum) * push
+        return max(0.0, kl + self._v)
+
+
+@dataclass
 class LRDriftPlant:
     """Drift from the base model vs learning rate during supervised fine-tuning.
 
@@ -719,6 +762,27 @@ def grpo_kl_scenario(steps: int = 12, beta0: float = 0.76, **plant: float) -> Sc
                     steps=steps)
 
 
+def integrating_lag_scenario(steps: int = 30, horizon: float = 2.0, ramp: float = 8.0) -> Scenario:
+    """Prediction and ramp on :class:`IntegratingLagPlant` (target 0.04, β from 0.3, β in [0.03, 3]):
+    the same PI at the rl-kl benchmark's gains (kp 1/target, ki 0.2/target per 2-step interval, ±1
+    ln-unit per decision) as it is (``pid``), acting on the measurement projected ``horizon``
+    intervals on (``pid_predictive``), and holding a setpoint ramped over ``ramp`` intervals
+    (``pid_ramp``, about the open-loop rise time); Ziegler's controller at the benchmark's horizon
+    (one interval's 32 samples); β fixed at 0.3. 30 intervals = 60 steps."""
+    plant = IntegratingLagPlant()
+    target, beta0 = plant.setpoint, plant.initial_knob
+    base = PIDConfig(setpoint=target, kp=1.0 / target, ki=0.2 / target, kd=0.0, out_min=beta0 / 10,
+                     out_max=beta0 * 10, scale="log", direction="reverse", max_step=1.0)
+    arms: list[Arm] = [
+        PIDArm("pid", base),
+        PIDArm("pid_predictive", replace(base, horizon=horizon)),
+        PIDArm("pid_ramp", replace(base, setpoint_ramp=ramp)),
+        AdaptiveKLArm("adaptive_kl", AdaptiveKLController(beta0, target=target, horizon=32), n_steps=32),
+        FixedArm("fixed_beta", FixedSchedule.constant(beta0)),
+    ]
+    return Scenario(plant_factory=IntegratingLagPlant, arms=arms, steps=steps)
+
+
 def lr_scenario() -> Scenario:
     """PID vs ReduceLROnPlateau vs fixed LR on :class:`LRDriftPlant` (budget 1.0, start 2e-4).
 
@@ -781,16 +845,19 @@ QUICK_STEPS = 100
 
 
 def scenarios(steps: int | None = None) -> list[tuple[str, Scenario, float | None]]:
-    """The four comparisons: (title, scenario, drift budget). ``steps`` replaces each scenario's
-    own length (300 intervals; 12 for the two fitted rl-kl plants, the real runs' length)."""
+    """The five comparisons: (title, scenario, drift budget). ``steps`` replaces each scenario's
+    own length (300 intervals; 12 for the two fitted rl-kl plants, the real runs' length; 30 for
+    the integrating plant with lag)."""
     kl, lr, rl, grpo = kl_scenario(), lr_scenario(), rl_kl_scenario(), grpo_kl_scenario()
-    for scenario in (kl, lr, rl, grpo):
+    lag = integrating_lag_scenario()
+    for scenario in (kl, lr, rl, grpo, lag):
         scenario.steps = steps or scenario.steps
     return [
         ("KL vs beta (target 6)", kl, None),
         ("drift vs learning rate (budget 1.0)", lr, 1.0),
         (f"RLOO KL vs beta, fitted to rl-kl (target 0.04, {rl.steps} intervals)", rl, None),
         (f"GRPO KL vs beta, fitted to rl-kl --trainer grpo (target 0.04, {grpo.steps} intervals)", grpo, None),
+        (f"integrating KL with Adam-like lag: prediction and ramp (target 0.04, {lag.steps} intervals)", lag, None),
     ]
 
 
