@@ -1,5 +1,6 @@
 """Control laws for Actuator: PID, the PID-Lagrangian constraint law, extremum seeking (maximise a
-probe), a follower (the knob follows a probe through a monotone schedule), and the baselines they are compared against.
+probe), a follower (the knob follows a probe through a monotone schedule), split-range control (one
+output, two knobs), and the baselines they are compared against.
 
 Standard library only -- no I/O, no clock, no logging, no numpy/torch -- so the same code runs
 in the service, in the ``simulate`` endpoint, in benchmarks and in tests, and every decision can
@@ -32,6 +33,7 @@ from .filters import (
 from .lagrangian import PIDLagrangian, lagrangian_config
 from .pid import PID, Direction, LimitReason, PIDConfig, PIDOutput, PIDState, Scale
 from .setpoint import Setpoint, setpoint_at, validate_setpoint
+from .split_range import Leg, SplitRange, SplitRangeConfig, SplitRangeError, SplitRangeOutput
 
 __all__ = [
     "ParameterError",
@@ -67,6 +69,12 @@ __all__ = [
     "Passthrough",
     "PassthroughState",
     "make_filter",
+    # split range (one output, two knobs)
+    "SplitRange",
+    "SplitRangeConfig",
+    "SplitRangeError",
+    "SplitRangeOutput",
+    "Leg",
     # setpoint
     "Setpoint",
     "setpoint_at",
