@@ -29,7 +29,9 @@ installed version; torch 2.2 to 2.13.
   and ``load_state_dict`` restores them; ``_last_lr`` is the entry ``get_last_lr`` returns.
 * **Sharded training.** ``Trainer.is_fsdp_enabled`` / ``is_deepspeed_enabled`` (set in
   ``create_accelerator_and_postprocess``, 4.46 and 5.23) say whether the model is sharded
-  (FSDP) or wrapped by DeepSpeed. :func:`sharding_unsupported` refuses both, see its docstring.
+  (FSDP) or wrapped by DeepSpeed; accelerate's ``state.fsdp_plugin.fsdp_version`` which FSDP.
+  :func:`sharding_unsupported` refuses FSDP1 and DeepSpeed, see its docstring; FSDP2 runs
+  (:func:`fsdp_version`).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import inspect
 from typing import Any
 
 __all__ = ["CHECKED_TRANSFORMERS", "find_trainer", "run_before_loggers", "rollback_unsupported",
-           "sharding_unsupported", "load_checkpoint", "sync_last_lr"]
+           "sharding_unsupported", "fsdp_version", "load_checkpoint", "sync_last_lr"]
 
 CHECKED_TRANSFORMERS = ("4.46.0", "5.23.0")
 
@@ -96,27 +98,53 @@ def rollback_unsupported(trainer: Any) -> str | None:
     return None
 
 
-def sharding_unsupported(trainer: Any) -> str | None:
-    """Why the agent refuses this trainer's FSDP or DeepSpeed setup, or ``None``.
+def fsdp_version(trainer: Any) -> int | None:
+    """2 when ``trainer`` trains under accelerate's FSDP2 plugin or its model was ``fully_shard``-ed
+    before the Trainer (FSDP2 modules), 1 under FSDP1, ``None`` when not sharded by FSDP."""
+    from .sharded import is_fully_sharded
 
-    Only rank 0 probes, and a probe runs forward passes (and, for drift, keeps a frozen copy) on
-    rank 0 alone. Under FSDP (1 or 2) and DeepSpeed ZeRO-3 a forward pass all-gathers the
-    parameters with every rank taking part, so a rank-0-only probe would hang the run, and a copy
-    of a sharded module holds one shard. Probing on gathered weights would need every rank in the
-    probe; that is not built, and it cannot be tested here: with ``use_cpu=True`` accelerate
-    1.15 sets ``DistributedType.FSDP`` only for multi-accelerator types, never ``MULTI_CPU``
-    (``accelerate/state.py``): FSDP1's plugin raises "no available devices" with the default
-    ``sync_module_states=True``, and with it off, or ``fsdp_version=2``, the run silently trains
-    as plain DDP over gloo (checked on 2 processes). DeepSpeed ZeRO-1/2 keep full weights
-    on every rank but wrap the optimizer and scheduler the knobs write to; that is not verified
-    either. Refused with this reason rather than left to hang or to steer nothing.
-    """
-    for flag, what in (("is_fsdp_enabled", "FSDP"), ("is_deepspeed_enabled", "DeepSpeed")):
-        if getattr(trainer, flag, False):
-            return (f"{what} is not supported: only rank 0 probes, and a rank-0-only forward pass through a model "
-                    f"sharded by {what} waits for the other ranks' all-gathers forever. Train with DDP "
-                    "(the default for several processes), or without ActuatorCallback.")
+    if getattr(trainer, "is_fsdp_enabled", False):
+        accelerator = getattr(trainer, "accelerator", None)
+        plugin = getattr(getattr(accelerator, "state", None), "fsdp_plugin", None)
+        version = getattr(plugin, "fsdp_version", None) or (2 if getattr(accelerator, "is_fsdp2", False) else 1)
+        return int(version)
+    model = getattr(trainer, "model", None)
+    if model is not None and is_fully_sharded(model):
+        return 2
     return None
+
+
+def sharding_unsupported(trainer: Any) -> str | None:
+    """Why the agent refuses this trainer's FSDP1 or DeepSpeed setup, or ``None``.
+
+    FSDP2 (accelerate's plugin with ``fsdp_version: 2``, or a model ``fully_shard``-ed before the
+    Trainer) is supported: every rank runs the probes in lockstep (``actuator.agents.sharded``).
+    FSDP1 (``FullyShardedDataParallel``) is not: its modules are not checked here (accelerate 1.15
+    with ``use_cpu=True`` sets ``DistributedType.FSDP`` only for multi-accelerator types, never
+    ``MULTI_CPU``, so accelerate's FSDP path cannot run on this CPU machine, and FSDP1's own
+    wrapper was not exercised). DeepSpeed is not installed here (not on the machine, not a
+    dependency) so its ZeRO stages, and the optimizer and scheduler wrappers the knobs would write
+    to, are unverified. Under both a rank-0-only probe would wait forever for the other ranks'
+    all-gathers; refused with this reason rather than left to hang or to steer nothing.
+    """
+    if getattr(trainer, "is_deepspeed_enabled", False):
+        return ("DeepSpeed is not supported: it is untested (not installed where the agent is tested), and a "
+                "rank-0-only forward pass through a ZeRO-3 model waits for the other ranks' all-gathers forever. "
+                "Train with FSDP2 (accelerate's fsdp_version: 2) or DDP, or without ActuatorCallback.")
+    if fsdp_version(trainer) == 1 or _wrapped_by_fsdp1(trainer):
+        return ("FSDP1 (FullyShardedDataParallel) is not supported: only FSDP2 is (accelerate's FSDP plugin with "
+                "fsdp_version: 2, or torch.distributed.fsdp.fully_shard). Train with FSDP2 or DDP, or without "
+                "ActuatorCallback.")
+    return None
+
+
+def _wrapped_by_fsdp1(trainer: Any) -> bool:
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+    except ImportError:  # pragma: no cover
+        return False
+    model = getattr(trainer, "model_wrapped", None) or getattr(trainer, "model", None)
+    return any(isinstance(m, FullyShardedDataParallel) for m in getattr(model, "modules", list)())
 
 
 def load_checkpoint(trainer: Any, path: str) -> None:

@@ -47,10 +47,12 @@ from typing import Any
 from actuator._exceptions import ConfigError
 from actuator.policy import PolicyDocument, protect_policy
 
-from ._hf_compat import find_trainer, load_checkpoint, rollback_unsupported, run_before_loggers, sharding_unsupported
+from ._hf_compat import (find_trainer, fsdp_version, load_checkpoint, rollback_unsupported, run_before_loggers,
+                         sharding_unsupported)
 from .identification import IdentificationMode
 from .knobs import KnobSetter, setter_for
 from .session import Connection, ControlSession, Protect, Reporting, RunInfo
+from .sharded import SHARDED_DIR, RankCheckedSetter, from_rank0, load_sharded, rank_and_world, save_sharded
 
 __all__ = ["ActuatorCallback", "Connection", "Protect", "Reporting", "RunInfo"]
 
@@ -196,6 +198,7 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         self.checkpoints: list[tuple[int, str]] = []  # (step, dir) saved during this run
         self.rollbacks: list[dict[str, Any]] = []
         self._started = False  # on_train_begin ran
+        self.sharded = False  # the model is sharded by FSDP2: probes run on every rank in lockstep
         _LIVE.add(self)
 
     # Set through transformers' ExportableState restore (``state()["attributes"]``): this instance
@@ -296,6 +299,11 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         self.session.bind_knobs({name: setter_for(name, trainer=self.trainer, optimizer=optimizer,
                                                   lr_scheduler=lr_scheduler, model=model)
                                  for name in self.knob_bounds if name not in self.extra_setters})
+        if rank_and_world()[1] > 1:  # a decision's acknowledged value is the one every rank holds
+            setters = self.session.setters
+            for name, setter in setters.items():
+                if not isinstance(setter, RankCheckedSetter):
+                    setters[name] = RankCheckedSetter(setter)
 
     # -- trainer events --------------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
@@ -315,9 +323,12 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         trainer = self.trainer
         if trainer is not None and (sharded := sharding_unsupported(trainer)):
             raise ConfigError(sharded)
+        self.sharded = trainer is not None and fsdp_version(trainer) == 2
         optimizer = optimizer if optimizer is not None else getattr(trainer, "optimizer", None)
         lr_scheduler = lr_scheduler if lr_scheduler is not None else getattr(trainer, "lr_scheduler", None)
-        main = bool(getattr(state, "is_world_process_zero", True))
+        # rank 0 of the process group (a model fully_shard-ed before a Trainer that sees one process
+        # leaves every rank "process zero")
+        main = bool(getattr(state, "is_world_process_zero", True)) and rank_and_world()[0] == 0
         failure: ConfigError | None = None
         try:
             session.open(main=main)
@@ -325,19 +336,24 @@ class ActuatorCallback(TrainerCallback, ExportableState):
                 self._add_policy_knobs()
         except ConfigError as exc:
             failure = exc
-        shared = self._from_rank0({"knobs": self.knob_bounds, "error": str(failure) if failure else None})
+        shared = self._from_rank0({"knobs": self.knob_bounds, "error": str(failure) if failure else None,
+                                   "doc": self.policy_doc if self.sharded else None})
         if shared["error"] is not None:
             raise failure or ConfigError(shared["error"])
         self.knob_bounds = dict(shared["knobs"])
+        if self.sharded and not main:
+            self.policy_doc = shared["doc"]  # every rank builds the probes rank 0 runs
         self._anchor_pairs(args, state, model)
         self._bind_setters(optimizer, lr_scheduler, model)
         failure = None
-        if main:
+        if main or self.sharded:
             try:
                 self._complete_probes()
             except ConfigError as exc:
                 failure = exc
-        self._stop_if_refused(failure)
+        self._stop_if_refused(failure if main else None)
+        if self.sharded and self.suite is not None:
+            self.suite.lockstep = from_rank0
         session.start_identification(state.global_step)
         self._restore(args, state)
         if self.run_name is None:
@@ -348,7 +364,14 @@ class ActuatorCallback(TrainerCallback, ExportableState):
             if reason:
                 log.warning("actuator: the policy may order a rollback, which would halt instead: %s", reason)
         session.start(model, step=state.global_step, max_steps=int(getattr(state, "max_steps", 0) or 0))
+        if self._probes_beside_rank0(model):  # rank 0 took its reference and baseline: the same here
+            self.suite.setup(model)
+            self.suite.run(model, state.global_step, baseline=True)
         return None
+
+    def _probes_beside_rank0(self, model: Any) -> bool:
+        """Whether this rank runs the probes' forward passes with rank 0 (sharded, not rank 0)."""
+        return self.sharded and not self._is_main and self.suite is not None and model is not None
 
     def _stop_if_refused(self, failure: ConfigError | None) -> None:
         """Rank 0's refusal stops ``train()`` on every rank, before the first step."""
@@ -428,6 +451,8 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         self.session.identification_step(state.global_step)
         self._apply_results(args, state, control)
         self.session.after_step(state.global_step, model)
+        if self._probes_beside_rank0(model):
+            self.suite.run(model, state.global_step)
 
     def _apply_results(self, args: Any, state: Any, control: Any) -> None:
         """Rank 0's decisions, halt and rollback, applied on every rank at this step boundary."""
@@ -465,10 +490,18 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         self.session.keep_metrics(metrics)
         if self.suite is not None and model is not None and self._is_main:
             self.session.observe(state.global_step, model, evaluate=True)
+        elif self._probes_beside_rank0(model):
+            self.suite.run(model, state.global_step, evaluate=True)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
         self.checkpoints.append((state.global_step, path))
+        if self.sharded and self.trainer is not None:
+            # Every rank writes its shards of the weights and optimizer moments (DCP) beside rank 0's
+            # checkpoint: what a rollback restores (torch.distributed.checkpoint; a shared filesystem).
+            trainer = self.trainer
+            save_sharded(os.path.join(self._from_rank0(path), SHARDED_DIR), trainer.model, trainer.optimizer,
+                         trainer.lr_scheduler)
         if self._is_main and self.run_token and os.path.isdir(path):
             # The run token lets a resumed run continue the same run; it is a secret, so it is
             # kept out of trainer_state.json, in its own owner-only file.
@@ -525,15 +558,21 @@ class ActuatorCallback(TrainerCallback, ExportableState):
 
     def _rollback(self, args: Any, state: Any) -> bool:
         """Restore the last checkpoint at which every guardrail held; False if there is none."""
+        # Rank 0 knows the last healthy step (the service told it); every rank loads what it picks.
         healthy = [(s, p) for s, p in self.checkpoints if self.last_ok_step is not None and s <= self.last_ok_step
                    and os.path.isdir(p)]
-        unsupported = rollback_unsupported(self.trainer)
-        if unsupported or not healthy:
+        unsupported = None if self.sharded and self.trainer is not None else rollback_unsupported(self.trainer)
+        target = self._from_rank0(None if unsupported or not healthy else healthy[-1])
+        if target is None:
             log.error("actuator: rollback ordered at step %d but %s; halting instead", state.global_step,
                       unsupported or "no checkpoint was saved while every guardrail held")
             return False
-        step, path = healthy[-1]
-        load_checkpoint(self.trainer, path)  # weights in place; optimizer moments and schedule of that step
+        step, path = target
+        trainer = self.trainer
+        if self.sharded:  # each rank its shards of the weights and moments, the schedule of that step
+            load_sharded(os.path.join(path, SHARDED_DIR), trainer.model, trainer.optimizer, trainer.lr_scheduler)
+        else:
+            load_checkpoint(trainer, path)  # weights in place; optimizer moments and schedule of that step
         self.rollbacks.append({"at_step": state.global_step, "to_step": step, "checkpoint": path})
         self.session.log_extra["actuator/rollback_to_step"] = float(step)
         log.warning("actuator: guardrail breach: rolled back to %s (step %d) at step %d; training continues",
@@ -543,14 +582,6 @@ class ActuatorCallback(TrainerCallback, ExportableState):
     @staticmethod
     def _from_rank0(value: Any) -> Any:
         """``value`` as rank 0 has it, on every rank (itself when not distributed)."""
-        try:
-            import torch.distributed as dist
-        except ImportError:  # pragma: no cover
-            return value
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-            return value
-        payload = [value]
-        dist.broadcast_object_list(payload, src=0)
-        return payload[0]
+        return from_rank0(value)
 
 

@@ -14,7 +14,12 @@ __all__ = ["ReferenceModel", "snapshot"]
 
 
 def snapshot(model: Any) -> Any:
-    """A frozen deep copy of ``model`` (same device), in eval mode, without gradients."""
+    """A frozen deep copy of ``model`` (same device), in eval mode, without gradients; of a model
+    sharded by FSDP2, a copy sharded the same way (each rank holds its shard)."""
+    from ..sharded import is_fully_sharded, sharded_copy
+
+    if is_fully_sharded(model):
+        return sharded_copy(model)
     reference = copy.deepcopy(model)
     # TRL trainers (SFT, DPO, GRPO, RLOO, KTO) patch an instance-level ``model.forward`` whose
     # closure holds the *live* model's bound forward; deepcopy keeps that closure, so the copy

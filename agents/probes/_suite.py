@@ -71,6 +71,10 @@ class ProbeSuite:
     ``force=True`` runs every probe in full regardless of budget (a final or on-demand
     measurement). Setup time (reference copy, embedder load, reference answers) is not counted:
     it is paid once, before the clock starts.
+
+    ``lockstep`` (set for training sharded by FSDP2): every rank calls ``run`` at every step, and
+    runs exactly the probes rank 0's budget lets run, in rank 0's order and with its example
+    counts (see the attribute).
     """
 
     def __init__(
@@ -106,6 +110,10 @@ class ProbeSuite:
         self._warned: set[str] = set()
         self._first_step: int | None = None
         self.setup_seconds = 0.0
+        # Sharded training (FSDP2): a function returning rank 0's value on every rank. Then every
+        # rank runs the probes rank 0 runs at a step, in its order, on its number of examples: a
+        # probe's forward passes are collectives (actuator.agents.sharded).
+        self.lockstep: Callable[[Any], Any] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
     def add(self, probe: Probe) -> None:
@@ -176,6 +184,10 @@ class ProbeSuite:
         none is due. ``baseline``: the reading before training, paid like setup (class docstring)."""
         force = force or baseline
         due = list(self.probes) if force else self.due(step, evaluate=evaluate)
+        if self.lockstep is not None:  # sharded: every rank runs what rank 0 runs, in its order
+            due.sort(key=self._order)
+            by_name = {p.name: p for p in self.probes}
+            due = [by_name[name] for name in self.lockstep([p.name for p in due])]
         if not due:
             return None
         if self._t0 is None:
@@ -184,8 +196,8 @@ class ProbeSuite:
         report = ProbeReport(values={}, seconds={}, skipped=[], notes=[], step=step)
         if self._first_step is None:
             self._first_step = step
-        due.sort(key=lambda p: (p.name not in self.priority, -self._skips.get(p.name, 0), p.cost_rank,
-                                self._estimate(p) or 0.0))
+        if self.lockstep is None:
+            due.sort(key=self._order)
         budgeted = (self._probe_seconds, dict(self._spent))
         run_start = self._clock()
         spent = 0.0
@@ -195,6 +207,8 @@ class ProbeSuite:
                 limit = None
                 if not force:
                     action, limit, note = self._plan(probe, scheduled=probe.due(step))
+                    if self.lockstep is not None:
+                        action, limit = self.lockstep((action, limit))
                     if note:
                         report.notes.append(note)
                     if action == "skip":
@@ -220,6 +234,9 @@ class ProbeSuite:
         if report.skipped:
             logger.debug("probes skipped at step %s: %s", step, "; ".join(report.notes))
         return report
+
+    def _order(self, p: Probe) -> tuple[Any, ...]:
+        return (p.name not in self.priority, -self._skips.get(p.name, 0), p.cost_rank, self._estimate(p) or 0.0)
 
     def _run_one(
         self, probe: Probe, model: Any, step: int, limit: int | None, report: ProbeReport

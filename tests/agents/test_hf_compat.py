@@ -118,23 +118,38 @@ def test_private_trainer_and_scheduler_apis_only_in_the_adapter():
     assert not offenders, offenders
 
 
-@pytest.mark.parametrize("flag,what", [("is_fsdp_enabled", "FSDP"), ("is_deepspeed_enabled", "DeepSpeed")])
-def test_fsdp_and_deepspeed_are_refused_at_train_start(tmp_path, char_tokenizer, flag, what):
-    """Issue 18, item 7. A rank-0-only probe through a sharded model would hang the run, so the
-    callback refuses FSDP and DeepSpeed when training starts, before it registers.
+@pytest.mark.parametrize("flag,what", [("is_fsdp_enabled", "FSDP1"), ("is_deepspeed_enabled", "DeepSpeed")])
+def test_fsdp1_and_deepspeed_are_refused_at_train_start(tmp_path, char_tokenizer, flag, what):
+    """Issue 18, item 7; issue 39. FSDP1 and DeepSpeed are refused when training starts, before the
+    run registers (FSDP2 runs: tests/distributed).
 
     On this CPU-only machine neither can really be switched on (accelerate 1.15 enables FSDP only on
     accelerators: FSDP1's plugin raises, an ``fsdp_version=2`` config trains as DDP; DeepSpeed
-    needs an accelerator too), and flipping the Trainer's flag by hand breaks ``train()`` itself
+    is not installed), and flipping the Trainer's flag by hand breaks ``train()`` itself
     before any callback runs. So the flag is set on a real Trainer and its own callback handler
     fires ``on_train_begin``, as ``train()`` does: what is under test is the callback's reading
-    of the flag and its refusal."""
+    of the flag and its refusal. The single-process accelerator has no FSDP plugin, which reads as
+    FSDP1 (accelerate's default ``fsdp_version``)."""
     trainer = make_trainer(tmp_path, char_tokenizer, steps=4)
     assert _hf_compat.sharding_unsupported(trainer) is None  # plain single-process training
     cb = ActuatorCallback({"name": "p", "controllers": [{"name": "c", "probe": "custom.x", "knob": "learning_rate",
                                                          "setpoint": 0.0, "kp": 1.0}]},
                           connection="http://127.0.0.1:9").attach(trainer)
     setattr(trainer, flag, True)
-    with pytest.raises(ConfigError, match=f"{what} is not supported: only rank 0 probes"):
+    with pytest.raises(ConfigError, match=f"{what} .*is not supported"):
         trainer.callback_handler.on_train_begin(trainer.args, trainer.state, trainer.control)
     assert cb.run_id is None and cb.client is None and cb.sender is None
+
+
+def test_fsdp2_plugin_is_not_refused(tmp_path, char_tokenizer, monkeypatch):
+    """Issue 39: accelerate's FSDP plugin with ``fsdp_version: 2`` is supported (probes run on every
+    rank in lockstep), while the same flag with ``fsdp_version: 1`` is refused."""
+    from types import SimpleNamespace
+
+    trainer = make_trainer(tmp_path, char_tokenizer, steps=4)
+    monkeypatch.setattr(trainer, "is_fsdp_enabled", True, raising=False)
+    state = trainer.accelerator.state
+    monkeypatch.setattr(state, "fsdp_plugin", SimpleNamespace(fsdp_version=2), raising=False)
+    assert _hf_compat.fsdp_version(trainer) == 2 and _hf_compat.sharding_unsupported(trainer) is None
+    monkeypatch.setattr(state, "fsdp_plugin", SimpleNamespace(fsdp_version=1), raising=False)
+    assert _hf_compat.fsdp_version(trainer) == 1 and "FSDP1" in _hf_compat.sharding_unsupported(trainer)
