@@ -28,7 +28,8 @@ from .controllers import (
 from .catalogue import limit
 from .policy import ControllerSpec, GuardrailSpec, PolicyDocument, setpoint_at
 from .run_state import ControllerState, GuardrailState, KnobState, RunContext
-from .schemas import Action, ControllerUnusable, Decision, Event, GuardrailBreach, GuardrailCleared, ObservationCreate
+from .schemas import (Action, AutoGainsFallback, AutoGainsFit, AutoGainsPrediction, AutoGainsSet, AutoGainsTuned,
+                      ControllerUnusable, Decision, Event, GuardrailBreach, GuardrailCleared, ObservationCreate)
 
 __all__ = ["RunContext", "EngineResult", "Engine"]
 
@@ -94,6 +95,17 @@ def _constraint_reason(name: str, probe: str, filtered: float, prev: float | Non
             f"{knob} {_fmt(current)} -> {_fmt(out.value)}" + (f" (levels {terms})" if terms else "") + limits)
 
 
+# The most observations a gains-auto controller records in its warm-up step test (beyond, every
+# other one is dropped: the fit needs the step's shape, not every reading).
+AUTO_MAX_SAMPLES = 1000
+
+
+def _gains_set(spec: ControllerSpec, gains: str | None = None) -> AutoGainsSet:
+    return AutoGainsSet(gains=gains or ("absolute" if spec.gains == "absolute" else "relative"),
+                        kp=float(spec.kp or 0.0), ki=spec.ki, kd=spec.kd, direction=spec.direction,
+                        setpoint_weight=spec.setpoint_weight)
+
+
 # Distinct PID laws one engine keeps (beyond, it starts over): a handful per controller and knob
 # bounds normally; a setpoint schedule makes one per step it is evaluated at.
 _PID_CACHE_SIZE = 4096
@@ -128,6 +140,7 @@ class Engine:
         self._pids: dict[tuple[Any, ...], PID] = {}
         self._extrema: dict[tuple[Any, ...], ExtremumSeeking] = {}
         self._follows: dict[tuple[Any, ...], Follow] = {}
+        self._tuned: dict[tuple[Any, ...], ControllerSpec] = {}  # gains auto: the spec with a run's tuned gains
 
     # -- helpers -----------------------------------------------------------------------------
     @staticmethod
@@ -418,12 +431,18 @@ class Engine:
             if spec.kind == "follow":
                 self._follow(ctx, obs, result, spec, knob, st, raw, dt, taken)
                 continue
+            law_spec: ControllerSpec | None = spec
+            if spec.gains == "auto":
+                law_spec = self._auto(ctx, obs, spec, st, raw, result)
+                if law_spec is None:  # the warm-up step test runs: the probe is tracked, the law waits
+                    self._track(obs, spec, knob, st, raw, -math.inf, math.inf)
+                    continue
             filt = self._filter(spec)
             filtered, fstate = filt.update(raw, filt.state_from_dict(st.filter) if st.filter else None)
             # the reference for relative setpoints ('+10%'): the first filtered value
             baseline = filtered if st.baseline is None else st.baseline
             try:
-                pid = self._pid(spec, knob, obs.step, st.setpoint_override, baseline)  # before any state moves
+                pid = self._pid(law_spec, knob, obs.step, st.setpoint_override, baseline)  # before any state moves
             except ParameterError as exc:
                 # A stored policy whose law cannot run on this run's knobs (validation against the
                 # knobs prevents it; runs and policies stored before it may still meet it): the
@@ -479,6 +498,90 @@ class Engine:
                         "dt": dt, "unclamped": out.unclamped, "limited_by": list(out.limited_by),
                         "bounds": [cfg.out_min, cfg.out_max], "max_step": cfg.max_step, "scale": cfg.scale},
             )
+
+    # -- gains auto ---------------------------------------------------------------------------
+    def _auto(self, ctx: RunContext, obs: ObservationCreate, spec: ControllerSpec, st: ControllerState, raw: float,
+              result: EngineResult) -> ControllerSpec | None:
+        """The spec a ``gains: auto`` controller's law runs with at this observation: the tuned
+        one once its warm-up step test was fitted, the policy's (fallback gains) when the fit was
+        refused or no test was declared, None while the test runs (this observation is recorded).
+        At the first observation at or after the test's end the fit is made (identify, SIMC,
+        replay: :func:`actuator.tune.tune_controller`) and its outcome recorded as an event."""
+        auto = st.auto
+        if auto is None:
+            st.auto = {"status": "fallback", "problem": "no_window"}
+            result.events.append(AutoGainsFallback(
+                step=obs.step, controller=spec.name, knob=spec.knob, problem="no_window", gains=_gains_set(spec),
+                reason=f"gains auto: no warm-up step test was declared for {spec.name!r} at registration (an agent "
+                       "that predates gains auto, or a run registered without one): it runs on its fallback gains"))
+            return spec
+        status = auto.get("status")
+        if status == "tuned":
+            return self._tuned_spec(spec, auto["gains"])
+        if status == "fallback":
+            return spec
+        if obs.step < int(auto["start"]):
+            return None
+        samples = auto.setdefault("samples", [])
+        if not samples:
+            auto["initial"] = float(ctx.knobs[spec.knob].value)
+        samples.append([obs.seq, obs.step, raw, obs.knobs.get(spec.knob)])
+        if len(samples) > AUTO_MAX_SAMPLES:
+            del samples[1::2]
+        if obs.step < int(auto["end"]):
+            return None
+        return self._calibrate(ctx, obs, spec, st, auto, result)
+
+    def _calibrate(self, ctx: RunContext, obs: ObservationCreate, spec: ControllerSpec, st: ControllerState,
+                   auto: dict[str, Any], result: EngineResult) -> ControllerSpec:
+        from .tune import tune_controller  # the tuner replays policies through this module's Engine
+
+        knobs = {name: k.to_dict() for name, k in ctx.knobs.items()}
+        knobs[spec.knob] = {**knobs[spec.knob], "value": auto["initial"]}
+        values = {"probes": {}, "metrics": {}}
+        key = ("metrics", spec.probe.removeprefix("train.")) if spec.probe.startswith("train.") else ("probes", spec.probe)
+        observations = [ObservationCreate.model_construct(
+            seq=seq, step=step, **{**values, key[0]: {key[1]: y}}, knobs={} if u is None else {spec.knob: u})
+            for seq, step, y, u in auto.pop("samples")]
+        window = (int(auto["start"]), int(auto["end"]))
+        try:
+            tuned = tune_controller(self.policy, knobs, spec.name, observations)
+        except (ValueError, ArithmeticError) as exc:  # NotIdentifiable, ParameterError, a PolicyError
+            problem = getattr(exc, "problem", None) or type(exc).__name__
+            st.auto = {**auto, "status": "fallback", "problem": problem}
+            result.events.append(AutoGainsFallback(
+                step=obs.step, controller=spec.name, knob=spec.knob, problem=problem, gains=_gains_set(spec),
+                reason=f"gains auto: the warm-up step test on {spec.knob} (steps {window[0]}-{window[1]}) could not "
+                       f"be fitted ({exc}); {spec.name!r} keeps its fallback gains"))
+            return spec
+        doc = next(c for c in tuned["policy"]["controllers"] if c["name"] == spec.name)
+        gains = _gains_set(spec, "absolute").model_copy(update={
+            "kp": doc["kp"], "ki": doc["ki"], "kd": doc["kd"], "direction": doc["direction"],
+            "setpoint_weight": doc["setpoint_weight"]})
+        model, predicted = tuned["model"], tuned["predicted"]
+        st.auto = {**auto, "status": "tuned", "gains": gains.model_dump()}
+        result.events.append(AutoGainsTuned(
+            step=obs.step, controller=spec.name, knob=spec.knob, window=window,
+            fit=AutoGainsFit(model=model["kind"], gain=model["gain"], tau=model["tau"], theta=model["theta"],
+                             r2=model["r2"], nrmse=model["nrmse"], observations=model["observations"]),
+            gains=gains, warnings=list(tuned["warnings"]),
+            predicted=AutoGainsPrediction(settling_steps=predicted["proposed"]["settling_steps"],
+                                          overshoot_pct=predicted["proposed"]["overshoot_pct"],
+                                          horizon=predicted["horizon"])))
+        return self._tuned_spec(spec, st.auto["gains"])
+
+    def _tuned_spec(self, spec: ControllerSpec, gains: Mapping[str, Any]) -> ControllerSpec:
+        """``spec`` with a run's tuned gains (absolute), one object per distinct gains (the laws are
+        cached on the spec's identity)."""
+        update = {k: v for k, v in gains.items() if k in type(spec).model_fields}
+        key = (id(spec), *map(_exact, (update.get(k) for k in sorted(update))))
+        tuned = self._tuned.get(key)
+        if tuned is None:
+            if len(self._tuned) >= _PID_CACHE_SIZE:
+                self._tuned.clear()
+                self._pids.clear()  # keyed on the specs' identities: none may outlive its spec
+            tuned = self._tuned[key] = spec.model_copy(update={**update, "identify": None})
+        return tuned
 
     def _track(self, obs: ObservationCreate, spec: ControllerSpec, knob: KnobState, st: ControllerState, raw: float,
                lo: float, hi: float) -> tuple[float, float | None, float]:

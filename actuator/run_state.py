@@ -80,6 +80,10 @@ class ControllerState:
     reset: bool = False
     error: str | None = None
     law: Json | None = None  # a non-PID law's own state (kind maximize: ExtremumState.to_dict())
+    # gains auto: the warm-up step test's window (start, end, size), what was recorded in it
+    # (``samples``: [seq, step, probe, knob reported]) and, once it ended, ``status`` tuned (with
+    # ``gains``) or fallback
+    auto: Json | None = None
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ControllerState:
@@ -88,14 +92,15 @@ class ControllerState:
                    last_step=d.get("last_step"), probe=d.get("probe"), knob=d.get("knob"), raw=d.get("raw"),
                    filtered=d.get("filtered"), baseline=d.get("baseline"), setpoint=d.get("setpoint"),
                    components=d.get("components"), setpoint_override=d.get("setpoint_override"),
-                   reset=bool(d.get("reset", False)), error=d.get("error"), law=d.get("law") or None)
+                   reset=bool(d.get("reset", False)), error=d.get("error"), law=d.get("law") or None,
+                   auto=d.get("auto") or None)
 
     def to_dict(self) -> Json:
         return _set({"pid": None if self.pid is None else self.pid.to_dict(), "filter": self.filter,
                      "last_step": self.last_step},
                     probe=self.probe, knob=self.knob, raw=self.raw, filtered=self.filtered, baseline=self.baseline,
                     setpoint=self.setpoint, components=self.components, setpoint_override=self.setpoint_override,
-                    reset=self.reset or None, error=self.error, law=self.law)
+                    reset=self.reset or None, error=self.error, law=self.law, auto=self.auto)
 
 
 @dataclass

@@ -39,6 +39,7 @@ __all__ = [
     "Scale",
     "RunStateName",
     "KnobSpec",
+    "IdentificationWindow",
     "RunCreate",
     "RunCreated",
     "RunPublic",
@@ -52,6 +53,9 @@ __all__ = [
     "DecisionPublic",
     "DecisionPage",
     "IngestResult",
+    "Notice",
+    "AutoGainsTuned",
+    "AutoGainsFallback",
     "ErrorItem",
     "ErrorDetail",
     "ErrorPublic",
@@ -168,6 +172,25 @@ class KnobSpec(_Model):
         return self
 
 
+class IdentificationWindow(_Model):
+    """The warm-up step test the agent runs for a ``gains: auto`` controller: steps ``start`` (the
+    first) to ``end`` (the first after it, where the knob is back at its nominal value); decisions
+    on ``knob`` are set aside meanwhile. The service tunes the controller's gains at its first
+    observation at or after ``end``."""
+
+    controller: Name
+    knob: Name
+    start: WireInt = Field(ge=0, le=MAX_INT)
+    end: WireInt = Field(ge=1, le=MAX_INT)
+    size: FiniteFloat = Field(description="The move, in the knob's scale units.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> IdentificationWindow:
+        if self.end <= self.start:
+            raise ValueError(f"end ({self.end}) must come after start ({self.start})")
+        return self
+
+
 class RunCreate(_Model):
     """Register a run. ``policy`` is a stored policy's name (latest version, or ``name@version``),
     or an inline policy document that is stored as a new policy version."""
@@ -176,6 +199,16 @@ class RunCreate(_Model):
     policy: str | dict[str, Any]
     knobs: list[KnobSpec] = Field(default_factory=list, max_length=32)
     metadata: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
+    identification: list[IdentificationWindow] = Field(
+        default_factory=list, max_length=1, description="The warm-up step test of the policy's gains-auto "
+        "controller, as the agent runs it (left out of the request when there is none).")
+
+    @model_serializer(mode="wrap")
+    def _without_empty(self, handler: SerializerFunctionWrapHandler):  # no return type: the schema stays the model's
+        data = handler(self)
+        if isinstance(data, dict) and not data.get("identification"):
+            data.pop("identification", None)  # a service that predates the field would refuse it
+        return data
 
     @field_validator("knobs")
     @classmethod
@@ -207,6 +240,10 @@ class RunPublic(_Model):
 class RunCreated(RunPublic):
     token: str = Field(description="Run-scoped agent token. Shown once; stored hashed.")
     policy: dict[str, Any] = Field(description="The policy document the run runs under.")
+    identification: list[IdentificationWindow] = Field(
+        default_factory=list, description="The warm-up step tests the service will tune gains from (the "
+        "request's, accepted); empty: none (an agent that asked for one and finds it missing runs on the "
+        "fallback gains).")
 
 
 class RunState(RunPublic):
@@ -529,6 +566,65 @@ class RunRegistered(_RecordEvent):
     knobs: dict[str, KnobSpec]
 
 
+class AutoGainsFit(_Model):
+    """The plant fitted from a warm-up step test (knob in its scale, time in steps)."""
+
+    model: Literal["fopdt", "integrating"]
+    gain: float = Field(description="FOPDT: probe change per knob-scale unit; integrating: per unit per step.")
+    tau: float
+    theta: float
+    r2: float = Field(description="Share of the probe's variance the model explains.")
+    nrmse: float
+    observations: int
+
+
+class AutoGainsSet(_Model):
+    """Gains a controller runs with: kp, ki, kd as ``gains`` states them."""
+
+    gains: Literal["absolute", "relative"]
+    kp: float
+    ki: float
+    kd: float
+    direction: Literal["direct", "reverse"]
+    setpoint_weight: float = 0.0
+
+
+class AutoGainsPrediction(_Model):
+    """The tuned loop replayed on the fitted model."""
+
+    settling_steps: int | None
+    overshoot_pct: float | None
+    horizon: int
+
+
+class AutoGainsTuned(_Event):
+    """A ``gains: auto`` controller's warm-up step test was fitted and its gains tuned (SIMC,
+    checked by replay): the controller runs with ``gains`` from ``step`` on."""
+
+    kind: Literal["auto_gains"] = "auto_gains"
+    step: int
+    controller: str
+    knob: str
+    window: tuple[int, int]
+    fit: AutoGainsFit
+    gains: AutoGainsSet
+    predicted: AutoGainsPrediction
+    warnings: list[str] = Field(default_factory=list)
+
+
+class AutoGainsFallback(_Event):
+    """A ``gains: auto`` controller keeps its fallback gains: the fit was refused (``problem``: no
+    response, too noisy, too few observations, wrong direction, ...) or no step test was declared."""
+
+    kind: Literal["auto_gains_fallback"] = "auto_gains_fallback"
+    step: int
+    controller: str
+    knob: str
+    problem: str
+    reason: str
+    gains: AutoGainsSet
+
+
 class Gap(_Event):
     """Live stream only: what the stream cannot resume. ``trimmed``: events ``first`` .. ``last``
     are no longer kept; ``restarted``: the id ``last_event_id`` belongs to a numbering the live
@@ -561,12 +657,20 @@ class Gap(_Event):
 Event = Annotated[
     GuardrailBreach | GuardrailCleared | ControllerUnusable | KnobOverridden | OverrideReleased | SetpointChanged
     | ControlPaused | ControlResumed | ObservationEvent | DecisionEvent | Acknowledged | StateChanged | PolicyMoved
-    | RunRegistered | Gap,
+    | RunRegistered | AutoGainsTuned | AutoGainsFallback | Gap,
     Field(discriminator="kind")]
 EVENT: TypeAdapter[Event] = TypeAdapter(Event)
 EventKind = Literal["guardrail_breach", "guardrail_cleared", "controller_unusable", "override", "override_released",
                     "setpoint", "control_paused", "control_resumed", "observation", "decision", "acknowledged",
-                    "state", "policy_moved", "run_registered", "gap"]
+                    "state", "policy_moved", "run_registered", "auto_gains", "auto_gains_fallback", "gap"]
+
+
+class Notice(_Model):
+    """Something the agent should tell the user (``kind`` is an event kind, e.g. ``auto_gains``)."""
+
+    kind: str
+    controller: str | None = None
+    message: str
 
 
 class IngestResult(_Model):
@@ -583,6 +687,9 @@ class IngestResult(_Model):
     breached: list[str] = Field(default_factory=list,
                                 description="Guardrails in breach after this batch (empty: every guardrail holds).")
     last_step: int | None = Field(None, description="Latest step the service has observed for this run.")
+    notices: list[Notice] = Field(default_factory=list, description="What this batch changed about how the run "
+                                  "is controlled that the agent should say: gains tuned at warm-up, or a refused fit "
+                                  "and the fallback gains.")
 
 
 class _Public(BaseModel):

@@ -392,7 +392,10 @@ class Store:
             state="running",
             token_hash=hash_token(token),
             knobs={k.name: k.model_dump(mode="json") for k in body.knobs},
-            controllers={},
+            # gains auto: each declared warm-up step test, pending until its first observation at its end
+            controllers={w.controller: ControllerState(auto={"start": w.start, "end": w.end, "size": w.size,
+                                                             "status": "pending"}).to_dict()
+                         for w in body.identification},
             guardrails={},
             latest_probes={},
             latest_metrics={},

@@ -184,6 +184,7 @@ def _setpoint_at_start(spec: ControllerSpec) -> float | None:
 def _with_gains(policy: PolicyDocument, index: int, controller: str, tuning: Tuning,
                 aggressiveness: float) -> PolicyDocument:
     document = policy.model_dump(mode="json")
+    document["controllers"][index].pop("identify", None)  # the step test of gains auto: done with
     if document["controllers"][index].get("kind") == "constraint":
         # The multiplier's direction is its bound's, and it starts at rest: only the gains change.
         document["controllers"][index].update(kp=tuning.kp, ki=tuning.ki, kd=tuning.kd, gains="absolute")

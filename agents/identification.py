@@ -11,14 +11,21 @@ The observations report the knob values in effect as usual, which is all identif
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from actuator._exceptions import ConfigError
 from actuator.controllers.identify import StepTest
+from actuator.policy import ControllerSpec, PolicyDocument
 from actuator.schemas import KnobSpec
 
-__all__ = ["IdentificationMode", "StepTest"]
+__all__ = ["IdentificationMode", "StepTest", "auto_controller", "schedule_steps", "warmup_test"]
+
+# The share of a run the warm-up step test of gains auto may take when the schedule has no warm-up.
+AUTO_SHARE = 0.10
+# Its length when neither the run's length nor a warm-up is known.
+AUTO_DEFAULT_STEPS = 20
 
 log = logging.getLogger("actuator.agents")
 
@@ -53,6 +60,15 @@ class IdentificationMode:
         self._spec, self._nominal, self._origin = spec, nominal, step
 
     @property
+    def started(self) -> bool:
+        """Whether the test has set the knob yet."""
+        return self._last is not None
+
+    @property
+    def start(self) -> int:
+        return self._origin + self.test.start
+
+    @property
     def end(self) -> int:
         return self._origin + self.test.end
 
@@ -72,3 +88,50 @@ class IdentificationMode:
         if step - self._origin > 0:
             log.info("actuator: identification: %s -> %.6g at step %d", self.knob, value, step)
         return value
+
+
+def auto_controller(doc: PolicyDocument | None) -> ControllerSpec | None:
+    """The policy's ``gains: auto`` controller (validation allows one), or None."""
+    return next((c for c in (doc.controllers if doc is not None else ()) if c.kind in ("setpoint", "constraint")
+                 and c.gains == "auto"), None)
+
+
+def schedule_steps(scheduler: Any) -> tuple[int, int]:
+    """``(max_steps, warmup steps)`` an HF ``LambdaLR`` schedule was built for, 0 where it does not
+    say: ``get_scheduler`` binds ``num_training_steps`` and ``num_warmup_steps`` (from
+    ``warmup_steps`` or ``warmup_ratio``) into its ``functools.partial`` lambda."""
+    lambdas = getattr(scheduler, "lr_lambdas", None) or []
+    keywords = getattr(lambdas[0], "keywords", None) if lambdas else None
+    if not isinstance(keywords, dict):
+        return 0, 0
+
+    def steps(name: str) -> int:
+        value = keywords.get(name)
+        return int(value) if isinstance(value, (int, float)) and value > 0 else 0
+
+    return steps("num_training_steps"), steps("num_warmup_steps")
+
+
+def warmup_test(spec: ControllerSpec, knob: KnobSpec, *, max_steps: int = 0, warmup: int = 0) -> StepTest:
+    """The step test of a gains-auto controller: the policy's ``identify`` fields where given, the
+    rest sized to fit the scheduler's warm-up (``warmup`` steps), else the first 10% of
+    ``max_steps``, else :data:`AUTO_DEFAULT_STEPS`: a quarter held at the nominal value, the rest
+    moved by 0.5 (log knobs: x1.65) or 10% of the bounds' span, away from the nearer bound."""
+    given = spec.identify
+    window = warmup or int(max_steps * AUTO_SHARE) or AUTO_DEFAULT_STEPS
+    hold = given.hold if given is not None and given.hold is not None else max(1, window // 4)
+    length = given.length if given is not None and given.length is not None else max(1, window - hold)
+    size = given.size if given is not None else None
+    if size is None:
+        scale = spec.scale or knob.scale
+        if scale == "log":
+            size = 0.5
+            up = knob.value * math.exp(size) <= knob.max
+        else:
+            span = knob.max - knob.min
+            size = 0.1 * span if math.isfinite(span) and span > 0 else 0.1 * abs(knob.value) or 1.0
+            if scale == "integer":
+                size = float(max(1, round(size)))
+            up = knob.value + size <= knob.max
+        size = size if up else -size
+    return StepTest(size=size, length=length, hold=hold)

@@ -34,9 +34,10 @@ from actuator._exceptions import ConfigError, NotFound, RequestRejected, Service
 from actuator.catalogue import default_knob_spec, limit
 from actuator.client import ActuatorClient
 from actuator.policy import PolicyDocument, load_policy, load_preset
-from actuator.schemas import DecisionAck, DecisionPublic, IngestResult, KnobSpec, ObservationCreate, RunCreate
+from actuator.schemas import (DecisionAck, DecisionPublic, IdentificationWindow, IngestResult, KnobSpec,
+                              ObservationCreate, RunCreate)
 
-from .identification import IdentificationMode
+from .identification import IdentificationMode, auto_controller, schedule_steps, warmup_test
 from .knobs import KnobSetter
 from .preflight import check_url, late_first_decisions
 from .sender import BackgroundSender
@@ -234,6 +235,9 @@ class ControlSession:
         self.run_name, self.metadata = info.name, dict(info.metadata)
         self.reporting = Reporting.of(reporting)
         self.identification = IdentificationMode.from_config(identify) if identify is not None else None
+        # gains auto: the warm-up step test declared at registration, and whether the service took it
+        self.auto_window: IdentificationWindow | None = None
+        self.auto_accepted = False
         if self.identification is not None:
             self.knob_bounds.setdefault(self.identification.knob, {})
         self.suite = self._make_suite(probes, self.reporting.budget_share)
@@ -349,11 +353,42 @@ class ControlSession:
             except ValueError as exc:
                 raise ConfigError(f"knobs.{name}: {exc}") from exc
 
-    def start_identification(self, step: int) -> None:
-        """Training starts at ``step``: the identification test (if any) counts from there."""
+    def start_identification(self, step: int, *, max_steps: int = 0, warmup: int = 0) -> None:
+        """Training starts at ``step``: the identification test (if any) counts from there. A
+        policy with a ``gains: auto`` controller gets its warm-up step test here (unless
+        ``identify=`` already tests that knob), sized to ``warmup`` steps or 10% of ``max_steps``;
+        where those are not given, the learning-rate schedule's own are read."""
+        self.plan_auto_test(step, max_steps=max_steps, warmup=warmup)
         if self.identification is not None:
             knob = self.identification.knob
             self.identification.bind(self.specs[knob], float(self.setters[knob].read()), step)
+            if self.auto_window is not None:
+                self.auto_window = self.auto_window.model_copy(
+                    update={"start": self.identification.start, "end": self.identification.end})
+
+    def plan_auto_test(self, step: int, *, max_steps: int = 0, warmup: int = 0) -> None:
+        """The warm-up step test of the policy's gains-auto controller, to declare at registration."""
+        spec = auto_controller(self.policy_doc)
+        if spec is None or spec.knob not in self.specs:
+            return
+        if self.identification is not None and self.identification.knob != spec.knob:
+            log.warning("actuator: gains auto: identify= steps %s, so controller %r on %s cannot be identified in "
+                        "this run: it runs on its fallback gains", self.identification.knob, spec.name, spec.knob)
+            return
+        if self.identification is None:
+            if not (max_steps or warmup):
+                lr = self.setters.get("learning_rate")
+                max_steps, warmup = schedule_steps(getattr(lr, "scheduler", None))
+                max_steps = max(0, max_steps - step)
+            test = warmup_test(spec, self.specs[spec.knob], max_steps=max_steps, warmup=max(0, warmup - step))
+            self.identification = IdentificationMode(spec.knob, test)
+        test = self.identification.test
+        self.auto_window = IdentificationWindow(controller=spec.name, knob=spec.knob, start=step + test.start,
+                                                end=step + test.end, size=test.size)
+        log.warning("actuator: gains auto: %r: step test on %s over steps %d-%d (hold %d, then %+g in its scale for "
+                    "%d steps); decisions on it wait until then, and the service tunes the gains from it",
+                    spec.name, spec.knob, self.auto_window.start, self.auto_window.end, test.hold, test.size,
+                    test.length)
 
     def register(self) -> tuple[str, str]:
         """Register the run (at the start; again from the sender's thread while unreachable)."""
@@ -361,7 +396,8 @@ class ControlSession:
         policy = self.policy if isinstance(self.policy, str) else self.policy.model_dump(mode="json")
         body = RunCreate(name=self.run_name or "run", policy=policy, knobs=list(self.specs.values()),
                          metadata={k: v for k, v in self.metadata.items()
-                                   if isinstance(v, (str, int, float, bool)) or v is None})
+                                   if isinstance(v, (str, int, float, bool)) or v is None},
+                         identification=[self.auto_window] if self.auto_window is not None else [])
         if self.run_id is not None and self.run_token is not None:
             return self.run_id, self.run_token  # resumed from a checkpoint: the same run continues
         created = self.client.register_run(body, timeout=max(self.connection.timeout,
@@ -374,10 +410,28 @@ class ControlSession:
             log.warning("actuator: the service's copy of the policy could not be read (%s); probes keep the "
                         "schedule given to ActuatorCallback", exc)
         self.schedule_pending = True
+        self._check_auto_accepted(created)
         # At WARNING: stock training scripts (TRL's) show only warnings, and this is how a user finds the run.
         log.warning("actuator: run %s registered (policy %s v%d); console: %s/ui/runs/%s", created.id,
                     created.policy_name, created.policy_version, self.url, created.id)
         return created.id, created.token
+
+    def _check_auto_accepted(self, created: Any) -> None:
+        """A service that did not take the warm-up step test (one that predates gains auto drops
+        the field) will not tune: say so loudly, and do not run a test nobody fits."""
+        if self.auto_window is None:
+            return
+        window = self.auto_window
+        accepted = getattr(created, "identification", None) or []
+        self.auto_accepted = any(getattr(w, "controller", None) == window.controller for w in accepted)
+        if self.auto_accepted:
+            return
+        log.warning("actuator: gains auto is OFF: the service at %s did not accept the warm-up step test of %r (it "
+                    "predates gains auto?); the controller runs on its fallback gains, untuned%s", self.url,
+                    window.controller, "" if self.identification is None or self.identification.started
+                    else ", and the step test is not run")
+        if self.identification is not None and not self.identification.started:
+            self.identification = None
 
     def register_at_start(self) -> ConfigError | None:
         """Register now (one request, at most ``register_timeout`` seconds). A refusal (a 4xx with
@@ -514,6 +568,8 @@ class ControlSession:
         for a in result.actions:
             if a.type == "alert":
                 log.warning("actuator: guardrail alert: %s", a.reason)
+        for notice in getattr(result, "notices", None) or []:  # a service that predates them sends none
+            log.warning("actuator: %s", notice.message)
 
     def halt_if(self, halt: bool, step: int) -> bool:
         """Mark the run halted (once, with a warning); whether training should stop."""

@@ -16,10 +16,13 @@ from actuator.policy import PolicyDocument, load_policy
 from actuator.run_state import PROBE_REPORT, STARVED_PREFIX, knobs_in_effect, starved_probes
 from actuator.schemas import (
     Acknowledged,
+    AutoGainsFallback,
+    AutoGainsTuned,
     DecisionAck,
     DecisionEvent,
     DecisionPage,
     IngestResult,
+    Notice,
     ObservationBatch,
     ObservationEvent,
     RunCreate,
@@ -88,6 +91,23 @@ def _check_knobs(doc: PolicyDocument, body: RunCreate) -> None:
         raise ApiError(422, None, errors)
 
 
+def _check_identification(doc: PolicyDocument, body: RunCreate) -> None:
+    """Each declared warm-up step test names the policy's gains-auto controller and its knob."""
+    controllers = {c.name: c for c in doc.controllers}
+    errors = []
+    for i, window in enumerate(body.identification):
+        spec = controllers.get(window.controller)
+        if spec is None or spec.kind not in ("setpoint", "constraint") or spec.gains != "auto":
+            auto = [c.name for c in doc.controllers if c.kind in ("setpoint", "constraint") and c.gains == "auto"]
+            errors.append({"loc": f"body.identification.{i}.controller",
+                           "msg": f"{window.controller!r} is not a gains-auto controller of the policy (those: {auto})"})
+        elif window.knob != spec.knob:
+            errors.append({"loc": f"body.identification.{i}.knob",
+                           "msg": f"controller {spec.name!r} drives {spec.knob!r}, not {window.knob!r}"})
+    if errors:
+        raise ApiError(422, None, errors)
+
+
 def _check_storable(body: RunCreate) -> None:
     """What pydantic lets through but the store cannot hold: NUL in text (Postgres refuses it)
     and non-finite metadata numbers (not JSON)."""
@@ -145,11 +165,13 @@ def register_run(body: RunCreate, _: AdminDep, services: ServicesDep) -> RunCrea
     _check_storable(body)
     row, doc = _resolve_policy(services, body)
     _check_knobs(doc, body)  # before storing anything
+    _check_identification(doc, body)
     if row is None:
         row = publish_policy(services, doc, reuse_identical=True)
     run, token = services.store.create_run(body, row)
     services.metrics.observe_registration(run.id, run.state, {k.name: k.value for k in body.knobs})
-    return RunCreated(**run_public(run).model_dump(), token=token, policy=row.document)
+    return RunCreated(**run_public(run).model_dump(), token=token, policy=row.document,
+                      identification=body.identification)
 
 
 @router.get("", response_model=list[RunPublic], responses=error_responses(422, 503), summary="List runs")
@@ -201,10 +223,25 @@ def post_observations(batch: ObservationBatch, run: RunAuthDep, services: Servic
         knobs={k: float(v.value) for k, v in out.run.context.knobs.items()},
         breached=sorted(name for name, st in out.run.context.guardrails.items() if st.active),
         last_step=out.run.last_step,
+        notices=[Notice(kind=e.kind, controller=e.controller, message=_notice(e)) for e in out.events
+                 if isinstance(e, (AutoGainsTuned, AutoGainsFallback))],
     )
     # Serialized here: returning the model would make FastAPI validate it again, in the thread
     # pool (one more hand-off per request), before serializing it the same way.
     return Response(result.model_dump_json(), media_type="application/json")
+
+
+def _notice(event: AutoGainsTuned | AutoGainsFallback) -> str:
+    """What the agent tells the user of a gains-auto outcome."""
+    if isinstance(event, AutoGainsFallback):
+        return event.reason
+    fit, g, pred = event.fit, event.gains, event.predicted
+    settles = f"settles in {pred.settling_steps} steps" if pred.settling_steps is not None else "does not settle"
+    over = f", overshoot {pred.overshoot_pct:.1f}%" if pred.overshoot_pct is not None else ""
+    return (f"gains auto: {event.controller!r} tuned from the warm-up step test on {event.knob} (steps "
+            f"{event.window[0]}-{event.window[1]}): {fit.model} gain {fit.gain:.4g}, tau {fit.tau:.3g}, theta "
+            f"{fit.theta:.3g} steps, R2 {fit.r2:.2f}; kp {g.kp:.4g} ki {g.ki:.4g} kd {g.kd:.4g} ({g.direction}); "
+            f"the replay {settles}{over}")
 
 
 def _export(services: Services, out: IngestOutcome, acks: list[DecisionAck]) -> None:

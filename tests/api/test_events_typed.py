@@ -1,11 +1,13 @@
 """Every event the service emits is one of the typed events (actuator.schemas.Event): a real run
 driven through the real app (decisions, acknowledgements, a guardrail that adjusts and clears, one
-that rolls back, one that halts, a starved probe report, operator actions, a policy move, a gap),
+that rolls back, one that halts, a starved probe report, operator actions, a policy move, a gap,
+gains auto tuned and falling back),
 its live stream and its audit trail read back and validated against the union, kind by kind."""
 
 from __future__ import annotations
 
 import json
+import math
 from types import UnionType
 from typing import Annotated, Any, Union, get_args, get_origin
 
@@ -13,7 +15,7 @@ import httpx
 
 from actuator.schemas import EVENT, Event, EventKind, RunRegistered, StateChanged
 
-from servers import Service
+from actuator.testing import Service
 
 POLICY = {
     "name": "typed-events",
@@ -102,6 +104,33 @@ def drive(url: str) -> dict[str, Any]:
     return run
 
 
+AUTO = {"name": "typed-auto", "controllers": [{"name": "hold", "probe": "custom.plant", "knob": "learning_rate",
+                                               "setpoint": 1.2, "gains": "auto", "kp": 0.5, "ki": 0.1}]}
+
+
+def drive_auto(url: str) -> list[str]:
+    """Two gains-auto runs: one with a warm-up step test a first-order plant answers (tuned), one
+    that declared none (fallback); each outcome comes back as a notice too. Returns their ids."""
+    ids = []
+    for window in ([{"controller": "hold", "knob": "learning_rate", "start": 0, "end": 12, "size": 0.5}], []):
+        run = httpx.post(f"{url}/v1/runs", json={"name": "auto", "policy": AUTO, "knobs": KNOBS,
+                                                 **({"identification": window} if window else {})}).json()
+        assert run["identification"] == window
+        auth = {"Authorization": f"Bearer {run['token']}"}
+        x, notices = 0.0, []
+        for k in range(14):
+            u = 0.5 if 3 <= k < 12 else 0.0
+            x = u + (x - u) * math.exp(-0.5)
+            r = httpx.post(f"{url}/v1/runs/{run['id']}/observations", headers=auth, json={"observations": [
+                {"seq": k, "step": k, "probes": {"custom.plant": 1.0 + 0.8 * x},
+                 "knobs": {"learning_rate": 1e-3 * math.exp(0.5 if 2 <= k < 11 else 0.0)}}]})
+            assert r.status_code == 200, r.text
+            notices += r.json()["notices"]
+        assert [n["kind"] for n in notices] == ["auto_gains" if window else "auto_gains_fallback"], notices
+        ids.append(run["id"])
+    return ids
+
+
 def test_every_event_the_service_emits_is_a_typed_event(module_service: Service) -> None:
     url = module_service.url
     run = drive(url)
@@ -112,6 +141,9 @@ def test_every_event_the_service_emits_is_a_typed_event(module_service: Service)
     assert httpx.post(f"{url}/v1/runs/{other['id']}/finish").status_code == 200
     live += stream(url, other["id"])
     live += stream(url, run["id"], last_event_id="1-1")[:1]  # an id of a lost numbering: a gap
+    autos = drive_auto(url)
+    for auto in autos:
+        live += stream(url, auto)
 
     seen: set[str] = set()
     for ev in live:
@@ -123,7 +155,7 @@ def test_every_event_the_service_emits_is_a_typed_event(module_service: Service)
     assert [json.loads(e["data"])["to"] for e in live if e["event"] == "state"] == ["halted", "finished"]
 
     stored = []
-    for run_id in (run["id"], other["id"]):
+    for run_id in (run["id"], other["id"], *autos):
         r = httpx.get(f"{url}/v1/runs/{run_id}/events", params={"limit": 1000})
         assert r.status_code == 200
         stored += r.json()

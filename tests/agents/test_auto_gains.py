@@ -1,0 +1,150 @@
+"""gains auto on a real Trainer.train() with the real service: the agent runs a step test on the
+learning rate inside the scheduler's warm-up without being asked to (no identify=), declares it
+at registration, and the service fits the plant at the window's end, tunes the controller (SIMC,
+replay), records the fit and the gains as an event and controls with them from then on. The
+probe *is* a known plant: a first-order response to ln(learning rate) computed in the probe, so
+the fit and the decisions can be checked against it. A probe that does not answer the knob gives
+a refused fit: the fallback gains, an event and a warning."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import httpx
+import pytest
+
+from actuator.agents.callback import ActuatorCallback, Reporting
+from actuator.agents.probes import Probe
+from actuator.controllers.identify import FittedModel
+from actuator.controllers.tuning import simc
+from actuator.engine import Engine
+from actuator.policy import load_policy
+from actuator.run_state import RunContext
+from actuator.schemas import ObservationCreate
+from actuator.store import Store
+
+from agent_helpers import make_trainer
+
+LR, GAIN, TAU, Y0, WARMUP, STEPS = 5e-3, 0.8, 2.0, 1.0, 12, 40
+KNOBS = {"learning_rate": {"min": 1e-5, "max": 1e-1, "max_step": 0.5}}
+FALLBACK = {"kp": 0.5, "ki": 0.1}
+
+
+def policy(name: str) -> dict:
+    return {"name": name, "controllers": [{"name": "hold", "probe": "custom.plant", "knob": "learning_rate",
+                                           "setpoint": 1.2, "gains": "auto", **FALLBACK}]}
+
+
+class Plant(Probe):
+    """``y = Y0 + gain * (x - ln LR)``, ``tau dx/dt = ln(knob) - x``: exact between readings, the
+    knob (the schedule's peak) held at the value read at the previous reading."""
+
+    name = "plant"
+
+    def __init__(self, trainer, gain: float) -> None:
+        self._init_schedule(1, False)
+        self.trainer, self.gain = trainer, gain
+        self.x = self.u = math.log(LR)
+        self.last: int | None = None
+
+    def _measure(self, model, *, max_examples=None):
+        step = self.trainer.state.global_step
+        if self.last is not None and step > self.last:
+            self.x = self.u + (self.x - self.u) * math.exp(-(step - self.last) / TAU)
+        self.last = step
+        self.u = math.log(self.trainer.lr_scheduler.base_lrs[0])  # in effect from the next step on
+        return {"custom.plant": Y0 + self.gain * (self.x - math.log(LR))}
+
+
+def train(tmp_path, tokenizer, service, gain: float, name: str):
+    trainer = make_trainer(tmp_path, tokenizer, steps=STEPS, scheduler="linear", lr=LR, warmup_steps=WARMUP)
+    cb = ActuatorCallback(policy(name), connection=service.url, knobs=KNOBS, probes=[Plant(trainer, gain)],
+                          reporting=Reporting(budget_share=1.0)).attach(trainer)
+    trainer.train()
+    run = cb.run_id
+    events = httpx.get(f"{service.url}/v1/runs/{run}/events", params={"limit": 500}).json()
+    decisions = httpx.get(f"{service.url}/v1/runs/{run}/decisions", params={"limit": 500}).json()["items"]
+    store = Store(service.env["ACTUATOR_DATABASE_URL"])
+    try:
+        observations = [ObservationCreate(seq=o.seq, step=o.step, probes=o.probes, metrics=o.metrics, knobs=o.knobs)
+                        for o in store.list_observations(run, limit=10_000)]
+    finally:
+        store.close()
+    return events, decisions, observations
+
+
+def replay(doc: dict, observations, end: int) -> list[tuple[str, int, float]]:
+    """The decisions a plain (not auto) policy makes on the observations from ``end`` on."""
+    engine = Engine(load_policy(doc))
+    ctx = RunContext.from_json({"learning_rate": {"name": "learning_rate", "value": LR, "min": 1e-5, "max": 1e-1,
+                                                  "scale": "log", "max_step": 0.5}})
+    out = []
+    for obs in observations:
+        if obs.step >= end:
+            out += [(d.knob, d.step, d.new_value) for d in engine.observe(ctx, obs).decisions]
+    return out
+
+
+def same(made: list[tuple[str, int, float]], replayed: list[tuple[str, int, float]]) -> None:
+    assert [(k, s) for k, s, _ in made] == [(k, s) for k, s, _ in replayed]
+    assert [v for *_, v in made] == pytest.approx([v for *_, v in replayed], rel=1e-9)
+
+
+def payloads(events: list[dict], kind: str) -> list[dict]:
+    return [e["payload"] for e in events if e["kind"] == kind]
+
+
+def test_auto_gains_tunes_at_warmup_and_controls_with_them(tmp_path, char_tokenizer, sqlite_service, caplog):
+    caplog.set_level(logging.WARNING, logger="actuator")
+    events, decisions, observations = train(tmp_path, char_tokenizer, sqlite_service, GAIN, "auto-plant")
+    tuned = payloads(events, "auto_gains")
+    assert len(tuned) == 1 and not payloads(events, "auto_gains_fallback"), events
+    ev = tuned[0]
+    start, end = ev["window"]
+    assert start == 0 and end <= WARMUP, "the step test runs inside the scheduler's warm-up"
+    fit = ev["fit"]
+    assert fit["model"] == "fopdt"
+    assert fit["gain"] == pytest.approx(GAIN, rel=0.05) and fit["tau"] == pytest.approx(TAU, rel=0.15)
+    assert fit["theta"] < 0.5 and fit["r2"] > 0.99
+    assert ev["predicted"]["settling_steps"] is not None
+    # the stored gains are SIMC's for the stored fit (probe every step; the replay picks the weight)
+    model = FittedModel(kind="fopdt", gain=fit["gain"], tau=fit["tau"], theta=fit["theta"], offset=0, transient=0,
+                        drift=0, u_ref=0, r2=fit["r2"], nrmse=0, observations=0, steps=0, knob_move=0,
+                        residual_sd=0, theta_hi=fit["theta"])
+    want = simc(model, interval=1)
+    gains = ev["gains"]
+    assert gains["gains"] == "absolute" and gains["direction"] == "direct"
+    assert (gains["kp"], gains["ki"], gains["kd"]) == pytest.approx((want.kp, want.ki, want.kd), rel=0.15)
+    # no decision on the knob was ordered during the test; those after it are the tuned gains'
+    assert decisions and all(d["step"] > end for d in decisions)
+    made = [(d["knob"], d["step"], d["new_value"]) for d in sorted(decisions, key=lambda d: d["number"])]
+    tuned_doc = policy("replay")
+    tuned_doc["controllers"][0].update(gains="absolute", kp=gains["kp"], ki=gains["ki"], kd=gains["kd"],
+                                       setpoint_weight=gains["setpoint_weight"])
+    same(made, replay(tuned_doc, observations, end))
+    fallback_doc = policy("replay")
+    fallback_doc["controllers"][0]["gains"] = "relative"
+    with pytest.raises(AssertionError):
+        same(made, replay(fallback_doc, observations, end))
+    assert any("tuned from the warm-up step test" in r.getMessage() for r in caplog.records)
+
+
+def test_a_plant_that_does_not_answer_falls_back_with_a_warning(tmp_path, char_tokenizer, sqlite_service, caplog):
+    caplog.set_level(logging.WARNING, logger="actuator")
+    events, decisions, observations = train(tmp_path, char_tokenizer, sqlite_service, 0.0, "auto-deaf")
+    assert not payloads(events, "auto_gains")
+    fallback = payloads(events, "auto_gains_fallback")
+    assert len(fallback) == 1, events
+    ev = fallback[0]
+    assert ev["problem"] == "no_response" and ev["gains"] == {"gains": "relative", **FALLBACK, "kd": 0.0,
+                                                              "direction": "direct", "setpoint_weight": 0.0}
+    warned = [r.getMessage() for r in caplog.records if "could not be fitted" in r.getMessage()]
+    assert warned and "keeps its fallback gains" in warned[0]
+    end = ev["step"]  # the first observation at or after the step test's end: the law runs from there
+    assert 0 < end <= WARMUP
+    made = [(d["knob"], d["step"], d["new_value"]) for d in sorted(decisions, key=lambda d: d["number"])]
+    fallback_doc = policy("replay")
+    fallback_doc["controllers"][0]["gains"] = "relative"
+    assert made
+    same(made, replay(fallback_doc, observations, end))
