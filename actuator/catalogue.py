@@ -144,7 +144,12 @@ for _knob in (
     # GKD's beta interpolates forward and reverse KL (a share in [0, 1]), not a multiplier.
     Knob("gkd_beta", 0.0, 1.0, "linear", 0.2, "TRL GKD's forward/reverse KL interpolation"),
     Knob("onpolicy_fraction", 0.0, 1.0, "linear", 0.2, "share of on-policy (student-generated) batches"),
-    Knob("divergence_mix", 0.0, 1.0, "linear", 0.2, "share of reverse KL in the distillation divergence"),
+    Knob("divergence_mix", 0.0, 1.0, "linear", 0.2,
+         "where the distillation divergence sits on its path (forward KL → TV: TV's share, or λ of KL + λ·TV)"),
+    # AdaSPEC drops the tokens a draft-sized reference fits no better than the draft; beyond 0.9
+    # almost nothing is left to distil. 0.1 per decision.
+    Knob("distill_token_filter", 0.0, 0.9, "linear", 0.1,
+         "fraction of tokens dropped from the distillation divergence (AdaSPEC, against a reference model)"),
     # T acts multiplicatively on the logits: a factor 4 either way, at most x1.5 per decision.
     Knob("distill_temperature", Rel(0.25), Rel(4.0), "log", 0.4, "distillation temperature"),
     # A Lagrange multiplier: 0 is "anchor off"; at 2 the anchor already outweighs a typical task

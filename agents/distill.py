@@ -36,6 +36,12 @@ Three more knobs move what the draft learns from and with, each read at every st
   (clamped at :data:`ACCEPTANCE_FLOOR`), whose gradient is TV's scaled by 1/α: large while the draft
   accepts little, where TV's own vanish.
 * ``distill_temperature`` (:class:`DistillTemperatureKnob`): T of the divergence term.
+* ``distill_token_filter`` (:class:`TokenFilterKnob`): the fraction of positions dropped from the
+  divergence term, AdaSPEC's selective distillation (Hu et al. 2025, arXiv 2510.19779): with a
+  ``reference_model`` (the draft's architecture, already distilled from the teacher), the positions
+  whose gap KL(p‖q_student) − KL(p‖q_reference) is smallest are dropped: those the reference, of
+  the draft's capacity, fits no better than the draft, the tokens the draft cannot learn
+  (:func:`token_filter_mask`).
 """
 
 from __future__ import annotations
@@ -71,10 +77,12 @@ __all__ = [
     "DivergenceMixKnob",
     "GKDBetaKnob",
     "OnPolicyFractionKnob",
+    "TokenFilterKnob",
     "distillation_loss",
     "divergence_weights",
     "mix_weights",
     "sample_continuations",
+    "token_filter_mask",
 ]
 
 # The divergences the loss can blend (p = teacher, q = student, both at temperature T):
@@ -93,6 +101,27 @@ def _check_unit(value: float, what: str) -> float:
     if math.isnan(value) or not 0.0 <= value <= 1.0:
         raise ValueError(f"{what} must be in [0, 1], got {value}")
     return value
+
+
+def _check_filter(value: float, what: str) -> float:
+    value = float(value)
+    if math.isnan(value) or not 0.0 <= value < 1.0:
+        raise ValueError(f"{what} must be in [0, 1), got {value}")
+    return value
+
+
+def token_filter_mask(student_kl: torch.Tensor, reference_kl: torch.Tensor, fraction: float) -> torch.Tensor:
+    """AdaSPEC's token selection: a boolean mask over positions that drops the ⌊fraction·n⌋ of the
+    n positions with the smallest gap ``student_kl − reference_kl`` (per-position KL(p‖q) of the
+    draft and of the reference model). AdaSPEC keeps ``delta >= quantile(delta, 1 − k)``, k the kept
+    share; ties are broken by position (a stable sort), so exactly ⌊fraction·n⌋ go."""
+    fraction = _check_filter(fraction, "token_filter")
+    keep = torch.ones(student_kl.shape, dtype=torch.bool, device=student_kl.device)
+    drop = int(math.floor(fraction * student_kl.numel() + 1e-9))
+    if drop:
+        gap = (student_kl - reference_kl).detach().reshape(-1)
+        keep.view(-1)[torch.argsort(gap, stable=True)[:drop]] = False
+    return keep
 
 
 def _check_temperature(value: float, what: str) -> float:
@@ -144,6 +173,8 @@ def distillation_loss(
     shifted: bool = False,
     divergence: str | Mapping[str, float] = "forward",
     normalise: bool = True,
+    token_filter: float = 0.0,
+    reference_logits: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(loss, kl, ce)`` for causal-LM logits (B, L, V) and labels (B, L).
 
@@ -153,6 +184,12 @@ def distillation_loss(
     (default: forward KL alone, the classic loss), normalised to sum 1 unless ``normalise`` is
     False (the LK hybrid KL + λ·TV is ``{"forward": 1, "tv": λ}`` un-normalised, see
     :func:`mix_weights`).
+
+    With ``token_filter`` x > 0 and ``reference_logits`` (a reference model's, same shape), D is
+    summed over the positions :func:`token_filter_mask` keeps: ⌊x·n⌋ of the n valid positions, those
+    with the smallest gap KL(p‖q) − KL(p‖q_reference) at temperature T, leave the divergence term
+    (AdaSPEC); the cross-entropy term and the denominator still count every position (AdaSPEC
+    divides by ``num_items_in_batch`` likewise).
 
     Unless ``shifted``, logits at position i are scored against ``labels[:, i + 1]``. Positions
     whose label is -100 are excluded from both terms. ``kl`` (at temperature T, per token) and
@@ -175,24 +212,27 @@ def distillation_loss(
     y = labels[mask]
     n_local = mask.sum()
     ce_sum = F.cross_entropy(s, y, reduction="sum")
-    kl_sum = F.kl_div(
-        F.log_softmax(s / temperature, dim=-1),
-        F.log_softmax(t / temperature, dim=-1),
-        reduction="sum",
-        log_target=True,
-    )
+    log_q = F.log_softmax(s / temperature, dim=-1)
+    log_p = F.log_softmax(t / temperature, dim=-1)
+    kl_pos = F.kl_div(log_q, log_p, reduction="none", log_target=True).sum(dim=-1)  # per position
+    kl_sum = kl_pos.sum()
     weights = divergence_weights(divergence, normalise=normalise)
-    div_sum = weights["forward"] * kl_sum if weights["forward"] else kl_sum.new_zeros(())
-    if weights["reverse"] or weights["tv"] or weights["neg_log_acceptance"]:
-        log_q = F.log_softmax(s / temperature, dim=-1)
-        log_p = F.log_softmax(t / temperature, dim=-1)
-        if weights["reverse"]:
-            div_sum = div_sum + weights["reverse"] * (log_q.exp() * (log_q - log_p)).sum()
-        if weights["tv"]:
-            div_sum = div_sum + weights["tv"] * 0.5 * (log_q.exp() - log_p.exp()).abs().sum()
-        if weights["neg_log_acceptance"]:
-            alpha = torch.minimum(log_q.exp(), log_p.exp()).sum(dim=-1).clamp_min(ACCEPTANCE_FLOOR)
-            div_sum = div_sum + weights["neg_log_acceptance"] * -torch.log(alpha).sum()
+    div_pos = weights["forward"] * kl_pos if weights["forward"] else kl_pos.new_zeros(kl_pos.shape)
+    if weights["reverse"]:
+        div_pos = div_pos + weights["reverse"] * (log_q.exp() * (log_q - log_p)).sum(dim=-1)
+    if weights["tv"]:
+        div_pos = div_pos + weights["tv"] * 0.5 * (log_q.exp() - log_p.exp()).abs().sum(dim=-1)
+    if weights["neg_log_acceptance"]:
+        alpha = torch.minimum(log_q.exp(), log_p.exp()).sum(dim=-1).clamp_min(ACCEPTANCE_FLOOR)
+        div_pos = div_pos + weights["neg_log_acceptance"] * -torch.log(alpha)
+    if _check_filter(token_filter, "token_filter") > 0:
+        if reference_logits is None:
+            raise ValueError("token_filter > 0 needs reference_logits (AdaSPEC's reference model)")
+        r = (reference_logits if shifted else reference_logits[:, :-1])[mask].float().detach()
+        ref_kl = F.kl_div(F.log_softmax(r / temperature, dim=-1), log_p, reduction="none",
+                          log_target=True).sum(dim=-1)
+        div_pos = div_pos[token_filter_mask(kl_pos, ref_kl, token_filter)]
+    div_sum = div_pos.sum()
     denom = n_local.clamp_min(1) if num_items_in_batch is None else num_items_in_batch
     if torch.is_tensor(denom):
         denom = denom.to(ce_sum.device)
@@ -230,11 +270,16 @@ class DistillationTrainer(Trainer):
     is warned about. This is GKD's ``lmbda`` (Agarwal et al. 2024), which TRL draws per micro-batch
     too.
 
+    **Token filter.** ``token_filter`` ∈ [0, 1) (read at every step; the ``distill_token_filter``
+    knob writes it) drops that fraction of each micro-batch's positions from the divergence term,
+    AdaSPEC's selection against ``reference_model`` (frozen, run only while the filter is above 0;
+    required when it starts above 0, see :func:`distillation_loss`).
+
     Training logs gain ``distill_kl`` (forward KL at temperature T, per token), ``distill_ce``
     (per token, off-policy micro-batches only), averaged over the steps since the last log;
-    ``distill_lambda``, ``distill_temperature`` and ``onpolicy_fraction``: the values the latest
-    loss computation used (in effect, not requested); ``onpolicy_share``: the share of micro-batches
-    since the last log that trained on-policy.
+    ``distill_lambda``, ``distill_temperature``, ``distill_token_filter`` and ``onpolicy_fraction``:
+    the values the latest loss computation used (in effect, not requested); ``onpolicy_share``: the
+    share of micro-batches since the last log that trained on-policy.
 
     With gradient accumulation the sums are divided by the trainer's ``num_items_in_batch`` (the
     valid-token count over all micro-batches), matching HF's own causal-LM loss. (On an on-policy
@@ -252,11 +297,17 @@ class DistillationTrainer(Trainer):
         onpolicy_fraction: float = 0.0,
         onpolicy_prompt_tokens: int | None = None,
         onpolicy_new_tokens: int | None = None,
+        reference_model: nn.Module | None = None,
+        token_filter: float = 0.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         if teacher_model is None:
             raise ValueError("DistillationTrainer needs a teacher_model")
+        self.token_filter = _check_filter(token_filter, "token_filter")
+        if self.token_filter > 0 and reference_model is None:
+            raise ValueError("token_filter > 0 needs a reference_model (AdaSPEC: the draft's architecture, "
+                             "distilled from the teacher) to measure each token's gap against")
         self.distill_lambda = _check_unit(distill_lambda, "distill_lambda")
         self.temperature = _check_temperature(temperature, "temperature")
         self.divergence_weights = divergence_weights(divergence)
@@ -275,6 +326,8 @@ class DistillationTrainer(Trainer):
         self._warned_padding = False
         device = next(self.model.parameters()).device
         self.teacher_model = teacher_model.to(device).eval().requires_grad_(False)
+        self.reference_model = (None if reference_model is None
+                                else reference_model.to(device).eval().requires_grad_(False))
         self._distill_sums = {"distill_kl": 0.0, "distill_ce": 0.0}
         self._distill_count = 0
         self._ce_count = 0
@@ -352,6 +405,7 @@ class DistillationTrainer(Trainer):
         # Read once: a knob write from another thread cannot split one step between two values.
         lam = float(self.distill_lambda)
         temperature = float(self.temperature)
+        token_filter = float(self.token_filter)
         weights = dict(self.divergence_weights)
         onpolicy = bool(model.training and getattr(self, "_step_onpolicy", False))
         shifted = "shift_labels" in inputs
@@ -366,6 +420,9 @@ class DistillationTrainer(Trainer):
         self.teacher_model.eval()
         with torch.no_grad():
             teacher_logits = self.teacher_model(**model_inputs).logits
+            # the reference runs only while the filter drops tokens (AdaSPEC's second forward)
+            reference_logits = (self.reference_model.eval()(**model_inputs).logits
+                                if token_filter > 0 and self.reference_model is not None else None)
         loss, kl, ce = distillation_loss(
             student_logits,
             teacher_logits,
@@ -376,6 +433,8 @@ class DistillationTrainer(Trainer):
             shifted=shifted,
             divergence=weights,
             normalise=False,  # valid as they stand: normalised at init, or the knob's (the hybrid's are not)
+            token_filter=token_filter if reference_logits is not None else 0.0,
+            reference_logits=reference_logits,
         )
         # Normalised by the count over all accumulated micro-batches: already scaled for GA (an
         # on-policy micro-batch is a per-token mean that the trainer divides by the GA steps).
@@ -392,6 +451,7 @@ class DistillationTrainer(Trainer):
             self._onpolicy_count += int(onpolicy)
             self.last_onpolicy = onpolicy
             self._distill_last = {"distill_lambda": lam, "distill_temperature": temperature,
+                                  "distill_token_filter": token_filter,
                                   "onpolicy_fraction": float(getattr(self, "_step_fraction", self.onpolicy_fraction))}
         return (loss, outputs) if return_outputs else loss
 
@@ -434,8 +494,10 @@ class _UnitAttrKnob:
         return float(getattr(self.trainer, self.attr))
 
     def apply(self, value: float) -> float:
-        setattr(self.trainer, self.attr, _check_unit(value, self.name))
+        setattr(self.trainer, self.attr, type(self).check(value, self.name))
         return self.read()
+
+    check = staticmethod(_check_unit)
 
 
 class DistillLambdaKnob(_UnitAttrKnob):
@@ -580,11 +642,33 @@ class DistillTemperatureKnob:
         return self.read()
 
 
+class TokenFilterKnob(_UnitAttrKnob):
+    """``distill_token_filter`` (linear scale, [0, 1)): the fraction of positions
+    :class:`DistillationTrainer` drops from its divergence term, AdaSPEC-style (see
+    :func:`token_filter_mask`), read at every loss computation. Needs the trainer's
+    ``reference_model``; without one (or on another trainer) ``KnobNotSupported``."""
+
+    name = "distill_token_filter"
+    attrs = ("token_filter",)
+    bounds = (0.0, 0.9)  # the catalogue's: beyond 0.9 almost nothing is left to distil
+    check = staticmethod(_check_filter)
+
+    def __init__(self, trainer: Any) -> None:
+        if not isinstance(trainer, DistillationTrainer) or trainer.reference_model is None:
+            raise KnobNotSupported(self._refusal(type(trainer).__name__))
+        super().__init__(trainer)
+
+    def _refusal(self, kind: str) -> str:
+        return (f"TokenFilterKnob: {kind} has no reference_model to measure each token's gap against (pass "
+                "actuator DistillationTrainer(reference_model=...), a draft-sized model distilled from the teacher)")
+
+
 def _register_trainer_knob(cls: type) -> None:
     """``cls(trainer)`` is the setter of knob ``cls.name``."""
     knob_setter(cls.name, hint=f"actuator.agents.distill.{cls.__name__}(trainer)")(
         lambda *, trainer, **_: cls(trainer))
 
 
-for _cls in (DistillLambdaKnob, GKDBetaKnob, OnPolicyFractionKnob, DivergenceMixKnob, DistillTemperatureKnob):
+for _cls in (DistillLambdaKnob, GKDBetaKnob, OnPolicyFractionKnob, DivergenceMixKnob, DistillTemperatureKnob,
+             TokenFilterKnob):
     _register_trainer_knob(_cls)

@@ -27,7 +27,12 @@ Arms (every arm λ = 1 except today's, so they differ in one thing each):
 * ``follow-hybrid`` the LK hybrid (Samarin et al. 2026, arXiv 2602.23881) at T = 1: forward KL + λ·TV
   (``mix_form="hybrid"``), λ (``divergence_mix``) set from the control probe's α by a ``kind: follow``
   controller through the real service (:func:`follow_policy`, the schedule :func:`lk_schedule`);
-* ``neglogacc``    the LK losses' −log α per position at T = 1, fixed.
+* ``neglogacc``    the LK losses' −log α per position at T = 1, fixed;
+* ``filter-0.2``   forward KL at T = 1 without the 20% of positions AdaSPEC drops (Hu et al. 2025:
+  the smallest gap KL(p‖q_draft) − KL(p‖q_reference)); the reference is the same seed's ``fkl-T1``
+  final draft (run first when the arms do not include it: :func:`arm_order`), trained beforehand
+  as AdaSPEC's is, so its CPU seconds are not in this arm's budget (the reference's forward passes
+  during the arm are).
 
 The fixed pick is made on seed 0 among ``lambda1-T2``, ``fkl-T1`` and ``tv`` (:data:`FIXED`) and
 judged on the other seeds against every Actuator arm (:data:`ACTUATORS`): α ratio per seed, and the
@@ -127,11 +132,13 @@ ARMS: dict[str, dict[str, Any]] = {
                       "divergence": "forward", "mix_form": "hybrid", "onpolicy": 0.0, "controller": "divergence_mix"},
     "neglogacc": {"name": "−log α (LK), T=1", "lambda": 1.0, "temperature": 1.0, "divergence": "neg_log_acceptance",
                   "onpolicy": 0.0},
+    "filter-0.2": {"name": "AdaSPEC filter 0.2, forward KL T=1", "lambda": 1.0, "temperature": 1.0,
+                   "divergence": "forward", "onpolicy": 0.0, "token_filter": 0.2, "reference": "fkl-T1"},
 }
 # The fixed settings a user would pick among on seed 0 (forward KL at T 1 and 2, TV: issue 41).
 FIXED = ("lambda1-T2", "fkl-T1", "tv")
 # What a run without --arms runs: the fixed candidates, the LK arms and the old maximiser.
-DEFAULT_ARMS = ("lambda1-T2", "fkl-T1", "tv", "neglogacc", "follow-hybrid", "actuator-T")
+DEFAULT_ARMS = ("lambda1-T2", "fkl-T1", "tv", "neglogacc", "follow-hybrid", "actuator-T", "filter-0.2")
 # The relative α gain over the fixed pick the issue asks for (Actuator's +7.8% on its draft
 # training), and the share of the pick's CPU seconds in which the pick's α must be reached instead.
 ALPHA_GAIN, TIME_SHARE = 0.078, 0.6
@@ -176,6 +183,8 @@ class Setup:
         self.sampling_seconds = time.process_time() - t0
         self.n_teacher = sum(p.numel() for p in teacher.parameters())
         self.n_student = sum(p.numel() for p in self.student0.parameters())
+        #: (arm, seed) -> that arm's final draft, kept as another arm's reference model (AdaSPEC)
+        self.references: dict[tuple[str, int], nn.Module] = {}
 
     def _probe(self, texts: list[str], a: argparse.Namespace, every: int | None, seed: int) -> Any:
         from actuator.agents.probes import DraftAcceptance
@@ -197,6 +206,9 @@ def make_trainer(setup: Setup, model: nn.Module, arm: dict[str, Any], a: argpars
     from actuator.agents.distill import DistillationTrainer
 
     torch.manual_seed(seed)
+    reference = setup.references.get((arm["reference"], seed)) if arm.get("reference") else None
+    if arm.get("reference") and reference is None:
+        raise ValueError(f"arm {arm['key']}: run its reference arm {arm['reference']} first (arm_order does)")
     train = [{"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids} for ids in setup.train]
     args = TrainingArguments(
         output_dir=str(a.out / arm["key"]), max_steps=a.max_steps, per_device_train_batch_size=a.batch_size,
@@ -206,7 +218,8 @@ def make_trainer(setup: Setup, model: nn.Module, arm: dict[str, Any], a: argpars
     trainer = DistillationTrainer(model=model, args=args, train_dataset=train, teacher_model=setup.teacher,
                                   distill_lambda=arm["lambda"], temperature=arm["temperature"],
                                   divergence=arm["divergence"], mix_form=arm.get("mix_form", "blend"),
-                                  onpolicy_fraction=arm["onpolicy"],
+                                  onpolicy_fraction=arm["onpolicy"], token_filter=arm.get("token_filter", 0.0),
+                                  reference_model=reference,
                                   onpolicy_prompt_tokens=a.prompt_tokens)
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
@@ -340,6 +353,10 @@ def run_arm(setup: Setup, key: str, a: argparse.Namespace, url: str, seed: int) 
     console.print(f"  {arm['name']} seed {seed}: α {final['acceptance']:.4f}, tokens/call "
                   f"{final['tokens_per_call']:.3f}, {r['steps']} steps ({r['onpolicy_steps']:.0f} on-policy), "
                   f"{cpu:.0f} CPU-s, {wall:.0f} s wall")
+    if any(v.get("reference") == key for v in ARMS.values()):
+        setup.references[(key, seed)] = model.eval().requires_grad_(False)  # another arm's reference model
+    if arm.get("reference"):
+        r["reference"] = f"{arm['reference']} final draft of seed {seed} (its CPU seconds not in this arm's budget)"
     del trainer, model
     return r
 
@@ -565,12 +582,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         begin = start_point
         if a.warm_start:
             setup.student0, begin = warm_start(setup, draft0, a, seed)
-        for key in a.arms:
+        for key in arm_order(a.arms):
             results.append(run_arm(setup, key, a, url, seed))
             _save(a, argv, setup, begin, seed, results, t_start)
 
     for_each_seed(a, run_seed)
     return None
+
+
+def arm_order(keys: list[str]) -> list[str]:
+    """``keys`` in order, each arm's reference arm (``ARMS[k]["reference"]``) run before it: moved
+    ahead when listed later, added when not listed."""
+    out: list[str] = []
+    for k in keys:
+        ref = ARMS[k].get("reference")
+        if ref and ref not in out:
+            out.append(ref)
+        if k not in out:
+            out.append(k)
+    return out
 
 
 def warm_start(setup: Setup, draft0: nn.Module, a: argparse.Namespace, seed: int) -> tuple[nn.Module, dict[str, float]]:

@@ -14,6 +14,7 @@ from actuator.agents.distill import (
     GKDBetaKnob,
     distillation_loss,
     mix_weights,
+    token_filter_mask,
 )
 from actuator.agents.knobs import KnobNotSupported, KnobSetter
 from actuator.agents.models import tiny_llama
@@ -301,3 +302,79 @@ def test_neg_log_acceptance_scales_tvs_gradient_by_one_over_alpha() -> None:
         _lk(divergence, logits).backward()
         grads.append(logits.grad[0, 0])
     assert torch.allclose(grads[0], grads[1] / 0.7, atol=1e-6)
+
+
+# -- the AdaSPEC token filter (issue 41) on toy distributions, numbers by hand ------------------------
+# Teacher p = [½, ½] at four positions; student q and reference r (a draft-sized model distilled
+# from the teacher) per position, T = 1, λ = 1:
+#   pos 0: q [.5 .5] KL_q 0;           r [.5 .5] KL_r 0;           gap 0
+#   pos 1: q [.8 .2] KL_q ½ ln 1.5625; r [.5 .5] KL_r 0;           gap +0.2231
+#   pos 2: q [.2 .8] KL_q ½ ln 1.5625; r [.1 .9] KL_r ½ ln(25/9);   gap −0.2877 (the reference fits it worse)
+#   pos 3: q [.9 .1] KL_q ½ ln(25/9);  r [.8 .2] KL_r ½ ln 1.5625;  gap +0.2877
+# KL([½ ½] ‖ [a, 1−a]) = ½ ln(1 / (4a(1−a))): a = .8 → ½ ln 1.5625, a = .9 → ½ ln(25/9).
+# Smallest gaps first: pos 2, pos 0, pos 1, pos 3.
+KL8 = 0.5 * 0.44628710262841953  # ½ ln 1.5625
+KL9 = 0.5 * 1.0216512475319814  # ½ ln(25/9)
+FP = torch.tensor([[[0.5, 0.5]] * 4]).log()
+FQ = torch.tensor([[[0.5, 0.5], [0.8, 0.2], [0.2, 0.8], [0.9, 0.1]]]).log()
+FR = torch.tensor([[[0.5, 0.5], [0.5, 0.5], [0.1, 0.9], [0.8, 0.2]]]).log()
+FLABELS = torch.tensor([[0, 1, 0, 1]])
+
+
+def _filtered(fraction: float, lam: float = 1.0, divergence: str = "forward") -> float:
+    return distillation_loss(FQ, FP, FLABELS, lam, 1.0, shifted=True, divergence=divergence, token_filter=fraction,
+                             reference_logits=FR)[0].item()
+
+
+@pytest.mark.parametrize("fraction, kept", [(0.0, 0 + KL8 + KL8 + KL9), (0.25, 0 + KL8 + KL9), (0.3, 0 + KL8 + KL9),
+                                            (0.5, KL8 + KL9), (0.75, KL9)])
+def test_the_token_filter_drops_the_smallest_reference_gaps_from_the_divergence(fraction, kept) -> None:
+    # ⌊x·4⌋ positions leave the divergence sum; the per-token mean still divides by all 4
+    assert _filtered(fraction) == pytest.approx(kept / 4, rel=1e-6)
+
+
+def test_the_token_filter_mask_and_what_it_leaves_alone() -> None:
+    gap_q = torch.tensor([0.0, KL8, KL8, KL9])
+    gap_r = torch.tensor([0.0, 0.0, KL9, KL8])
+    assert token_filter_mask(gap_q, gap_r, 0.5).tolist() == [False, True, False, True]
+    assert token_filter_mask(gap_q, gap_r, 0.0).all()
+    # TV is filtered by the same (KL) gaps: pos 2 (TV 0.3) leaves, pos 1 (0.3) and pos 3 (0.4) stay
+    assert _filtered(0.25, divergence="tv") == pytest.approx((0.3 + 0.4) / 4, rel=1e-6)
+    # the cross-entropy term keeps every position: only the divergence half moves
+    ce = torch.nn.functional.cross_entropy(FQ[0], FLABELS[0]).item()
+    assert _filtered(0.25, lam=0.5) == pytest.approx(0.5 * (KL8 + KL9) / 4 + 0.5 * ce, rel=1e-6)
+    with pytest.raises(ValueError, match="reference_logits"):
+        distillation_loss(FQ, FP, FLABELS, 1.0, 1.0, shifted=True, token_filter=0.25)
+    with pytest.raises(ValueError, match=r"token_filter must be in \[0, 1\)"):
+        token_filter_mask(gap_q, gap_r, 1.0)
+
+
+def test_the_token_filter_knob_is_read_every_step_and_needs_a_reference_model(tmp_path) -> None:
+    from actuator.agents.distill import TokenFilterKnob
+
+    reference = tiny_llama(seed=2)
+    calls = []
+    reference.register_forward_hook(lambda *a: calls.append(1))
+    trainer = DistillationTrainer(model=tiny_llama(seed=0), teacher_model=tiny_llama(seed=1), args=_args(tmp_path),
+                                  train_dataset=_examples(), distill_lambda=1.0, temperature=T,
+                                  reference_model=reference)
+    knob = TokenFilterKnob(trainer)
+    assert isinstance(knob, KnobSetter) and knob.name == "distill_token_filter" and knob.read() == 0.0
+    assert knob.bounds == (0.0, 0.9)  # the range the agent gives the controller: never the refused 1
+    batch = _batch(_examples(4))
+    unfiltered = trainer.compute_loss(trainer.model, dict(batch)).item()
+    assert calls == []  # at 0 the reference never runs
+    assert knob.apply(0.5) == 0.5
+    filtered = trainer.compute_loss(trainer.model, dict(batch)).item()
+    assert len(calls) == 1
+    with torch.no_grad():
+        s, t, r = (m(input_ids=batch["input_ids"]).logits for m in (trainer.model, trainer.teacher_model, reference))
+    expected = distillation_loss(s, t, batch["labels"], 1.0, T, token_filter=0.5, reference_logits=r)[0].item()
+    assert filtered == pytest.approx(expected, rel=1e-5) and filtered < unfiltered
+    with pytest.raises(ValueError, match=r"\[0, 1\)"):
+        knob.apply(1.0)
+    with pytest.raises(KnobNotSupported, match="reference_model"):
+        TokenFilterKnob(_trainer(tmp_path))
+    with pytest.raises(ValueError, match="needs a reference_model"):
+        DistillationTrainer(model=tiny_llama(seed=0), teacher_model=tiny_llama(seed=1), args=_args(tmp_path),
+                            train_dataset=_examples(), token_filter=0.2)

@@ -133,3 +133,13 @@ def test_one_later_seed_short_of_both_rules_misses_the_verdict_with_four_seeds(t
         _seed_file(tmp_path, s, {"fkl-T1": 0.30, "tv": 0.25, "lambda1-T2": 0.29, "follow-hybrid": follow})
     v = dd.aggregate("", tmp_path)["targets"]["verdict_follow-hybrid"]
     assert v["met_on_mean"] and v["held_per_seed"]["4"] is False and v["outcome"] == "missed"
+
+
+def test_the_adaspec_arm_filters_a_fifth_of_forward_kl_at_t1_against_the_fkl_t1_draft():
+    arm = dd.ARMS["filter-0.2"]
+    assert (arm["token_filter"], arm["reference"], arm["divergence"], arm["temperature"]) == (0.2, "fkl-T1", "forward", 1.0)
+    assert "filter-0.2" in dd.DEFAULT_ARMS and "filter-0.2" not in dd.FIXED + dd.ACTUATORS
+    # its reference arm runs first: moved ahead, or added when not asked for
+    assert dd.arm_order(["filter-0.2", "tv", "fkl-T1"]) == ["fkl-T1", "filter-0.2", "tv"]
+    assert dd.arm_order(["neglogacc", "filter-0.2"]) == ["neglogacc", "fkl-T1", "filter-0.2"]
+    assert dd.arm_order(list(dd.DEFAULT_ARMS)) == list(dd.DEFAULT_ARMS)
