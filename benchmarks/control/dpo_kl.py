@@ -12,6 +12,11 @@ Arms (one invocation, same data, seed, learning rate and probe set; all start at
 - the adaptive KL controller of Ziegler et al. 2019 (``actuator.controllers.AdaptiveKLController``:
   ``beta *= 1 + clip(KL/target - 1, ±0.2) * n/horizon``) applied to ``trainer.beta`` from a
   ``TrainerCallback`` at every KL measurement (n = samples since the last update),
+- TorchRL's ``KLAdaptiveLR`` rule (``actuator.controllers.KLAdaptiveLR``, ``--arms kl-adaptive-lr``):
+  the learning rate divided by ``--kl-lr-factor`` (1.5) when the KL is above 2× the target,
+  multiplied by it when below half the target, left alone in between, within ``--kl-lr-bounds`` ×
+  ``--lr`` (default [0.01, 1]: never above the configured rate), fed the same probe at every KL
+  measurement, beta fixed: the open-loop-style learning-rate baseline of RL libraries;
 - Actuator on beta: a reverse-acting PID on the KL through the real controller service,
   ``ActuatorCallback`` and ``KLBetaKnob`` (``--arms actuator``);
 - Actuator on the knobs that *do* have authority over DPO's KL (``--arms lr anchor lr+anchor``,
@@ -276,10 +281,20 @@ def restoring_policy(a: argparse.Namespace, kind: str) -> tuple[dict[str, Any], 
 RESTORING = ("lr", "anchor", "lr+anchor")
 
 
+def kl_adaptive_lr(a: argparse.Namespace) -> Any:
+    """The ``kl-adaptive-lr`` arm's rule: TorchRL's KLAdaptiveLR at the KL target, its factor, and
+    bounds ``--kl-lr-bounds`` × ``--lr``."""
+    from actuator.controllers import KLAdaptiveLR
+
+    lo, hi = a.kl_lr_bounds
+    return KLAdaptiveLR(a.target, factor=a.kl_lr_factor, min_lr=a.lr * lo, max_lr=a.lr * hi)
+
+
 def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, seed: int) -> dict[str, Any]:
     from transformers import TrainerCallback
 
     from actuator.agents.callback import ActuatorCallback
+    from actuator.agents.knobs import LearningRateKnob
     from actuator.agents.probes import ProbeSuite
     from actuator.agents.trl_knobs import KLBetaKnob
     from actuator.controllers import AdaptiveKLController
@@ -318,6 +333,7 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
     else:
         suite = ProbeSuite([probe], budget_share=1.0)
     ziegler = AdaptiveKLController(a.beta, a.target, a.horizon) if arm["kind"] == "ziegler" else None
+    kl_lr = kl_adaptive_lr(a) if arm["kind"] == "kl-adaptive-lr" else None
     zstate: Any = None
     last_update = 0
 
@@ -354,6 +370,9 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
                     beta, zstate = ziegler.update(value, n, zstate)
                     knob.apply(beta)
                     last_update = step
+                if kl_lr is not None:  # the knob is the schedule's peak (constant here), as for every lr arm
+                    lr_knob = LearningRateKnob(kw["optimizer"], kw.get("lr_scheduler"))
+                    lr_knob.apply(kl_lr.update(value, lr_knob.read()))
             advance()
 
         def on_log(self, args, state, control, logs=None, **kw):  # noqa: ANN001
@@ -475,12 +494,12 @@ def plot(result: dict[str, Any], path: Path) -> None:
                 steps = [t["step"] for t in arm["trace"]]
                 label = arm_label(arm, result)
                 line, = ax1.plot(steps, [t["kl_drift"] for t in arm["trace"]], marker=".", label=label)
-                if arm["kind"] in (*RESTORING, "tuned"):  # the knobs that moved: lr / lr0 (dashed) and w (dotted)
+                if arm["kind"] in (*RESTORING, "tuned", "kl-adaptive-lr"):  # the knobs that moved: lr / lr0 (dashed), w (dotted)
                     lr0 = arm["trace"][0].get("lr") or result["lr"]
                     if arm["kind"] != "anchor":
                         ax2.step(steps, [t.get("lr", lr0) / lr0 for t in arm["trace"]], where="post", ls="--",
                                  label=f"{label}: lr / lr0", color=line.get_color())
-                    if arm["kind"] != "lr":
+                    if arm["kind"] not in ("lr", "kl-adaptive-lr"):
                         ax2.step(steps, [t.get("w", 0.0) for t in arm["trace"]], where="post", ls=":",
                                  label=f"{label}: w", color=line.get_color())
                 else:
@@ -513,10 +532,12 @@ LOSS_DEFAULTS = {
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    scenario_args(ap, SCENARIO, steps=40, quick="24 steps", arms=["fixed", "ziegler", "actuator", *RESTORING, "tuned"],
+    scenario_args(ap, SCENARIO, steps=40, quick="24 steps", arms=["fixed", "ziegler", "kl-adaptive-lr", "actuator", *RESTORING,
+                                                            "tuned"],
                   arms_default=["fixed", "ziegler", "actuator"],
                   arms_help="actuator = the PID on beta; lr, anchor, lr+anchor = the actuators with authority "
-                            "over DPO's KL (see restoring_policy)",
+                            "over DPO's KL (see restoring_policy); kl-adaptive-lr = TorchRL's KLAdaptiveLR rule on "
+                            "the learning rate",
                   tag_help="results go to dpo-kl-TAG.json (default dpo-kl.json)",
                   aggregate="combine the result files of separate runs (one process per seed: --seeds N --tag "
                             "seedN) into dpo-kl-aggregate.json; run nothing")
@@ -546,7 +567,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--w-max": (5.0, "anchor arm: largest KL-anchor weight"),
         "--w-step": (0.5, "anchor arm: largest change of w per decision"),
         "--anchor-batch": (2, "anchor texts per step"),
+        "--kl-lr-factor": (1.5, "kl-adaptive-lr arm: the factor (TorchRL's default 1.5)"),
     })
+    ap.add_argument("--kl-lr-bounds", type=float, nargs=2, default=[0.01, 1.0], metavar=("LO", "HI"),
+                    help="kl-adaptive-lr arm: min_lr and max_lr as multiples of --lr (default 0.01 1: never above "
+                         "the configured rate)")
     identification_args(ap)
     ap.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
                     help="training precision (auto: bf16 where the machine has it natively, else fp32)")
@@ -596,7 +621,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "precision": a.precision,
             "configs": {loss: {"beta": la.beta, "pid": pid_policy(la)["controllers"][0],
                                "kl_beta_bounds": [la.beta / 4, la.beta * la.beta_cap], "max_step": la.max_step,
-                               "restoring": {k: restoring_policy(la, k) for k in RESTORING if k in a.arms}}
+                               "restoring": {k: restoring_policy(la, k) for k in RESTORING if k in a.arms},
+                               "kl_adaptive_lr": vars(kl_adaptive_lr(la)) if "kl-adaptive-lr" in a.arms else None}
                         for loss, la in configs.items()},
             "start_perplexity": base_ppl, "arms": results, "tune_refusals": refusals,
             "command": command_line("dpo_kl", argv),
@@ -618,7 +644,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     refusals: list[dict[str, Any]] = []
     out: dict[str, Any] = {}
     for la in configs.values():
-        names = {"fixed": f"fixed beta {la.beta:g}", "ziegler": "Ziegler adaptive KL", "actuator": "actuator PID",
+        names = {"fixed": f"fixed beta {la.beta:g}", "ziegler": "Ziegler adaptive KL",
+                 "kl-adaptive-lr": "TorchRL KLAdaptiveLR", "actuator": "actuator PID",
                  "lr": "Actuator lr PID", "anchor": "Actuator KL anchor (w)", "lr+anchor": "Actuator lr + anchor"}
         names["tuned"] = "Actuator lr (tuned) + anchor"
         for seed in a.seeds:

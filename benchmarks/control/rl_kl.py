@@ -23,6 +23,10 @@ Arms (one invocation per seed, same data, learning rate, probe and starting β):
   same probe. Its horizon (10 000 samples in the paper, for runs of millions of episodes) is
   rescaled to this run: ``--horizon`` defaults to the samples of one probe interval, so every
   update moves β by up to the paper's ±20 % clip — the fastest the rule allows;
+- TorchRL's ``KLAdaptiveLR`` rule (``actuator.controllers.KLAdaptiveLR``, ``--arms kl-adaptive-lr``)
+  fed the same probe, β fixed at the starting β: the learning rate divided by ``--kl-lr-factor``
+  (1.5) above 2× the target, multiplied by it below half the target, within ``--kl-lr-bounds`` ×
+  ``--lr`` (default [0.01, 1]: never above the configured rate);
 - early stopping: the fixed-β run at the starting β (or ``--early-stop-beta``), stopped at the
   first measurement at or above the target (derived from that arm's trace: the same seed gives
   the same run up to there);
@@ -231,10 +235,20 @@ def pid_policy(a: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def kl_adaptive_lr(a: argparse.Namespace) -> Any:
+    """The ``kl-adaptive-lr`` arm's rule: TorchRL's KLAdaptiveLR at the KL target, its factor, and
+    bounds ``--kl-lr-bounds`` × ``--lr``."""
+    from actuator.controllers import KLAdaptiveLR
+
+    lo, hi = a.kl_lr_bounds
+    return KLAdaptiveLR(a.target, factor=a.kl_lr_factor, min_lr=a.lr * lo, max_lr=a.lr * hi)
+
+
 def run_arm(setup: Setup, kind: str, arm: dict[str, Any], a: argparse.Namespace, url: str, seed: int) -> dict[str, Any]:
     from transformers import TrainerCallback
 
     from actuator.agents.callback import ActuatorCallback
+    from actuator.agents.knobs import LearningRateKnob
     from actuator.agents.probes import ProbeSuite
     from actuator.agents.trl_knobs import KLBetaKnob
     from actuator.controllers import AdaptiveKLController
@@ -256,6 +270,7 @@ def run_arm(setup: Setup, kind: str, arm: dict[str, Any], a: argparse.Namespace,
     else:
         suite = ProbeSuite([probe], budget_share=1.0)
     ziegler = AdaptiveKLController(a.beta, a.target, a.horizon) if arm["kind"] == "ziegler" else None
+    kl_lr = kl_adaptive_lr(a) if arm["kind"] == "kl-adaptive-lr" else None
     zstate: Any = None
     last_update = 0
     samples_per_step = a.prompts * a.samples
@@ -285,7 +300,10 @@ def run_arm(setup: Setup, kind: str, arm: dict[str, Any], a: argparse.Namespace,
                     beta, zstate = ziegler.update(value, (step - last_update) * samples_per_step, zstate)
                     knob.apply(beta)
                     last_update = step
-                trace.append({"step": step, "policy_kl": value, "beta": knob.read()})
+                lr_knob = LearningRateKnob(kw["optimizer"], kw.get("lr_scheduler"))
+                if kl_lr is not None:  # the knob is the schedule's peak (constant here)
+                    lr_knob.apply(kl_lr.update(value, lr_knob.read()))
+                trace.append({"step": step, "policy_kl": value, "beta": knob.read(), "lr": lr_knob.read()})
                 if not console.is_terminal:  # a log file gets one line per measurement
                     last = reward.log[-1] if reward.log else {"reward": math.nan, "accuracy": math.nan}
                     console.print(f"  {kind} {arm['name']} seed {seed} step {step}: policy_kl {value:.4f} "
@@ -543,7 +561,9 @@ def beta_or_word(*words: str) -> Callable[[str], float | str]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     scenario_args(ap, SCENARIO, steps=24, quick="12 steps, the Actuator arm and one fixed beta",
-                  arms_default=["actuator", "ziegler", "fixed"],
+                  arms=["actuator", "ziegler", "kl-adaptive-lr", "fixed"], arms_default=["actuator", "ziegler", "fixed"],
+                  arms_help="actuator = the PID on beta; ziegler = Ziegler's adaptive KL; kl-adaptive-lr = TorchRL's "
+                            "KLAdaptiveLR rule on the learning rate; fixed = the --betas sweep",
                   tag_help="a variant run: results go to rl-kl-x-TAG-<trainer>-seed<N>.json, which --aggregate "
                            "leaves out", aggregate="combine the per-seed result files")
     ap.add_argument("--trainer", nargs="+", choices=["rloo", "grpo"], default=["rloo"])
@@ -568,6 +588,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--probe-samples", type=int, default=2, help="sampled answers per held-out prompt")
     ap.add_argument("--horizon", type=float, default=None, help="Ziegler horizon in samples (default: one probe "
                     "interval's samples, so an update moves beta by up to the paper's ±20%%)")
+    ap.add_argument("--kl-lr-factor", type=float, default=1.5,
+                    help="kl-adaptive-lr arm: the factor (TorchRL's default 1.5)")
+    ap.add_argument("--kl-lr-bounds", type=float, nargs=2, default=[0.01, 1.0], metavar=("LO", "HI"),
+                    help="kl-adaptive-lr arm: min_lr and max_lr as multiples of --lr (default 0.01 1: never above the "
+                         "configured rate)")
     ap.add_argument("--kp", type=float, default=1.0, help="PID kp in log-beta per relative KL error (× 1/target)")
     ap.add_argument("--ki", type=float, default=0.1, help="PID ki per step (× 1/target)")
     ap.add_argument("--max-step", type=float, default=1.0, help="rate limit, log-beta units per decision")
@@ -614,7 +639,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for arm_kind in a.arms:
                 arms = ([{"name": f"fixed β {b:g}", "kind": "fixed", "beta": b} for b in a.betas]
                         if arm_kind == "fixed" else
-                        [{"name": {"ziegler": "Ziegler adaptive KL", "actuator": "actuator PID"}[arm_kind],
+                        [{"name": {"ziegler": "Ziegler adaptive KL", "actuator": "actuator PID",
+                                   "kl-adaptive-lr": "TorchRL KLAdaptiveLR"}[arm_kind],
                           "kind": arm_kind}])
                 for arm in arms:
                     r = run_arm(setup, kind, arm, sa, url, seed)
@@ -642,6 +668,7 @@ def save_seed(kind: str, seed: int, results: list[dict[str, Any]], a: argparse.N
            "feedforward": getattr(a, "feedforward", None), "probe_prompts": a.probe_prompts,
            "probe_samples": a.probe_samples, "beta_bounds": a.beta_bounds,
            "pid": pid_policy(a)["controllers"][0], "max_step": a.max_step,
+           "kl_adaptive_lr": vars(kl_adaptive_lr(a)) if "kl-adaptive-lr" in a.arms else None,
            "kl_beta_bounds": [a.beta * a.beta_bounds[0], a.beta * a.beta_bounds[1]], "start_perplexity": base_ppl, "arms": arms,
            "command": command_line("rl_kl", argv), "wall_seconds": time.time() - t_start}
     name = f"{SCENARIO}-x-{a.tag}-{kind}-seed{seed}" if a.tag else f"{SCENARIO}-{kind}-seed{seed}"
