@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # tests/servers.py, tests/folder_names.py
+sys.path.insert(0, str(Path(__file__).parent))  # tests/folder_names.py
 
 from folder_names import forbid_folder_names  # noqa: E402
-from servers import Postgres, Redis, Service, make_service, start_postgres, start_redis  # noqa: E402
+from actuator.testing import Postgres, Redis, Service, make_service, start_postgres, start_redis  # noqa: E402
 
 forbid_folder_names(Path(__file__).resolve().parents[1])  # `import controllers` fails: actuator.controllers
 

@@ -56,6 +56,10 @@ ALSO_MAY_IMPORT = {
     "actuator.cli": {"api"},  # `actuator serve` starts the service
     "actuator.migrate": {"migrations"},  # finds the Alembic scripts' folder from the package
 }
+# Core modules a user imports into their own test process (actuator.testing: real servers on
+# loopback): at import they load only the standard library and these packages, never a module of
+# ours but the package itself; what a helper needs beyond that (psycopg) it imports when called.
+IMPORT_LIGHT = {"actuator.testing": {"httpx"}}
 SERVER_PACKAGES = {"sqlalchemy", "fastapi", "starlette", "alembic", "uvicorn", "psycopg", "redis",
                    "prometheus_client", "pydantic_settings"}
 NEVER_IN = {  # third-party packages a layer never imports
@@ -122,6 +126,15 @@ def imported(source: str, module: str = "", is_package: bool = False, *, with_na
     return names
 
 
+def module_level(source: str) -> str:
+    """``source`` without its function bodies: the statements that run when the module is imported."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            node.body = [ast.Pass()]
+    return ast.unparse(tree)
+
+
 def layer_of(module: str) -> str | None:
     """The layer of one of our modules (None: the standard library or a third-party package)."""
     for layer, package in SUBPACKAGES.items():
@@ -166,6 +179,12 @@ def violations(root: Path) -> list[str]:
                            "logging or I/O)")
             elif module in WIRE_SIDE and top not in sys.stdlib_module_names | WIRE_PACKAGES:
                 out.append(f"{module}: imports {target} (the wire side needs only {sorted(WIRE_PACKAGES)})")
+        if module in IMPORT_LIGHT:
+            light = sys.stdlib_module_names | IMPORT_LIGHT[module]
+            for target in sorted(imported(module_level(path.read_text()), module, is_package, with_names=False)):
+                if target.split(".")[0] not in light:
+                    out.append(f"{module}: imports {target} at module level (only the standard library and "
+                               f"{sorted(IMPORT_LIGHT[module])})")
     return out
 
 
@@ -241,6 +260,7 @@ def _synthetic_tree(root: Path, planted: dict[str, str]) -> Path:
         "actuator/schemas.py": "import pydantic\n",
         "actuator/store.py": "import sqlalchemy\nfrom .schemas import x\nfrom .controllers import PID\n",
         "actuator/cli.py": "from .api import create_app\n",
+        "actuator/testing.py": "import json\nimport httpx\n\ndef start():\n    import psycopg\n",
         "controllers/__init__.py": "import math\n",
         "api/__init__.py": "from .. import store\n",
         "api/routers/__init__.py": "",
@@ -276,6 +296,10 @@ def test_the_synthetic_tree_is_clean(tmp_path):
     ("controllers/__init__.py", "import time\n", "standard library only"),
     ("actuator/schemas.py", "import sqlalchemy\n", "the wire side needs only"),
     ("actuator/schemas.py", "from .store import x\n", "actuator.schemas: imports actuator.store"),
+    ("actuator/testing.py", "import psycopg\n", "actuator.testing: imports psycopg at module level"),
+    ("actuator/testing.py", "from . import schemas\n", "actuator.testing: imports actuator at module level"),
+    ("actuator/testing.py", "def f():\n    from .api import app\n", "actuator.testing: imports actuator.api ("),
+    ("actuator/testing.py", "def f():\n    from .agents import x\n", "actuator.testing: imports actuator.agents"),
 ])
 def test_a_planted_import_against_the_rule_is_found(tmp_path, rel, text, found):
     root = _synthetic_tree(tmp_path, {rel: text})

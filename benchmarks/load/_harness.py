@@ -1,6 +1,6 @@
-"""Shared pieces of the load benchmarks: the servers (Postgres, Redis and the service as real
-processes on loopback, as in the tests), a lean HTTP/1.1 load generator, agents, percentiles,
-the machine description and the results file.
+"""Shared pieces of the load benchmarks: the servers (Postgres and Redis as actuator.testing
+starts them, the service under ``actuator serve``), a lean HTTP/1.1 load generator, agents,
+percentiles, the machine description and the results file.
 
 The load generator is raw asyncio over keep-alive connections (requests pre-formatted, responses
 parsed by Content-Length): on 2 shared cores every cycle it spends is a cycle the service does
@@ -26,26 +26,11 @@ from typing import Any
 
 import httpx
 
+
+from actuator.testing import Postgres, Redis, free_port, start_postgres, start_redis, wait_until
+
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
-
-
-def _load_servers():  # type: ignore[no-untyped-def]
-    """The tests' server helpers (tests/servers.py), loaded by file path: putting tests/ on
-    sys.path would let its tests/actuator folder shadow the actuator package."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("actuator_test_servers", ROOT / "tests" / "servers.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-_servers = _load_servers()
-Postgres, Redis, _wait, free_port = _servers.Postgres, _servers.Redis, _servers._wait, _servers.free_port
-start_postgres, start_redis = _servers.start_postgres, _servers.start_redis
 
 __all__ = ["Postgres", "Redis", "start_postgres", "start_postgres_durable", "start_redis", "Service", "start_service",
            "Agent",
@@ -113,7 +98,7 @@ def start_service(database_url: str, *, redis_url: str | None = None, workers: i
                              str(workers), "--log-level", "warning"],
                             env=env, stdout=open(log_path, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    _wait(lambda: httpx.get(f"{url}/healthz", timeout=1).status_code == 200, 90, "actuator service")
+    wait_until(lambda: httpx.get(f"{url}/healthz", timeout=1).status_code == 200, 90, "actuator service")
     return Service(url, port, proc, log_path)
 
 

@@ -24,7 +24,9 @@ from typing import Any
 
 import httpx
 
-from ._harness import KNOBS, POLICY, _servers, machine, start_postgres, start_redis, table, write_results
+from actuator.testing import make_service
+
+from ._harness import KNOBS, POLICY, machine, start_postgres, start_redis, table, write_results
 
 RETIRE_AFTER = 1.0
 
@@ -76,7 +78,7 @@ def main() -> None:
     pg, redis = start_postgres(), start_redis()
     metrics_dir = Path(tempfile.mkdtemp(prefix="actuator-bench-metrics-"))
     log_dir = tempfile.mkdtemp(prefix="actuator-bench-")
-    svc = _servers.make_service(
+    svc = make_service(
         pg.create_database("metrics_retired"), redis_url=redis.url, log_dir=log_dir, serve_args=["--workers", "2"],
         extra_env={"PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
                    "ACTUATOR_METRICS_RETIRE_AFTER": str(RETIRE_AFTER)}).start(timeout=90)

@@ -20,9 +20,9 @@ from typing import Any
 
 import httpx
 
+from actuator.testing import free_port, wait_until
+
 from ._harness import (
-    _wait,
-    free_port,
     machine,
     register_agents,
     run_closed_loop,
@@ -39,7 +39,7 @@ def balancer(backends: list[int]) -> tuple[subprocess.Popen, int]:
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "benchmarks.load.balancer", "--port", str(port), "--backends",
                              ",".join(map(str, backends))])
-    _wait(lambda: httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200, 30, "balancer")
+    wait_until(lambda: httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200, 30, "balancer")
     return proc, port
 
 

@@ -22,6 +22,7 @@ import argparse
 import functools
 import os
 import statistics
+import sys
 import tempfile
 import time
 from typing import Any
@@ -30,7 +31,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from ..load._harness import ROOT, machine, start_service, table, write_results  # noqa: E402
+from ..load._harness import machine, start_service, table, write_results  # noqa: E402
 
 POLICY = {"name": "overhead", "controllers": [{"name": "loss-lr", "probe": "train.loss", "knob": "learning_rate",
                                                "setpoint": 0.5, "kp": 0.2, "ki": 0.05, "deadband": 0.05}]}
@@ -121,11 +122,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)  # one core for training, one for the service and the sender thread
-    import sys
-
-    sys.path.insert(0, str(ROOT / "tests" / "agents"))
-    from agent_helpers import HELD_OUT, NARROW_TASK, lm_dataset, make_char_tokenizer
-
+    from actuator.agents.testing import HELD_OUT, NARROW_TASK, char_tokenizer, lm_dataset
     from actuator.agents.callback import ActuatorCallback
     from actuator.agents.probes import KLDrift, Perplexity
 
@@ -135,7 +132,7 @@ def main() -> None:
         _, tokenizer = load_smollm2()
         tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
     else:
-        tokenizer = make_char_tokenizer()
+        tokenizer = char_tokenizer()
     data = lm_dataset(tokenizer, NARROW_TASK * 4, length=64)
     info = machine()
     svc = start_service(f"sqlite:///{tempfile.mkdtemp(prefix='actuator-overhead-')}/actuator.db")

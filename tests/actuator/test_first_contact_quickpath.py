@@ -18,7 +18,7 @@ import httpx
 
 from actuator.agents.callback import ActuatorCallback, Reporting
 from actuator.agents.probes import KLDrift
-from servers import make_service
+from actuator.testing import make_service
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "agents"))
 from agent_helpers import HELD_OUT, make_char_tokenizer, make_trainer  # noqa: E402

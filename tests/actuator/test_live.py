@@ -16,7 +16,7 @@ import actuator.live as live_module
 from actuator.live import EventId, LiveEvent, MemoryLive, RedisLive
 from actuator.schemas import EVENT, DecisionEvent, Event, GuardrailBreach, ObservationEvent, StateChanged
 
-from servers import start_redis
+from actuator.testing import start_redis
 
 # As the stream carries them (the JSON text is json.dumps of these dicts, byte for byte).
 WIRE: list[dict[str, Any]] = [

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
-from servers import start_postgres
+from actuator.testing import start_postgres
 
 import actuator.store as store_module
 from actuator._exceptions import PolicyError

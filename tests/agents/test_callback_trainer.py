@@ -191,7 +191,7 @@ def test_refused_registration_fails_loudly_at_train_start(tmp_path, char_tokeniz
 
 def test_unreachable_service_at_train_start_trains_without_control(tmp_path, char_tokenizer, caplog):
     """Only an unreachable service means 'train on without control': one warning, every step runs."""
-    from servers import free_port
+    from actuator.testing import free_port
 
     trainer = make_trainer(tmp_path, char_tokenizer, steps=8, scheduler="constant")
     cb = ActuatorCallback(POLICY, connection=Connection(f"http://127.0.0.1:{free_port()}", flush_timeout=0.5),

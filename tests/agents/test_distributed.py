@@ -14,14 +14,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from servers import free_port
+from actuator.testing import free_port
 
 WORKER = Path(__file__).with_name("dist_worker.py")
 STEPS = 16
 
 
 def test_two_ranks_apply_identical_decisions_at_every_step(tmp_path, sqlite_service):
-    service = sqlite_service  # tests/conftest.py: tests/servers.py make_service(...).start() on SQLite
+    service = sqlite_service  # tests/conftest.py: actuator.testing make_service(...).start() on SQLite
     port = free_port()
     procs, outs, logs = [], [], []
     for rank in range(2):

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from servers import make_service
+from actuator.testing import make_service
 
 from agent_helpers import make_char_tokenizer
 

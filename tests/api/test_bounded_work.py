@@ -18,7 +18,7 @@ from actuator.schemas import MAX_INT, ObservationCreate
 from actuator.store import Store
 from actuator.agents.sender import BackgroundSender
 
-from servers import Service, make_service
+from actuator.testing import Service, make_service
 
 # Every observation moves the learning rate: the drift alternates far above and below the setpoint.
 POLICY = {"name": "bounded", "controllers": [{"name": "drift", "probe": "kl_drift", "knob": "learning_rate",

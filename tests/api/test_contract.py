@@ -11,7 +11,7 @@ import httpx
 import jsonschema_rs
 import pytest
 
-from servers import make_service
+from actuator.testing import make_service
 
 ADMIN = "contract-admin-" + uuid.uuid4().hex
 POLICY = {"name": "contract", "controllers": [{"name": "drift", "probe": "kl_drift", "knob": "learning_rate",

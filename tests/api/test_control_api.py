@@ -11,7 +11,7 @@ import pytest
 from actuator.models import DecisionRow, ObservationRow, PolicyRow, RunRow
 from actuator.store import Store
 
-from servers import make_service
+from actuator.testing import make_service
 
 POLICY = {
     "name": "ctl",

@@ -10,7 +10,7 @@ import uuid
 import httpx
 import pytest
 
-from servers import make_service
+from actuator.testing import make_service
 
 POLICY = {"name": "prod", "controllers": [{"name": "drift", "probe": "kl_drift", "knob": "learning_rate",
                                             "setpoint": 0.1, "kp": 0.5, "ki": 0.2}]}

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from servers import make_service
+from actuator.testing import make_service
 
 POLICY = {"name": "series", "controllers": [{"name": "drift", "probe": "kl_drift", "knob": "learning_rate",
                                              "setpoint": 0.1, "kp": 1.0}],

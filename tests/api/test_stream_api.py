@@ -17,7 +17,7 @@ import httpx
 import pytest
 import redis
 
-from servers import Service, make_service
+from actuator.testing import Service, make_service
 
 # No controllers, no guardrails: each observation is exactly one event.
 QUIET = {"name": "quiet"}

@@ -116,8 +116,6 @@ SHARED = {"harness", "data", "word_task", "plants", "__init__"}
 COMPANIONS = {("forgetting_gold", "forgetting")}
 # Known, each waiting on a file this change does not own (see the issue-35 report):
 KNOWN = {
-    ("benchmarks/load/_harness.py", "tests"): "Postgres/Redis starters of tests/servers.py: move to the package",
-    ("benchmarks/overhead/agent.py", "tests"): "char tokenizer and tiny data of tests/agents/agent_helpers.py",
     ("tests/controllers/test_controllers_pid.py", "benchmarks"): "simulated plants (benchmarks/control/plants.py)",
     ("tests/controllers/test_controllers_plants.py", "benchmarks"): "simulated plants",
     ("tests/agents/test_anchor.py", "benchmarks"): "the task's WORDS, against which the word anchors are checked",

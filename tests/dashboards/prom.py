@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import yaml
 
-from servers import _need, _wait, free_port
+from actuator.testing import need_binary, wait_until, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 REPO_SCRAPE_CONFIG = REPO / "dashboards" / "prometheus" / "prometheus.yml"
@@ -93,7 +93,7 @@ class Prometheus:
 
 
 def start_prometheus(config: dict[str, Any], timeout: float = 30.0) -> Prometheus:
-    binary = _need("prometheus", "prometheus")
+    binary = need_binary("prometheus", "prometheus")
     workdir = tempfile.mkdtemp(prefix="actuator-prom-")
     cfg = Path(workdir, "prometheus.yml")
     cfg.write_text(yaml.safe_dump(config))
@@ -105,7 +105,7 @@ def start_prometheus(config: dict[str, Any], timeout: float = 30.0) -> Prometheu
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     prom = Prometheus(f"http://127.0.0.1:{port}", port, proc, workdir)
     try:
-        _wait(lambda: proc.poll() is None and httpx.get(f"{prom.url}/-/ready", timeout=1).status_code == 200,
+        wait_until(lambda: proc.poll() is None and httpx.get(f"{prom.url}/-/ready", timeout=1).status_code == 200,
               timeout, "prometheus")
     except Exception:
         logs = prom.logs()

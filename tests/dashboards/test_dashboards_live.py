@@ -29,7 +29,7 @@ from dash import (
     substitute,
 )
 from prom import Prometheus, poll, scrape_config_for, start_prometheus
-from servers import Postgres, Service, make_service, start_redis
+from actuator.testing import Postgres, Service, make_service, start_redis
 
 ADMIN = "dashboards-admin-token"
 POLICY = {

@@ -15,7 +15,7 @@ import httpx
 from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.parser import text_string_to_metric_families
 
-from servers import Postgres, _wait, free_port
+from actuator.testing import Postgres, wait_until, free_port
 
 POLICY = {"name": "mp-drift", "controllers": [{"name": "drift", "probe": "kl_drift", "knob": "learning_rate",
                                                "setpoint": 0.1, "kp": 1.0, "ki": 0.2}]}
@@ -54,7 +54,7 @@ def test_two_workers_expose_one_aggregated_view(postgres: Postgres, tmp_path: Pa
         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait(lambda: httpx.get(f"{url}/healthz", timeout=1).status_code == 200, 60, "actuator serve --workers 2")
+        wait_until(lambda: httpx.get(f"{url}/healthz", timeout=1).status_code == 200, 60, "actuator serve --workers 2")
         run = httpx.post(f"{url}/v1/runs", json={"policy": POLICY, "knobs": KNOBS}, timeout=30).json()
         headers = {"Authorization": f"Bearer {run['token']}"}
 

@@ -16,7 +16,8 @@ import httpx
 
 from actuator.models import DecisionRow, EventRow, ObservationRow, PolicyRow, RunRow
 from actuator.store import Store
-from servers import Redis, Service, _need, _wait, make_service
+from actuator.testing import Redis, Service, make_service, need_binary
+from actuator.testing import wait_until as _wait  # tolerates errors while a server starts
 
 POLICY = {
     "name": "hardening",
@@ -89,7 +90,7 @@ class StoreView:
 
 def restart_redis_same_port(old: Redis) -> Redis:
     """A fresh redis-server on the port the stopped one used (clients reconnect to it)."""
-    binary = _need("redis-server", "redis-server")
+    binary = need_binary("redis-server", "redis-server")
     proc = subprocess.Popen([binary, "--port", str(old.port), "--bind", "127.0.0.1", "--save", "",
                              "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     import redis
@@ -221,7 +222,7 @@ class ServedApp:
     def __init__(self, app: Any) -> None:
         import uvicorn
 
-        from servers import free_port
+        from actuator.testing import free_port
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"

@@ -42,7 +42,7 @@ from actuator.agents.sender import FOLLOW_UPS, BackgroundSender
 from actuator.schemas import MAX_INT
 from agent_helpers import HELD_OUT, SlowSteps, make_trainer, record_lr_used
 from harden import ServedApp, StoreView
-from servers import Service
+from actuator.testing import Service
 
 CORPUS = Path(__file__).parent / "corpus" / "answers.yaml"
 # Drift above a zero setpoint: the controller lowers the learning rate on nearly every observation.

@@ -25,7 +25,7 @@ from harden import (
     restart_redis_same_port,
     wait_until,
 )
-from servers import make_service, start_postgres, start_redis
+from actuator.testing import make_service, start_postgres, start_redis
 
 DRIFT = 0.3  # above the policy's setpoint: the controller keeps lowering the learning rate
 

@@ -34,7 +34,7 @@ from actuator.policy import PolicyDocument
 from actuator.schemas import ObservationCreate
 from agent_helpers import HELD_OUT, SlowSteps, make_trainer
 from harden import StepClock, StoreView
-from servers import make_service
+from actuator.testing import make_service
 
 POLICY = {
     "name": "restart-drift",

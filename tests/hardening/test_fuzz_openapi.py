@@ -40,7 +40,7 @@ from schemathesis.config import SchemathesisConfig
 from schemathesis.core.parameters import ParameterLocation
 
 from harden import POLICY, bearer, register
-from servers import make_service
+from actuator.testing import make_service
 
 ADMIN = "fuzz-admin-" + uuid.uuid4().hex
 AGENT = "the-agent-token-of-the-fuzzed-run"

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from servers import make_service
+from actuator.testing import make_service
 
 TIMEOUT = 1.0
 

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from harden import KNOBS, POLICY, StoreView, bearer, post_obs, register
-from servers import make_service
+from actuator.testing import make_service
 
 CORPUS = Path(__file__).parent / "corpus"
 HOSTILE_FILES = ("observations.yaml", "registration.yaml", "policies.yaml", "control.yaml")

@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from harden import post_obs, register, restart_redis_same_port, wait_until
-from servers import Redis, Service, make_service, start_redis
+from actuator.testing import Redis, Service, make_service, start_redis
 
 QUIET = {"name": "quiet-live"}  # no controllers, no guardrails: each observation is exactly one event
 

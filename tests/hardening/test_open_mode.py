@@ -30,7 +30,7 @@ import pytest
 import yaml
 
 from harden import POLICY, StoreView, register, wait_until
-from servers import Service, free_port, make_service
+from actuator.testing import Service, free_port, make_service
 
 CORPUS = Path(__file__).parent / "corpus" / "browser.yaml"
 

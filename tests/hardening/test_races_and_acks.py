@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from harden import KNOBS, POLICY, StoreView, bearer, post_obs, register, wait_until
-from servers import Postgres, Redis, Service, make_service
+from actuator.testing import Postgres, Redis, Service, make_service
 
 RETIRE_AFTER = 1.0
 

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from harden import post_obs, register
-from servers import Service, make_service
+from actuator.testing import Service, make_service
 
 CORPUS = Path(__file__).parent / "corpus"
 BIG = 1e308

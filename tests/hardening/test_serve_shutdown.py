@@ -11,7 +11,7 @@ import time
 
 import httpx
 
-from servers import make_service
+from actuator.testing import make_service
 
 
 def test_serve_stops_within_seconds_of_sigterm_with_a_live_stream_open(tmp_path):

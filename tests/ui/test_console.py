@@ -20,7 +20,7 @@ from transformers import TrainerCallback
 from actuator.agents.callback import ActuatorCallback, Connection, Reporting
 from actuator.agents.probes import KLDrift
 from agent_helpers import HELD_OUT, SlowSteps, make_trainer, record_lr_used
-from servers import Service, make_service
+from actuator.testing import Service, make_service
 
 ADMIN = "console-admin-token"
 POLICY = {

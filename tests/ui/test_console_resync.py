@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 from selenium.webdriver.common.by import By
 
-from servers import make_service, start_redis
+from actuator.testing import make_service, start_redis
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "hardening"))
 from harden import post_obs, register, restart_redis_same_port, wait_until  # noqa: E402

@@ -1,9 +1,33 @@
-"""Real servers for tests: Postgres, Redis, and the Actuator service under uvicorn, as processes
-on loopback. A missing binary is a test failure with the install command, never a skip."""
+"""Real servers on loopback for integration tests: the Actuator service under uvicorn, Postgres
+and Redis, each as a process of its own on a free port, started and stopped in a ``with`` block.
+
+Test your own integration (a training loop with ``ActuatorCallback``, a client script, a
+dashboard) against the real service rather than a mock::
+
+    import actuator.testing
+
+    with actuator.testing.service() as url:  # SQLite in a temporary folder, in-process live state
+        ...  # ActuatorCallback(url=url, ...), ActuatorClient(url), httpx.get(f"{url}/v1/runs")
+
+    with actuator.testing.postgres() as pg, actuator.testing.redis() as rd:
+        with actuator.testing.service(pg.create_database("it"), redis_url=rd.url) as url:
+            ...
+
+The service needs the server extra (``pip install 'actuator[server]'``); Postgres and Redis need
+their binaries (Debian: ``apt-get install postgresql redis-server``): a missing one raises
+``RuntimeError`` naming the package, never a silent skip. This module itself imports only the
+standard library and httpx (psycopg when a Postgres database is created), so importing it costs
+nothing. Within one process the service's start is fast: a launcher process imports the app once
+and forks one uvicorn per start (gunicorn's ``--preload``).
+
+The servers are for tests: Postgres runs with ``fsync=off``, Redis without persistence, and every
+data directory is temporary.
+"""
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import pwd
@@ -14,31 +38,38 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
+__all__ = ["Postgres", "Redis", "Service", "free_port", "make_service", "need_binary", "postgres", "redis",
+           "service", "start_postgres", "start_redis", "wait_until"]
+
 PG_BIN_DIRS = sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)
-GRACEFUL_SHUTDOWN_S = 1  # uvicorn --timeout-graceful-shutdown for the services tests start
+GRACEFUL_SHUTDOWN_S = 1  # uvicorn --timeout-graceful-shutdown of the services started here
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
-def _need(binary: str, package: str) -> str:
+def need_binary(binary: str, package: str) -> str:
+    """The path of ``binary`` (on PATH, or Debian's Postgres folders); RuntimeError naming the
+    Debian ``package`` to install when it is missing."""
     path = shutil.which(binary) or next((str(d / binary) for d in PG_BIN_DIRS if (d / binary).exists()), None)
     if path is None:
-        raise RuntimeError(f"{binary} not found: install it with `apt-get install -y {package}` "
-                           f"(.ci/run does this)")
+        raise RuntimeError(f"{binary} not found: install it with `apt-get install -y {package}`")
     return path
 
 
-def _wait(check, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+def wait_until(check: Callable[[], object], timeout: float, what: str) -> None:
+    """Poll ``check`` every 0.1 s until it returns a true value (exceptions count as not yet);
+    RuntimeError naming ``what`` and the last exception after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     last: Exception | None = None
     while time.monotonic() < deadline:
@@ -51,15 +82,19 @@ def _wait(check, timeout: float, what: str) -> None:  # type: ignore[no-untyped-
     raise RuntimeError(f"{what} did not start within {timeout}s ({last})")
 
 
+# -- Postgres ---------------------------------------------------------------------------------------
 @dataclass
 class Postgres:
+    """A Postgres server of its own (temporary data directory, trust authentication, user
+    ``postgres``)."""
+
     url: str
     port: int
     datadir: str
     _as_user: list[str] = field(default_factory=list)
 
     def pg_ctl(self, *args: str) -> None:
-        subprocess.run([*self._as_user, _need("pg_ctl", "postgresql"), "-D", self.datadir, *args],
+        subprocess.run([*self._as_user, need_binary("pg_ctl", "postgresql"), "-D", self.datadir, *args],
                        check=True, capture_output=True, timeout=60)
 
     def stop(self) -> None:
@@ -71,7 +106,8 @@ class Postgres:
                     f"-c max_connections=200")
 
     def create_database(self, name: str) -> str:
-        import psycopg
+        """A new empty database: its SQLAlchemy URL (for ``ACTUATOR_DATABASE_URL``)."""
+        import psycopg  # the server extra's driver
 
         with psycopg.connect(f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres",
                              autocommit=True) as conn:
@@ -80,7 +116,8 @@ class Postgres:
 
 
 def start_postgres() -> Postgres:
-    initdb = _need("initdb", "postgresql")
+    """initdb and start a Postgres on a free port (as user postgres when run as root)."""
+    initdb = need_binary("initdb", "postgresql")
     datadir = tempfile.mkdtemp(prefix="actuator-pg-")
     as_user: list[str] = []
     if os.geteuid() == 0:  # postgres refuses to run as root
@@ -95,11 +132,31 @@ def start_postgres() -> Postgres:
     return pg
 
 
+@contextlib.contextmanager
+def postgres() -> Iterator[Postgres]:
+    """A Postgres for the ``with`` block; its data directory is removed after."""
+    pg = start_postgres()
+    try:
+        yield pg
+    finally:
+        pg.stop()
+        shutil.rmtree(pg.datadir, ignore_errors=True)
+
+
+# -- Redis ------------------------------------------------------------------------------------------
+def _redis_ping(port: int) -> bool:
+    with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+        s.sendall(b"PING\r\n")
+        return s.recv(64).startswith(b"+PONG")
+
+
 @dataclass
 class Redis:
+    """A redis-server of its own (no persistence)."""
+
     url: str
     port: int
-    proc: subprocess.Popen
+    proc: subprocess.Popen[bytes]
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -107,21 +164,31 @@ class Redis:
 
 
 def start_redis() -> Redis:
-    binary = _need("redis-server", "redis-server")
+    """A redis-server on a free port, without persistence."""
+    binary = need_binary("redis-server", "redis-server")
     port = free_port()
     proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                              "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    import redis
-
-    _wait(lambda: redis.Redis(port=port).ping(), 20, "redis-server")
+    wait_until(lambda: _redis_ping(port), 20, "redis-server")
     return Redis(f"redis://127.0.0.1:{port}/0", port, proc)
 
 
+@contextlib.contextmanager
+def redis() -> Iterator[Redis]:
+    """A redis-server for the ``with`` block."""
+    server = start_redis()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+# -- the service ------------------------------------------------------------------------------------
 # Importing the service (FastAPI, SQLAlchemy, Alembic, the app) is most of a start: seconds on a
-# loaded 2-core machine, and the suite starts the service more than a hundred times. So the plain
-# uvicorn command runs in a child forked from a process that imported it once (gunicorn's
-# --preload): still uvicorn's own command line in its own process and session, the app built by
-# its factory in that process, logs to the service's log. One launcher per pytest process.
+# loaded 2-core machine, and a test suite starts the service many times. So the plain uvicorn
+# command runs in a child forked from a process that imported it once (gunicorn's --preload):
+# still uvicorn's own command line in its own process and session, the app built by its factory in
+# that process, logs to the service's log. One launcher per process that starts services.
 _LAUNCHER = r"""
 import json, os, signal, sys
 import uvicorn.main
@@ -242,24 +309,26 @@ def _fork_service(args: list[str], env: dict[str, str], log_path: str) -> _Forke
 
 @dataclass
 class Service:
-    """The Actuator service under a real uvicorn, in its own process."""
+    """The Actuator service under a real uvicorn, in its own process (``make_service(...).start()``)."""
 
     url: str
     port: int
     env: dict[str, str]
-    proc: subprocess.Popen | _Forked | None = None
+    proc: subprocess.Popen[bytes] | _Forked | None = None
     log_path: str = ""
     serve_args: list[str] | None = None  # run `actuator serve` with these (as the Dockerfile does)
 
     def start(self, timeout: float = 60.0) -> Service:
+        """Start it and wait until ``/healthz`` answers 200."""
         forked = None
         if self.serve_args is not None:
             actuator = shutil.which("actuator", path=os.path.dirname(sys.executable)) or "actuator"
             argv = [actuator, "serve", "--port", str(self.port), "--log-level", "warning", *self.serve_args]
         else:
             # A live stream (/stream, the console) whose client has gone ends only at its next write
-            # (the 15 s keep-alive): without a graceful-shutdown limit, stop() waited 10 s and killed.
-            # After 1 s uvicorn cancels what is still open and runs the app's shutdown as usual.
+            # (the keep-alive, ACTUATOR_STREAM_KEEPALIVE): without a graceful-shutdown limit, stop()
+            # waited 10 s and killed. After 1 s uvicorn cancels what is still open and runs the app's
+            # shutdown as usual.
             args = ["--factory", "actuator.api.app:create_app", "--host", "127.0.0.1", "--port", str(self.port),
                     "--log-level", "warning", "--timeout-graceful-shutdown", str(GRACEFUL_SHUTDOWN_S)]
             argv = [sys.executable, "-m", "uvicorn", *args]
@@ -270,7 +339,8 @@ class Service:
             with open(self.log_path, "ab") as log:
                 self.proc = subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                              start_new_session=True)
-        _wait(lambda: httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200, timeout, "actuator service")
+        wait_until(lambda: httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200, timeout,
+                   "actuator service")
         return self
 
     def kill(self) -> None:
@@ -279,6 +349,7 @@ class Service:
             self.proc.wait(10)
 
     def stop(self) -> None:
+        """SIGTERM (uvicorn's graceful shutdown), SIGKILL after 10 s."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -287,14 +358,17 @@ class Service:
                 self.kill()
 
     def logs(self) -> str:
+        """What the service wrote to its log so far."""
         return Path(self.log_path).read_text(errors="replace") if self.log_path else ""
 
 
 def make_service(database_url: str, *, redis_url: str | None = None, admin_token: str | None = None,
                  port: int | None = None, log_dir: str | None = None, serve_args: list[str] | None = None,
                  extra_env: dict[str, str] | None = None) -> Service:
-    """``serve_args``: start it with ``actuator serve`` and these options instead of plain uvicorn;
-    ``extra_env``: more environment (ACTUATOR_* settings)."""
+    """A service, not started yet: its settings come from this process's environment without its
+    ``ACTUATOR_*`` variables, then these arguments. ``serve_args``: start it with ``actuator serve``
+    and these options instead of plain uvicorn; ``extra_env``: more environment (``ACTUATOR_*``
+    settings); ``log_dir``: where its log goes (default: a new temporary folder)."""
     port = port or free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("ACTUATOR_")}
     env["ACTUATOR_DATABASE_URL"] = database_url
@@ -305,3 +379,25 @@ def make_service(database_url: str, *, redis_url: str | None = None, admin_token
     env.update(extra_env or {})
     log_path = os.path.join(log_dir or tempfile.mkdtemp(prefix="actuator-svc-"), f"service-{port}.log")
     return Service(f"http://127.0.0.1:{port}", port, env, log_path=log_path, serve_args=serve_args)
+
+
+@contextlib.contextmanager
+def service(database_url: str | None = None, *, redis_url: str | None = None, admin_token: str | None = None,
+            extra_env: dict[str, str] | None = None, timeout: float = 60.0) -> Iterator[str]:
+    """The service for the ``with`` block, on a free loopback port: its base URL. Without
+    ``database_url`` it stores in a SQLite file of a temporary folder (removed after, with its log);
+    ``redis_url`` for live state in Redis, ``admin_token`` to require one, ``extra_env`` for other
+    ``ACTUATOR_*`` settings. A service that does not answer within ``timeout`` seconds raises
+    RuntimeError; its log says why (``make_service(...).logs()``)."""
+    with tempfile.TemporaryDirectory(prefix="actuator-service-") as tmp:
+        svc = make_service(database_url or f"sqlite:///{Path(tmp) / 'actuator.db'}", redis_url=redis_url,
+                           admin_token=admin_token, log_dir=tmp, extra_env=extra_env)
+        try:
+            svc.start(timeout)
+        except RuntimeError as exc:
+            svc.stop()
+            raise RuntimeError(f"{exc}; its log:\n{svc.logs()[-4000:]}") from None
+        try:
+            yield svc.url
+        finally:
+            svc.stop()

@@ -1,0 +1,69 @@
+"""actuator.testing, the real servers a user's own tests start on loopback: the service answers
+and stores in the ``with`` block and is gone after it, on SQLite by default and on the Postgres
+and Redis the module starts; a missing binary names its Debian package; importing the module
+loads none of the server's packages."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import httpx
+import psycopg
+import pytest
+import redis as redis_client
+
+import actuator.testing
+
+POLICY = {"name": "quiet"}
+KNOBS = [{"name": "learning_rate", "value": 1e-3, "min": 1e-6, "max": 1e-2, "scale": "log"}]
+
+
+def _register_and_observe(url: str) -> str:
+    r = httpx.post(f"{url}/v1/runs", json={"policy": POLICY, "knobs": KNOBS})
+    assert r.status_code == 201, r.text
+    run = r.json()
+    obs = httpx.post(f"{url}/v1/runs/{run['id']}/observations", headers={"Authorization": f"Bearer {run['token']}"},
+                     json={"observations": [{"seq": 0, "step": 1, "probes": {"kl_drift": 0.1}}]})
+    assert obs.status_code == 200, obs.text
+    return str(run["id"])
+
+
+def test_the_service_runs_in_the_with_block_and_is_gone_after():
+    with actuator.testing.service() as url:
+        assert httpx.get(f"{url}/healthz").json()["status"] == "ok"
+        run_id = _register_and_observe(url)
+        assert httpx.get(f"{url}/v1/runs/{run_id}").json()["last_step"] == 1
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{url}/healthz", timeout=2)
+
+
+def test_the_service_on_the_postgres_and_redis_it_starts():
+    with actuator.testing.postgres() as pg, actuator.testing.redis() as rd:
+        database = pg.create_database("integration")
+        with actuator.testing.service(database, redis_url=rd.url) as url:
+            run_id = _register_and_observe(url)
+        with psycopg.connect(f"host=127.0.0.1 port={pg.port} user=postgres dbname=integration") as conn:
+            assert conn.execute("SELECT id FROM runs").fetchall() == [(run_id,)]
+        assert redis_client.Redis.from_url(rd.url).keys() != []  # the run's live state
+    assert not os.path.exists(pg.datadir)
+
+
+def test_a_service_that_cannot_start_raises_with_its_log(tmp_path):
+    with pytest.raises(RuntimeError, match="did not start") as exc:
+        with actuator.testing.service(f"sqlite:///{tmp_path / 'missing' / 'dir' / 'a.db'}", timeout=5):
+            pass
+    assert "its log" in str(exc.value)
+
+
+def test_a_missing_binary_names_the_package_to_install():
+    with pytest.raises(RuntimeError, match=r"apt-get install -y no-such-package"):
+        actuator.testing.need_binary("no-such-server-binary", "no-such-package")
+
+
+def test_importing_it_loads_none_of_the_servers_packages():
+    code = ("import sys, actuator.testing; print(sorted(m for m in ('fastapi', 'sqlalchemy', 'uvicorn', 'psycopg', "
+            "'redis', 'starlette', 'pydantic_settings', 'actuator.api', 'actuator.agents') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
