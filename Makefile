@@ -1,6 +1,6 @@
 # Actuator — two commands on a fresh Debian/Ubuntu machine with Python 3.11:
 #   make demo   set up, then run the main job (SmolLM2 SFT; a constraint controller turns a KL anchor to keep general perplexity within budget)
-#   make test   set up, then lint, build the docs and run the test suite (starts real Postgres/Redis/Prometheus processes)
+#   make test   set up, then lint, build the docs and run the test suite on two workers (starts real Postgres/Redis/Prometheus processes)
 #   make docs   build the docs site offline into build/docs-site (mkdocs build --strict: a broken link fails it)
 SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
@@ -56,8 +56,12 @@ lint: setup
 docs: setup
 	$(VENV)/bin/mkdocs build --strict --quiet
 
+# Two pytest-xdist workers, a test file per worker at a time (--dist loadfile: a module's shared
+# service starts once); every worker starts its own Postgres and Redis on free ports, in its own
+# temporary folders. TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= 2
 test: setup system-deps lint docs
-	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 demo: setup
 	$(PY) examples/demo.py $(DEMO_ARGS)
