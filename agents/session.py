@@ -379,7 +379,6 @@ class ControlSession:
             if not (max_steps or warmup):
                 lr = self.setters.get("learning_rate")
                 max_steps, warmup = schedule_steps(getattr(lr, "scheduler", None))
-                max_steps = max(0, max_steps - step)
             test = warmup_test(spec, self.specs[spec.knob], max_steps=max_steps, warmup=max(0, warmup - step))
             self.identification = IdentificationMode(spec.knob, test)
         test = self.identification.test
@@ -716,6 +715,13 @@ class ControlSession:
                 setter.apply(float(value))
         if attrs.get("run_id") and token is not None:
             self.run_id, self.run_token = attrs["run_id"], token
+            if self.auto_window is not None:
+                # the same run continues: its warm-up step test was declared (and fitted) before
+                log.warning("actuator: gains auto: the run continues from a checkpoint; no new step test (the "
+                            "service keeps what it tuned, or the fallback gains)")
+                self.auto_window = None
+                if self.identification is not None and not self.identification.started:
+                    self.identification = None
         return dict(knobs)
 
     def close_client(self) -> None:
