@@ -47,7 +47,7 @@ import math
 
 from ._checks import ParameterError, finite_term, require_finite, require_positive, saturate
 from .limits import limited
-from .pid import PIDConfig, PIDOutput, PIDState, projected_measurement
+from .pid import PIDConfig, PIDOutput, PIDState, projection
 
 __all__ = ["PIDLagrangian", "lagrangian_config"]
 
@@ -111,7 +111,7 @@ class PIDLagrangian:
         delta = fin(self.violation(y), limits)
         # P, I and the deadband act on the projected violation when a horizon is set (D stays on
         # the measurement's rise): weight arrives while the probe is still heading for the budget.
-        y_law = projected_measurement(y, st.last_measurement, cfg.horizon, limits)
+        y_law = projection(cfg, y, st.last_measurement, cur, dt, limits)
         delta_law = delta if y_law == y else fin(self.violation(y_law), limits)
         p = fin(cfg.kp * delta_law, limits)
         d = 0.0

@@ -56,7 +56,10 @@ Why the pieces are the way they are:
   measurement ``y + h * (y - y_prev)``, the slope taken from the (filtered) measurement over the
   last interval; D stays on the measurement. The integral then stops growing when the probe is
   *heading* for the setpoint, not once it is there. The first update after a fresh start or a
-  hand-back has no slope and projects nothing.
+  hand-back has no slope and projects nothing. With a fitted integrating model in the config
+  (``model_rate``, ``model_drift``, ``model_u_ref``: ``controllers.identify``'s ``FittedModel``)
+  the projection is the model's instead: ``y + h * dt * (drift + rate * (u - u_ref))``, where the
+  probe is heading at the knob in effect, from the first update on and without the slope's noise.
 * **Setpoint ramp** (``setpoint_ramp``, off at 0). The setpoint in force starts at the
   measurement found at the controller's first update and reaches the target linearly over
   ``setpoint_ramp`` updates (probe intervals), instead of stepping to it: the error the integral
@@ -88,7 +91,8 @@ from ._checks import (
     saturate,
 )
 
-__all__ = ["Scale", "Direction", "LimitReason", "PIDConfig", "PIDState", "PIDOutput", "PID", "projected_measurement"]
+__all__ = ["Scale", "Direction", "LimitReason", "PIDConfig", "PIDState", "PIDOutput", "PID", "projected_measurement",
+           "projection"]
 
 Scale = Literal["log", "linear", "integer"]
 Direction = Literal["direct", "reverse"]
@@ -116,6 +120,18 @@ def projected_measurement(y: float, previous: float | None, horizon: float, limi
     return finite_term(y + finite_term(horizon * slope, limits), limits)
 
 
+def projection(cfg: PIDConfig, y: float, previous: float | None, knob_s: float, dt: float, limits: set[str]) -> float:
+    """The measurement a law acts on: ``y`` without a horizon; with one, the slope projection
+    (:func:`projected_measurement`) or, when the config carries a fitted integrating model
+    (``model_rate``), the model's: ``y + horizon * dt * (model_drift + model_rate * (knob_s -
+    model_u_ref))``, where the probe heads at the knob in effect (``knob_s``, scale units)."""
+    if cfg.horizon <= 0 or cfg.model_rate is None:
+        return projected_measurement(y, previous, cfg.horizon, limits)
+    fin = finite_term
+    rate = fin(cfg.model_drift + fin(cfg.model_rate * fin(knob_s - cfg.model_u_ref, limits), limits), limits)
+    return fin(y + fin(fin(cfg.horizon * dt, limits) * rate, limits), limits)
+
+
 @dataclass(frozen=True)
 class PIDConfig:
     """Everything that defines one controller's law. Immutable: a schedule builds a new one.
@@ -127,7 +143,10 @@ class PIDConfig:
     ``integral_limit`` bounds ``|integral term|`` around zero; since the integral carries the
     operating point, it must leave room for it (for ``scale="log"``, |ln(knob)| ~ 9 for LR 1e-4).
     ``horizon`` (projection of the measurement) and ``setpoint_ramp`` are in probe intervals
-    (updates); 0 turns each off.
+    (updates); 0 turns each off. ``model_rate``/``model_drift``/``model_u_ref`` (probe units per
+    scale unit per ``dt`` unit, probe units per ``dt`` unit, scale units: an integrating
+    ``FittedModel``'s ``rate``, ``drift`` and ``u_ref``) make the projection the model's instead of
+    the slope's.
     """
 
     setpoint: float
@@ -145,6 +164,9 @@ class PIDConfig:
     setpoint_weight: float = 0.0
     horizon: float = 0.0
     setpoint_ramp: float = 0.0
+    model_rate: float | None = None
+    model_drift: float = 0.0
+    model_u_ref: float = 0.0
 
     def validate(self) -> None:
         """Raise :class:`ParameterError` (a ``ValueError``) naming the first invalid field."""
@@ -181,6 +203,10 @@ class PIDConfig:
             raise ParameterError("setpoint_weight", f"must be in [0, 1], got {b}")
         require_non_negative("horizon", self.horizon)
         require_non_negative("setpoint_ramp", self.setpoint_ramp)
+        if self.model_rate is not None:
+            require_finite("model_rate", self.model_rate)
+        require_finite("model_drift", self.model_drift)
+        require_finite("model_u_ref", self.model_u_ref)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe: infinite bounds travel as ``None``."""
@@ -311,7 +337,7 @@ class PID:
         error = fin(cfg.setpoint - y, limits)
         # What the law acts on: the projected measurement against the setpoint in force (both
         # exactly the measurement and the setpoint when prediction and ramp are off).
-        y_law = projected_measurement(y, st.last_measurement, cfg.horizon, limits)
+        y_law = projection(cfg, y, st.last_measurement, cur_s, dt, limits)
         r, p_off, ramp_gap, ramp_start = self._setpoint_in_force(y, st, limits)
         e_law = error if (y_law == y and r == cfg.setpoint) else fin(r - y_law, limits)
         p = fin(self._sign * cfg.kp * (e_law if p_off == 0.0 else fin(e_law - p_off, limits)), limits)

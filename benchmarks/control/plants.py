@@ -767,8 +767,12 @@ def integrating_lag_scenario(steps: int = 30, horizon: float = 2.0, ramp: float 
     the same PI at the rl-kl benchmark's gains (kp 1/target, ki 0.2/target per 2-step interval, ±1
     ln-unit per decision) as it is (``pid``), acting on the measurement projected ``horizon``
     intervals on (``pid_predictive``), and holding a setpoint ramped over ``ramp`` intervals
-    (``pid_ramp``, about the open-loop rise time); Ziegler's controller at the benchmark's horizon
-    (one interval's 32 samples); β fixed at 0.3. 30 intervals = 60 steps."""
+    (``pid_ramp``, about the open-loop rise time), and projecting ``horizon`` intervals on with the
+    plant's own integrating law instead of the slope (``pid_model``: the model
+    ``controllers.identify`` fits to such a plant at best, ``model_rate``/``model_drift`` per
+    interval around ln 0.1; it has no momentum in it, which is the lag that matters here);
+    Ziegler's controller at the benchmark's horizon (one interval's 32 samples); β fixed at 0.3.
+    30 intervals = 60 steps."""
     plant = IntegratingLagPlant()
     target, beta0 = plant.setpoint, plant.initial_knob
     base = PIDConfig(setpoint=target, kp=1.0 / target, ki=0.2 / target, kd=0.0, out_min=beta0 / 10,
@@ -777,6 +781,8 @@ def integrating_lag_scenario(steps: int = 30, horizon: float = 2.0, ramp: float 
         PIDArm("pid", base),
         PIDArm("pid_predictive", replace(base, horizon=horizon)),
         PIDArm("pid_ramp", replace(base, setpoint_ramp=ramp)),
+        PIDArm("pid_model", replace(base, horizon=horizon, model_rate=plant.interval * plant.rate,
+                                    model_drift=plant.interval * plant.drift, model_u_ref=math.log(plant.beta_ref))),
         AdaptiveKLArm("adaptive_kl", AdaptiveKLController(beta0, target=target, horizon=32), n_steps=32),
         FixedArm("fixed_beta", FixedSchedule.constant(beta0)),
     ]

@@ -5,6 +5,7 @@ Adam-like lag is tests/benchmarks/test_plants_integrating.py."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 
 import pytest
@@ -37,6 +38,24 @@ def test_prediction_acts_on_the_projected_measurement() -> None:
     # the reported error stays setpoint − measurement; D stays on the measurement
     assert ahead[2].error == plain[2].error == pytest.approx(0.5)
     assert plain[2].projected is None and plain[2].setpoint is None
+
+
+def test_a_fitted_model_projects_where_the_knob_in_effect_sends_the_probe() -> None:
+    """With an integrating model (rate per log-unit of the knob, drift, around u_ref) the projection
+    is y + h·dt·(drift + rate·(ln β − u_ref)), from the first update on (no slope needed)."""
+    cfg = PIDConfig(setpoint=0.04, kp=25.0, ki=5.0, out_min=0.03, out_max=3.0, scale="log", direction="reverse",
+                    horizon=2.0, model_rate=-0.0054, model_drift=0.0095, model_u_ref=math.log(0.1))
+    out = PID(cfg).update(0.01, 2.0, 0.3)
+    assert out.projected == pytest.approx(0.01 + 2.0 * 2.0 * (0.0095 - 0.0054 * math.log(3.0)))
+    assert out.value == 0.3  # still a bumpless start
+    nxt = PID(cfg).update(0.02, 2.0, 0.3, out.state)
+    assert nxt.projected == pytest.approx(0.02 + 4.0 * (0.0095 - 0.0054 * math.log(3.0)))
+    assert nxt.p == pytest.approx(-25.0 * (0.04 - nxt.projected))
+    # without a horizon the model is not used
+    assert PID(replace(cfg, horizon=0.0)).update(0.01, 2.0, 0.3).projected is None
+    with pytest.raises(ParameterError) as e:
+        PID(replace(cfg, model_rate=math.inf))
+    assert e.value.field == "model_rate"
 
 
 def test_prediction_off_changes_nothing() -> None:
