@@ -100,9 +100,7 @@ class Leg:
         """The interval of ``u`` at which the knob has value ``v`` (``v`` clamped into the leg's
         values first): a point inside the range, a half-line at an end value."""
         lo_v, hi_v = min(self.at_lo, self.at_hi), max(self.at_lo, self.at_hi)
-        v = min(max(v, lo_v), hi_v)
-        if self.scale == "log" and v <= 0:
-            v = lo_v
+        v = min(max(v, lo_v), hi_v)  # > 0 on a log scale: both ends are
         share = (self._s(v) - self._s(self.at_lo)) / (self._s(self.at_hi) - self._s(self.at_lo))
         if share <= 0.0:
             return -math.inf, self.lo
