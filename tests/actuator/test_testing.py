@@ -6,8 +6,10 @@ loads none of the server's packages."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import psycopg
@@ -16,6 +18,7 @@ import redis as redis_client
 
 import actuator.testing
 
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "testing.md"
 POLICY = {"name": "quiet"}
 KNOBS = [{"name": "learning_rate", "value": 1e-3, "min": 1e-6, "max": 1e-2, "scale": "log"}]
 
@@ -67,3 +70,14 @@ def test_importing_it_loads_none_of_the_servers_packages():
             "'redis', 'starlette', 'pydantic_settings', 'actuator.api', 'actuator.agents') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_examples_of_docs_reference_testing_md_run():
+    """Its blocks marked run-by this file run as written (the fixture block defines its fixture)."""
+    text = PAGE.read_text()
+    run = re.findall(r"<!-- snippet: run-by tests/actuator/test_testing.py -->\n```python\n(.*?)^```", text, re.M | re.S)
+    assert len(run) == 2
+    for body in run:
+        scope: dict[str, object] = {}
+        exec(compile(body, str(PAGE), "exec"), scope)  # noqa: S102 - the documentation's own example
+    assert callable(scope["actuator_url"])
