@@ -61,6 +61,7 @@ from actuator._exceptions import ConfigError
 
 from .knobs import KnobNotSupported, knob_setter
 from .probes._common import check_texts, encode, is_peft_model, pad_batch, pad_token_id, probe_mode, subsample
+from .sharded import reshard
 
 __all__ = ["KLAnchor", "KLAnchorKnob", "KLAnchorMixin", "KLAnchorCallback", "anchor_trainer", "install_anchor",
            "pair_token_ids", "bucket_kl"]
@@ -220,6 +221,8 @@ class KLAnchor:
                                   tail[row, :n].cpu()))
                 self.reference_forwards += 1
         self._cache = cache
+        # FSDP2 (every rank runs this setup on the same texts): free the gathered root weights.
+        reshard(model, *((self.reference,) if self.reference is not None else ()))
 
     def _reference_logits(self, model: Any, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         if self.reference is not None:

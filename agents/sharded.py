@@ -31,7 +31,7 @@ from typing import Any
 
 log = logging.getLogger("actuator.agents")
 
-__all__ = ["is_fully_sharded", "rank_and_world", "from_rank0", "sharded_copy", "local_and_full_numel",
+__all__ = ["is_fully_sharded", "reshard", "rank_and_world", "from_rank0", "sharded_copy", "local_and_full_numel",
            "RankCheckedSetter", "save_sharded", "load_sharded", "SHARDED_DIR"]
 
 SHARDED_DIR = "actuator-sharded"  # beside a Trainer checkpoint: the sharded model and optimizer state
@@ -52,6 +52,18 @@ def is_fully_sharded(model: Any) -> bool:
     if fsdp is None or modules is None:
         return False
     return any(isinstance(m, fsdp) for m in modules())
+
+
+def reshard(*modules: Any) -> None:
+    """Free the gathered parameters of every FSDP2 module in ``modules``. FSDP2 keeps the root
+    module's parameters gathered after a forward pass (backward would gather them again at once);
+    after a probe's forward passes under ``no_grad`` no backward follows, and each rank would go on
+    holding the root's full parameters (the embeddings and the head: most of a small model)."""
+    fsdp = _fsdp_module_class()
+    for module in modules:
+        for m in getattr(module, "modules", list)():
+            if fsdp is not None and isinstance(m, fsdp):
+                m.reshard()
 
 
 def rank_and_world() -> tuple[int, int]:

@@ -220,6 +220,10 @@ class ProbeSuite:
                     wrapper.enter_context(probe_mode(model))
                     entered = True
                 spent += self._run_one(probe, model, step, limit, report)
+        if entered and self.lockstep is not None:  # sharded: no rank keeps gathered weights
+            from ..sharded import reshard
+
+            reshard(model, *(m for p in self.probes for m in p.aux_models()))
         # The wrapper's own cost (mode bookkeeping, RNG capture) is probe time too.
         if entered:
             self._probe_seconds += max(self._clock() - run_start - spent, 0.0)

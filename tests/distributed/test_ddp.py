@@ -4,52 +4,22 @@ every step; only rank 0 registers and posts."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from actuator.testing import free_port
+from ranks import run_two_ranks
 
-WORKER = Path(__file__).with_name("dist_worker.py")
+WORKER = Path(__file__).with_name("ddp_worker.py")
 STEPS = 16
 
 
 def test_two_ranks_apply_identical_decisions_at_every_step(tmp_path, sqlite_service):
-    service = sqlite_service  # tests/conftest.py: actuator.testing make_service(...).start() on SQLite
-    port = free_port()
-    procs, outs, logs = [], [], []
-    for rank in range(2):
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ACTUATOR_")}
-        env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
-                   HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-        out = tmp_path / f"rank{rank}.json"
-        log = open(tmp_path / f"rank{rank}.log", "w")
-        procs.append(subprocess.Popen(
-            [sys.executable, str(WORKER), "--url", service.url, "--out", str(out), "--steps", str(STEPS)],
-            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(tmp_path), start_new_session=True))
-        outs.append(out)
-        logs.append(log)
-    deadline = time.monotonic() + 120
-    try:
-        for p in procs:
-            p.wait(timeout=max(1.0, deadline - time.monotonic()))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(10)
-        for log in logs:
-            log.close()
-    for rank, p in enumerate(procs):
-        assert p.returncode == 0, (tmp_path / f"rank{rank}.log").read_text()[-4000:]
-    r0, r1 = (json.loads(o.read_text()) for o in outs)
+    service = sqlite_service  # tests/conftest.py: a real service on SQLite
+    r0, r1 = run_two_ranks(tmp_path, WORKER, ["--url", service.url, "--steps", str(STEPS)], lambda rank, port: dict(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port)))
 
     # A real DDP run: a gloo process group of two, the model wrapped, gradients all-reduced (the
     # ranks saw different data shards yet end with the same weights).

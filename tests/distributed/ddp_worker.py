@@ -1,4 +1,4 @@
-"""One rank of the 2-process DDP test (tests/agents/test_distributed.py).
+"""One rank of the 2-process DDP test (tests/distributed/test_ddp.py).
 
 Launched with RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT in the environment: a
 tiny ``transformers.Trainer`` on CPU with the gloo backend, ActuatorCallback attached to the
@@ -17,7 +17,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-sys.path.insert(0, str(Path(__file__).parent))  # agent_helpers
+sys.path.insert(0, str(Path(__file__).parents[1] / "agents"))  # agent_helpers
 
 import torch  # noqa: E402
 

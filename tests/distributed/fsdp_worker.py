@@ -1,0 +1,178 @@
+"""One rank of the 2-process FSDP2 test (tests/distributed/test_fsdp2.py).
+
+A tiny Llama is ``fully_shard``-ed (each decoder layer, then the root) on a CPU device mesh over
+gloo, *before* a real ``transformers.Trainer`` gets it: accelerate 1.15 never enables its FSDP path
+with ``use_cpu=True`` (``_hf_compat.sharding_unsupported``), so the process group is made here and
+the Trainer sees one process (``DistributedType.NO``: it neither wraps the model in DDP nor splits
+the data, so both ranks train on the same batches and FSDP2 reduce-scatters the gradients).
+``ShardedTrainer`` only keeps the Trainer from writing ``model.safetensors`` from DTensors (which
+safetensors cannot); the weights of a checkpoint are the callback's DCP shards.
+
+On the run: ActuatorCallback with a KL-drift controller on the learning rate, a canary guardrail
+that orders one rollback, a KL anchor on the loss, and drift, perplexity and canary probes. Writes
+what this rank saw to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, str(Path(__file__).parents[1] / "agents"))  # agent_helpers
+
+import torch  # noqa: E402
+
+torch.set_num_threads(1)  # two ranks share two cores
+
+import torch.distributed as dist  # noqa: E402
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict  # noqa: E402
+from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
+from torch.distributed.fsdp import fully_shard  # noqa: E402
+from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
+
+from actuator.agents.anchor import KLAnchor, install_anchor  # noqa: E402
+from actuator.agents.callback import ActuatorCallback, Reporting  # noqa: E402
+from actuator.agents.models import tiny_llama  # noqa: E402
+from actuator.agents.probes import KLDrift, Perplexity, ProbeSuite  # noqa: E402
+from actuator.agents.sharded import RankCheckedSetter, local_and_full_numel  # noqa: E402
+
+from agent_helpers import HELD_OUT, NARROW_TASK, Canary, lm_dataset, make_char_tokenizer  # noqa: E402
+
+BAD_FROM = 8  # the canary reads bad from this step: one rollback to a checkpoint before it
+POLICY = {
+    "name": "fsdp2-drift-lr",
+    "controllers": [{"name": "drift", "probe": "kl_drift", "knob": "learning_rate", "setpoint": 0.0,
+                     "kp": 5.0, "ki": 1.0}],
+    "guardrails": [{"name": "canary", "probe": "custom.canary", "bound": "upper", "threshold": 0.5,
+                    "action": "rollback"}],
+}
+
+
+class ShardedTrainer(Trainer):
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        os.makedirs(output_dir or self.args.output_dir, exist_ok=True)  # weights: the callback's DCP shards
+
+
+def shard(model: torch.nn.Module, mesh) -> torch.nn.Module:
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def local_shards(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.to_local().detach().clone() for p in model.parameters()]
+
+
+class Recorder(TrainerCallback):
+    """The local shards at every save and right after the rollback (it runs after ActuatorCallback)."""
+
+    def __init__(self, cb: ActuatorCallback) -> None:
+        self.cb, self.saved, self.after_rollback, self.before_rollback = cb, {}, None, None
+        self.last: list[torch.Tensor] | None = None
+
+    def on_save(self, args, state, control, model=None, **kw):
+        self.saved[state.global_step] = local_shards(model)
+
+    def on_step_end(self, args, state, control, model=None, **kw):
+        if self.cb.rollbacks and self.after_rollback is None:
+            self.after_rollback = local_shards(model)
+            self.before_rollback = self.last  # the weights the step before: what the rollback replaced
+        self.last = local_shards(model)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--url", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--steps", type=int, default=14)
+    a = ap.parse_args()
+    rank, port = int(os.environ["FSDP_TEST_RANK"]), int(os.environ["FSDP_TEST_PORT"])
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    mesh = init_device_mesh("cpu", (2,))
+    model = shard(tiny_llama(seed=0), mesh)
+
+    tok = make_char_tokenizer()
+    args = TrainingArguments(
+        output_dir=str(Path(a.out).parent / f"out-{rank}"), max_steps=a.steps, per_device_train_batch_size=4,
+        learning_rate=5e-3, lr_scheduler_type="constant", save_strategy="steps", save_steps=3, logging_steps=1,
+        report_to=[], seed=0, dataloader_num_workers=0, disable_tqdm=True, use_cpu=True,
+    )
+    trainer = ShardedTrainer(model=model, args=args, train_dataset=lm_dataset(tok, NARROW_TASK))
+    anchor = KLAnchor(HELD_OUT, tok, weight=0.5, max_length=32, batch_size=2)
+    install_anchor(trainer, anchor)
+    used: list[float] = []
+    trainer.create_optimizer()
+    trainer.optimizer.register_step_pre_hook(lambda opt, args, kwargs: used.append(opt.param_groups[0]["lr"]))
+    probes = [Canary(trainer, bad_from=BAD_FROM), KLDrift(HELD_OUT, tok, every=2, max_length=32),
+              Perplexity(HELD_OUT, tok, every=4, max_length=32)]
+    cb = ActuatorCallback(POLICY, connection=a.url, run="fsdp2-test", probes=probes,
+                          knobs={"learning_rate": {"min": 1e-5, "max": 1e-2, "max_step": 0.5}},
+                          reporting=Reporting(budget_share=1.0)).attach(trainer)
+    rec = Recorder(cb)
+    trainer.add_callback(rec)
+    trainer.train()
+
+    # A final reading on every rank at once (the suite's lockstep), then the same probes on the
+    # gathered full weights in this process alone, unsharded: the single-process reference.
+    final = cb.suite.run(trainer.model, trainer.state.global_step, force=True).values
+    full = get_model_state_dict(trainer.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    single: dict[str, float] = {}
+    if rank == 0:
+        plain = tiny_llama(seed=0)
+        plain.load_state_dict(full)
+        fresh = ProbeSuite([KLDrift(HELD_OUT, tok, max_length=32, reference=tiny_llama(seed=0)),
+                            Perplexity(HELD_OUT, tok, max_length=32)], budget_share=1.0)
+        fresh.setup(plain)
+        single = {k: v for k, v in fresh.run(plain, 0, force=True).values.items() if not k.startswith("probe_")}
+        start = tiny_llama(seed=0)
+        baseline = ProbeSuite([Perplexity(HELD_OUT, tok, max_length=32)], budget_share=1.0)
+        baseline.setup(start)
+        single["baseline.perplexity"] = baseline.run(start, 0, force=True).values["perplexity"]
+
+    drift = next(p for p in cb.suite.probes if p.name == "kl_drift")
+    reference = drift.reference_holder.snapshot
+    rb = cb.rollbacks[0] if cb.rollbacks else None
+    restored = None
+    if rb is not None and rec.after_rollback is not None:
+        want = rec.saved[rb["to_step"]]
+        restored = {
+            "equal_to_saved": all(torch.equal(x, y) for x, y in zip(rec.after_rollback, want)),
+            "changed": any(not torch.equal(x, y) for x, y in zip(rec.before_rollback, want)),
+        }
+    report = {
+        "rank": rank,
+        "world_size": dist.get_world_size(),
+        "backend": dist.get_backend(),
+        "distributed_type": str(trainer.accelerator.distributed_type),
+        "wrapped": type(trainer.model_wrapped).__name__,
+        "model_numel": local_and_full_numel(trainer.model),
+        "reference_numel": local_and_full_numel(reference) if reference is not None else None,
+        "anchor": {"forwards": anchor.forwards, "last_kl": anchor.last_kl, "last_weight": anchor.last_weight,
+                   "holds_reference": anchor.reference is not None},
+        "used": used,
+        "applied": [{k: e[k] for k in ("number", "step", "knob", "applied")} for e in cb.applied],
+        "mismatches": sum(s.mismatches for s in cb.setters.values() if isinstance(s, RankCheckedSetter)),
+        "knob_values": cb.knob_values(),
+        "final": {k: v for k, v in final.items() if not k.startswith("probe_")},
+        "single": single,
+        "history": cb.history if rank == 0 else [],
+        "rollbacks": cb.rollbacks,
+        "restored": restored,
+        "is_main": cb._is_main,
+        "run_id": cb.run_id,
+        "observations": cb.seq,
+        "global_step": trainer.state.global_step,
+    }
+    Path(a.out).write_text(json.dumps(report))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
