@@ -283,9 +283,15 @@ def _close_launcher() -> None:
         _launcher.close()
 
 
+# Set anew for every test by pytest, and read by no import: a launcher compared on it would be
+# started again (the app imported again, seconds) for every service a test suite starts.
+_VOLATILE = {"PYTEST_CURRENT_TEST"}
+
+
 def _base_env(env: Mapping[str, str]) -> dict[str, str]:
-    """What a launcher's import may depend on: the environment but the service's own settings."""
-    return {k: v for k, v in env.items() if not k.startswith("ACTUATOR_")}
+    """What a launcher's import may depend on: the environment but the service's own settings
+    (and pytest's name of the running test; each service gets its whole environment at its fork)."""
+    return {k: v for k, v in env.items() if not k.startswith("ACTUATOR_") and k not in _VOLATILE}
 
 
 def _fork_service(args: list[str], env: dict[str, str], log_path: str) -> _Forked | None:

@@ -42,6 +42,27 @@ def test_the_service_runs_in_the_with_block_and_is_gone_after():
         httpx.get(f"{url}/healthz", timeout=2)
 
 
+def test_services_started_in_one_process_share_one_launcher(monkeypatch):
+    """The app is imported once per process, not once per service: pytest's name of the running
+    test, which changes with every test, does not start the launcher again (the suite's service
+    fixtures each waited for a new import of the app); another variable does."""
+    def launcher_pid() -> int:
+        assert actuator.testing._launcher is not None
+        return actuator.testing._launcher.proc.pid
+
+    with actuator.testing.service():
+        first = launcher_pid()
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "tests/x.py::test_other (setup)")
+    with actuator.testing.service():
+        assert launcher_pid() == first
+    monkeypatch.setenv("ACTUATOR_TESTING_PROBE_VARIABLE", "1")  # a service setting: given at fork, no new import
+    with actuator.testing.service():
+        assert launcher_pid() == first
+    monkeypatch.setenv("SOME_IMPORT_TIME_VARIABLE", "1")
+    with actuator.testing.service():
+        assert launcher_pid() != first
+
+
 def test_the_service_on_the_postgres_and_redis_it_starts():
     with actuator.testing.postgres() as pg, actuator.testing.redis() as rd:
         database = pg.create_database("integration")
