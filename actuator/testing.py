@@ -67,12 +67,16 @@ def need_binary(binary: str, package: str) -> str:
     return path
 
 
-def wait_until(check: Callable[[], object], timeout: float, what: str) -> None:
+def wait_until(check: Callable[[], object], timeout: float, what: str,
+               gone: Callable[[], bool] | None = None) -> None:
     """Poll ``check`` every 0.1 s until it returns a true value (exceptions count as not yet);
-    RuntimeError naming ``what`` and the last exception after ``timeout`` seconds."""
+    RuntimeError naming ``what`` and the last exception after ``timeout`` seconds, or as soon as
+    ``gone()`` says the process that was to answer has exited."""
     deadline = time.monotonic() + timeout
     last: Exception | None = None
     while time.monotonic() < deadline:
+        if gone is not None and gone():
+            raise RuntimeError(f"{what} exited before it answered ({last})")
         try:
             if check():
                 return
@@ -325,7 +329,8 @@ class Service:
     serve_args: list[str] | None = None  # run `actuator serve` with these (as the Dockerfile does)
 
     def start(self, timeout: float = 60.0) -> Service:
-        """Start it and wait until ``/healthz`` answers 200."""
+        """Start it and wait until ``/healthz`` answers 200; RuntimeError with the end of its log if
+        it does not within ``timeout`` seconds (it is stopped)."""
         forked = None
         if self.serve_args is not None:
             actuator = shutil.which("actuator", path=os.path.dirname(sys.executable)) or "actuator"
@@ -345,8 +350,12 @@ class Service:
             with open(self.log_path, "ab") as log:
                 self.proc = subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                              start_new_session=True)
-        wait_until(lambda: httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200, timeout,
-                   "actuator service")
+        try:
+            wait_until(lambda: httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200, timeout,
+                       "actuator service", gone=lambda: self.proc is None or self.proc.poll() is not None)
+        except RuntimeError as exc:
+            self.stop()
+            raise RuntimeError(f"{exc}; its log ({self.log_path}) ends:\n{self.logs()[-4000:]}") from None
         return self
 
     def kill(self) -> None:
@@ -394,15 +403,11 @@ def service(database_url: str | None = None, *, redis_url: str | None = None, ad
     ``database_url`` it stores in a SQLite file of a temporary folder (removed after, with its log);
     ``redis_url`` for live state in Redis, ``admin_token`` to require one, ``extra_env`` for other
     ``ACTUATOR_*`` settings. A service that does not answer within ``timeout`` seconds raises
-    RuntimeError; its log says why (``make_service(...).logs()``)."""
+    RuntimeError with the end of its log."""
     with tempfile.TemporaryDirectory(prefix="actuator-service-") as tmp:
         svc = make_service(database_url or f"sqlite:///{Path(tmp) / 'actuator.db'}", redis_url=redis_url,
                            admin_token=admin_token, log_dir=tmp, extra_env=extra_env)
-        try:
-            svc.start(timeout)
-        except RuntimeError as exc:
-            svc.stop()
-            raise RuntimeError(f"{exc}; its log:\n{svc.logs()[-4000:]}") from None
+        svc.start(timeout)
         try:
             yield svc.url
         finally:
