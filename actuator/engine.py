@@ -23,10 +23,12 @@ from .controllers import (
     ParameterError,
     PIDConfig,
     PIDLagrangian,
+    PIDState,
+    SplitRange,
     make_filter,
 )
 from .catalogue import limit
-from .policy import ControllerSpec, GuardrailSpec, PolicyDocument, setpoint_at
+from .policy import ControllerSpec, GuardrailSpec, PolicyDocument, SplitRangeController, setpoint_at, split_range_field
 from .run_state import ControllerState, GuardrailState, KnobState, RunContext
 from .schemas import (Action, AutoGainsFallback, AutoGainsFit, AutoGainsPrediction, AutoGainsSet, AutoGainsTuned,
                       ControllerUnusable, Decision, Event, GuardrailBreach, GuardrailCleared, ObservationCreate)
@@ -100,6 +102,34 @@ def _constraint_reason(name: str, probe: str, filtered: float, prev: float | Non
 AUTO_MAX_SAMPLES = 1000
 
 
+def _undeclared(loc: str, controller: str, knob: str, declared: list[str]) -> dict[str, str]:
+    return {"loc": loc, "msg": f"controller {controller!r} drives knob {knob!r}, which the run does not declare "
+                               f"(knobs: {declared})"}
+
+
+def _handover(law: Any, st: ControllerState, current: Any, filtered: float, held: bool) -> tuple[bool, PIDState | None]:
+    """Whether a PID-based law stands aside this observation, and the state its update starts from.
+
+    ``held`` (a manual override in force, or another controller moved the knob): the law tracks the
+    value in effect bumplessly and decides nothing. Control handed back (``st.reset``: release,
+    resume, policy move, guardrail damping): it restarts bumplessly from the value in effect; this
+    update outputs it unchanged."""
+    if held:
+        st.pid = law.bumpless(current, filtered, st.pid)
+        st.reset = False
+        return True, None
+    if st.reset:
+        st.reset = False
+        return False, law.bumpless(current, filtered, st.pid)
+    return False, st.pid
+
+
+def _integrating(st: ControllerState) -> tuple[float, float, float] | None:
+    """A gains-auto controller's integrating fit (rate, drift, u_ref), once tuned from one."""
+    model = (st.auto or {}).get("model") if (st.auto or {}).get("status") == "tuned" else None
+    return None if model is None else (float(model["rate"]), float(model["drift"]), float(model["u_ref"]))
+
+
 def _gains_set(spec: ControllerSpec, gains: str | None = None) -> AutoGainsSet:
     return AutoGainsSet(gains=gains or ("absolute" if spec.gains == "absolute" else "relative"),
                         kp=float(spec.kp or 0.0), ki=spec.ki, kd=spec.kd, direction=spec.direction,
@@ -140,6 +170,7 @@ class Engine:
         self._pids: dict[tuple[Any, ...], PID] = {}
         self._extrema: dict[tuple[Any, ...], ExtremumSeeking] = {}
         self._follows: dict[tuple[Any, ...], Follow] = {}
+        self._splits: dict[tuple[Any, ...], SplitRange] = {}
         self._tuned: dict[tuple[Any, ...], ControllerSpec] = {}  # gains auto: the spec with a run's tuned gains
 
     # -- helpers -----------------------------------------------------------------------------
@@ -164,8 +195,10 @@ class Engine:
 
     @staticmethod
     def _config(spec: ControllerSpec, setpoint: float, lo: Any, hi: Any, scale: Any, max_step: Any,
-                span: float = 1.0) -> PIDConfig:
-        # relative gains (span != 1) act on the error divided by the span: the same law in probe units
+                span: float = 1.0, model: Any = None) -> PIDConfig:
+        # relative gains (span != 1) act on the error divided by the span: the same law in probe units;
+        # model: an integrating fit's (rate, drift, u_ref), the projection when a horizon is set
+        rate, drift, u_ref = model if model is not None and spec.horizon > 0 else (None, 0.0, 0.0)
         return PIDConfig(
             setpoint=setpoint,
             kp=(spec.kp if spec.kp is not None else 0.0) / span,
@@ -179,16 +212,21 @@ class Engine:
             deadband=spec.deadband,
             cooldown=float(spec.cooldown),
             setpoint_weight=spec.setpoint_weight,
+            horizon=spec.horizon,
+            setpoint_ramp=spec.setpoint_ramp,
+            model_rate=rate,
+            model_drift=drift,
+            model_u_ref=u_ref,
         )
 
     def _pid(self, spec: ControllerSpec, knob: KnobState, step: int, setpoint_override: Any,
-             baseline: float | None) -> PID:
+             baseline: float | None, model: tuple[float, float, float] | None = None) -> PID:
         """The validated PID law in force: the one built for the same inputs before, or a new one."""
         law = self._law(spec, knob, step, setpoint_override, baseline)
-        key = (id(spec), *map(_exact, law))
+        key = (id(spec), *map(_exact, law), *map(_exact, model or ()))
         pid = self._pids.get(key)
         if pid is None:
-            pid = self._law_class(spec)(self._config(spec, *law))  # validates: an invalid law is never kept
+            pid = self._law_class(spec)(self._config(spec, *law, model=model))  # validates: an invalid law is never kept
             if len(self._pids) >= _PID_CACHE_SIZE:
                 self._pids.clear()
             self._pids[key] = pid
@@ -269,11 +307,12 @@ class Engine:
         errors: list[dict[str, str]] = []
         declared = sorted(knobs)
         for i, spec in enumerate(self.policy.controllers):
+            if isinstance(spec, SplitRangeController):
+                errors += self._split_errors(i, spec, knobs)
+                continue
             stored = knobs.get(spec.knob)
             if stored is None:
-                errors.append({"loc": f"controllers.{i}.knob",
-                               "msg": f"controller {spec.name!r} drives knob {spec.knob!r}, which the run does "
-                                      f"not declare (knobs: {declared})"})
+                errors.append(_undeclared(f"controllers.{i}.knob", spec.name, spec.knob, declared))
                 continue
             # Any step and baseline will do: bounds and scale do not depend on them, and a
             # setpoint is finite at every step once the document is valid.
@@ -309,6 +348,54 @@ class Engine:
                                "msg": f"guardrail {g.name!r} names knob {g.knob!r}, which the run does not "
                                       f"declare (knobs: {declared})"})
         return errors
+
+    def _split_errors(self, i: int, spec: SplitRangeController, knobs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, str]]:
+        """knob_errors of a split_range controller: each leg's knob declared by the run, its values
+        inside the knob's bounds, the law buildable on the run's knob scales."""
+        errors: list[dict[str, str]] = []
+        states = {}
+        for k, leg in enumerate(spec.legs or ()):
+            stored = knobs.get(leg.knob)
+            if stored is None:
+                errors.append(_undeclared(f"controllers.{i}.legs.{k}.knob", spec.name, leg.knob, sorted(knobs)))
+                continue
+            knob = states[leg.knob] = KnobState.from_dict(stored, leg.knob)
+            outside = [v for v in leg.values if not knob.min <= v <= knob.max]
+            if outside:
+                errors.append({"loc": f"controllers.{i}.legs.{k}.values",
+                               "msg": f"controller {spec.name!r}: values {outside} of knob {leg.knob!r} are outside "
+                                      f"its bounds [{knob.min}, {knob.max}]"})
+            elif knob.scale == "integer":
+                errors.append({"loc": f"controllers.{i}.legs.{k}.knob",
+                               "msg": f"controller {spec.name!r}: a split range moves a knob continuously; "
+                                      f"{leg.knob!r} is an integer knob"})
+        if not errors:
+            try:
+                self._split_law(spec, states, 0, None, 1.0)
+            except ParameterError as exc:
+                errors.append({"loc": f"controllers.{i}.{split_range_field(exc.field)}",
+                               "msg": f"controller {spec.name!r} on the run's knobs: {exc}"})
+        return errors
+
+    def _split_law(self, spec: ControllerSpec, knobs: Mapping[str, KnobState], step: int, setpoint_override: Any,
+                   baseline: float | None) -> SplitRange:
+        """The validated split-range law in force (cached like the PIDs): the PID on the output u
+        in [-1, 1] and the legs on the run's knob scales. Raises ParameterError (SplitRangeError)
+        when it cannot run."""
+        assert isinstance(spec, SplitRangeController)
+        target = spec.setpoint if setpoint_override is None else setpoint_override
+        setpoint = setpoint_at(target, step, baseline)
+        span = spec.error_span(setpoint, baseline)
+        scales = {name: knobs[name].scale for name in spec.driven()}
+        key = (id(spec), *map(_exact, (setpoint, span, *scales.values())))
+        law = self._splits.get(key)
+        if law is None:
+            law = SplitRange(spec.config(self._config(spec, setpoint, -1.0, 1.0, "linear", spec.max_step, span),
+                                         scales))  # validates
+            if len(self._splits) >= _PID_CACHE_SIZE:
+                self._splits.clear()
+            self._splits[key] = law
+        return law
 
     def _filter(self, spec: ControllerSpec) -> Any:
         filt = self._filters.get(id(spec))
@@ -387,7 +474,7 @@ class Engine:
                          inputs={"guardrail": g.name, "value": value, "threshold": threshold, "factor": g.factor})
             # The controllers on that knob restart bumplessly from the damped value.
             for c in self.policy.controllers:
-                if c.knob == g.knob and c.name in ctx.controllers:
+                if g.knob in c.driven() and c.name in ctx.controllers:
                     ctx.controllers[c.name].reset = True
         if g.action == "halt":
             ctx.state = "halted"
@@ -398,7 +485,8 @@ class Engine:
     @staticmethod
     def _unusable(st: ControllerState, spec: ControllerSpec, step: int, message: str, result: EngineResult) -> None:
         if st.error != message:  # one event per new problem, not one per observation
-            result.events.append(ControllerUnusable(step=step, controller=spec.name, knob=spec.knob, reason=message))
+            result.events.append(ControllerUnusable(step=step, controller=spec.name, knob="+".join(spec.driven()),
+                                                    reason=message))
         st.error = message
 
     def _usable(self, build: Any, spec: ControllerSpec, knob: KnobState, st: ControllerState, step: int,
@@ -416,6 +504,9 @@ class Engine:
         # changed again by a lower-priority one (which instead tracks the new value bumplessly).
         taken: set[str] = set()
         for spec in self._ordered:
+            if isinstance(spec, SplitRangeController):
+                self._split(ctx, obs, result, spec, values.get(spec.probe), taken)
+                continue
             knob = ctx.knobs.get(spec.knob)
             raw = values.get(spec.probe)
             if knob is None or raw is None or not math.isfinite(raw):
@@ -442,7 +533,8 @@ class Engine:
             # the reference for relative setpoints ('+10%'): the first filtered value
             baseline = filtered if st.baseline is None else st.baseline
             try:
-                pid = self._pid(law_spec, knob, obs.step, st.setpoint_override, baseline)  # before any state moves
+                pid = self._pid(law_spec, knob, obs.step, st.setpoint_override, baseline,
+                                _integrating(st))  # before any state moves
             except ParameterError as exc:
                 # A stored policy whose law cannot run on this run's knobs (validation against the
                 # knobs prevents it; runs and policies stored before it may still meet it): the
@@ -466,17 +558,9 @@ class Engine:
             if cfg.scale == "integer":
                 current = float(round(current))
             knob.value = current
-            pstate = st.pid
-            if knob.override is not None or spec.knob in taken:
-                # Manual override in force, or another controller moved the knob: track it.
-                st.pid = pid.bumpless(current, filtered, pstate)
-                st.reset = False
+            held, pstate = _handover(pid, st, current, filtered, knob.override is not None or spec.knob in taken)
+            if held:
                 continue
-            if st.reset:
-                # Control handed back (release, resume, policy move, guardrail damping): restart
-                # bumplessly from the value in effect; this update outputs it unchanged.
-                st.reset = False
-                pstate = pid.bumpless(current, filtered, pstate)
             out = pid.update(filtered, dt, current, pstate)
             st.pid = out.state
             st.components = {"p": out.p, "i": out.i, "d": out.d, "error": out.error}
@@ -560,6 +644,8 @@ class Engine:
             "setpoint_weight": doc["setpoint_weight"]})
         model, predicted = tuned["model"], tuned["predicted"]
         st.auto = {**auto, "status": "tuned", "gains": gains.model_dump()}
+        if model["kind"] == "integrating":  # the projection of a controller with a horizon
+            st.auto["model"] = {"rate": model["rate"], "drift": model["drift"], "u_ref": model["u_ref"]}
         result.events.append(AutoGainsTuned(
             step=obs.step, controller=spec.name, knob=spec.knob, window=window,
             fit=AutoGainsFit(model=model["kind"], gain=model["gain"], tau=model["tau"], theta=model["theta"],
@@ -634,6 +720,57 @@ class Engine:
                     "limited_by": list(out.limited_by), "bounds": [cfg.out_min, cfg.out_max],
                     "max_step": cfg.max_step, "scale": cfg.scale},
         )
+
+    def _split(self, ctx: RunContext, obs: ObservationCreate, result: EngineResult, spec: SplitRangeController,
+               raw: float | None, taken: set[str]) -> None:
+        """One update of a ``kind: split_range`` controller: the PID on the output u, from the u the
+        two knobs in effect correspond to; one decision per knob that moved, its reason naming the
+        knob that acted and why. While either knob is overridden or another controller moved it
+        this observation, the law tracks the knobs bumplessly and decides nothing."""
+        names = spec.driven()
+        if raw is None or not math.isfinite(raw) or any(n not in ctx.knobs for n in names):
+            return
+        st = ctx.controllers.setdefault(spec.name, ControllerState())
+        if st.last_step is not None and obs.step <= st.last_step:
+            return
+        dt = float(obs.step - st.last_step) if st.last_step is not None else 1.0
+        filt = self._filter(spec)
+        filtered, fstate = filt.update(raw, filt.state_from_dict(st.filter) if st.filter else None)
+        baseline = filtered if st.baseline is None else st.baseline
+        try:
+            law = self._split_law(spec, ctx.knobs, obs.step, st.setpoint_override, baseline)
+        except ParameterError as exc:
+            self._unusable(st, spec, obs.step, str(exc), result)
+            return
+        st.error = None
+        prev_filtered = st.filtered
+        st.filter, st.last_step, st.baseline = fstate.to_dict(), obs.step, baseline
+        st.probe, st.knob, st.raw, st.filtered = spec.probe, "+".join(names), raw, filtered
+        st.setpoint = law.config.law.setpoint
+        current = {}
+        for name in names:
+            reported = obs.knobs.get(name)
+            current[name] = ctx.knobs[name].value = float(reported if reported is not None else ctx.knobs[name].value)
+        held, pstate = _handover(law, st, current, filtered,
+                                 any(ctx.knobs[n].override is not None or n in taken for n in names))
+        if held:
+            return
+        out = law.update(filtered, dt, current, pstate, probe=spec.probe)
+        st.pid = out.state
+        st.components = {"p": out.law.p, "i": out.law.i, "d": out.law.d, "error": out.law.error, "u": out.u}
+        result.controller_outputs[spec.name] = st.components
+        reason = f"split_range {spec.name}: {out.reason}"
+        for name in out.acted:
+            taken.add(name)
+            self._decide(
+                ctx, result, step=obs.step + 1, knob=name, new=out.values[name], reason=reason, controller=spec.name,
+                components=dict(st.components),
+                inputs={"probe": spec.probe, "raw": raw, "filtered": filtered, "previous": prev_filtered,
+                        "setpoint": st.setpoint, "dt": dt, "u": out.u, "unclamped": out.law.unclamped,
+                        "projected": out.law.projected, "limited_by": list(out.law.limited_by), "knobs": current,
+                        "legs": [{"knob": leg.knob, "range": [leg.lo, leg.hi], "values": [leg.at_lo, leg.at_hi],
+                                  "acts": leg.acts, "scale": leg.scale} for leg in law.legs]},
+            )
 
     def _maximize(self, ctx: RunContext, obs: ObservationCreate, values: dict[str, float], result: EngineResult,
                   spec: ControllerSpec, knob: KnobState, st: ControllerState, raw: float, dt: float,

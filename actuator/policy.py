@@ -24,7 +24,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from ._exceptions import PolicyError
 from .catalogue import KNOBS, PROBES
-from .controllers import ParameterError, check_schedule
+from .controllers import Leg, ParameterError, PIDConfig, SplitRangeConfig, SplitRangeError, check_schedule
 from .schemas import MAX_INT, MAX_SETPOINT_POINTS, FiniteFloat, Name, PositiveFinite, Scale
 
 __all__ = [
@@ -162,11 +162,12 @@ class ControllerSpec(_Model):
     """
 
     name: Name
-    kind: Literal["setpoint", "constraint", "maximize", "follow"] = Field(
+    kind: Literal["setpoint", "constraint", "maximize", "follow", "split_range"] = Field(
         "setpoint", description="setpoint: hold the probe at setpoint (PID); constraint: keep it within the "
         "budget given as setpoint, with a multiplier knob >= 0 (PID-Lagrangian); maximize: drive the knob to "
         "where the probe peaks (extremum seeking; no setpoint); follow: set the knob to a monotone schedule's "
-        "value at the probe (no setpoint).")
+        "value at the probe (no setpoint); split_range: one PID output drives two knobs over split ranges of it "
+        "(legs).")
     probe: str
     knob: str
     filter: FilterSpec = Field(default_factory=FilterSpec)
@@ -225,7 +226,7 @@ class ControllerSpec(_Model):
             return own
         unused = {k: v for k, v in _UNUSED.items() if not (info.exclude_none and v is None)}
         return {k: own[k] if k in own else unused[k] for k in _DUMP_ORDER
-                if (k in own and not (k in _OMIT_NONE and own[k] is None))
+                if (k in own and not (k in _OMIT_NONE and own[k] is None) and not (k in _OMIT_ZERO and own[k] == 0))
                 or (k not in own and k in unused and k not in _OWN_ONLY)}
 
     @classmethod
@@ -253,6 +254,10 @@ class ControllerSpec(_Model):
     def kind_errors(self) -> list[tuple[str, str]]:
         """``(field, message)`` for every field this controller's kind requires or does not use."""
         return []
+
+    def driven(self) -> list[str]:
+        """The knobs this controller drives (a split_range controller's two legs' knobs)."""
+        return [self.knob] if self.knob is not None else []
 
 
 class _FeedbackController(ControllerSpec):
@@ -286,6 +291,10 @@ class _FeedbackController(ControllerSpec):
     )
     deadband: FiniteFloat = Field(0.0, ge=0)
     cooldown: int = Field(0, ge=0, description="Optimizer steps between two changes.")
+    horizon: FiniteFloat = Field(
+        0.0, ge=0, le=100, description="Prediction for an integrating plant, in probe intervals (0: off): P, I and "
+        "the deadband act on the projected value y + horizon·(y − previous y), or, with gains auto and an "
+        "integrating fit, on the fitted model's projection.")
 
     @field_validator("setpoint")
     @classmethod
@@ -321,6 +330,8 @@ class _FeedbackController(ControllerSpec):
                 errors.append((name, f"only a maximize controller has {name} (this one is kind {self.kind})"))
         if self.given("schedule") is not None:
             errors.append(("schedule", f"only a follow controller has schedule (this one is kind {self.kind})"))
+        if self.kind != "split_range" and self.given("legs") is not None:
+            errors.append(("legs", f"only a split_range controller has legs (this one is kind {self.kind})"))
         if self.given("cost_weight"):
             errors.append(("cost_weight", f"only a maximize controller has cost_weight (kind {self.kind})"))
         if self.identify is not None and self.gains != "auto":
@@ -382,10 +393,16 @@ class _FeedbackController(ControllerSpec):
         return f"{1 + pct:g}·b"
 
 
+_SETPOINT_RAMP = Field(0.0, ge=0, le=10000, description="setpoint and split_range only: the setpoint in force "
+                       "moves from the probe's first reading to the target over this many probe intervals (0: "
+                       "steps to it at once).")
+
+
 class SetpointController(_FeedbackController):
     """``kind: setpoint`` (the default): hold the probe at ``setpoint`` with a PID."""
 
     kind: Literal["setpoint"] = Field("setpoint", description="setpoint: hold the probe at setpoint (PID).")
+    setpoint_ramp: FiniteFloat = _SETPOINT_RAMP
     setpoint_weight: FiniteFloat = Field(
         0.0, ge=0, le=1, description="setpoint only: how much of the error found at the controller's first "
         "update the proportional term acts on (0: bumpless start, the integral alone closes the initial gap; 1: "
@@ -430,6 +447,9 @@ class ConstraintController(_FeedbackController):
         if self.given("setpoint_weight"):
             errors.append(("setpoint_weight", "a constraint's multiplier starts at rest: setpoint_weight is a "
                                               "setpoint controller's"))
+        if self.given("setpoint_ramp"):
+            errors.append(("setpoint_ramp", "a constraint holds its budget from the start: setpoint_ramp is a "
+                                            "setpoint controller's"))
         return errors
 
 
@@ -475,11 +495,16 @@ class MaximizeController(ControllerSpec):
                 errors.append((name, f"a maximize controller does not use {name}: the dither moves every decision"))
         if self.given("setpoint_weight"):
             errors.append(("setpoint_weight", "a maximize controller has no setpoint to weigh"))
+        for name in ("horizon", "setpoint_ramp"):
+            if self.given(name):
+                errors.append((name, f"a maximize controller has no setpoint: {name} is a feedback controller's"))
         if self.scale == "integer":
             errors.append(("scale", "a maximize controller needs a linear or log scale (a dither must be able to "
                                     "move the knob by less than one unit)"))
         if self.given("schedule") is not None:
             errors.append(("schedule", "only a follow controller has schedule (this one is kind maximize)"))
+        if self.given("legs") is not None:
+            errors.append(("legs", "only a split_range controller has legs (this one is kind maximize)"))
         if self.cost is not None and not self.cost_weight:
             errors.append(("cost_weight", f"cost {self.cost!r} is named but cost_weight is 0"))
         if self.cost_weight and self.cost is None:
@@ -547,7 +572,9 @@ class FollowController(ControllerSpec):
         for name in ("dither", "gain", "cost"):
             if self.given(name) is not None:
                 errors.append((name, f"only a maximize controller has {name} (this one is kind follow)"))
-        for name in ("cost_weight", "deadband", "cooldown", "setpoint_weight"):
+        if self.given("legs") is not None:
+            errors.append(("legs", "only a split_range controller has legs (this one is kind follow)"))
+        for name in ("cost_weight", "deadband", "cooldown", "setpoint_weight", "horizon", "setpoint_ramp"):
             if self.given(name):
                 errors.append((name, f"a follow controller does not use {name}"))
         if self.given("direction") == "reverse":
@@ -556,8 +583,101 @@ class FollowController(ControllerSpec):
         return errors
 
 
+class LegSpec(_Model):
+    """One knob of a split-range controller: over ``range`` [lo, hi] of the controller's output the
+    knob moves from ``values[0]`` (at lo) to ``values[1]`` (at hi), linearly in its scale, and holds
+    the end value outside it; ``acts`` says how raising the knob acts on the probe."""
+
+    knob: str
+    range: tuple[FiniteFloat, FiniteFloat] = Field(description="[lo, hi] of the output, within [-1, 1], lo < hi.")
+    values: tuple[FiniteFloat, FiniteFloat] = Field(description="[knob at lo, knob at hi]: the knob never leaves "
+                                                    "them (a learning rate ending at its peak never exceeds it).")
+    acts: Literal["direct", "reverse"] = Field(description="direct: raising the knob raises the probe "
+                                               "(learning_rate -> kl_drift); reverse: lowers it (kl_weight, kl_beta).")
+
+    _knob = field_validator("knob")(classmethod(lambda cls, v: _check_knob(v)))
+
+    @field_validator("range")
+    @classmethod
+    def _in_unit(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not -1.0 <= v[0] < v[1] <= 1.0:
+            raise ValueError(f"a leg's range is [lo, hi] with -1 <= lo < hi <= 1, got [{v[0]:g}, {v[1]:g}]")
+        return v
+
+    def leg(self, scale: str | None = None) -> Leg:
+        """The controllers' Leg, on the knob's scale (the catalogue's when ``scale`` is None)."""
+        known = KNOBS.get(self.knob)
+        scale = scale or (known.scale if known is not None else "linear")
+        return Leg(knob=self.knob, lo=self.range[0], hi=self.range[1], at_lo=self.values[0], at_hi=self.values[1],
+                   acts=self.acts, scale="log" if scale == "log" else "linear")
+
+
+def split_range_field(field: str) -> str:
+    """A SplitRangeError's field (``legs[1].at_lo``) as the document's (``legs.1.values``)."""
+    m = re.fullmatch(r"legs(?:\[(\d+)\](?:\.(\w+))?)?", field)
+    if m is None:
+        return field
+    index, name = m.groups()
+    sub = {"lo": "range", "hi": "range", "at_lo": "values", "at_hi": "values"}.get(name or "", name)
+    return ".".join(p for p in ("legs", index, sub) if p)
+
+
+class SplitRangeController(_FeedbackController):
+    """``kind: split_range``: one PID output u in [-1, 1] drives two knobs, each over its own range
+    of u (``legs``), for a plant where each knob has authority one way only: under DPO the learning
+    rate over [0, 1] (up to the configured peak) for "KL too low", the anchor weight over [-1, 0]
+    for "KL too high" (see ``controllers/split_range.py``). ``direction`` says how raising u acts on
+    the probe; each leg's ``acts`` must agree with it. ``max_step`` limits u's move per decision."""
+
+    kind: Literal["split_range"] = Field("split_range", description="split_range: one PID output drives two "
+                                         "knobs over split ranges of it (legs).")
+    knob: str | None = Field(None, description="split_range: none (the legs name the knobs).")  # type: ignore[assignment]
+    setpoint_ramp: FiniteFloat = _SETPOINT_RAMP
+    legs: list[LegSpec] | None = Field(None, description="split_range only (required): two legs [{knob, range: "
+                                       "[lo, hi], values: [at lo, at hi], acts}], ranges not overlapping.")
+
+    @field_validator("knob")
+    @classmethod
+    def _knob(cls, v: str | None) -> str | None:  # type: ignore[override]
+        return None if v is None else _check_knob(v)
+
+    def driven(self) -> list[str]:
+        return [leg.knob for leg in self.legs or ()]
+
+    def config(self, law: PIDConfig, scales: dict[str, str] | None = None) -> SplitRangeConfig:
+        """The controllers' SplitRangeConfig (legs on the run's knob scales, the catalogue's where
+        not given); raises SplitRangeError where the legs would not act as their ranges say."""
+        legs = tuple(leg.leg((scales or {}).get(leg.knob)) for leg in self.legs or ())
+        cfg = SplitRangeConfig(law=law, legs=legs)  # type: ignore[arg-type]
+        cfg.validate()
+        return cfg
+
+    def kind_errors(self) -> list[tuple[str, str]]:
+        errors = super().kind_errors()
+        if self.legs is None:
+            errors.append(("legs", "a split_range controller needs legs: [{knob, range, values, acts}, ...] (two)"))
+        elif len(self.legs) != 2:
+            errors.append(("legs", f"a split_range controller drives two knobs, got {len(self.legs)} legs"))
+        else:
+            try:
+                self.config(PIDConfig(setpoint=0.0, kp=0.0, direction=self.direction))
+            except SplitRangeError as exc:
+                errors.append((split_range_field(exc.field), str(exc).removeprefix(f"{exc.field}: ")))
+        if self.knob is not None:
+            errors.append(("knob", "a split_range controller names its knobs in legs, not knob"))
+        if self.gains == "auto":
+            errors.append(("gains", "a split_range controller's gains are written (absolute or relative): a step "
+                                    "test identifies one knob"))
+        for name in ("min", "max", "scale"):
+            if getattr(self, name) is not None:
+                errors.append((name, f"a split_range controller's knobs are bounded by their legs' values: {name} "
+                                     "does not apply"))
+        return errors
+
+
 _KINDS: dict[str, type[ControllerSpec]] = {"setpoint": SetpointController, "constraint": ConstraintController,
-                                           "maximize": MaximizeController, "follow": FollowController}
+                                           "maximize": MaximizeController, "follow": FollowController,
+                                           "split_range": SplitRangeController}
 # Every kind's own fields, each with a validator of its type and constraints and its unused value.
 _KIND_FIELDS: dict[str, TypeAdapter[Any]] = {
     name: TypeAdapter(cast(Any, Annotated[info.annotation, info])) for model in _KINDS.values()
@@ -569,12 +689,14 @@ _UNUSED: dict[str, Any] = {name: info.get_default(call_default_factory=True) for
 # The order of a controller's fields in its document (the order of the one model before the kinds).
 _DUMP_ORDER = ("name", "kind", "bound", "probe", "knob", "setpoint", "gains", "kp", "ki", "kd", "direction", "filter",
                "min", "max", "scale", "max_step", "deadband", "setpoint_weight", "cooldown", "priority", "dither",
-               "gain", "smoothing", "cost", "cost_weight", "schedule", "identify")
+               "gain", "smoothing", "cost", "cost_weight", "schedule", "identify", "horizon", "setpoint_ramp", "legs")
 # Fields added after the flat shape was fixed: in their own kind's documents only, so the documents
 # of the kinds before them (stored, served, compared) keep their shape.
-_OWN_ONLY = frozenset({"schedule", "identify"})
-# ... and left out where unset (None), so a document without them keeps its shape in every kind.
-_OMIT_NONE = frozenset({"identify"})
+_OWN_ONLY = frozenset({"schedule", "identify", "horizon", "setpoint_ramp", "legs"})
+# ... and left out where unset (None; 0 for those in _OMIT_ZERO), so a document without them keeps
+# its shape in every kind (a split_range controller has no knob of its own: left out too).
+_OMIT_NONE = frozenset({"identify", "knob"})
+_OMIT_ZERO = frozenset({"horizon", "setpoint_ramp"})
 assert set(_DUMP_ORDER) == {*ControllerSpec.model_fields, *_UNUSED}, "a controller field is missing from _DUMP_ORDER"
 
 
@@ -590,6 +712,7 @@ def _kind_of(value: Any) -> str:
 Controller = Annotated[
     Annotated[SetpointController, Tag("setpoint")] | Annotated[ConstraintController, Tag("constraint")]
     | Annotated[MaximizeController, Tag("maximize")] | Annotated[FollowController, Tag("follow")]
+    | Annotated[SplitRangeController, Tag("split_range")]
     | Annotated[SkipJsonSchema[ControllerSpec], Tag("?")],
     Discriminator(_kind_of)]
 _CONTROLLER: TypeAdapter[ControllerSpec] = TypeAdapter(Controller)

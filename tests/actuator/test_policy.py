@@ -190,7 +190,7 @@ def test_a_document_with_every_field_on_every_controller_still_loads():
 
 
 @pytest.mark.parametrize("controller,loc,needle", [
-    ({**CTRL, "kind": "bogus"}, "controllers.0.kind", "Input should be 'setpoint', 'constraint', 'maximize' or 'follow'"),
+    ({**CTRL, "kind": "bogus"}, "controllers.0.kind", "Input should be 'setpoint', 'constraint', 'maximize', 'follow' or 'split_range'"),
     ({**CTRL, "dither": 0.1}, "controllers.0.dither", "only a maximize controller has dither (this one is kind "
                                                        "setpoint)"),
     ({**CTRL, "dither": -0.1}, "controllers.0.dither", "greater than 0"),
@@ -210,7 +210,8 @@ def test_the_schema_shows_every_field_of_every_kind():
     schema = PolicyDocument.model_json_schema()
     items = schema["properties"]["controllers"]["items"]["oneOf"]
     assert [i["$ref"].rsplit("/", 1)[1] for i in items] == ["SetpointController", "ConstraintController",
-                                                            "MaximizeController", "FollowController"]
+                                                            "MaximizeController", "FollowController",
+                                                            "SplitRangeController"]
     for model in _KINDS.values():
         props = schema["$defs"][model.__name__]["properties"]
         assert set(props) == set(model.model_fields) >= set(ControllerSpec.model_fields)
@@ -271,3 +272,65 @@ def test_a_bad_schedule_is_refused_naming_the_schedule(patch, needle):
 def test_fields_of_other_kinds_on_a_follow_controller_and_its_schedule_elsewhere_are_refused(controller, loc, needle):
     errs = errors_of({"name": "p", "controllers": [controller]})
     assert loc in errs and needle in errs[loc], errs
+
+
+# -- issue 40: horizon, setpoint_ramp and kind: split_range ------------------------------------------
+
+SPLIT = {"name": "kl", "kind": "split_range", "probe": "kl_drift", "setpoint": 0.1, "gains": "relative", "kp": 0.5,
+         "ki": 0.3, "horizon": 2,
+         "legs": [{"knob": "learning_rate", "range": [0, 1], "values": [1e-6, 5e-5], "acts": "direct"},
+                  {"knob": "kl_weight", "range": [-1, 0], "values": [2.0, 0.0], "acts": "reverse"}]}
+
+
+def test_horizon_and_setpoint_ramp_load_and_are_left_out_of_documents_without_them():
+    doc = load_policy({"name": "p", "controllers": [{**CTRL, "horizon": 2, "setpoint_ramp": 8}, CTRL | {"name": "b"}]})
+    with_them, without = doc.model_dump(mode="json")["controllers"]
+    assert (with_them["horizon"], with_them["setpoint_ramp"]) == (2.0, 8.0)
+    assert "horizon" not in without and "setpoint_ramp" not in without
+    assert without == load_policy({"name": "p", "controllers": [CTRL | {"name": "b"}]}).model_dump(mode="json")["controllers"][0]
+    assert load_policy(doc.model_dump(mode="json")) == doc
+    # the other kinds' documents keep their shape too
+    follow = load_policy({"name": "p", "controllers": [FOLLOW]}).model_dump(mode="json")["controllers"][0]
+    assert not {"horizon", "setpoint_ramp", "legs"} & set(follow)
+
+
+@pytest.mark.parametrize("controller, loc, needle", [
+    ({**CTRL, "horizon": -1}, "controllers.0.horizon", "greater than or equal to 0"),
+    ({**CTRL, "horizon": 101}, "controllers.0.horizon", "less than or equal to 100"),
+    ({**CTRL, "setpoint_ramp": 10001}, "controllers.0.setpoint_ramp", "less than or equal to 10000"),
+    ({"name": "c", "kind": "constraint", "probe": "kl_drift", "knob": "kl_weight", "setpoint": 0.1, "kp": 1,
+      "setpoint_ramp": 4}, "controllers.0.setpoint_ramp", "holds its budget from the start"),
+    ({**FOLLOW, "horizon": 2}, "controllers.0.horizon", "does not use horizon"),
+    ({**SPLIT, "legs": SPLIT["legs"][:1]}, "controllers.0.legs", "two knobs"),
+    ({**SPLIT, "legs": [SPLIT["legs"][0], {**SPLIT["legs"][1], "range": [-1, 0.5]}]}, "controllers.0.legs",
+     "the ranges overlap"),
+    ({**SPLIT, "legs": [SPLIT["legs"][0], {**SPLIT["legs"][1], "range": [0, 2]}]}, "controllers.0.legs.1.range",
+     "-1 <= lo < hi <= 1"),
+    ({**SPLIT, "legs": [SPLIT["legs"][0], {**SPLIT["legs"][1], "values": [0.0, 2.0]}]}, "controllers.0.legs.1",
+     "lowers the measurement as the output rises"),
+    ({**SPLIT, "legs": [{**SPLIT["legs"][0], "values": [0.0, 5e-5]}, SPLIT["legs"][1]]},
+     "controllers.0.legs.0.values", "log-scale knob's ends must be > 0"),
+    ({**SPLIT, "legs": [{**SPLIT["legs"][0], "knob": "kl_weight"}, SPLIT["legs"][1]]},
+     "controllers.0.legs.1.knob", "the same knob"),
+    ({**SPLIT, "knob": "kl_weight"}, "controllers.0.knob", "names its knobs in legs"),
+    ({**SPLIT, "gains": "auto"}, "controllers.0.gains", "step test identifies one knob"),
+    ({**SPLIT, "max": 1.0}, "controllers.0.max", "does not apply"),
+    ({k: v for k, v in SPLIT.items() if k != "legs"}, "controllers.0.legs", "needs legs"),
+    ({**CTRL, "legs": SPLIT["legs"]}, "controllers.0.legs", "only a split_range controller has legs"),
+])
+def test_new_fields_and_split_range_errors_name_the_field(controller, loc, needle):
+    errs = errors_of({"name": "p", "controllers": [controller]})
+    assert loc in errs and needle in errs[loc], errs
+
+
+def test_a_split_range_controller_loads_round_trips_and_has_no_knob_of_its_own():
+    from actuator.policy import SplitRangeController
+
+    doc = load_policy({"name": "p", "controllers": [SPLIT]})
+    c = doc.controllers[0]
+    assert type(c) is SplitRangeController and c.driven() == ["learning_rate", "kl_weight"]
+    dumped = doc.model_dump(mode="json")["controllers"][0]
+    assert "knob" not in dumped and dumped["legs"][1] == {"knob": "kl_weight", "range": [-1.0, 0.0],
+                                                          "values": [2.0, 0.0], "acts": "reverse"}
+    assert load_policy(doc.model_dump(mode="json")) == doc
+    assert load_policy({"name": "p", "controllers": [CTRL]}).controllers[0].driven() == [CTRL["knob"]]
