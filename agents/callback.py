@@ -354,7 +354,9 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         self._stop_if_refused(failure if main else None)
         if self.sharded and self.suite is not None:
             self.suite.lockstep = from_rank0
-        session.start_identification(state.global_step)
+        max_steps = int(getattr(state, "max_steps", 0) or 0)
+        warmup = int(args.get_warmup_steps(max_steps)) if max_steps > 0 and hasattr(args, "get_warmup_steps") else 0
+        session.start_identification(state.global_step, max_steps=max_steps, warmup=warmup)
         self._restore(args, state)
         if self.run_name is None:
             self.run_name = (getattr(args, "run_name", None) or os.path.basename(str(args.output_dir)) or "run")[:128]

@@ -57,8 +57,9 @@ class Plant(Probe):
         return {"custom.plant": Y0 + self.gain * (self.x - math.log(LR))}
 
 
-def train(tmp_path, tokenizer, service, gain: float, name: str):
-    trainer = make_trainer(tmp_path, tokenizer, steps=STEPS, scheduler="linear", lr=LR, warmup_steps=WARMUP)
+def train(tmp_path, tokenizer, service, gain: float, name: str, **schedule):
+    schedule = schedule or {"scheduler": "linear", "warmup_steps": WARMUP}
+    trainer = make_trainer(tmp_path, tokenizer, steps=STEPS, lr=LR, **schedule)
     cb = ActuatorCallback(policy(name), connection=service.url, knobs=KNOBS, probes=[Plant(trainer, gain)],
                           reporting=Reporting(budget_share=1.0)).attach(trainer)
     trainer.train()
@@ -148,3 +149,12 @@ def test_a_plant_that_does_not_answer_falls_back_with_a_warning(tmp_path, char_t
     fallback_doc["controllers"][0]["gains"] = "relative"
     assert made
     same(made, replay(fallback_doc, observations, end))
+
+
+def test_a_constant_schedule_sizes_the_test_to_a_tenth_of_max_steps(tmp_path, char_tokenizer, sqlite_service):
+    """No warm-up and a constant schedule: the test fits in the first 10% of the Trainer's
+    max_steps (the callback passes them at train start; without them the test ran 20 steps)."""
+    events, _, _ = train(tmp_path, char_tokenizer, sqlite_service, 0.0, "auto-constant", scheduler="constant",
+                         warmup_steps=0)
+    (ev,) = payloads(events, "auto_gains_fallback")
+    assert 0 < ev["step"] <= STEPS // 10
