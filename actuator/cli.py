@@ -281,9 +281,10 @@ def policy_validate(source: Annotated[str, typer.Argument(
         raise typer.Exit(1) from exc
     console.print(_labelled("valid:", "green", f"{doc.name} ({len(doc.controllers)} controllers, "
                                                f"{len(doc.guardrails)} guardrails)"))
-    for c in doc.controllers:  # relative gains in both forms: as stated and per probe unit
-        if c.kind != "maximize" and c.gains == "relative":
-            console.print(f"  {c.name}: relative gains {c.gains_text()}", soft_wrap=True, highlight=False)
+    for c in doc.controllers:  # relative (and auto's fallback) gains in both forms: as stated and per probe unit
+        if c.kind != "maximize" and c.gains in ("relative", "auto"):
+            what = "relative gains" if c.gains == "relative" else "auto gains, fallback (relative)"
+            console.print(f"  {c.name}: {what} {c.gains_text()}", soft_wrap=True, highlight=False)
 
 
 @policy_app.command("show")

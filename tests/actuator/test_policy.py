@@ -334,3 +334,17 @@ def test_a_split_range_controller_loads_round_trips_and_has_no_knob_of_its_own()
                                                           "values": [2.0, 0.0], "acts": "reverse"}
     assert load_policy(doc.model_dump(mode="json")) == doc
     assert load_policy({"name": "p", "controllers": [CTRL]}).controllers[0].driven() == [CTRL["knob"]]
+
+
+def test_policy_validate_shows_auto_gains_fallback_in_both_forms(tmp_path):
+    from typer.testing import CliRunner
+
+    from actuator.cli import app
+
+    path = tmp_path / "auto.yaml"
+    path.write_text("name: p\ncontrollers:\n  - {name: c, probe: kl_drift, knob: learning_rate, setpoint: 0.1, "
+                    "gains: auto, kp: 0.5}\n")
+    out = CliRunner().invoke(app, ["policy", "validate", str(path)], env={"COLUMNS": "200"})
+    assert out.exit_code == 0, out.output
+    assert "c: auto gains, fallback (relative) kp 0.5 per unit of |setpoint| 0.1 = kp 5 per kl_drift unit" in \
+        out.output, out.output
