@@ -17,9 +17,7 @@ import argparse
 import os
 import socket
 import statistics
-import sys
 import time
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -37,12 +35,9 @@ def _worker(rank: int, port: int, repeats: int, out: list) -> None:
     from actuator.agents.models import tiny_llama
     from actuator.agents.probes import KLDrift, Perplexity, ProbeSuite
     from actuator.agents.sharded import from_rank0
-    from actuator.agents.testing import HELD_OUT
+    from actuator.agents.testing import HELD_OUT, char_tokenizer
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "agents"))
-    from agent_helpers import make_char_tokenizer
-
-    tok = make_char_tokenizer()
+    tok = char_tokenizer()
 
     def suite() -> ProbeSuite:
         return ProbeSuite([KLDrift(HELD_OUT, tok, max_length=32), Perplexity(HELD_OUT, tok, max_length=32)],

@@ -147,7 +147,9 @@ def test_bench_control_plants_takes_its_flags_and_writes_the_json_and_png_it_pro
     assert written["seeds"] == [3, 4] and written["command"].endswith("--steps 20 --seeds 3 4")
     assert set(written["steps"].values()) == {20}
     comparisons = {k: v for k, v in written.items() if isinstance(v, dict) and k != "steps"}
-    assert len(comparisons) == 4 and all(len(rows) == 2 for arms in comparisons.values() for rows in arms.values())
+    printed = {line[3:].rpartition(", seeds")[0] for line in out.stdout.splitlines() if line.startswith("== ")}
+    assert len(comparisons) >= 5 and set(comparisons) == printed  # every comparison the run printed, in the file
+    assert all(len(rows) == 2 for arms in comparisons.values() for rows in arms.values())
     assert (results / "plants.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "wrote" in out.stdout and "plants.png" in out.stdout
 
