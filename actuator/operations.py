@@ -62,7 +62,7 @@ def release_knob(ctx: RunContext, run: Any, knob: str, policy: PolicyDocument) -
         raise ValueError(f"knob: {knob} is not overridden")
     spec.override = None
     for c in policy.controllers:
-        if c.knob == knob and c.name in ctx.controllers:
+        if knob in c.driven() and c.name in ctx.controllers:
             ctx.controllers[c.name].reset = True
     return [], [OverrideReleased(step=run.last_step, knob=knob, value=spec.value)]
 
