@@ -41,6 +41,7 @@ from .identification import IdentificationMode, auto_controller, schedule_steps,
 from .knobs import KnobSetter
 from .preflight import check_url, late_first_decisions
 from .sender import BackgroundSender
+from .sharded import check_on_every_rank, from_rank0, is_fully_sharded, rank_and_world
 
 __all__ = ["Connection", "ControlSession", "Protect", "Received", "Reporting", "RunInfo", "StepOutcome",
            "metric_name", "policy_argument"]
@@ -243,6 +244,7 @@ class ControlSession:
         self.suite = self._make_suite(probes, self.reporting.budget_share)
         # run-time state
         self.main = True  # this process talks to the service (rank 0)
+        self.sharded = False  # FSDP2 under begin(): every rank probes in lockstep and applies rank 0's decisions
         self.client: ActuatorClient | None = None
         self.sender: BackgroundSender | None = None
         self.setters: dict[str, KnobSetter] = {}
@@ -278,19 +280,68 @@ class ControlSession:
         return str(self.connection.url)
 
     # -- the start, in the order a run goes through it ----------------------------------------
-    def begin(self, model: Any = None, *, step: int = 0, max_steps: int = 0) -> None:
+    def begin(self, model: Any = None, *, step: int = 0, max_steps: int = 0, main: bool | None = None) -> None:
         """Everything :meth:`ActuatorCallback.on_train_begin` does without a trainer, in one call:
         open, bind the setters given, register (a refusal raises ConfigError; an unreachable
-        service lets training start uncontrolled, with a warning), then :meth:`start`."""
-        self.open()
-        self.declare_policy_knobs()
+        service lets training start uncontrolled, with a warning), then :meth:`start`.
+
+        ``main``: whether this process talks to the service (default: yes, except under FSDP2,
+        where rank 0 of the process group does). A ``model`` sharded by FSDP2
+        (``torch.distributed.fsdp.fully_shard``) in a process group of more than one makes the
+        session **sharded**: every rank calls ``begin`` and ``step`` alike, the probes run on every
+        rank in lockstep (``ProbeSuite.lockstep``: rank 0's schedule, broadcast), the drift
+        reference is sharded like the model, rank 0's decisions are broadcast and applied on
+        every rank at the same step, and the value acknowledged is the one every rank holds
+        (``actuator.agents.sharded``)."""
+        rank, world = rank_and_world()
+        self.sharded = world > 1 and model is not None and is_fully_sharded(model)
+        if main is None:
+            main = rank == 0 if self.sharded else True
+        failure: ConfigError | None = None
+        try:
+            self.open(main=main)
+            if main:
+                self.declare_policy_knobs()
+        except ConfigError as exc:
+            failure = exc
+        self.agree_with_rank0(failure)
         self.bind_knobs(self.extra_setters)
+        if self.sharded:
+            check_on_every_rank(self.setters)
         self.start_identification(step)
-        refused = self.register_at_start()
+        refused = self.register_at_start() if main else None
+        if self.sharded:
+            refused = self._rank0_error(refused)
         if refused is not None:
             self.close_client()
             raise refused
+        if self.sharded and self.suite is not None:
+            self.suite.lockstep = from_rank0
         self.start(model, step=step, max_steps=max_steps)
+
+    def agree_with_rank0(self, failure: ConfigError | None) -> None:
+        """Sharded (every rank runs the probes and applies the decisions): every rank takes rank 0's
+        knobs and policy document, and rank 0's ``failure`` stops every rank. Otherwise ``failure``
+        is raised here."""
+        if not self.sharded:
+            if failure is not None:
+                raise failure
+            return
+        shared = from_rank0({"knobs": self.knob_bounds, "doc": self.policy_doc,
+                             "error": str(failure) if failure is not None else None})
+        if shared["error"] is not None:
+            self.close_client()
+            raise failure or ConfigError(shared["error"])
+        self.knob_bounds = dict(shared["knobs"])
+        if not self.main:
+            self.policy_doc = shared["doc"]
+            self.schedule_pending = self.policy_doc is not None
+
+    @staticmethod
+    def _rank0_error(error: ConfigError | None) -> ConfigError | None:
+        """Rank 0's ``error`` on every rank (its own where it has one)."""
+        message = from_rank0(str(error) if error is not None else None)
+        return error or (ConfigError(message) if message is not None else None)
 
     def open(self, *, main: bool = True) -> None:
         """Connect (rank 0 only: ``main``) and fetch a stored policy's document (one that does not
@@ -460,19 +511,27 @@ class ControlSession:
 
     def start(self, model: Any = None, *, step: int = 0, max_steps: int = 0) -> None:
         """On rank 0: the probe schedule, the too-short-run check, the probes' setup (the drift
-        reference is taken here), the sender, and the baseline reading at ``step``."""
-        if not self.main:
+        reference is taken here), the sender, and the baseline reading at ``step``. Sharded
+        (:meth:`begin`), every other rank sets the same probes up and runs the baseline's forward
+        passes with rank 0."""
+        if not (self.main or self.sharded):
             return
         self.max_steps = max_steps
         self.apply_probe_schedule()
-        self._warn_if_too_short(step)
-        if self.suite is not None and model is not None:
-            self.suite.setup(model)  # only rank 0 probes: other ranks take no reference copy
+        if self.main:
+            self._warn_if_too_short(step)
+        probing = self.suite is not None and model is not None
+        if probing:
+            self.suite.setup(model)  # under DDP only rank 0 probes: other ranks take no reference copy
+        if not self.main:
+            if probing:
+                self.suite.run(model, step, baseline=True)
+            return
         assert self.client is not None
         self.sender = BackgroundSender(self.client, run_id=self.run_id, token=self.run_token, register=self.register)
         if self.unreachable is not None:
             self.sender.report_outage(self.unreachable)
-        if self.suite is not None and model is not None:
+        if probing:
             self.observe(step, model, baseline=True)  # the baseline at the start
 
     def apply_probe_schedule(self) -> None:
@@ -527,6 +586,8 @@ class ControlSession:
             self.keep_metrics(metrics)
         self.identification_step(step)
         received = self.receive()
+        if self.sharded:
+            received = from_rank0(received)  # every rank applies rank 0's decisions at the same step
         if received.rollback and not received.halt:
             log.error("actuator: rollback ordered at step %d but this loop has no checkpoints the session knows "
                       "of; halting instead", step)
@@ -628,6 +689,8 @@ class ControlSession:
         if self.schedule_pending:
             self.apply_probe_schedule()
         if not self.main:
+            if self.sharded and self.suite is not None and model is not None:
+                self.suite.run(model, step)  # rank 0's probes, in lockstep: their forward passes are collectives
             return
         if readings:
             self.submit(step, {k: float(v) for k, v in readings.items() if math.isfinite(v)})

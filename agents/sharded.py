@@ -32,7 +32,7 @@ from typing import Any
 log = logging.getLogger("actuator.agents")
 
 __all__ = ["is_fully_sharded", "reshard", "rank_and_world", "from_rank0", "sharded_copy", "local_and_full_numel",
-           "RankCheckedSetter", "save_sharded", "load_sharded", "SHARDED_DIR"]
+           "RankCheckedSetter", "check_on_every_rank", "save_sharded", "load_sharded", "SHARDED_DIR"]
 
 SHARDED_DIR = "actuator-sharded"  # beside a Trainer checkpoint: the sharded model and optimizer state
 
@@ -184,6 +184,15 @@ class RankCheckedSetter:
                       "(rank 0's is acknowledged); the ranks no longer train alike", self.inner.name,
                       ", ".join(f"rank {i}: {v:.6g}" for i, v in enumerate(values)))
         return values[0]
+
+
+def check_on_every_rank(setters: dict[str, Any]) -> None:
+    """Wrap each of ``setters`` (in place) in a :class:`RankCheckedSetter` when more than one
+    process trains: a decision's acknowledged value is then the one every rank holds."""
+    if rank_and_world()[1] > 1:
+        for name, setter in setters.items():
+            if not isinstance(setter, RankCheckedSetter):
+                setters[name] = RankCheckedSetter(setter)
 
 
 def save_sharded(path: str, model: Any, optimizer: Any = None, scheduler: Any = None) -> None:

@@ -1,0 +1,112 @@
+"""One rank of the 2-process FSDP2 custom-loop test (tests/distributed/test_fsdp2_session.py).
+
+A tiny Llama is ``fully_shard``-ed (each decoder layer, then the root) on a CPU device mesh over
+gloo and trained by a plain PyTorch loop (AdamW, no Trainer, no accelerate) under a
+``ControlSession``: every rank calls ``begin`` and ``step`` alike, with the same probes (KL drift,
+perplexity) and a KL-drift controller on the learning rate. Both ranks train on the same batches
+(FSDP2 reduce-scatters the gradients). Writes what this rank saw to ``--out``.
+
+Rank 0 lets its sender deliver what it has before each step boundary (``sender.flush``), so the
+decisions come back within the run's few steps whatever the machine's load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+
+torch.set_num_threads(1)  # two ranks share two cores
+
+import torch.distributed as dist  # noqa: E402
+
+from actuator.agents.knobs import LearningRateKnob  # noqa: E402
+from actuator.agents.probes import KLDrift, Perplexity  # noqa: E402
+from actuator.agents.session import ControlSession, Reporting  # noqa: E402
+from actuator.agents.sharded import RankCheckedSetter, local_and_full_numel  # noqa: E402
+from actuator.agents.testing import HELD_OUT, NARROW_TASK, char_tokenizer  # noqa: E402
+
+from ranks import sharded_tiny_llama, single_process_probes  # noqa: E402 - beside this file (the worker's folder is on sys.path)
+
+POLICY = {
+    "name": "fsdp2-session-drift-lr",
+    "controllers": [{"name": "drift", "probe": "kl_drift", "knob": "learning_rate", "setpoint": 0.0,
+                     "kp": 5.0, "ki": 1.0}],
+}
+BATCH = 4
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--url", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--steps", type=int, default=12)
+    a = ap.parse_args()
+    rank, model = sharded_tiny_llama()
+
+    tok = char_tokenizer()
+    enc = tok(NARROW_TASK, truncation=True, max_length=32, padding="max_length", return_tensors="pt")
+    labels = enc["input_ids"].masked_fill(enc["attention_mask"] == 0, -100)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-3)
+    used: list[float] = []
+    optimizer.register_step_pre_hook(lambda opt, args, kwargs: used.append(opt.param_groups[0]["lr"]))
+    session = ControlSession(POLICY, setters=[LearningRateKnob(optimizer)],
+                             knobs={"learning_rate": {"min": 1e-5, "max": 1e-2, "max_step": 0.5}},
+                             probes=[KLDrift(HELD_OUT, tok, every=2, max_length=32),
+                                     Perplexity(HELD_OUT, tok, every=4, max_length=32)],
+                             connection=a.url, run="fsdp2-session-test", reporting=Reporting(budget_share=1.0))
+    session.begin(model, max_steps=a.steps)
+
+    model.train()
+    for step in range(1, a.steps + 1):
+        rows = [(step * BATCH + i) % len(NARROW_TASK) for i in range(BATCH)]
+        loss = model(input_ids=enc["input_ids"][rows], attention_mask=enc["attention_mask"][rows],
+                     labels=labels[rows]).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if session.sender is not None:
+            session.sender.flush(10.0)
+        session.step(step, model, metrics={"loss": loss.item()})
+    delivered = session.finish()
+
+    # A final reading on every rank at once (lockstep), then the same probes in this process alone
+    # on the gathered, unsharded weights: the single-process reference.
+    final = session.suite.run(model, a.steps, force=True).values
+    single = single_process_probes(model, tok)
+
+    drift = next(p for p in session.suite.probes if p.name == "kl_drift")
+    reference = drift.reference_holder.snapshot
+    report = {
+        "rank": rank,
+        "world_size": dist.get_world_size(),
+        "backend": dist.get_backend(),
+        "sharded": getattr(session, "sharded", None),
+        "model_numel": local_and_full_numel(model),
+        "reference_numel": local_and_full_numel(reference) if reference is not None else None,
+        "used": used,
+        "applied": [{k: e[k] for k in ("number", "step", "knob", "applied")} for e in session.applied],
+        "checked": all(isinstance(s, RankCheckedSetter) for s in session.setters.values()),
+        "mismatches": sum(s.mismatches for s in session.setters.values() if isinstance(s, RankCheckedSetter)),
+        "knob_values": session.knob_values(),
+        "final": {k: v for k, v in final.items() if not k.startswith("probe_")},
+        "single": single,
+        "history": session.history,
+        "is_main": session.main,
+        "run_id": session.run_id,
+        "observations": session.seq,
+        "delivered": delivered,
+    }
+    Path(a.out).write_text(json.dumps(report))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
