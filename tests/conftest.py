@@ -14,6 +14,12 @@ from actuator.testing import Postgres, Redis, Service, make_service, start_postg
 
 forbid_folder_names(Path(__file__).resolve().parents[1])  # `import controllers` fails: actuator.controllers
 
+# pytest-xdist starts its workers with COLUMNS=80 (and LINES): a rich Console created at import
+# (actuator.cli's) would fix its width to 80 there, and the CLI tests' COLUMNS=200 would not apply.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
