@@ -20,6 +20,9 @@ rank 0 probes alone on its full replica):
   ``torch.distributed.checkpoint`` (DCP) of the model's and optimizer's sharded state dicts, each
   rank its own shards, in a directory every rank can reach.
 
+The Trainer callback sets this up at ``train()`` start; ``ControlSession.begin(model)`` does the same
+for a loop of your own when ``model`` is ``fully_shard``-ed in a process group of more than one.
+
 FSDP1 (``FullyShardedDataParallel``) and DeepSpeed stay refused (``_hf_compat.sharding_unsupported``).
 """
 
