@@ -52,7 +52,7 @@ from ._hf_compat import (find_trainer, fsdp_version, load_checkpoint, rollback_u
 from .identification import IdentificationMode
 from .knobs import KnobSetter, setter_for
 from .session import Connection, ControlSession, Protect, Reporting, RunInfo
-from .sharded import SHARDED_DIR, RankCheckedSetter, from_rank0, load_sharded, rank_and_world, save_sharded
+from .sharded import SHARDED_DIR, check_on_every_rank, from_rank0, load_sharded, rank_and_world, save_sharded
 
 __all__ = ["ActuatorCallback", "Connection", "Protect", "Reporting", "RunInfo"]
 
@@ -299,11 +299,7 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         self.session.bind_knobs({name: setter_for(name, trainer=self.trainer, optimizer=optimizer,
                                                   lr_scheduler=lr_scheduler, model=model)
                                  for name in self.knob_bounds if name not in self.extra_setters})
-        if rank_and_world()[1] > 1:  # a decision's acknowledged value is the one every rank holds
-            setters = self.session.setters
-            for name, setter in setters.items():
-                if not isinstance(setter, RankCheckedSetter):
-                    setters[name] = RankCheckedSetter(setter)
+        check_on_every_rank(self.session.setters)  # an acknowledged value is the one every rank holds
 
     # -- trainer events --------------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
