@@ -384,6 +384,8 @@ class Engine:
         when it cannot run."""
         assert isinstance(spec, SplitRangeController)
         target = spec.setpoint if setpoint_override is None else setpoint_override
+        if target is None:
+            raise ParameterError("setpoint", "a split_range controller needs a setpoint")
         setpoint = setpoint_at(target, step, baseline)
         span = spec.error_span(setpoint, baseline)
         scales = {name: knobs[name].scale for name in spec.driven()}
@@ -522,12 +524,13 @@ class Engine:
             if spec.kind == "follow":
                 self._follow(ctx, obs, result, spec, knob, st, raw, dt, taken)
                 continue
-            law_spec: ControllerSpec | None = spec
+            law_spec: ControllerSpec = spec
             if spec.gains == "auto":
-                law_spec = self._auto(ctx, obs, spec, st, raw, result)
-                if law_spec is None:  # the warm-up step test runs: the probe is tracked, the law waits
+                tuned = self._auto(ctx, obs, spec, st, raw, result)
+                if tuned is None:  # the warm-up step test runs: the probe is tracked, the law waits
                     self._track(obs, spec, knob, st, raw, -math.inf, math.inf)
                     continue
+                law_spec = tuned
             filt = self._filter(spec)
             filtered, fstate = filt.update(raw, filt.state_from_dict(st.filter) if st.filter else None)
             # the reference for relative setpoints ('+10%'): the first filtered value
@@ -622,10 +625,11 @@ class Engine:
 
         knobs = {name: k.to_dict() for name, k in ctx.knobs.items()}
         knobs[spec.knob] = {**knobs[spec.knob], "value": auto["initial"]}
-        values = {"probes": {}, "metrics": {}}
-        key = ("metrics", spec.probe.removeprefix("train.")) if spec.probe.startswith("train.") else ("probes", spec.probe)
+        in_metrics = spec.probe.startswith("train.")
+        name = spec.probe.removeprefix("train.")
         observations = [ObservationCreate.model_construct(
-            seq=seq, step=step, **{**values, key[0]: {key[1]: y}}, knobs={} if u is None else {spec.knob: u})
+            seq=seq, step=step, probes={} if in_metrics else {name: y}, metrics={name: y} if in_metrics else {},
+            knobs={} if u is None else {spec.knob: u})
             for seq, step, y, u in auto.pop("samples")]
         window = (int(auto["start"]), int(auto["end"]))
         try:

@@ -648,7 +648,7 @@ class SplitRangeController(_FeedbackController):
         """The controllers' SplitRangeConfig (legs on the run's knob scales, the catalogue's where
         not given); raises SplitRangeError where the legs would not act as their ranges say."""
         legs = tuple(leg.leg((scales or {}).get(leg.knob)) for leg in self.legs or ())
-        cfg = SplitRangeConfig(law=law, legs=legs)  # type: ignore[arg-type]
+        cfg = SplitRangeConfig(law=law, legs=legs)
         cfg.validate()
         return cfg
 
