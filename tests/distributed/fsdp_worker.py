@@ -30,7 +30,6 @@ import torch  # noqa: E402
 torch.set_num_threads(1)  # two ranks share two cores
 
 import torch.distributed as dist  # noqa: E402
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict  # noqa: E402
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.fsdp import fully_shard  # noqa: E402
 from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
@@ -38,10 +37,11 @@ from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E4
 from actuator.agents.anchor import KLAnchor, install_anchor  # noqa: E402
 from actuator.agents.callback import ActuatorCallback, Reporting  # noqa: E402
 from actuator.agents.models import tiny_llama  # noqa: E402
-from actuator.agents.probes import KLDrift, Perplexity, ProbeSuite  # noqa: E402
+from actuator.agents.probes import KLDrift, Perplexity  # noqa: E402
 from actuator.agents.sharded import RankCheckedSetter, local_and_full_numel  # noqa: E402
 
 from agent_helpers import HELD_OUT, NARROW_TASK, Canary, lm_dataset, make_char_tokenizer  # noqa: E402
+from ranks import single_process_probes  # noqa: E402 - beside this file (the worker's folder is on sys.path)
 
 BAD_FROM = 8  # the canary reads bad from this step: one rollback to a checkpoint before it
 POLICY = {
@@ -121,19 +121,7 @@ def main() -> None:
     # A final reading on every rank at once (the suite's lockstep), then the same probes on the
     # gathered full weights in this process alone, unsharded: the single-process reference.
     final = cb.suite.run(trainer.model, trainer.state.global_step, force=True).values
-    full = get_model_state_dict(trainer.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    single: dict[str, float] = {}
-    if rank == 0:
-        plain = tiny_llama(seed=0)
-        plain.load_state_dict(full)
-        fresh = ProbeSuite([KLDrift(HELD_OUT, tok, max_length=32, reference=tiny_llama(seed=0)),
-                            Perplexity(HELD_OUT, tok, max_length=32)], budget_share=1.0)
-        fresh.setup(plain)
-        single = {k: v for k, v in fresh.run(plain, 0, force=True).values.items() if not k.startswith("probe_")}
-        start = tiny_llama(seed=0)
-        baseline = ProbeSuite([Perplexity(HELD_OUT, tok, max_length=32)], budget_share=1.0)
-        baseline.setup(start)
-        single["baseline.perplexity"] = baseline.run(start, 0, force=True).values["perplexity"]
+    single = single_process_probes(trainer.model, tok)
 
     drift = next(p for p in cb.suite.probes if p.name == "kl_drift")
     reference = drift.reference_holder.snapshot
