@@ -5,6 +5,7 @@ into fixed-length token blocks."""
 from __future__ import annotations
 
 import importlib
+import types
 import warnings
 from typing import Any
 
@@ -26,11 +27,24 @@ def stdlib_text() -> list[str]:
         warnings.simplefilter("ignore")
         for name in _MODULES:
             mod = importlib.import_module(name)
-            for obj in [mod, *vars(mod).values()]:
+            public = [obj for key, obj in vars(mod).items() if not key.startswith("_")]  # others patch privates
+            for obj in [mod, *public]:
+                if obj is not mod and not _defined_in(obj, name):
+                    continue  # a submodule, or a name imported into it: present or not by import order
                 doc = getattr(obj, "__doc__", None)
                 if isinstance(doc, str) and len(doc) > 200 and doc.strip() not in docs:
                     docs.append(doc.strip())
     return docs
+
+
+def _defined_in(obj: Any, name: str) -> bool:
+    """Whether ``obj`` belongs to module ``name`` whatever else the process imported: not a module
+    (a package's submodules appear among its attributes once something imports them), and defined
+    in ``name`` or below it when it says where it was defined."""
+    if isinstance(obj, types.ModuleType):
+        return False
+    where = getattr(obj, "__module__", None)
+    return not isinstance(where, str) or where == name or where.startswith(name + ".")
 
 
 def blocks(tok: Any, texts: list[str], seq_len: int) -> list[Any]:
