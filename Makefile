@@ -58,10 +58,14 @@ docs: setup
 
 # Two pytest-xdist workers, a test file per worker at a time (--dist loadfile: a module's shared
 # service starts once); every worker starts its own Postgres and Redis on free ports, in its own
-# temporary folders. TEST_WORKERS=0 runs the suite in one process.
+# temporary folders. TEST_WORKERS=0 runs the suite in one process. The schema fuzz runs after, in
+# one process: schemathesis 4 gives its per-operation items one node id, which xdist cannot
+# schedule (under -n 2 one item ran and the request count check failed).
 TEST_WORKERS ?= 2
+FUZZ := tests/hardening/test_fuzz_openapi.py
 test: setup system-deps lint docs
-	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --ignore=$(FUZZ) $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider $(FUZZ) $(PYTEST_ARGS) || [ $$? -eq 5 ]  # 5: PYTEST_ARGS selected none of it
 
 demo: setup
 	$(PY) examples/demo.py $(DEMO_ARGS)
