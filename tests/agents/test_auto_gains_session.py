@@ -8,7 +8,6 @@ import logging
 import math
 from functools import partial
 
-import pytest
 
 from actuator.agents.identification import schedule_steps, warmup_test
 from actuator.agents.session import ControlSession
@@ -50,7 +49,7 @@ def test_the_step_test_fits_the_warmup_else_a_tenth_of_the_run() -> None:
 
 
 def test_the_schedule_says_its_length_and_warmup() -> None:
-    torch = pytest.importorskip("torch")
+    import torch
     from transformers import get_scheduler
 
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)

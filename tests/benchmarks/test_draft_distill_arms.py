@@ -37,7 +37,7 @@ def test_the_lk_schedule_is_the_papers_weight_divided_out_and_capped_at_the_knob
 
 
 def test_kl_plus_the_scheduled_tv_weight_is_the_papers_hybrid_up_to_its_scale():
-    torch = pytest.importorskip("torch")
+    import torch
     from actuator.agents.distill import distillation_loss
 
     student = torch.tensor([[[2.0, 0.0, -1.0], [0.3, 0.2, 0.1]]])
