@@ -48,7 +48,43 @@ def token_kl(ref_logits: torch.Tensor, cur_logits: torch.Tensor) -> torch.Tensor
     return (log_ref.exp() * (log_ref - log_cur)).sum(-1).clamp_min(0.0)
 
 
-class KLDrift(Probe):
+class _AgainstReference(Probe):
+    """What the probes comparing the model with its reference share: the schedule, the sizes
+    checked (each >= 1, named in the error), the tokenizer, the reference (a frozen copy at
+    ``setup`` unless one is given) and the prompts' token ids."""
+
+    _ids: list[list[int]]
+
+    def _init_reference(self, tokenizer: Any, reference: Any, every: int | None, on_evaluate: bool,
+                        batch_size: int, **sizes: int) -> None:
+        self._init_schedule(every, on_evaluate)
+        sizes["batch_size"] = batch_size
+        if any(value < 1 for value in sizes.values()):
+            names = list(sizes)
+            raise ValueError(f"{', '.join(names[:-1])} and {names[-1]} must be >= 1")
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.reference_holder = ReferenceModel(reference)
+
+    def _encode_answered(self, prompts: list[str], use_chat_template: bool, max_length: int) -> None:
+        """The prompts the model answers (through the chat template when asked and there is one)."""
+        self._ids = encode_prompts(self.tokenizer, prompts, use_chat_template=use_chat_template,
+                                   max_length=max_length)
+        if not all(self._ids):
+            raise ProbeDataError("a prompt has no token: nothing to answer")
+
+    @property
+    def num_examples(self) -> int:
+        return len(self._ids)
+
+    def setup(self, model: Any) -> None:
+        self.reference_holder.setup(model)
+
+    def aux_models(self) -> tuple[Any, ...]:
+        return self.reference_holder.modules()
+
+
+class KLDrift(_AgainstReference):
     """Mean token-level KL(reference ‖ current); key ``"kl_drift"``. Cost: two forward passes.
 
     Teacher-forced on the prompt text itself: at every non-padding position of every prompt the
@@ -73,26 +109,11 @@ class KLDrift(Probe):
         max_length: int = 128,
         batch_size: int = 4,
     ) -> None:
-        self._init_schedule(every, on_evaluate)
-        if max_length < 1 or batch_size < 1:
-            raise ValueError("max_length and batch_size must be >= 1")
-        self.tokenizer = tokenizer
-        self.batch_size = batch_size
-        self.reference_holder = ReferenceModel(reference)
+        self._init_reference(tokenizer, reference, every, on_evaluate, batch_size, max_length=max_length)
         self._ids = [ids[:max_length] for ids in encode(tokenizer, check_texts(prompts))]
         if not any(self._ids):
             raise ProbeDataError("no prompt has a token: nothing to compare")
         self._ids = [ids for ids in self._ids if ids]
-
-    @property
-    def num_examples(self) -> int:
-        return len(self._ids)
-
-    def setup(self, model: Any) -> None:
-        self.reference_holder.setup(model)
-
-    def aux_models(self) -> tuple[Any, ...]:
-        return self.reference_holder.modules()
 
     def _measure(self, model: Any, *, max_examples: int | None) -> dict[str, float]:
         device = model_device(model)
@@ -131,7 +152,7 @@ def _answer_kl(holder: ReferenceModel, model: Any, rows: list[list[int]], starts
     return float(kl[keep].double().sum()), int(keep.sum())
 
 
-class AnswerKL(Probe):
+class AnswerKL(_AgainstReference):
     """KL(reference ‖ current) where the reference's own answers begin; key ``"answer_kl"``.
 
     The reference answers each held-out prompt greedily, once (at ``setup``), and the first
@@ -163,22 +184,10 @@ class AnswerKL(Probe):
         use_chat_template: bool = True,
         max_length: int = 256,
     ) -> None:
-        self._init_schedule(every, on_evaluate)
-        if answer_tokens < 1 or batch_size < 1:
-            raise ValueError("answer_tokens and batch_size must be >= 1")
-        self.tokenizer = tokenizer
+        self._init_reference(tokenizer, reference, every, on_evaluate, batch_size, answer_tokens=answer_tokens)
         self.answer_tokens = answer_tokens
-        self.batch_size = batch_size
-        self.reference_holder = ReferenceModel(reference)
-        self._ids = encode_prompts(tokenizer, check_texts(prompts), use_chat_template=use_chat_template,
-                                   max_length=max_length)
-        if not all(self._ids):
-            raise ProbeDataError("a prompt has no token: nothing to answer")
+        self._encode_answered(check_texts(prompts), use_chat_template, max_length)
         self._answers: list[list[int]] | None = None
-
-    @property
-    def num_examples(self) -> int:
-        return len(self._ids)
 
     @property
     def answers(self) -> list[list[int]]:
@@ -196,9 +205,6 @@ class AnswerKL(Probe):
                                                  max_new_tokens=self.answer_tokens, batch_size=self.batch_size,
                                                  keep_eos=True)  # >= 1 token each: max_new_tokens >= 1
 
-    def aux_models(self) -> tuple[Any, ...]:
-        return self.reference_holder.modules()
-
     def _measure(self, model: Any, *, max_examples: int | None) -> dict[str, float]:
         answers = self.answers
         total, count = 0.0, 0
@@ -209,7 +215,7 @@ class AnswerKL(Probe):
         return {"answer_kl": total / count}
 
 
-class PolicyKL(Probe):
+class PolicyKL(_AgainstReference):
     """KL(current ‖ reference) on the current model's own answers; key ``"policy_kl"``.
 
     The quantity the KL penalty of online RL (RLOO, GRPO, PPO) bounds, measured exactly rather
@@ -244,29 +250,12 @@ class PolicyKL(Probe):
         use_chat_template: bool = True,
         max_length: int = 256,
     ) -> None:
-        self._init_schedule(every, on_evaluate)
-        if max_new_tokens < 1 or samples < 1 or batch_size < 1:
-            raise ValueError("max_new_tokens, samples and batch_size must be >= 1")
-        self.tokenizer = tokenizer
+        self._init_reference(tokenizer, reference, every, on_evaluate, batch_size, max_new_tokens=max_new_tokens,
+                             samples=samples)
         self.max_new_tokens = max_new_tokens
         self.samples = samples
         self.seed = seed
-        self.batch_size = batch_size
-        self.reference_holder = ReferenceModel(reference)
-        self._ids = encode_prompts(tokenizer, check_texts(prompts), use_chat_template=use_chat_template,
-                                   max_length=max_length)
-        if not all(self._ids):
-            raise ProbeDataError("a prompt has no token: nothing to answer")
-
-    @property
-    def num_examples(self) -> int:
-        return len(self._ids)
-
-    def setup(self, model: Any) -> None:
-        self.reference_holder.setup(model)
-
-    def aux_models(self) -> tuple[Any, ...]:
-        return self.reference_holder.modules()
+        self._encode_answered(check_texts(prompts), use_chat_template, max_length)
 
     def _answers(self, model: Any, prompts: Sequence[Sequence[int]]) -> list[list[int]]:
         """``samples`` sampled answers per prompt (token ids, cut after the first end token)."""
@@ -366,7 +355,7 @@ def encode_prompts(
     return out
 
 
-class EmbeddingDrift(Probe):
+class EmbeddingDrift(_AgainstReference):
     """Drift of greedy answers; keys ``"embedding_drift"`` and ``"answer_agreement"``.
 
     The current and the reference model answer the same prompts greedily (``max_new_tokens``);
@@ -397,25 +386,14 @@ class EmbeddingDrift(Probe):
         use_chat_template: bool = True,
         max_length: int = 256,
     ) -> None:
-        self._init_schedule(every, on_evaluate)
-        if max_new_tokens < 1 or batch_size < 1:
-            raise ValueError("max_new_tokens and batch_size must be >= 1")
-        self.tokenizer = tokenizer
+        self._init_reference(tokenizer, reference, every, on_evaluate, batch_size, max_new_tokens=max_new_tokens)
         self.prompts = check_texts(prompts)
         self.max_new_tokens = max_new_tokens
-        self.batch_size = batch_size
-        self.reference_holder = ReferenceModel(reference)
         self.embedder = embedder
-        self._ids = encode_prompts(
-            tokenizer, self.prompts, use_chat_template=use_chat_template, max_length=max_length
-        )
+        self._encode_answered(self.prompts, use_chat_template, max_length)
         self._ref_answers: dict[int, str] = {}
         self._ref_vectors: dict[int, np.ndarray] = {}
         self.last_answers: list[tuple[str, str]] = []  # (reference, current) of the last measure
-
-    @property
-    def num_examples(self) -> int:
-        return len(self._ids)
 
     def _ensure_embedder(self) -> Any:
         if self.embedder is None:

@@ -8,11 +8,13 @@ import pytest
 import torch
 
 from actuator.agents.probes import (
+    AnswerKL,
     DraftAcceptance,
     EmbeddingDrift,
     HotpotQA,
     KLDrift,
     Perplexity,
+    PolicyKL,
     ProbeDataError,
     ProbeDataNotFoundError,
     ProbeSuite,
@@ -104,3 +106,29 @@ def test_every_probe_runs_on_a_peft_model(char_tokenizer, chat_tokenizer):
     assert model.training and report.skipped == [] and report.failed == []
     assert all(math.isfinite(v) for v in report.values.values())
     assert report.values["kl_drift"] > 0  # adapters disabled = the base: the LoRA moved it
+
+
+@pytest.mark.parametrize(("cls", "field", "message"), [
+    (KLDrift, "max_length", "max_length and batch_size must be >= 1"),
+    (KLDrift, "batch_size", "max_length and batch_size must be >= 1"),
+    (AnswerKL, "answer_tokens", "answer_tokens and batch_size must be >= 1"),
+    (PolicyKL, "samples", "max_new_tokens, samples and batch_size must be >= 1"),
+    (PolicyKL, "max_new_tokens", "max_new_tokens, samples and batch_size must be >= 1"),
+    (EmbeddingDrift, "max_new_tokens", "max_new_tokens and batch_size must be >= 1"),
+])
+def test_reference_probes_name_the_size_that_is_not_positive(cls, field, message, char_tokenizer):
+    with pytest.raises(ValueError) as caught:
+        cls(["a b", "c d"], char_tokenizer, **{field: 0})
+    assert str(caught.value) == message
+
+
+def test_reference_probes_share_setup_and_count_their_prompts(char_tokenizer, tiny_model):
+    """Every probe against a reference takes its frozen copy at setup and counts its prompts."""
+    model = tiny_model
+    for cls in (KLDrift, AnswerKL, PolicyKL):
+        probe = cls(["a b", "c d", "e f"], char_tokenizer)
+        assert probe.num_examples == 3 and probe.aux_models() == ()
+        probe.setup(model)
+        copies = probe.aux_models()
+        assert len(copies) == 1 and copies[0] is not model
+        assert all(torch.equal(a, b) for a, b in zip(copies[0].state_dict().values(), model.state_dict().values()))
