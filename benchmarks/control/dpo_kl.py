@@ -72,7 +72,8 @@ from benchmarks.control.harness import (
     RESULTS, scenario_args, add_flags, identification_args, tune_summary, start, control_quality, judged, mean_sd,
     read_seeds, spread,
     arm_label, figure, record_targets,
-    command_line, console, arm_progress, save_results,
+    command_line, console, arm_progress, save_results, KLBaselines, kl_adaptive_lr, probe_value,
+    trace_start,
 )
 
 import torch  # noqa: E402
@@ -281,23 +282,12 @@ def restoring_policy(a: argparse.Namespace, kind: str) -> tuple[dict[str, Any], 
 RESTORING = ("lr", "anchor", "lr+anchor")
 
 
-def kl_adaptive_lr(a: argparse.Namespace) -> Any:
-    """The ``kl-adaptive-lr`` arm's rule: TorchRL's KLAdaptiveLR at the KL target, its factor, and
-    bounds ``--kl-lr-bounds`` × ``--lr``."""
-    from actuator.controllers import KLAdaptiveLR
-
-    lo, hi = a.kl_lr_bounds
-    return KLAdaptiveLR(a.target, factor=a.kl_lr_factor, min_lr=a.lr * lo, max_lr=a.lr * hi)
-
-
 def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, seed: int) -> dict[str, Any]:
     from transformers import TrainerCallback
 
     from actuator.agents.callback import ActuatorCallback
-    from actuator.agents.knobs import LearningRateKnob
     from actuator.agents.probes import ProbeSuite
     from actuator.agents.trl_knobs import KLBetaKnob
-    from actuator.controllers import AdaptiveKLController
 
     from actuator.agents.anchor import KLAnchor, KLAnchorKnob
 
@@ -332,31 +322,16 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
         suite = None
     else:
         suite = ProbeSuite([probe], budget_share=1.0)
-    ziegler = AdaptiveKLController(a.beta, a.target, a.horizon) if arm["kind"] == "ziegler" else None
-    kl_lr = kl_adaptive_lr(a) if arm["kind"] == "kl-adaptive-lr" else None
-    zstate: Any = None
-    last_update = 0
+    baselines = KLBaselines(arm["kind"], a, samples_per_step=a.batch_size)  # preference pairs per step
 
     class Trace(TrainerCallback):
         def on_train_begin(self, args, state, control, model=None, **kw):  # noqa: ANN001
-            if suite is not None:
-                suite.setup(model)
-                value = suite.run(model, 0, force=True).values["kl_drift"]
-                trace.append({"step": 0, "kl_drift": value, "beta": knob.read()})
+            trace_start(trace, "kl_drift", knob.read(), suite=suite, model=model)
 
         def on_step_end(self, args, state, control, model=None, **kw):  # noqa: ANN001
-            nonlocal zstate, last_update
             step = state.global_step
-            value = None
-            if cb is not None:
-                for h in cb.history:
-                    if h["step"] == step and "kl_drift" in h["probes"]:
-                        value = h["probes"]["kl_drift"]
-                if not trace and cb.history and "kl_drift" in cb.history[0]["probes"]:
-                    trace.append({"step": 0, "kl_drift": cb.history[0]["probes"]["kl_drift"], "beta": a.beta})
-            else:
-                rep = suite.run(model, step)
-                value = rep.values.get("kl_drift") if rep is not None else None
+            trace_start(trace, "kl_drift", a.beta, cb=cb)
+            value = probe_value(cb, suite, model, step, "kl_drift")
             if value is not None:
                 trace.append({"step": step, "kl_drift": value, "beta": knob.read(),
                               "lr": kw["optimizer"].param_groups[0]["lr"],
@@ -364,15 +339,7 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
                 if not console.is_terminal:  # a log file gets one line per measurement
                     console.print(f"  {arm['name']} seed {seed} step {step}: kl {value:.4f} beta {knob.read():.3g} "
                                   f"lr {trace[-1]['lr']:.3g} w {trace[-1]['w']:.3g}")
-                if ziegler is not None:
-                    # n = samples (preference pairs) seen since the last update, as in the paper / TRL.
-                    n = (step - last_update) * a.batch_size
-                    beta, zstate = ziegler.update(value, n, zstate)
-                    knob.apply(beta)
-                    last_update = step
-                if kl_lr is not None:  # the knob is the schedule's peak (constant here), as for every lr arm
-                    lr_knob = LearningRateKnob(kw["optimizer"], kw.get("lr_scheduler"))
-                    lr_knob.apply(kl_lr.update(value, lr_knob.read()))
+                baselines.update(value, step, knob, kw["optimizer"], kw.get("lr_scheduler"))
             advance()
 
         def on_log(self, args, state, control, logs=None, **kw):  # noqa: ANN001

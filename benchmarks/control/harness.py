@@ -389,3 +389,63 @@ def tune_summary(seed: int, prep: dict[str, Any]) -> str:
     return (f"  tuned seed {seed}: {m['kind']} gain {m['gain']:.4g} tau {m['tau']:.3g} theta "
             f"{m['theta']:.3g} (hi {m['theta_hi']:.3g}) R2 {m['r2']:.3f}; kp {g['kp']:.4g} "
             f"ki {g['ki']:.4g} kd {g['kd']:.4g} b {g['setpoint_weight']:g}")
+
+
+def kl_adaptive_lr(a: argparse.Namespace) -> Any:
+    """The ``kl-adaptive-lr`` arm's rule: TorchRL's KLAdaptiveLR at the KL target, its factor, and
+    bounds ``--kl-lr-bounds`` × ``--lr``."""
+    from actuator.controllers import KLAdaptiveLR
+
+    lo, hi = a.kl_lr_bounds
+    return KLAdaptiveLR(a.target, factor=a.kl_lr_factor, min_lr=a.lr * lo, max_lr=a.lr * hi)
+
+
+class KLBaselines:
+    """The open-loop rules of a KL scenario's baseline arms, applied at each measurement of the KL:
+    ``ziegler`` (Ziegler et al.'s adaptive β on the β knob, n = samples since its last update) and
+    ``kl-adaptive-lr`` (TorchRL's KLAdaptiveLR on the learning rate: the schedule's peak, constant
+    in these scenarios, as for every lr arm). Any other arm kind: nothing."""
+
+    def __init__(self, kind: str, a: argparse.Namespace, samples_per_step: int) -> None:
+        from actuator.controllers import AdaptiveKLController
+
+        self.ziegler = AdaptiveKLController(a.beta, a.target, a.horizon) if kind == "ziegler" else None
+        self.kl_lr = kl_adaptive_lr(a) if kind == "kl-adaptive-lr" else None
+        self.samples_per_step = samples_per_step
+        self._state: Any = None
+        self._last_update = 0
+
+    def update(self, value: float, step: int, beta_knob: Any, optimizer: Any, scheduler: Any) -> None:
+        if self.ziegler is not None:
+            n = (step - self._last_update) * self.samples_per_step
+            beta, self._state = self.ziegler.update(value, n, self._state)
+            beta_knob.apply(beta)
+            self._last_update = step
+        if self.kl_lr is not None:
+            from actuator.agents.knobs import LearningRateKnob
+
+            lr_knob = LearningRateKnob(optimizer, scheduler)
+            lr_knob.apply(self.kl_lr.update(value, lr_knob.read()))
+
+
+def probe_value(cb: Any, suite: Any, model: Any, step: int, key: str) -> float | None:
+    """The probe value ``key`` an arm measured at ``step``: from the controlled arm's callback
+    history, else from the arm's own suite (run here)."""
+    if cb is not None:
+        return next((h["probes"][key] for h in reversed(cb.history) if h["step"] == step and key in h["probes"]),
+                    None)
+    rep = suite.run(model, step)
+    return rep.values.get(key) if rep is not None else None
+
+
+def trace_start(trace: list[dict[str, float]], key: str, beta: float, *, suite: Any = None, model: Any = None,
+                cb: Any = None) -> None:
+    """The trace's step-0 reading of probe ``key``, once: from the arm's own suite at train begin
+    (set up there), or from a controlled arm's first observation (``cb``'s history)."""
+    if trace:
+        return
+    if suite is not None and model is not None:
+        suite.setup(model)
+        trace.append({"step": 0, key: suite.run(model, 0, force=True).values[key], "beta": beta})
+    elif cb is not None and cb.history and key in cb.history[0]["probes"]:
+        trace.append({"step": 0, key: cb.history[0]["probes"][key], "beta": beta})

@@ -69,7 +69,8 @@ from typing import Any
 from benchmarks.control.data import prompt_text
 from benchmarks.control.harness import (
     arm_progress, command_line, console, control_quality, figure, judged, mean_sd, record_targets, save_results,
-    scenario_args, start,
+    scenario_args, start, KLBaselines, kl_adaptive_lr, probe_value,
+    trace_start,
 )
 
 import torch  # noqa: E402
@@ -235,15 +236,6 @@ def pid_policy(a: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def kl_adaptive_lr(a: argparse.Namespace) -> Any:
-    """The ``kl-adaptive-lr`` arm's rule: TorchRL's KLAdaptiveLR at the KL target, its factor, and
-    bounds ``--kl-lr-bounds`` × ``--lr``."""
-    from actuator.controllers import KLAdaptiveLR
-
-    lo, hi = a.kl_lr_bounds
-    return KLAdaptiveLR(a.target, factor=a.kl_lr_factor, min_lr=a.lr * lo, max_lr=a.lr * hi)
-
-
 def run_arm(setup: Setup, kind: str, arm: dict[str, Any], a: argparse.Namespace, url: str, seed: int) -> dict[str, Any]:
     from transformers import TrainerCallback
 
@@ -251,7 +243,6 @@ def run_arm(setup: Setup, kind: str, arm: dict[str, Any], a: argparse.Namespace,
     from actuator.agents.knobs import LearningRateKnob
     from actuator.agents.probes import ProbeSuite
     from actuator.agents.trl_knobs import KLBetaKnob
-    from actuator.controllers import AdaptiveKLController
 
     reward = TaskReward(a.length_cost)
     trainer = make_trainer(setup, kind, arm["kind"] + (f"-{arm['beta']:g}" if "beta" in arm else ""),
@@ -269,40 +260,19 @@ def run_arm(setup: Setup, kind: str, arm: dict[str, Any], a: argparse.Namespace,
         cb.attach(trainer)
     else:
         suite = ProbeSuite([probe], budget_share=1.0)
-    ziegler = AdaptiveKLController(a.beta, a.target, a.horizon) if arm["kind"] == "ziegler" else None
-    kl_lr = kl_adaptive_lr(a) if arm["kind"] == "kl-adaptive-lr" else None
-    zstate: Any = None
-    last_update = 0
-    samples_per_step = a.prompts * a.samples
+    baselines = KLBaselines(arm["kind"], a, samples_per_step=a.prompts * a.samples)
 
     class Trace(TrainerCallback):
         def on_train_begin(self, args, state, control, model=None, **kw):  # noqa: ANN001
-            if suite is not None:
-                suite.setup(model)
-                trace.append({"step": 0, "policy_kl": suite.run(model, 0, force=True).values["policy_kl"],
-                              "beta": knob.read()})
+            trace_start(trace, "policy_kl", knob.read(), suite=suite, model=model)
 
         def on_step_end(self, args, state, control, model=None, **kw):  # noqa: ANN001
-            nonlocal zstate, last_update
             step = state.global_step
-            value = None
-            if cb is not None:
-                if not trace and cb.history and "policy_kl" in cb.history[0]["probes"]:
-                    trace.append({"step": 0, "policy_kl": cb.history[0]["probes"]["policy_kl"], "beta": a.beta})
-                for h in cb.history:
-                    if h["step"] == step and "policy_kl" in h["probes"]:
-                        value = h["probes"]["policy_kl"]
-            else:
-                rep = suite.run(model, step)
-                value = rep.values.get("policy_kl") if rep is not None else None
+            trace_start(trace, "policy_kl", a.beta, cb=cb)
+            value = probe_value(cb, suite, model, step, "policy_kl")
             if value is not None:
-                if ziegler is not None:
-                    beta, zstate = ziegler.update(value, (step - last_update) * samples_per_step, zstate)
-                    knob.apply(beta)
-                    last_update = step
+                baselines.update(value, step, knob, kw["optimizer"], kw.get("lr_scheduler"))
                 lr_knob = LearningRateKnob(kw["optimizer"], kw.get("lr_scheduler"))
-                if kl_lr is not None:  # the knob is the schedule's peak (constant here)
-                    lr_knob.apply(kl_lr.update(value, lr_knob.read()))
                 trace.append({"step": step, "policy_kl": value, "beta": knob.read(), "lr": lr_knob.read()})
                 if not console.is_terminal:  # a log file gets one line per measurement
                     last = reward.log[-1] if reward.log else {"reward": math.nan, "accuracy": math.nan}
