@@ -262,6 +262,14 @@ def restoring_policy(a: argparse.Namespace, kind: str) -> tuple[dict[str, Any], 
       policy) on the training pairs' own texts) under the PID-Lagrangian (``kind: constraint``,
       KL ≤ target), the restoring force DPO's loss lacks; gains ``--w-kp``/``--w-ki`` × 1/target.
     * ``lr+anchor``: both, each on the same probe; the anchor has the higher priority.
+    * ``split``: one split-range PID (``kind: split_range``) on the same probe: its output u in
+      [0, 1] moves the learning rate from its floor to ``--lr`` (KL too low: train at the full rate,
+      never above it), u in [-1, 0] the anchor weight from ``--w-max`` to 0 (KL too high: restore);
+      gains ``--split-kp``/``--split-ki`` × 1/target on u.
+
+    ``--predict H`` (probe intervals) gives every controller of these arms the projected
+    measurement y + H·Δy (issue 40's predictive term), ``--ramp N`` a setpoint ramp over N
+    intervals; 0 (the default) is today's preset.
     """
     sp = a.target
     controllers: list[dict[str, Any]] = []
@@ -274,12 +282,26 @@ def restoring_policy(a: argparse.Namespace, kind: str) -> tuple[dict[str, Any], 
         controllers.append({"name": "kl-lr", "probe": "kl_drift", "knob": "learning_rate", "setpoint": sp,
                             "kp": a.lr_kp / sp, "ki": a.lr_ki / sp, "direction": "direct", "priority": 5})
         knobs["learning_rate"] = {"min": a.lr * a.lr_floor, "max": a.lr, "max_step": a.max_step}
+    if kind == "split":
+        lo, hi = a.lr * a.lr_floor, a.lr  # the leg moves it in its scale (log) between these
+        controllers.append({"name": "kl-split", "kind": "split_range", "probe": "kl_drift", "setpoint": sp,
+                            "kp": a.split_kp / sp, "ki": a.split_ki / sp, "legs": [
+                                {"knob": "learning_rate", "range": [0.0, 1.0], "values": [lo, hi], "acts": "direct"},
+                                {"knob": "kl_weight", "range": [-1.0, 0.0], "values": [a.w_max, 0.0],
+                                 "acts": "reverse"}]})
+        knobs["kl_weight"] = {"min": 0.0, "max": a.w_max, "max_step": a.w_step}
+        knobs["learning_rate"] = {"min": a.lr * a.lr_floor, "max": a.lr, "max_step": a.max_step}
+    for c in controllers:
+        if a.predict:
+            c["horizon"] = a.predict
+        if a.ramp and c.get("kind") != "constraint":  # the PID-Lagrangian takes no ramp
+            c["setpoint_ramp"] = a.ramp
     policy = {"name": f"bench-dpo-kl-{kind.replace('+', '-')}", "probes": [{"name": "kl_drift", "every": a.probe_every}],
               "controllers": controllers}
     return policy, knobs
 
 
-RESTORING = ("lr", "anchor", "lr+anchor")
+RESTORING = ("lr", "anchor", "lr+anchor", "split")
 
 
 def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, seed: int) -> dict[str, Any]:
@@ -293,7 +315,7 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
 
     model = setup.fresh_model()
     anchor = (KLAnchor(setup.anchor_texts, setup.tok, weight=0.0, batch_size=a.anchor_batch, max_length=64, seed=seed)
-              if arm["kind"] in ("anchor", "lr+anchor", "tuned", "identify") else None)
+              if arm["kind"] in ("anchor", "lr+anchor", "split", "tuned", "identify") else None)
     trainer = make_trainer(setup, model, f"{a.loss_type}-{arm['kind'].replace('+', '-')}", a, seed, anchor)
     knob = KLBetaKnob(trainer)
     probe = setup.kl_probe(1 if arm["kind"] == "identify" else a.probe_every)
@@ -497,7 +519,8 @@ LOSS_DEFAULTS = {
 }
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def parser() -> argparse.ArgumentParser:
+    """The scenario's flags (``parser().parse_args([])``: the defaults)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     scenario_args(ap, SCENARIO, steps=40, quick="24 steps", arms=["fixed", "ziegler", "kl-adaptive-lr", "actuator", *RESTORING,
                                                             "tuned"],
@@ -535,6 +558,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--w-step": (0.5, "anchor arm: largest change of w per decision"),
         "--anchor-batch": (2, "anchor texts per step"),
         "--kl-lr-factor": (1.5, "kl-adaptive-lr arm: the factor (TorchRL's default 1.5)"),
+        "--split-kp": (0.5, "split arm: PID kp on u in [-1, 1] × 1/target"),
+        "--split-ki": (0.1, "split arm: PID ki on u × 1/target, per step"),
+        "--predict": (0.0, "lr, anchor, lr+anchor, split arms: prediction horizon in probe intervals (0: none)"),
+        "--ramp": (0, "lr, anchor, lr+anchor, split arms: setpoint ramp in probe intervals (0: none)"),
     })
     ap.add_argument("--kl-lr-bounds", type=float, nargs=2, default=[0.01, 1.0], metavar=("LO", "HI"),
                     help="kl-adaptive-lr arm: min_lr and max_lr as multiples of --lr (default 0.01 1: never above "
@@ -542,6 +569,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     identification_args(ap)
     ap.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
                     help="training precision (auto: bf16 where the machine has it natively, else fp32)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = parser()
     a = ap.parse_args(argv)
     if a.aggregate:
         return aggregate(a.tag, a.results)
@@ -613,7 +645,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for la in configs.values():
         names = {"fixed": f"fixed beta {la.beta:g}", "ziegler": "Ziegler adaptive KL",
                  "kl-adaptive-lr": "TorchRL KLAdaptiveLR", "actuator": "actuator PID",
-                 "lr": "Actuator lr PID", "anchor": "Actuator KL anchor (w)", "lr+anchor": "Actuator lr + anchor"}
+                 "lr": "Actuator lr PID", "anchor": "Actuator KL anchor (w)", "lr+anchor": "Actuator lr + anchor",
+                 "split": "Actuator split range (lr | anchor)"}
         names["tuned"] = "Actuator lr (tuned) + anchor"
         for seed in a.seeds:
             for kind in a.arms:
