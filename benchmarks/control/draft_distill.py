@@ -312,8 +312,9 @@ def run_arm(setup: Setup, key: str, a: argparse.Namespace, url: str, seed: int) 
                 record(0, suite.run(model, 0, force=True).values)
 
         def on_step_begin(self, args, state, control, **kw):  # noqa: ANN001
-            if arm.get("schedule") == "linear":
-                knob.apply(min(1.0, used() / a.budget))
+            if arm.get("schedule") == "linear":  # the share of the budget used so far
+                share = state.global_step / a.max_steps if math.isinf(a.budget) else used() / a.budget
+                knob.apply(min(1.0, share))
 
         def on_step_end(self, args, state, control, model=None, **kw):  # noqa: ANN001
             step = state.global_step
@@ -366,21 +367,22 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax1, ax2, ax3 = axes[0]
         colors: dict[str, Any] = {}
         ax2t: Any = None
+        x = "step" if result.get("budget_steps") else "cpu_seconds"
         for arm in result["arms"]:
             label = arm["arm"] if arm["key"] not in colors else None
             kw = {"color": colors[arm["key"]]} if arm["key"] in colors else {}
-            line, = ax1.plot([t["cpu_seconds"] for t in arm["trace"]], [t["acceptance"] for t in arm["trace"]],
+            line, = ax1.plot([t[x] for t in arm["trace"]], [t["acceptance"] for t in arm["trace"]],
                              marker=".", ms=3, lw=1, alpha=0.8, label=label, **kw)
             colors.setdefault(arm["key"], line.get_color())
-            ax2.plot([t["cpu_seconds"] for t in arm["trace"]], [t["onpolicy_fraction"] for t in arm["trace"]],
+            ax2.plot([t[x] for t in arm["trace"]], [t["onpolicy_fraction"] for t in arm["trace"]],
                      color=colors[arm["key"]], lw=1, alpha=0.8)
             if ARMS[arm["key"]].get("controller") == "divergence_mix":
-                ax2.plot([t["cpu_seconds"] for t in arm["trace"]], [t.get("divergence_mix", math.nan) for t in arm["trace"]],
+                ax2.plot([t[x] for t in arm["trace"]], [t.get("divergence_mix", math.nan) for t in arm["trace"]],
                          color=colors[arm["key"]], lw=1, ls="--", alpha=0.8)
             if ARMS[arm["key"]].get("controller") == "distill_temperature":
                 if ax2t is None:
                     ax2t = ax2.twinx()
-                ax2t.plot([t["cpu_seconds"] for t in arm["trace"]], [t.get("temperature", math.nan) for t in arm["trace"]],
+                ax2t.plot([t[x] for t in arm["trace"]], [t.get("temperature", math.nan) for t in arm["trace"]],
                           color=colors[arm["key"]], lw=1, ls=":", alpha=0.8)
                 ax2t.set_ylabel("T (dotted)")
         keys = list(colors)
@@ -392,22 +394,24 @@ def plot(result: dict[str, Any], path: Path) -> None:
         lo = min((m for m in means if not math.isnan(m)), default=0.0)
         ax3.set_xlim(lo - 0.02, max((m for m in means if not math.isnan(m)), default=1.0) + 0.01)
         ax1.set_title("α on teacher samples (control probe, γ = 4)")
-        ax1.set_xlabel("CPU seconds")
+        ax1.set_xlabel("step" if x == "step" else "CPU seconds")
         ax1.legend(fontsize=7)
         ax2.set_title("on-policy fraction (solid), λ of KL + λ·TV (dashed), T (dotted)", fontsize=9)
-        ax2.set_xlabel("CPU seconds")
+        ax2.set_xlabel("step" if x == "step" else "CPU seconds")
         ax2.set_ylim(-0.05, 1.05)
         ax3.set_title("final α, evaluation set (mean ± sd over seeds)")
         fig.suptitle(f"draft-distill — SmolLM2-135M-Instruct → {result['draft_layers']}-layer draft, "
-                     f"{result['budget']:.0f} CPU-s per arm, seeds {result['seeds']}", fontsize=10)
+                     + (f"{result['budget_steps']} steps" if result.get("budget_steps") else f"{result['budget']:.0f} CPU-s")
+                     + f" per arm, seeds {result['seeds']}", fontsize=10)
 
 
-def _time_to(trace: list[dict[str, float]], alpha: float) -> float | None:
-    return next((t["cpu_seconds"] for t in trace if t["acceptance"] >= alpha), None)
+def _time_to(trace: list[dict[str, float]], alpha: float, unit: str = "cpu_seconds") -> float | None:
+    """The first ``unit`` ("cpu_seconds" or "step") at which the trace's α reaches ``alpha``."""
+    return next((t[unit] for t in trace if t["acceptance"] >= alpha), None)
 
 
 def judge_against_pick(arms: dict[tuple[str, int], dict[str, Any]], pick: str, act: str,
-                       seeds: list[int]) -> dict[str, Any]:
+                       seeds: list[int], unit: str = "cpu_seconds") -> dict[str, Any]:
     """Actuator arm ``act`` against the fixed ``pick`` on the seeds after 0 where both ran:
     ``alpha_gain_vs_picked`` (α ≥ 1.078 × the pick's, the α ratio per seed),
     ``time_to_fixed_final_alpha`` (the CPU seconds ``act`` takes to reach the α the pick ends at on
@@ -430,13 +434,14 @@ def judge_against_pick(arms: dict[tuple[str, int], dict[str, Any]], pick: str, a
     for s in eval_seeds:
         fx, ac = arms[(pick, s)], arms[(act, s)]
         goal = fx["trace"][-1]["acceptance"]
-        t_fx, t_ac = _time_to(fx["trace"], goal), _time_to(ac["trace"], goal)
+        t_fx, t_ac = _time_to(fx["trace"], goal, unit), _time_to(ac["trace"], goal, unit)
         times.append(None if t_ac is None or not t_fx else t_ac / t_fx)
     time_on_mean = all(r is not None for r in times) and statistics.fmean(times) <= TIME_SHARE  # type: ignore[arg-type]
     time = judged({"arm": act, "seeds": eval_seeds, "ratio": times, "target": TIME_SHARE, "met": time_on_mean},
                   {s: r is not None and r <= TIME_SHARE for s, r in zip(eval_seeds, times)})
     either = judged({"arm": act, "seeds": eval_seeds, "rule": f"alpha >= {1 + ALPHA_GAIN:g} x the fixed pick, or "
-                     f"the pick's final alpha reached in <= {TIME_SHARE:.0%} of its CPU seconds",
+                     f"the pick's final alpha reached in <= {TIME_SHARE:.0%} of its "
+                     f"{'steps' if unit == 'step' else 'CPU seconds'}",
                      "met": gain["met_on_mean"] or time_on_mean},
                     {s: gain["held_per_seed"][str(s)] or time["held_per_seed"][str(s)] for s in eval_seeds})
     either["outcome"] = "met" if either["met"] else "missed"
@@ -486,7 +491,9 @@ def aggregate(tag: str = "", results: Path = RESULTS) -> dict[str, Any]:
         targets["best_in_hindsight_seeds_1_2"] = choice["best_in_hindsight"]
         for act in (k for k in ACTUATORS if k in summary):
             suffix = "" if act == "actuator" else f"_{act.removeprefix('actuator-')}"
-            targets.update({f"{name}{suffix}": v for name, v in judge_against_pick(arms, pick, act, seeds).items()})
+            unit = "step" if meta.get("budget_steps") else "cpu_seconds"
+            targets.update({f"{name}{suffix}": v
+                            for name, v in judge_against_pick(arms, pick, act, seeds, unit).items()})
         for k in summary:
             if k != pick:
                 summary[k]["alpha_ratio_to_pick"] = {str(s): arms[(k, s)]["final"]["acceptance"]
@@ -494,7 +501,8 @@ def aggregate(tag: str = "", results: Path = RESULTS) -> dict[str, Any]:
                                                      for s in seeds if s != 0 and (k, s) in arms and (pick, s) in arms}
     out = {**meta, "scenario": SCENARIO, "seeds": seeds, "arms": list(arms.values()), "summary": summary}
     record_targets(out, targets)
-    table = Table(title=f"{SCENARIO}: final α on held-out teacher samples, {meta.get('budget')} CPU-s per arm; "
+    budget = f"{meta['budget_steps']} steps" if meta.get("budget_steps") else f"{meta.get('budget')} CPU-s"
+    table = Table(title=f"{SCENARIO}: final α on held-out teacher samples, {budget} per arm; "
                         f"fixed pick (seed 0): {targets.get('picked_on_seed_0')}, best in hindsight: "
                         f"{targets.get('best_in_hindsight')}")
     for col in ("arm", "seeds", "α mean ± sd", "worst seed", "α seeds ≥ 1", "α / pick per seed ≥ 1",
@@ -530,6 +538,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
                            "untagged files only", aggregate="combine the per-seed files; run nothing")
     ap.add_argument("--budget", type=float, default=45.0, help="CPU seconds of training per arm")
     ap.add_argument("--max-steps", type=int, default=10_000, help="a ceiling; the budget ends each arm")
+    ap.add_argument("--budget-steps", type=int, default=None, metavar="N",
+                    help="equal optimizer steps instead of CPU seconds: every arm trains N steps (--budget is "
+                         "ignored). The same compute for arms that train on the text and probe alike (every arm "
+                         "but the on-policy ones, which also generate), and unlike CPU seconds it does not "
+                         "depend on what else runs on the machine; times to an alpha are then in steps")
     ap.add_argument("--draft-layers", type=int, default=10, help="decoder layers kept in the draft (of 30)")
     ap.add_argument("--lr", type=float, default=2e-4)
     ap.add_argument("--batch-size", type=int, default=4)
@@ -564,6 +577,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     if a.aggregate:
         aggregate(a.tag, a.results)
         return None
+    if a.budget_steps is not None:
+        if a.budget_steps < 1:
+            ap.error(f"--budget-steps must be >= 1, got {a.budget_steps}")
+        a.budget, a.max_steps = math.inf, a.budget_steps
     if a.quick:
         a.budget = min(a.budget, 20.0)
         a.arms = a.arms[:2] if a.arms == list(DEFAULT_ARMS) else a.arms
@@ -621,7 +638,8 @@ def warm_start(setup: Setup, draft0: nn.Module, a: argparse.Namespace, seed: int
 def _save(a: argparse.Namespace, argv: list[str] | None, setup: Setup, start: dict[str, float], seed: int,
           results: list[dict[str, Any]], t_start: float) -> None:
     """Write the seed's file after every arm: a run cut short keeps the arms it finished."""
-    out = {"scenario": SCENARIO, "seed": seed, "budget": a.budget, "draft_layers": a.draft_layers,
+    out = {"scenario": SCENARIO, "seed": seed, "budget": a.budget, "budget_steps": a.budget_steps,
+           "draft_layers": a.draft_layers,
            "teacher_params": setup.n_teacher, "draft_params": setup.n_student, "lr": a.lr,
            "batch_size": a.batch_size, "seq_len": a.seq_len, "prompt_tokens": a.prompt_tokens,
            "probe_every": a.probe_every, "warm_start": a.warm_start, "probe": {"texts": a.probe_texts, "eval_texts": a.eval_texts,

@@ -71,21 +71,23 @@ def test_the_follow_policy_is_a_valid_document_whose_law_maps_alpha_to_the_sched
 
 
 def _seed_file(folder: Path, seed: int, alphas: dict[str, float], reach: dict[str, float] | None = None,
-               tag: str = "") -> None:
+               tag: str = "", steps: dict[str, int] | None = None) -> None:
     """One seed's result: arm -> final α; ``reach``: arm -> CPU seconds at which its control-probe
     trace reaches its final α (default 30 of 40)."""
-    reach = reach or {}
+    reach, steps = reach or {}, steps or {}
     arms = []
     for key, alpha in alphas.items():
         at = reach.get(key, 30.0)
         trace = [{"step": 0, "cpu_seconds": 0.0, "acceptance": 0.04, "onpolicy_fraction": 0.0}]
-        trace += [{"step": i, "cpu_seconds": t, "acceptance": alpha if t >= at else alpha * t / (at + 10),
+        every = steps.get(key, 10)  # the steps between probes
+        trace += [{"step": every * i, "cpu_seconds": t, "acceptance": alpha if t >= at else alpha * t / (at + 10),
                    "onpolicy_fraction": 0.0, "divergence_mix": 0.5} for i, t in enumerate((10.0, 20.0, 30.0, 40.0), 1)]
         arms.append({"key": key, "arm": dd.ARMS[key]["name"], "seed": seed, "steps": 40, "onpolicy_steps": 0,
                      "cpu_seconds": 40.0, "final": {"acceptance": alpha, "tokens_per_call": 1 + 2 * alpha},
                      "trace": trace})
+    budget = {"budget": math.inf, "budget_steps": 40} if steps else {"budget": 40.0}
     (folder / f"draft-distill-seed{seed}{tag}.json").write_text(json.dumps(
-        {"scenario": "draft-distill", "seed": seed, "budget": 40.0, "draft_layers": 10, "arms": arms}))
+        {"scenario": "draft-distill", "seed": seed, **budget, "draft_layers": 10, "arms": arms}))
 
 
 def test_the_aggregate_picks_on_seed_0_and_judges_each_actuator_arm_on_seeds_1_to_4(tmp_path):
@@ -143,3 +145,26 @@ def test_the_adaspec_arm_filters_a_fifth_of_forward_kl_at_t1_against_the_fkl_t1_
     assert dd.arm_order(["filter-0.2", "tv", "fkl-T1"]) == ["fkl-T1", "filter-0.2", "tv"]
     assert dd.arm_order(["neglogacc", "filter-0.2"]) == ["neglogacc", "fkl-T1", "filter-0.2"]
     assert dd.arm_order(list(dd.DEFAULT_ARMS)) == list(dd.DEFAULT_ARMS)
+
+
+def test_with_a_step_budget_the_time_to_the_picks_alpha_is_counted_in_steps(tmp_path):
+    """--budget-steps: CPU seconds depend on the machine's load, steps do not; the same traces
+    judged in CPU seconds would meet the target, in steps they do not (the Actuator arm's probes
+    are 10 steps apart like the pick's, so it reaches the pick's α at step 30 of 30)."""
+    for s in range(5):
+        _seed_file(tmp_path, s, {"fkl-T1": 0.30, "tv": 0.25, "lambda1-T2": 0.29, "follow-hybrid": 0.30},
+                   reach={"follow-hybrid": 10.0, "fkl-T1": 30.0}, steps={"follow-hybrid": 30, "fkl-T1": 10},
+                   tag="-steps")
+    out = dd.aggregate("-steps", tmp_path)
+    t = out["targets"]
+    # the Actuator arm's α is there at its first probe, step 30; the pick's at its third, step 30
+    assert t["time_to_fixed_final_alpha_follow-hybrid"]["ratio"] == [pytest.approx(1.0)] * 4
+    assert t["verdict_follow-hybrid"]["outcome"] == "missed"
+    assert "of its steps" in t["verdict_follow-hybrid"]["rule"]
+    assert (tmp_path / "draft-distill-steps.png").is_file()
+
+
+def test_a_step_budget_must_be_positive(capsys):
+    with pytest.raises(SystemExit):
+        dd.main(["--budget-steps", "0"])
+    assert "--budget-steps must be >= 1, got 0" in capsys.readouterr().err
