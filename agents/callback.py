@@ -332,13 +332,8 @@ class ActuatorCallback(TrainerCallback, ExportableState):
                 self._add_policy_knobs()
         except ConfigError as exc:
             failure = exc
-        shared = self._from_rank0({"knobs": self.knob_bounds, "error": str(failure) if failure else None,
-                                   "doc": self.policy_doc if self.sharded else None})
-        if shared["error"] is not None:
-            raise failure or ConfigError(shared["error"])
-        self.knob_bounds = dict(shared["knobs"])
-        if self.sharded and not main:
-            self.policy_doc = shared["doc"]  # every rank builds the probes rank 0 runs
+        # every rank takes rank 0's knobs; sharded, its document too: every rank builds the probes rank 0 runs
+        session.agree_with_rank0(failure, collective=True, with_doc=self.sharded)
         self._anchor_pairs(args, state, model)
         self._bind_setters(optimizer, lr_scheduler, model)
         failure = None
@@ -357,6 +352,7 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         if self.run_name is None:
             self.run_name = (getattr(args, "run_name", None) or os.path.basename(str(args.output_dir)) or "run")[:128]
         self._stop_if_refused(session.register_at_start() if main else None)
+        session.share_identification()  # rank 0's step test (or none) on every rank: the replicas step alike
         if any(g.action == "rollback" for g in (self.policy_doc.guardrails if self.policy_doc else [])):
             reason = rollback_unsupported(trainer)
             if reason:

@@ -2,8 +2,9 @@
 ``actuator policy tune`` has a knob move to fit before the real run.
 
 The callback asks :meth:`IdentificationMode.due` once per step boundary: plain arithmetic on the
-step number, no I/O, so it costs nothing on the hot path and every rank computes the same value
-at the same step (no broadcast needed). While the test runs, the service's decisions on that knob
+step number, no I/O, so it costs nothing on the hot path. Every rank runs rank 0's plan (shared
+once at the start: :meth:`IdentificationMode.plan`, ``ControlSession.share_identification``), so
+every rank computes the same value at the same step. While the test runs, the service's decisions on that knob
 are set aside (``holds``): the controller acting on the knob would blur the step the fit needs.
 The observations report the knob values in effect as usual, which is all identification reads.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from actuator._exceptions import ConfigError
@@ -58,6 +59,16 @@ class IdentificationMode:
     def bind(self, spec: KnobSpec, nominal: float, step: int) -> None:
         """Training starts at ``step`` with the knob at ``nominal``; the test counts from there."""
         self._spec, self._nominal, self._origin = spec, nominal, step
+
+    def plan(self) -> dict[str, Any]:
+        """What another rank needs to run the same test at the same steps (plain data, picklable):
+        the knob, the step test's fields and the step it counts from. Each rank binds its own knob
+        spec and nominal value (:meth:`from_plan`, then :meth:`bind`)."""
+        return {"knob": self.knob, "test": asdict(self.test), "origin": self._origin}
+
+    @classmethod
+    def from_plan(cls, plan: dict[str, Any]) -> IdentificationMode:
+        return cls(plan["knob"], StepTest(**plan["test"]))
 
     @property
     def started(self) -> bool:

@@ -239,6 +239,9 @@ class ControlSession:
         # gains auto: the warm-up step test declared at registration, and whether the service took it
         self.auto_window: IdentificationWindow | None = None
         self.auto_accepted = False
+        # the plan is fixed once the registration at the start has answered (or not): a later one,
+        # from the sender's thread, no longer changes it (every rank runs the plan fixed there)
+        self.plan_fixed = False
         if self.identification is not None:
             self.knob_bounds.setdefault(self.identification.knob, {})
         self.suite = self._make_suite(probes, self.reporting.budget_share)
@@ -304,7 +307,7 @@ class ControlSession:
                 self.declare_policy_knobs()
         except ConfigError as exc:
             failure = exc
-        self.agree_with_rank0(failure)
+        self.agree_with_rank0(failure, collective=self.sharded, with_doc=self.sharded, refit=True)
         self.bind_knobs(self.extra_setters)
         if self.sharded:
             check_on_every_rank(self.setters)
@@ -315,27 +318,59 @@ class ControlSession:
         if refused is not None:
             self.close_client()
             raise refused
+        if self.sharded:  # a DDP loop may run the session on rank 0 alone: no collective then
+            self.share_identification()
         if self.sharded and self.suite is not None:
             self.suite.lockstep = from_rank0
         self.start(model, step=step, max_steps=max_steps)
 
-    def agree_with_rank0(self, failure: ConfigError | None) -> None:
-        """Sharded (every rank runs the probes and applies the decisions): every rank takes rank 0's
-        knobs and policy document, and rank 0's ``failure`` stops every rank. Otherwise ``failure``
-        is raised here."""
-        if not self.sharded:
+    def agree_with_rank0(self, failure: ConfigError | None, *, collective: bool, with_doc: bool,
+                         refit: bool = False) -> None:
+        """Every rank takes rank 0's knobs (and, ``with_doc``, its policy document), and rank 0's
+        ``failure`` stops every rank. ``collective``: whether every rank of the process group calls
+        this (the callback: whenever more than one process trains; :meth:`begin`: only sharded, as
+        a DDP loop may run the session on rank 0 alone); otherwise ``failure`` is raised here.
+        ``refit``: the other ranks apply the probe schedule of the document they take (the session's
+        sharded ranks probe in lockstep; the callback sets their probes up itself)."""
+        if not collective:
             if failure is not None:
                 raise failure
             return
-        shared = from_rank0({"knobs": self.knob_bounds, "doc": self.policy_doc,
+        shared = from_rank0({"knobs": self.knob_bounds, "doc": self.policy_doc if with_doc else None,
                              "error": str(failure) if failure is not None else None})
         if shared["error"] is not None:
             self.close_client()
             raise failure or ConfigError(shared["error"])
         self.knob_bounds = dict(shared["knobs"])
-        if not self.main:
+        if with_doc and not self.main:
             self.policy_doc = shared["doc"]
-            self.schedule_pending = self.policy_doc is not None
+            if refit:
+                self.schedule_pending = self.policy_doc is not None
+
+    def share_identification(self) -> None:
+        """A collective (every rank calls it, after the registration at the start): rank 0's
+        identification plan (knob, step test, origin step, gains-auto window; or none) is every
+        rank's, bound to each rank's own knob spec and nominal value, so the test moves the knob at
+        the same steps on every rank and sets the same decisions aside. Only rank 0 may know the
+        policy (a stored one is fetched by rank 0) and only rank 0 hears whether the service took
+        the test: each rank planning alone would step one replica's learning rate and not the
+        other's."""
+        ident = self.identification
+        mine = None if ident is None else {
+            **ident.plan(), "window": self.auto_window.model_dump() if self.auto_window is not None else None,
+            "accepted": self.auto_accepted}
+        plan = from_rank0(mine)
+        if self.main:
+            return
+        self.plan_fixed = True
+        if plan is None:
+            self.identification, self.auto_window = None, None
+            return
+        ident = IdentificationMode.from_plan(plan)
+        ident.bind(self.specs[ident.knob], float(self.setters[ident.knob].read()), int(plan["origin"]))
+        self.identification = ident
+        self.auto_window = IdentificationWindow(**plan["window"]) if plan["window"] is not None else None
+        self.auto_accepted = bool(plan["accepted"])
 
     @staticmethod
     def _rank0_error(error: ConfigError | None) -> ConfigError | None:
@@ -468,7 +503,10 @@ class ControlSession:
 
     def _check_auto_accepted(self, created: Any) -> None:
         """A service that did not take the warm-up step test (one that predates gains auto drops
-        the field) will not tune: say so loudly, and do not run a test nobody fits."""
+        the field) will not tune: say so loudly. Only the registration at the start cancels a test
+        not yet started (no test nobody fits); a later one (from the sender's thread, after an
+        unreachable start) leaves the plan every rank runs as it is, and says so: cancelling it on
+        rank 0 alone would step one replica's knob and not the others'."""
         if self.auto_window is None:
             return
         window = self.auto_window
@@ -476,11 +514,16 @@ class ControlSession:
         self.auto_accepted = any(getattr(w, "controller", None) == window.controller for w in accepted)
         if self.auto_accepted:
             return
+        planned = self.identification is not None and not self.identification.started
+        if planned and self.plan_fixed:
+            outcome = (", and the step test planned at the start still runs (every rank runs the same plan), "
+                       "unfitted")
+        else:
+            outcome = "" if not planned else ", and the step test is not run"
         log.warning("actuator: gains auto is OFF: the service at %s did not accept the warm-up step test of %r (it "
                     "predates gains auto?); the controller runs on its fallback gains, untuned%s", self.url,
-                    window.controller, "" if self.identification is None or self.identification.started
-                    else ", and the step test is not run")
-        if self.identification is not None and not self.identification.started:
+                    window.controller, outcome)
+        if planned and not self.plan_fixed:
             self.identification = None
 
     def register_at_start(self) -> ConfigError | None:
@@ -507,6 +550,8 @@ class ControlSession:
                 "unreachable controller lets training run without control)")
             error.__cause__ = exc
             return error
+        finally:
+            self.plan_fixed = True  # later registrations (the sender's) leave the step test as planned
         return None
 
     def start(self, model: Any = None, *, step: int = 0, max_steps: int = 0) -> None:

@@ -1,16 +1,26 @@
 """gains auto on the training side, without a trainer: the step test's size and place (the
 scheduler's warm-up, else 10% of the run, the policy's identify fields first), what the agent
-declares at registration, and what it says when a service does not take the declaration."""
+declares at registration, and what it says when a service does not take the declaration: the
+registration at the start cancels a test not yet run; a late one (the sender's, after an unreachable
+start) keeps the test every rank was given at the start, and says so."""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import httpx
+
+import pytest
 
 from actuator.agents.identification import schedule_steps, warmup_test
-from actuator.agents.session import ControlSession
+from actuator.agents.session import Connection, ControlSession
 from actuator.policy import load_policy
 from actuator.schemas import KnobSpec, RunCreated
 
@@ -100,3 +110,94 @@ def test_a_run_resumed_from_a_checkpoint_runs_no_second_step_test(caplog) -> Non
     s.restore({"run_id": "r", "seq": 3}, token="t")
     assert s.identification is None and s.auto_window is None
     assert any("continues from a checkpoint" in r.getMessage() for r in caplog.records)
+
+
+@contextmanager
+def older_service(upstream: str, *, unreachable_first: int) -> Iterator[str]:
+    """The real service at ``upstream`` as one that predates gains auto: a registration's
+    ``identification`` is dropped on the way in and out. Its first ``unreachable_first``
+    registrations answer 503 (the service is not up yet). Yields its URL."""
+    refused = [0]
+
+    class Proxy(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def _forward(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            registering = self.command == "POST" and self.path == "/v1/runs"
+            if registering and refused[0] < unreachable_first:
+                refused[0] += 1
+                self.send_response(503)
+                self.end_headers()
+                return
+            if registering:
+                body = json.dumps({k: v for k, v in json.loads(body).items() if k != "identification"}).encode()
+            headers = {k: v for k, v in self.headers.items() if k.lower() in ("authorization", "content-type")}
+            answer = httpx.request(self.command, upstream + self.path, content=body or None, headers=headers)
+            content = answer.content
+            if registering and answer.status_code == 201:
+                content = json.dumps({k: v for k, v in answer.json().items() if k != "identification"}).encode()
+            self.send_response(answer.status_code)
+            self.send_header("Content-Type", answer.headers.get("content-type", "application/json"))
+            self.send_header("Content-Length", str(len(content)))
+            self.end_headers()
+            self.wfile.write(content)
+
+        do_GET = do_POST = _forward
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Proxy)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def begun(url: str) -> tuple[ControlSession, Knob]:
+    knob = Knob()
+    s = ControlSession(load_policy(AUTO), setters=[knob], connection=Connection(url, register_timeout=5))
+    s.begin()  # no schedule and no max_steps: the default 20-step test (hold 5, then x e**0.5 for 15)
+    return s, knob
+
+
+def test_the_registration_at_start_cancels_a_test_nobody_fits(sqlite_service, caplog) -> None:
+    caplog.set_level(logging.WARNING, logger="actuator")
+    with older_service(sqlite_service.url, unreachable_first=0) as url:
+        s, knob = begun(url)
+        try:
+            assert s.run_id is not None and not s.auto_accepted and s.identification is None
+            s.step(0, readings={"custom.plant": 1.0})
+            assert knob.value == 1e-3
+        finally:
+            s.finish()
+    assert any("the step test is not run" in r.getMessage() for r in caplog.records)
+
+
+def test_a_late_registration_keeps_the_test_every_rank_was_given(sqlite_service, caplog) -> None:
+    """Unreachable at the start: the test planned there is what every rank runs (shared from rank 0
+    at the start). The sender registers later, from its thread, before the test's first step: a
+    service that does not take the test must not cancel it on rank 0 alone (rank 0 would keep its
+    nominal learning rate while the other ranks step theirs)."""
+    caplog.set_level(logging.WARNING, logger="actuator")
+    with older_service(sqlite_service.url, unreachable_first=1) as url:
+        s, knob = begun(url)
+        try:
+            assert s.unreachable is not None and s.run_id is None
+            assert s.identification is not None and not s.identification.started
+            s.submit(0, {"custom.plant": 1.0})  # the sender registers now, in its thread
+            assert s.sender is not None and s.sender.flush(20) and s.run_id is not None
+            assert not s.auto_accepted
+            assert s.identification is not None, "the late registration cancelled the shared step test"
+            values = []
+            for step in range(20):
+                s.step(step, readings={"custom.plant": 1.0})
+                values.append(knob.value)
+        finally:
+            s.finish()
+    moved = 1e-3 * math.exp(s.identification.test.size)  # -0.5: the knob's default bounds leave no room up
+    assert values == [1e-3] * 5 + [pytest.approx(moved, rel=1e-12)] * 15
+    late = [r.getMessage() for r in caplog.records if "gains auto is OFF" in r.getMessage()]
+    assert late and "still runs (every rank runs the same plan), unfitted" in late[-1]
