@@ -362,7 +362,6 @@ class ControlSession:
         plan = from_rank0(mine)
         if self.main:
             return
-        self.plan_fixed = True
         if plan is None:
             self.identification, self.auto_window = None, None
             return
@@ -515,11 +514,12 @@ class ControlSession:
         if self.auto_accepted:
             return
         planned = self.identification is not None and not self.identification.started
-        if planned and self.plan_fixed:
-            outcome = (", and the step test planned at the start still runs (every rank runs the same plan), "
-                       "unfitted")
+        if not planned:
+            outcome = ""
+        elif self.plan_fixed:
+            outcome = ", and the step test planned at the start still runs (every rank runs the same plan), unfitted"
         else:
-            outcome = "" if not planned else ", and the step test is not run"
+            outcome = ", and the step test is not run"
         log.warning("actuator: gains auto is OFF: the service at %s did not accept the warm-up step test of %r (it "
                     "predates gains auto?); the controller runs on its fallback gains, untuned%s", self.url,
                     window.controller, outcome)
