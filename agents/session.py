@@ -288,6 +288,10 @@ class ControlSession:
         open, bind the setters given, register (a refusal raises ConfigError; an unreachable
         service lets training start uncontrolled, with a warning), then :meth:`start`.
 
+        ``max_steps``: the run's length, where known. A ``gains: auto`` controller's step test fits
+        the warm-up of the learning-rate setter's schedule, else the first 10% of ``max_steps`` (not
+        given: of the schedule's length), else 20 steps, as the callback sizes it.
+
         ``main``: whether this process talks to the service (default: yes, except under FSDP2,
         where rank 0 of the process group does). A ``model`` sharded by FSDP2
         (``torch.distributed.fsdp.fully_shard``) in a process group of more than one makes the
@@ -311,7 +315,8 @@ class ControlSession:
         self.bind_knobs(self.extra_setters)
         if self.sharded:
             check_on_every_rank(self.setters)
-        self.start_identification(step)
+        # the loop says its length; the warm-up is the one the learning-rate setter's schedule was built with
+        self.start_identification(step, max_steps=max_steps, warmup=self._schedule_steps()[1])
         refused = self.register_at_start() if main else None
         if self.sharded:
             refused = self._rank0_error(refused)
@@ -462,8 +467,7 @@ class ControlSession:
             return
         if self.identification is None:
             if not (max_steps or warmup):
-                lr = self.setters.get("learning_rate")
-                max_steps, warmup = schedule_steps(getattr(lr, "scheduler", None))
+                max_steps, warmup = self._schedule_steps()
             test = warmup_test(spec, self.specs[spec.knob], max_steps=max_steps, warmup=max(0, warmup - step))
             self.identification = IdentificationMode(spec.knob, test)
         test = self.identification.test
@@ -473,6 +477,10 @@ class ControlSession:
                     "%d steps); decisions on it wait until then, and the service tunes the gains from it",
                     spec.name, spec.knob, self.auto_window.start, self.auto_window.end, test.hold, test.size,
                     test.length)
+
+    def _schedule_steps(self) -> tuple[int, int]:
+        """``(max_steps, warmup steps)`` of the learning-rate setter's schedule, 0 where it does not say."""
+        return schedule_steps(getattr(self.setters.get("learning_rate"), "scheduler", None))
 
     def register(self) -> tuple[str, str]:
         """Register the run (at the start; again from the sender's thread while unreachable)."""

@@ -201,3 +201,49 @@ def test_a_late_registration_keeps_the_test_every_rank_was_given(sqlite_service,
     assert values == [1e-3] * 5 + [pytest.approx(moved, rel=1e-12)] * 15
     late = [r.getMessage() for r in caplog.records if "gains auto is OFF" in r.getMessage()]
     assert late and "still runs (every rank runs the same plan), unfitted" in late[-1]
+
+
+def stored_window(url: str, s: ControlSession) -> tuple[int, int]:
+    """The identification window the service stored for the session's run."""
+    auto = httpx.get(f"{url}/v1/runs/{s.run_id}").json()["controllers"]["hold"]["auto"]
+    return auto["start"], auto["end"]
+
+
+def test_an_own_loop_that_says_its_length_gets_a_test_sized_to_a_tenth_of_it(sqlite_service) -> None:
+    """``begin(max_steps=400)``, no schedule: the step test is the first 10% of the run (40 steps:
+    10 held, 30 moved), not the 20 steps of a run whose length nobody knows."""
+    knob = Knob()
+    s = ControlSession(load_policy(AUTO), setters=[knob], connection=sqlite_service.url)
+    s.begin(max_steps=400)
+    values = []
+    try:
+        assert s.run_id is not None and s.auto_accepted
+        assert stored_window(sqlite_service.url, s) == (0, 40)
+        for step in range(40):
+            s.step(step, readings={"custom.plant": 1.0})
+            values.append(knob.value)
+    finally:
+        s.finish()
+    assert s.identification is not None
+    moved = 1e-3 * math.exp(s.identification.test.size)
+    assert values == [1e-3] * 10 + [pytest.approx(moved, rel=1e-12)] * 30
+
+
+def test_an_own_loop_with_a_warmup_schedule_fits_the_test_to_the_warmup(sqlite_service) -> None:
+    """The learning-rate setter's schedule was built with 16 warm-up steps: the step test fits
+    them, whether or not ``begin`` is told the run's length."""
+    import torch
+    from transformers import get_scheduler
+
+    from actuator.agents.knobs import LearningRateKnob
+
+    for max_steps in (400, 0):
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
+        sched = get_scheduler("linear", opt, num_warmup_steps=16, num_training_steps=400)
+        s = ControlSession(load_policy(AUTO), setters=[LearningRateKnob(opt, sched)],
+                           connection=sqlite_service.url)
+        s.begin(max_steps=max_steps)
+        try:
+            assert stored_window(sqlite_service.url, s) == (0, 16), f"max_steps={max_steps}"
+        finally:
+            s.finish()
