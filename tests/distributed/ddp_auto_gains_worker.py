@@ -13,7 +13,6 @@ it): a first-order response to ln(the schedule's peak), computed in the probe.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -28,36 +27,25 @@ import torch  # noqa: E402
 torch.set_num_threads(1)  # two ranks share two cores
 
 import torch.distributed as dist  # noqa: E402
-from transformers import Trainer, TrainingArguments  # noqa: E402
 
 from actuator.agents.callback import ActuatorCallback, Reporting  # noqa: E402
-from actuator.agents.models import tiny_llama  # noqa: E402
 
 from agent_helpers import NARROW_TASK, SlowSteps, lm_dataset, make_char_tokenizer  # noqa: E402
+from ranks import (applied_report, ddp_trainer, leave_group, schedule_shape,  # noqa: E402 - beside this file
+                   worker_parser)
 from test_auto_gains import GAIN, LR, Plant  # noqa: E402 - the known plant of the single-process tests
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--url", required=True)
+    ap = worker_parser(24)
     ap.add_argument("--policy", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--warmup", type=int, default=12)
     a = ap.parse_args()
     rank = int(os.environ["RANK"])
 
     tok = make_char_tokenizer()
-    args = TrainingArguments(
-        output_dir=str(Path(a.out).parent / f"out-{rank}"), max_steps=a.steps, per_device_train_batch_size=4,
-        learning_rate=LR, lr_scheduler_type="linear", warmup_steps=a.warmup, logging_steps=1, save_strategy="no",
-        report_to=[], seed=0, dataloader_num_workers=0, disable_tqdm=True,
-        use_cpu=True, ddp_backend="gloo", ddp_find_unused_parameters=False,
-    )
-    trainer = Trainer(model=tiny_llama(seed=0), args=args, train_dataset=lm_dataset(tok, NARROW_TASK))
-    used: list[float] = []
-    trainer.create_optimizer()
-    trainer.optimizer.register_step_pre_hook(lambda opt, args, kwargs: used.append(opt.param_groups[0]["lr"]))
+    trainer, used = ddp_trainer(a.out, rank, a.steps, lm_dataset(tok, NARROW_TASK), learning_rate=LR,
+                                warmup_steps=a.warmup)
     cb = ActuatorCallback(
         a.policy, connection=a.url, run="ddp-auto-gains",
         knobs={"learning_rate": {"min": 1e-5, "max": 1e-1, "max_step": 0.5}},
@@ -73,17 +61,15 @@ def main() -> None:
         "ddp": type(trainer.model_wrapped).__name__,
         "knows_policy": cb.policy_doc is not None,
         "used": used,
-        "shape": [float(trainer.lr_scheduler.lr_lambdas[0](k)) for k in range(len(used) + 1)],
-        "applied": [{k: e[k] for k in ("number", "step", "knob", "applied")} for e in cb.applied],
+        "shape": schedule_shape(trainer, len(used)),
+        "applied": applied_report(cb.applied),
         "window": None if ident is None else [ident.start, ident.end],
         "run_id": cb.run_id,
         "global_step": trainer.state.global_step,
         "checksum": float(sum(p.detach().double().sum() for p in trainer.model.parameters())),
     }
     Path(a.out).write_text(json.dumps(report))
-    if dist.is_initialized():
-        dist.barrier()  # see ddp_worker.py: tear the gloo group down before the interpreter exits
-        dist.destroy_process_group()
+    leave_group()
 
 
 if __name__ == "__main__":

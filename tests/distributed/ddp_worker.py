@@ -9,7 +9,6 @@ applied, whether it talked to the service, and a checksum of the final weights.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -24,42 +23,23 @@ import torch  # noqa: E402
 torch.set_num_threads(1)  # two ranks share two cores
 
 import torch.distributed as dist  # noqa: E402
-from transformers import Trainer, TrainingArguments  # noqa: E402
 
 from actuator.agents.callback import ActuatorCallback, Reporting  # noqa: E402
-from actuator.agents.models import tiny_llama  # noqa: E402
 from actuator.agents.probes import KLDrift  # noqa: E402
 
 from agent_helpers import HELD_OUT, NARROW_TASK, SlowSteps, lm_dataset, make_char_tokenizer  # noqa: E402
+from ranks import (applied_report, ddp_trainer, drift_lr_policy, leave_group,  # noqa: E402 - beside this file
+                   schedule_shape, worker_parser)
 
-POLICY = {
-    "name": "ddp-drift-lr",
-    "controllers": [{"name": "drift", "probe": "kl_drift", "knob": "learning_rate", "setpoint": 0.0,
-                     "kp": 5.0, "ki": 1.0}],
-}
+POLICY = drift_lr_policy("ddp-drift-lr")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--url", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--steps", type=int, default=16)
-    a = ap.parse_args()
+    a = worker_parser(16).parse_args()
     rank = int(os.environ["RANK"])
 
     tok = make_char_tokenizer()
-    args = TrainingArguments(
-        output_dir=str(Path(a.out).parent / f"out-{rank}"), max_steps=a.steps, per_device_train_batch_size=4,
-        learning_rate=5e-3, lr_scheduler_type="linear", warmup_steps=2, logging_steps=1, save_strategy="no",
-        report_to=[], seed=0, dataloader_num_workers=0, disable_tqdm=True,
-        # CPU DDP: with use_cpu=True and WORLD_SIZE > 1, accelerate's PartialState picks
-        # DistributedType.MULTI_CPU; ddp_backend="gloo" names the backend (accelerate/state.py).
-        use_cpu=True, ddp_backend="gloo", ddp_find_unused_parameters=False,
-    )
-    trainer = Trainer(model=tiny_llama(seed=0), args=args, train_dataset=lm_dataset(tok, NARROW_TASK))
-    used: list[float] = []
-    trainer.create_optimizer()
-    trainer.optimizer.register_step_pre_hook(lambda opt, args, kwargs: used.append(opt.param_groups[0]["lr"]))
+    trainer, used = ddp_trainer(a.out, rank, a.steps, lm_dataset(tok, NARROW_TASK), learning_rate=5e-3, warmup_steps=2)
     cb = ActuatorCallback(
         POLICY, connection=a.url, run="ddp-test",
         knobs={"learning_rate": {"min": 1e-5, "max": 1e-2, "max_step": 0.5}},
@@ -77,8 +57,8 @@ def main() -> None:
         "ddp": type(trainer.model_wrapped).__name__,
         "used": used,
         # the schedule's own factor per step: the knob is its peak, the lr used is peak x shape
-        "shape": [float(trainer.lr_scheduler.lr_lambdas[0](k)) for k in range(len(used) + 1)],
-        "applied": [{k: e[k] for k in ("number", "step", "knob", "applied")} for e in cb.applied],
+        "shape": schedule_shape(trainer, len(used)),
+        "applied": applied_report(cb.applied),
         "is_main": cb._is_main,
         "run_id": cb.run_id,
         "has_sender": cb.sender is not None,
@@ -92,12 +72,7 @@ def main() -> None:
         "checksum": checksum,
     }
     Path(a.out).write_text(json.dumps(report))
-    if dist.is_initialized():
-        # Tear the gloo group down before the interpreter exits: left to process exit, its C++
-        # threads were sometimes destroyed while joinable ("terminate called without an active
-        # exception", SIGABRT, exit -6) on a loaded machine.
-        dist.barrier()
-        dist.destroy_process_group()
+    leave_group()
 
 
 if __name__ == "__main__":

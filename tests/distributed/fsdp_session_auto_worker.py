@@ -11,7 +11,6 @@ learning rate every ``optimizer.step()`` of this rank ran with, and what the ses
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from pathlib import Path
@@ -23,52 +22,32 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)  # two ranks share two cores
 
-import torch.distributed as dist  # noqa: E402
-
 from actuator.agents.knobs import LearningRateKnob  # noqa: E402
 from actuator.agents.session import ControlSession  # noqa: E402
-from actuator.agents.sharded import RankCheckedSetter  # noqa: E402
-from actuator.agents.testing import NARROW_TASK, char_tokenizer  # noqa: E402
+from actuator.agents.testing import char_tokenizer  # noqa: E402
 
-from ranks import sharded_tiny_llama  # noqa: E402 - beside this file (the worker's folder is on sys.path)
+from ranks import (applied_report, leave_group, mismatches, record_lr,  # noqa: E402 - beside this file
+                   sharded_tiny_llama, train_under_session, worker_parser)
 
 POLICY = {"name": "fsdp2-session-auto", "controllers": [{
     "name": "hold", "probe": "custom.plant", "knob": "learning_rate", "setpoint": 1.2, "gains": "auto",
     "kp": 0.5, "ki": 0.1}]}
-BATCH = 4
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--url", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--steps", type=int, default=8)
-    a = ap.parse_args()
+    a = worker_parser(8).parse_args()
     rank, model = sharded_tiny_llama()
 
-    tok = char_tokenizer()
-    enc = tok(NARROW_TASK, truncation=True, max_length=32, padding="max_length", return_tensors="pt")
-    labels = enc["input_ids"].masked_fill(enc["attention_mask"] == 0, -100)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    used: list[float] = []
-    optimizer.register_step_pre_hook(lambda opt, args, kwargs: used.append(opt.param_groups[0]["lr"]))
+    used = record_lr(optimizer)
     session = ControlSession(POLICY, setters=[LearningRateKnob(optimizer)],
                              knobs={"learning_rate": {"min": 1e-5, "max": 1e-1, "max_step": 0.5}},
                              connection=a.url, run="fsdp2-session-auto")
     session.begin(model)
     window = None if session.identification is None else [session.identification.start,
                                                            session.identification.end]
-    model.train()
-    for step in range(1, a.steps + 1):
-        rows = [(step * BATCH + i) % len(NARROW_TASK) for i in range(BATCH)]
-        loss = model(input_ids=enc["input_ids"][rows], attention_mask=enc["attention_mask"][rows],
-                     labels=labels[rows]).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        if session.sender is not None:
-            session.sender.flush(10.0)
-        session.step(step, model, readings={"custom.plant": 1.0} if session.main else None)
+    train_under_session(session, model, optimizer, char_tokenizer(), a.steps,
+                        readings={"custom.plant": 1.0} if session.main else None)
     session.finish()
     report = {
         "rank": rank,
@@ -76,13 +55,12 @@ def main() -> None:
         "is_main": session.main,
         "window": window,
         "used": used,
-        "applied": [{k: e[k] for k in ("number", "step", "knob", "applied")} for e in session.applied],
-        "mismatches": sum(s.mismatches for s in session.setters.values() if isinstance(s, RankCheckedSetter)),
+        "applied": applied_report(session.applied),
+        "mismatches": mismatches(session.setters),
         "run_id": session.run_id,
     }
     Path(a.out).write_text(json.dumps(report))
-    dist.barrier()
-    dist.destroy_process_group()
+    leave_group()
 
 
 if __name__ == "__main__":

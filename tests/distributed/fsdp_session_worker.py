@@ -12,7 +12,6 @@ decisions come back within the run's few steps whatever the machine's load.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from pathlib import Path
@@ -30,32 +29,21 @@ from actuator.agents.knobs import LearningRateKnob  # noqa: E402
 from actuator.agents.probes import KLDrift, Perplexity  # noqa: E402
 from actuator.agents.session import ControlSession, Reporting  # noqa: E402
 from actuator.agents.sharded import RankCheckedSetter, local_and_full_numel  # noqa: E402
-from actuator.agents.testing import HELD_OUT, NARROW_TASK, char_tokenizer  # noqa: E402
+from actuator.agents.testing import HELD_OUT, char_tokenizer  # noqa: E402
 
-from ranks import sharded_tiny_llama, single_process_probes  # noqa: E402 - beside this file (the worker's folder is on sys.path)
+from ranks import (applied_report, drift_lr_policy, leave_group, mismatches,  # noqa: E402 - beside this file
+                   record_lr, sharded_tiny_llama, single_process_probes, train_under_session, worker_parser)
 
-POLICY = {
-    "name": "fsdp2-session-drift-lr",
-    "controllers": [{"name": "drift", "probe": "kl_drift", "knob": "learning_rate", "setpoint": 0.0,
-                     "kp": 5.0, "ki": 1.0}],
-}
-BATCH = 4
+POLICY = drift_lr_policy("fsdp2-session-drift-lr")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--url", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--steps", type=int, default=12)
-    a = ap.parse_args()
+    a = worker_parser(12).parse_args()
     rank, model = sharded_tiny_llama()
 
     tok = char_tokenizer()
-    enc = tok(NARROW_TASK, truncation=True, max_length=32, padding="max_length", return_tensors="pt")
-    labels = enc["input_ids"].masked_fill(enc["attention_mask"] == 0, -100)
     optimizer = torch.optim.AdamW(model.parameters(), lr=5e-3)
-    used: list[float] = []
-    optimizer.register_step_pre_hook(lambda opt, args, kwargs: used.append(opt.param_groups[0]["lr"]))
+    used = record_lr(optimizer)
     session = ControlSession(POLICY, setters=[LearningRateKnob(optimizer)],
                              knobs={"learning_rate": {"min": 1e-5, "max": 1e-2, "max_step": 0.5}},
                              probes=[KLDrift(HELD_OUT, tok, every=2, max_length=32),
@@ -63,17 +51,7 @@ def main() -> None:
                              connection=a.url, run="fsdp2-session-test", reporting=Reporting(budget_share=1.0))
     session.begin(model, max_steps=a.steps)
 
-    model.train()
-    for step in range(1, a.steps + 1):
-        rows = [(step * BATCH + i) % len(NARROW_TASK) for i in range(BATCH)]
-        loss = model(input_ids=enc["input_ids"][rows], attention_mask=enc["attention_mask"][rows],
-                     labels=labels[rows]).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        if session.sender is not None:
-            session.sender.flush(10.0)
-        session.step(step, model, metrics={"loss": loss.item()})
+    train_under_session(session, model, optimizer, tok, a.steps, report_loss=True)
     delivered = session.finish()
 
     # A final reading on every rank at once (lockstep), then the same probes in this process alone
@@ -91,9 +69,9 @@ def main() -> None:
         "model_numel": local_and_full_numel(model),
         "reference_numel": local_and_full_numel(reference) if reference is not None else None,
         "used": used,
-        "applied": [{k: e[k] for k in ("number", "step", "knob", "applied")} for e in session.applied],
+        "applied": applied_report(session.applied),
         "checked": all(isinstance(s, RankCheckedSetter) for s in session.setters.values()),
-        "mismatches": sum(s.mismatches for s in session.setters.values() if isinstance(s, RankCheckedSetter)),
+        "mismatches": mismatches(session.setters),
         "knob_values": session.knob_values(),
         "final": {k: v for k, v in final.items() if not k.startswith("probe_")},
         "single": single,
@@ -104,8 +82,7 @@ def main() -> None:
         "delivered": delivered,
     }
     Path(a.out).write_text(json.dumps(report))
-    dist.barrier()
-    dist.destroy_process_group()
+    leave_group()
 
 
 if __name__ == "__main__":

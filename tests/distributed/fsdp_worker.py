@@ -15,7 +15,6 @@ what this rank saw to ``--out``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -30,39 +29,25 @@ import torch  # noqa: E402
 torch.set_num_threads(1)  # two ranks share two cores
 
 import torch.distributed as dist  # noqa: E402
-from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
-from torch.distributed.fsdp import fully_shard  # noqa: E402
-from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
+from transformers import Trainer, TrainerCallback  # noqa: E402
 
 from actuator.agents.anchor import KLAnchor, install_anchor  # noqa: E402
 from actuator.agents.callback import ActuatorCallback, Reporting  # noqa: E402
-from actuator.agents.models import tiny_llama  # noqa: E402
 from actuator.agents.probes import KLDrift, Perplexity  # noqa: E402
-from actuator.agents.sharded import RankCheckedSetter, local_and_full_numel  # noqa: E402
+from actuator.agents.sharded import local_and_full_numel  # noqa: E402
 
 from agent_helpers import HELD_OUT, NARROW_TASK, Canary, lm_dataset, make_char_tokenizer  # noqa: E402
-from ranks import single_process_probes  # noqa: E402 - beside this file (the worker's folder is on sys.path)
+from ranks import (applied_report, drift_lr_policy, leave_group, mismatches,  # noqa: E402 - beside this file
+                   record_lr, sharded_tiny_llama, single_process_probes, training_args, worker_parser)
 
 BAD_FROM = 8  # the canary reads bad from this step: one rollback to a checkpoint before it
-POLICY = {
-    "name": "fsdp2-drift-lr",
-    "controllers": [{"name": "drift", "probe": "kl_drift", "knob": "learning_rate", "setpoint": 0.0,
-                     "kp": 5.0, "ki": 1.0}],
-    "guardrails": [{"name": "canary", "probe": "custom.canary", "bound": "upper", "threshold": 0.5,
-                    "action": "rollback"}],
-}
+POLICY = drift_lr_policy("fsdp2-drift-lr", guardrails=[
+    {"name": "canary", "probe": "custom.canary", "bound": "upper", "threshold": 0.5, "action": "rollback"}])
 
 
 class ShardedTrainer(Trainer):
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         os.makedirs(output_dir or self.args.output_dir, exist_ok=True)  # weights: the callback's DCP shards
-
-
-def shard(model: torch.nn.Module, mesh) -> torch.nn.Module:
-    for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    return model
 
 
 def local_shards(model: torch.nn.Module) -> list[torch.Tensor]:
@@ -87,28 +72,17 @@ class Recorder(TrainerCallback):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--url", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--steps", type=int, default=14)
-    a = ap.parse_args()
-    rank, port = int(os.environ["FSDP_TEST_RANK"]), int(os.environ["FSDP_TEST_PORT"])
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    mesh = init_device_mesh("cpu", (2,))
-    model = shard(tiny_llama(seed=0), mesh)
+    a = worker_parser(14).parse_args()
+    rank, model = sharded_tiny_llama()
 
     tok = make_char_tokenizer()
-    args = TrainingArguments(
-        output_dir=str(Path(a.out).parent / f"out-{rank}"), max_steps=a.steps, per_device_train_batch_size=4,
-        learning_rate=5e-3, lr_scheduler_type="constant", save_strategy="steps", save_steps=3, logging_steps=1,
-        report_to=[], seed=0, dataloader_num_workers=0, disable_tqdm=True, use_cpu=True,
-    )
+    args = training_args(a.out, rank, a.steps, learning_rate=5e-3, lr_scheduler_type="constant",
+                         save_strategy="steps", save_steps=3)
     trainer = ShardedTrainer(model=model, args=args, train_dataset=lm_dataset(tok, NARROW_TASK))
     anchor = KLAnchor(HELD_OUT, tok, weight=0.5, max_length=32, batch_size=2)
     install_anchor(trainer, anchor)
-    used: list[float] = []
     trainer.create_optimizer()
-    trainer.optimizer.register_step_pre_hook(lambda opt, args, kwargs: used.append(opt.param_groups[0]["lr"]))
+    used = record_lr(trainer.optimizer)
     probes = [Canary(trainer, bad_from=BAD_FROM), KLDrift(HELD_OUT, tok, every=2, max_length=32),
               Perplexity(HELD_OUT, tok, every=4, max_length=32)]
     cb = ActuatorCallback(POLICY, connection=a.url, run="fsdp2-test", probes=probes,
@@ -144,8 +118,8 @@ def main() -> None:
         "anchor": {"forwards": anchor.forwards, "last_kl": anchor.last_kl, "last_weight": anchor.last_weight,
                    "holds_reference": anchor.reference is not None},
         "used": used,
-        "applied": [{k: e[k] for k in ("number", "step", "knob", "applied")} for e in cb.applied],
-        "mismatches": sum(s.mismatches for s in cb.setters.values() if isinstance(s, RankCheckedSetter)),
+        "applied": applied_report(cb.applied),
+        "mismatches": mismatches(cb.setters),
         "knob_values": cb.knob_values(),
         "final": {k: v for k, v in final.items() if not k.startswith("probe_")},
         "single": single,
@@ -158,8 +132,7 @@ def main() -> None:
         "global_step": trainer.state.global_step,
     }
     Path(a.out).write_text(json.dumps(report))
-    dist.barrier()
-    dist.destroy_process_group()
+    leave_group()
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -121,3 +122,113 @@ def assert_probes_match_single_process(r0: dict, r1: dict) -> None:
     baseline = r0["history"][0]
     assert baseline["step"] == 0 and baseline["probes"]["kl_drift"] == pytest.approx(0.0, abs=1e-6)
     assert baseline["probes"]["perplexity"] == pytest.approx(single["baseline.perplexity"], rel=1e-5)
+
+
+# -- shared by the workers --------------------------------------------------------------------------
+def worker_parser(steps: int) -> argparse.ArgumentParser:
+    """A worker's command line: the service's ``--url``, the report's path ``--out`` (as
+    :func:`run_two_ranks` passes it), ``--steps`` (default ``steps``); the worker may add more."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--url", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--steps", type=int, default=steps)
+    return ap
+
+
+def drift_lr_policy(name: str, **sections) -> dict:
+    """The workers' policy ``name``: a PID on the learning rate holding KL drift at 0 (kp 5, ki 1);
+    ``sections``: more of the document (guardrails)."""
+    return {"name": name, "controllers": [{"name": "drift", "probe": "kl_drift", "knob": "learning_rate",
+                                           "setpoint": 0.0, "kp": 5.0, "ki": 1.0}], **sections}
+
+
+def record_lr(optimizer) -> list[float]:
+    """The learning rate every ``optimizer.step()`` really runs with (a step pre-hook), in order."""
+    used: list[float] = []
+    optimizer.register_step_pre_hook(lambda opt, args, kwargs: used.append(opt.param_groups[0]["lr"]))
+    return used
+
+
+def applied_report(entries: list[dict]) -> list[dict]:
+    """What a worker reports of the decisions its rank applied (a callback's or session's ``applied``)."""
+    return [{k: e[k] for k in ("number", "step", "knob", "applied")} for e in entries]
+
+
+def mismatches(setters) -> int:
+    """How many times the ranks' knob values differed, summed over the rank-checked setters."""
+    from actuator.agents.sharded import RankCheckedSetter
+
+    return sum(s.mismatches for s in setters.values() if isinstance(s, RankCheckedSetter))
+
+
+def leave_group() -> None:
+    """Tear the gloo group down before the interpreter exits: left to process exit, its C++ threads
+    were sometimes destroyed while joinable ("terminate called without an active exception",
+    SIGABRT, exit -6) on a loaded machine."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def training_args(out: str, rank: int, steps: int, **fields):
+    """The tiny CPU ``TrainingArguments`` of a worker writing its report to ``out``: ``steps`` steps
+    of 4 rows, logged every step, output in ``out-<rank>`` beside the report; ``fields`` add or
+    override (the learning rate, the schedule, the checkpoints)."""
+    from transformers import TrainingArguments
+
+    return TrainingArguments(**{
+        "output_dir": str(Path(out).parent / f"out-{rank}"), "max_steps": steps, "per_device_train_batch_size": 4,
+        "logging_steps": 1, "report_to": [], "seed": 0, "dataloader_num_workers": 0, "disable_tqdm": True,
+        "use_cpu": True, **fields})
+
+
+def ddp_trainer(out: str, rank: int, steps: int, train_dataset, **fields) -> tuple[object, list[float]]:
+    """In a DDP worker (RANK / WORLD_SIZE / ... in the environment): a ``Trainer`` of the seed tiny
+    Llama on ``train_dataset`` under CPU DDP over gloo, a linear schedule, no checkpoints (``fields``
+    add or override :func:`training_args`'s: the learning rate, the warm-up). (the trainer, the lr
+    every optimizer step runs with: its optimizer is created here)"""
+    from transformers import Trainer
+
+    from actuator.agents.models import tiny_llama
+
+    args = training_args(
+        out, rank, steps, lr_scheduler_type="linear", save_strategy="no",
+        # CPU DDP: with use_cpu=True and WORLD_SIZE > 1, accelerate's PartialState picks
+        # DistributedType.MULTI_CPU; ddp_backend="gloo" names the backend (accelerate/state.py).
+        ddp_backend="gloo", ddp_find_unused_parameters=False, **fields)
+    trainer = Trainer(model=tiny_llama(seed=0), args=args, train_dataset=train_dataset)
+    trainer.create_optimizer()
+    return trainer, record_lr(trainer.optimizer)
+
+
+def schedule_shape(trainer, steps: int) -> list[float]:
+    """The trainer's schedule's own factor at steps 0..``steps``: the learning-rate knob is its peak,
+    the lr used is peak x shape."""
+    return [float(trainer.lr_scheduler.lr_lambdas[0](k)) for k in range(steps + 1)]
+
+
+def train_under_session(session, model, optimizer, tok, steps: int, *, readings: dict | None = None,
+                        report_loss: bool = False) -> None:
+    """The FSDP2 session workers' plain loop: ``steps`` steps on the narrow task (4 rows a step,
+    the same on every rank: FSDP2 reduce-scatters the gradients), each followed by a step boundary
+    of ``session`` with ``readings`` (and the loss as a metric, ``report_loss``). Rank 0 lets its
+    sender deliver what it has before each boundary (``sender.flush``), so decisions come back
+    within the run's few steps whatever the machine's load."""
+    from actuator.agents.testing import NARROW_TASK
+
+    enc = tok(NARROW_TASK, truncation=True, max_length=32, padding="max_length", return_tensors="pt")
+    labels = enc["input_ids"].masked_fill(enc["attention_mask"] == 0, -100)
+    batch = 4
+    model.train()
+    for step in range(1, steps + 1):
+        rows = [(step * batch + i) % len(NARROW_TASK) for i in range(batch)]
+        loss = model(input_ids=enc["input_ids"][rows], attention_mask=enc["attention_mask"][rows],
+                     labels=labels[rows]).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if session.sender is not None:
+            session.sender.flush(10.0)
+        session.step(step, model, readings=readings, metrics={"loss": loss.item()} if report_loss else None)
