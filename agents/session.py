@@ -316,7 +316,7 @@ class ControlSession:
         if self.sharded:
             check_on_every_rank(self.setters)
         # the loop says its length; the warm-up is the one the learning-rate setter's schedule was built with
-        self.start_identification(step, max_steps=max_steps, warmup=self._schedule_steps()[1])
+        self.start_identification(step, max_steps=max_steps, warmup=self.lr_schedule_steps()[1])
         refused = self.register_at_start() if main else None
         if self.sharded:
             refused = self._rank0_error(refused)
@@ -467,7 +467,7 @@ class ControlSession:
             return
         if self.identification is None:
             if not (max_steps or warmup):
-                max_steps, warmup = self._schedule_steps()
+                max_steps, warmup = self.lr_schedule_steps()
             test = warmup_test(spec, self.specs[spec.knob], max_steps=max_steps, warmup=max(0, warmup - step))
             self.identification = IdentificationMode(spec.knob, test)
         test = self.identification.test
@@ -478,7 +478,7 @@ class ControlSession:
                     spec.name, spec.knob, self.auto_window.start, self.auto_window.end, test.hold, test.size,
                     test.length)
 
-    def _schedule_steps(self) -> tuple[int, int]:
+    def lr_schedule_steps(self) -> tuple[int, int]:
         """``(max_steps, warmup steps)`` of the learning-rate setter's schedule, 0 where it does not say."""
         return schedule_steps(getattr(self.setters.get("learning_rate"), "scheduler", None))
 

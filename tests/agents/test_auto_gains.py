@@ -158,3 +158,20 @@ def test_a_constant_schedule_sizes_the_test_to_a_tenth_of_max_steps(tmp_path, ch
                          warmup_steps=0)
     (ev,) = payloads(events, "auto_gains_fallback")
     assert 0 < ev["step"] <= STEPS // 10
+
+
+def test_a_schedule_of_the_users_own_sizes_the_test_to_its_warmup(tmp_path, char_tokenizer, sqlite_service):
+    """``Trainer(optimizers=(opt, get_linear_schedule_with_warmup(opt, 8, ...)))`` with no warm-up in
+    the TrainingArguments: the step test fits the schedule's own 8 warm-up steps, not 10% of
+    max_steps (4), as the docs promise ("the scheduler's warm-up where there is one")."""
+    import torch
+    from transformers import get_linear_schedule_with_warmup
+
+    trainer = make_trainer(tmp_path, char_tokenizer, steps=STEPS, lr=LR, scheduler="constant", warmup_steps=0)
+    trainer.optimizer = torch.optim.AdamW(trainer.model.parameters(), lr=LR)
+    trainer.lr_scheduler = get_linear_schedule_with_warmup(trainer.optimizer, 8, STEPS)
+    cb = ActuatorCallback(policy("auto-own-schedule"), connection=sqlite_service.url, knobs=KNOBS,
+                          probes=[Plant(trainer, 0.0)], reporting=Reporting(budget_share=1.0)).attach(trainer)
+    trainer.train()
+    auto = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}").json()["controllers"]["hold"]["auto"]
+    assert (auto["start"], auto["end"]) == (0, 8)
