@@ -283,16 +283,15 @@ class ActuatorCallback(TrainerCallback, ExportableState):
             if trainer is not None:
                 self._bind(trainer)
 
-    def _add_policy_knobs(self) -> None:
-        """A policy brings its knobs: ``preset:rl-kl`` declares ``kl_beta``, ``preset:compress-ppl``
-        ``rank``, ... with default bounds unless ``knobs`` gives them; their setters are found from
-        the trainer (``actuator.agents.knobs.setter_for``). ``protect={...}`` holds its absolute budgets with the KL
-        anchor's weight when the trainer has one."""
+    def _protect_with_anchor(self) -> None:
+        """``protect={...}`` holds its absolute budgets with the KL anchor's weight when the trainer
+        has one. (Then the policy brings its knobs, as every policy does: ``preset:rl-kl`` declares
+        ``kl_beta``, ``preset:compress-ppl`` ``rank``, ... with default bounds unless ``knobs`` gives
+        them; their setters are found from the trainer: ``actuator.agents.knobs.setter_for``.)"""
         if getattr(self.trainer, "kl_anchor", None) is not None and self._protect is not None and self.run_id is None:
             p = self._protect
             self.policy = self.policy_doc = protect_policy(dict(p.budgets), on_drift=p.on_drift,
                                                            on_breach=p.on_breach, anchor=True)
-        self.session.declare_policy_knobs()
 
     def _bind_setters(self, optimizer: Any, lr_scheduler: Any, model: Any = None) -> None:
         """Each knob's setter from the trainer unless ``setters`` gave one; the session makes the specs."""
@@ -325,15 +324,8 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         # rank 0 of the process group (a model fully_shard-ed before a Trainer that sees one process
         # leaves every rank "process zero")
         main = bool(getattr(state, "is_world_process_zero", True)) and rank_and_world()[0] == 0
-        failure: ConfigError | None = None
-        try:
-            session.open(main=main)
-            if main:
-                self._add_policy_knobs()
-        except ConfigError as exc:
-            failure = exc
         # every rank takes rank 0's knobs; sharded, its document too: every rank builds the probes rank 0 runs
-        session.agree_with_rank0(failure, collective=True, with_doc=self.sharded)
+        session.open_agreed(main=main, collective=True, with_doc=self.sharded, prepare=self._protect_with_anchor)
         self._anchor_pairs(args, state, model)
         self._bind_setters(optimizer, lr_scheduler, model)
         failure = None

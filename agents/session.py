@@ -26,7 +26,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -304,14 +304,7 @@ class ControlSession:
         self.sharded = world > 1 and model is not None and is_fully_sharded(model)
         if main is None:
             main = rank == 0 if self.sharded else True
-        failure: ConfigError | None = None
-        try:
-            self.open(main=main)
-            if main:
-                self.declare_policy_knobs()
-        except ConfigError as exc:
-            failure = exc
-        self.agree_with_rank0(failure, collective=self.sharded, with_doc=self.sharded, refit=True)
+        self.open_agreed(main=main, collective=self.sharded, with_doc=self.sharded, refit=True)
         self.bind_knobs(self.extra_setters)
         if self.sharded:
             check_on_every_rank(self.setters)
@@ -328,6 +321,21 @@ class ControlSession:
         if self.sharded and self.suite is not None:
             self.suite.lockstep = from_rank0
         self.start(model, step=step, max_steps=max_steps)
+
+    def open_agreed(self, *, main: bool, collective: bool, with_doc: bool, refit: bool = False,
+                    prepare: Callable[[], None] | None = None) -> None:
+        """:meth:`open`, then on rank 0 ``prepare()`` (the caller's last word on the policy) and
+        :meth:`declare_policy_knobs`; then :meth:`agree_with_rank0` with what failed there."""
+        failure: ConfigError | None = None
+        try:
+            self.open(main=main)
+            if main:
+                if prepare is not None:
+                    prepare()
+                self.declare_policy_knobs()
+        except ConfigError as exc:
+            failure = exc
+        self.agree_with_rank0(failure, collective=collective, with_doc=with_doc, refit=refit)
 
     def agree_with_rank0(self, failure: ConfigError | None, *, collective: bool, with_doc: bool,
                          refit: bool = False) -> None:
