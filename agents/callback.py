@@ -339,8 +339,6 @@ class ActuatorCallback(TrainerCallback, ExportableState):
             self.suite.lockstep = from_rank0
         max_steps = int(getattr(state, "max_steps", 0) or 0)
         warmup = int(args.get_warmup_steps(max_steps)) if max_steps > 0 and hasattr(args, "get_warmup_steps") else 0
-        # a schedule of the user's own (Trainer(optimizers=(opt, sched))) says its warm-up itself
-        warmup = warmup or session.lr_schedule_steps()[1]
         session.start_identification(state.global_step, max_steps=max_steps, warmup=warmup)
         self._restore(args, state)
         if self.run_name is None:

@@ -308,8 +308,7 @@ class ControlSession:
         self.bind_knobs(self.extra_setters)
         if self.sharded:
             check_on_every_rank(self.setters)
-        # the loop says its length; the warm-up is the one the learning-rate setter's schedule was built with
-        self.start_identification(step, max_steps=max_steps, warmup=self.lr_schedule_steps()[1])
+        self.start_identification(step, max_steps=max_steps)
         refused = self.register_at_start() if main else None
         if self.sharded:
             refused = self._rank0_error(refused)
@@ -455,7 +454,7 @@ class ControlSession:
         """Training starts at ``step``: the identification test (if any) counts from there. A
         policy with a ``gains: auto`` controller gets its warm-up step test here (unless
         ``identify=`` already tests that knob), sized to ``warmup`` steps or 10% of ``max_steps``;
-        where those are not given, the learning-rate schedule's own are read."""
+        either one not given is read from the learning-rate setter's schedule where it says it."""
         self.plan_auto_test(step, max_steps=max_steps, warmup=warmup)
         if self.identification is not None:
             knob = self.identification.knob
@@ -474,8 +473,9 @@ class ControlSession:
                         "this run: it runs on its fallback gains", self.identification.knob, spec.name, spec.knob)
             return
         if self.identification is None:
-            if not (max_steps or warmup):
-                max_steps, warmup = self.lr_schedule_steps()
+            # what the caller does not know, the learning-rate setter's schedule may say
+            planned_steps, planned_warmup = schedule_steps(getattr(self.setters.get("learning_rate"), "scheduler", None))
+            max_steps, warmup = max_steps or planned_steps, warmup or planned_warmup
             test = warmup_test(spec, self.specs[spec.knob], max_steps=max_steps, warmup=max(0, warmup - step))
             self.identification = IdentificationMode(spec.knob, test)
         test = self.identification.test
@@ -485,10 +485,6 @@ class ControlSession:
                     "%d steps); decisions on it wait until then, and the service tunes the gains from it",
                     spec.name, spec.knob, self.auto_window.start, self.auto_window.end, test.hold, test.size,
                     test.length)
-
-    def lr_schedule_steps(self) -> tuple[int, int]:
-        """``(max_steps, warmup steps)`` of the learning-rate setter's schedule, 0 where it does not say."""
-        return schedule_steps(getattr(self.setters.get("learning_rate"), "scheduler", None))
 
     def register(self) -> tuple[str, str]:
         """Register the run (at the start; again from the sender's thread while unreachable)."""

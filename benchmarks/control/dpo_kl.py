@@ -274,23 +274,25 @@ def restoring_policy(a: argparse.Namespace, kind: str) -> tuple[dict[str, Any], 
     sp = a.target
     controllers: list[dict[str, Any]] = []
     knobs: dict[str, Any] = {}
+    anchor_bounds = {"min": 0.0, "max": a.w_max, "max_step": a.w_step}
+    lr_bounds = {"min": a.lr * a.lr_floor, "max": a.lr, "max_step": a.max_step}
     if kind in ("anchor", "lr+anchor"):
         controllers.append({"name": "kl-anchor", "kind": "constraint", "bound": "upper", "probe": "kl_drift",
                             "knob": "kl_weight", "setpoint": sp, "kp": a.w_kp / sp, "ki": a.w_ki / sp, "priority": 10})
-        knobs["kl_weight"] = {"min": 0.0, "max": a.w_max, "max_step": a.w_step}
+        knobs["kl_weight"] = anchor_bounds
     if kind in ("lr", "lr+anchor"):
         controllers.append({"name": "kl-lr", "probe": "kl_drift", "knob": "learning_rate", "setpoint": sp,
                             "kp": a.lr_kp / sp, "ki": a.lr_ki / sp, "direction": "direct", "priority": 5})
-        knobs["learning_rate"] = {"min": a.lr * a.lr_floor, "max": a.lr, "max_step": a.max_step}
+        knobs["learning_rate"] = lr_bounds
     if kind == "split":
-        lo, hi = a.lr * a.lr_floor, a.lr  # the leg moves it in its scale (log) between these
         controllers.append({"name": "kl-split", "kind": "split_range", "probe": "kl_drift", "setpoint": sp,
                             "kp": a.split_kp / sp, "ki": a.split_ki / sp, "legs": [
-                                {"knob": "learning_rate", "range": [0.0, 1.0], "values": [lo, hi], "acts": "direct"},
+                                {"knob": "learning_rate", "range": [0.0, 1.0], "values": [lr_bounds["min"], lr_bounds["max"]],
+                                 "acts": "direct"},
                                 {"knob": "kl_weight", "range": [-1.0, 0.0], "values": [a.w_max, 0.0],
                                  "acts": "reverse"}]})
-        knobs["kl_weight"] = {"min": 0.0, "max": a.w_max, "max_step": a.w_step}
-        knobs["learning_rate"] = {"min": a.lr * a.lr_floor, "max": a.lr, "max_step": a.max_step}
+        knobs["kl_weight"] = anchor_bounds
+        knobs["learning_rate"] = lr_bounds
     for c in controllers:
         if a.predict:
             c["horizon"] = a.predict
