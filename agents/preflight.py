@@ -55,21 +55,24 @@ def late_first_decisions(policy: PolicyDocument, probe_every: Mapping[str, int |
         if c.probe not in every:
             continue  # a probe the run was not given: the callback warns about that on its own
         interval = every[c.probe]
-        head = f"controller {c.name!r} ({c.probe} -> {c.knob})"
+        knobs = c.driven()  # a split_range controller drives its two legs' knobs
+        named = " / ".join(knobs)
+        head = f"controller {c.name!r} ({c.probe} -> {named})"
         if not interval:
             out.append(f"{head}: probe {c.probe} has no schedule (every=None), so after the baseline at step "
-                       f"{start_step} it is never read during training and {c.knob} is never changed. Give it "
+                       f"{start_step} it is never read during training and {named} is never changed. Give it "
                        f"every=N (N well under max_steps={max_steps})")
             continue
         # The first reading after the baseline, then one step boundary for the answer to apply.
         first_reading = (start_step // interval + 1) * interval
-        earliest = max(first_reading + 1, free.get(c.knob, 0))
+        held = min(free.get(k, 0) for k in knobs)  # a decision applies once any of its knobs is free
+        earliest = max(first_reading + 1, held)
         if earliest <= max_steps:
             continue
         why = f"probe {c.probe} runs every {interval} steps, so the first reading after the baseline at step " \
               f"{start_step} comes at step {first_reading}"
-        if free.get(c.knob, 0) > first_reading + 1:
-            why += f" and identification holds {c.knob} until step {free[c.knob]}"
+        if held > first_reading + 1:
+            why += f" and identification holds {named} until step {held}"
         out.append(f"{head}: max_steps={max_steps}, {why}; its first decision could apply at step {earliest} at "
                    f"the earliest, after the last step. This run trains WITHOUT control by it: probe more often "
                    f"(the policy's probes[].every, or the probe's every=) or train longer")

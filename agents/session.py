@@ -408,7 +408,7 @@ class ControlSession:
         doc = self.policy_doc
         if doc is None:
             return set()
-        return {c.knob for c in doc.controllers} | {g.knob for g in doc.guardrails if g.knob}
+        return {k for c in doc.controllers for k in c.driven()} | {g.knob for g in doc.guardrails if g.knob}
 
     def _resolve_policy(self) -> None:
         """A stored policy's document, so that its knobs are declared before registration. Not

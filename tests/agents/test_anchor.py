@@ -374,3 +374,38 @@ def test_reading_set_asks_the_probes_way_about_entities_the_probe_never_shows(ch
         reading_set(model, tok, n=2, records=records[:1], max_prompt_tokens=600)
     with pytest.raises(ValueError, match="n must be >= 1"):
         reading_set(model, tok, n=0)
+
+
+def test_a_split_range_controller_binds_both_legs_and_turns_the_values_the_step_really_uses(
+        tmp_path, char_tokenizer, sqlite_service):
+    """``kind: split_range`` on a real run: the policy's legs bring both knobs (no knobs=), and with
+    KL above a target of ~0 the anchor weight the loss uses rises while the learning rate the
+    optimizer uses falls to its leg's low end (the policy once declared the controller's own knob,
+    None, and train() stopped at on_train_begin: no setter for knobs.None)."""
+    peak = 5e-3
+    trainer, anchor = anchored(tmp_path, char_tokenizer, 24, weight=0.0, learning_rate=peak)
+    used = WeightsUsed(anchor)
+    policy = {"name": "test-split", "controllers": [{
+        "name": "kl", "kind": "split_range", "probe": "kl_drift", "setpoint": 1e-6, "gains": "relative",
+        "kp": 0.5, "ki": 0.3, "legs": [
+            {"knob": "learning_rate", "range": [0, 1], "values": [peak / 10, peak], "acts": "direct"},
+            {"knob": "kl_weight", "range": [-1, 0], "values": [2.0, 0.0], "acts": "reverse"}]}]}
+    cb = ActuatorCallback(policy, connection=sqlite_service.url, probes=[KLDrift(HELD_OUT, char_tokenizer, every=2,
+                                                                          max_length=32)],
+                          reporting=Reporting(budget_share=1.0)).attach(trainer)
+    lrs = []
+
+    class LearningRates(TrainerCallback):
+        def on_step_end(self, args, state, control, optimizer=None, **kw):
+            lrs.append(optimizer.param_groups[0]["lr"])
+
+    trainer.add_callback(SlowSteps())
+    trainer.add_callback(used)
+    trainer.add_callback(LearningRates())
+    trainer.train()
+    assert set(cb.setters) == {"learning_rate", "kl_weight"} and isinstance(cb.setters["kl_weight"], KLAnchorKnob)
+    decisions = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}/decisions").json()["items"]
+    assert {d["knob"] for d in decisions} == {"learning_rate", "kl_weight"}
+    assert all(d["reason"].startswith("split_range kl: kl_drift") for d in decisions)
+    assert max(used.used) > 0 and anchor.forwards > 0  # the weight the loss used, raised by the anchor leg
+    assert lrs[0] == pytest.approx(peak) and min(lrs) == pytest.approx(peak / 10)  # the rate the optimizer used

@@ -80,6 +80,21 @@ def test_the_arithmetic_counts_identification_and_resumes():
     assert late_first_decisions(doc_own, {}, max_steps=100) == []
 
 
+def test_a_split_range_controller_is_named_by_its_legs_knobs_and_free_once_either_is():
+    legs = [{"knob": "learning_rate", "range": [0, 1], "values": [1e-6, 1e-4], "acts": "direct"},
+            {"knob": "kl_weight", "range": [-1, 0], "values": [2.0, 0.0], "acts": "reverse"}]
+    doc = PolicyDocument.model_validate({"name": "split", "controllers": [{
+        "name": "kl", "kind": "split_range", "probe": "kl_drift", "setpoint": 0.1, "gains": "relative",
+        "kp": 0.5, "ki": 0.1, "legs": legs}]})
+    (msg,) = late_first_decisions(doc, {"kl_drift": None}, max_steps=100)
+    assert "(kl_drift -> learning_rate / kl_weight)" in msg and "-> None" not in msg
+    # identification holding the learning rate leaves the anchor leg free: no late decision
+    assert late_first_decisions(doc, {"kl_drift": 2}, max_steps=20, free_from={"learning_rate": 30}) == []
+    (late,) = late_first_decisions(doc, {"kl_drift": 2}, max_steps=20,
+                                   free_from={"learning_rate": 30, "kl_weight": 25})
+    assert "identification holds learning_rate / kl_weight until step 25" in late
+
+
 @pytest.mark.parametrize("url, says", [
     ("localhost:8731", "not an http(s) URL"),          # the scheme forgotten: httpx's UnsupportedProtocol before
     ("127.0.0.1:8000", "not an http(s) URL"),
