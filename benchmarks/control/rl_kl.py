@@ -226,11 +226,16 @@ def pid_policy(a: argparse.Namespace) -> dict[str, Any]:
     """The Actuator arm's policy: reverse-acting PID on log β (gains per unit of target, see the
     module docstring for the rule)."""
     sp = a.target
+    controller: dict[str, Any] = {"name": "kl-beta", "probe": "policy_kl", "knob": "kl_beta", "setpoint": sp,
+                                  "kp": a.kp / sp, "ki": a.ki / sp, "kd": 0.0, "direction": "reverse"}
+    if getattr(a, "predict", 0):  # issue 40: act on y + H·Δy (H in probe intervals)
+        controller["horizon"] = a.predict
+    if getattr(a, "ramp", 0):  # issue 40: approach the target on a ramp of N probe intervals
+        controller["setpoint_ramp"] = a.ramp
     return {
         "name": "bench-rl-kl",
         "probes": [{"name": "policy_kl", "every": a.probe_every}],
-        "controllers": [{"name": "kl-beta", "probe": "policy_kl", "knob": "kl_beta", "setpoint": sp,
-                         "kp": a.kp / sp, "ki": a.ki / sp, "kd": 0.0, "direction": "reverse"}],
+        "controllers": [controller],
         "guardrails": [{"name": "kl-cap", "probe": "policy_kl", "bound": "upper", "threshold": 10 * sp,
                         "action": "alert", "consecutive": 3}],
     }
@@ -528,7 +533,8 @@ def beta_or_word(*words: str) -> Callable[[str], float | str]:
     return parse
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def parser() -> argparse.ArgumentParser:
+    """The scenario's flags (``parser().parse_args([])``: the defaults)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     scenario_args(ap, SCENARIO, steps=24, quick="12 steps, the Actuator arm and one fixed beta",
                   arms=["actuator", "ziegler", "kl-adaptive-lr", "fixed"], arms_default=["actuator", "ziegler", "fixed"],
@@ -566,6 +572,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--kp", type=float, default=1.0, help="PID kp in log-beta per relative KL error (× 1/target)")
     ap.add_argument("--ki", type=float, default=0.1, help="PID ki per step (× 1/target)")
     ap.add_argument("--max-step", type=float, default=1.0, help="rate limit, log-beta units per decision")
+    ap.add_argument("--predict", type=float, default=0.0,
+                    help="actuator arm: prediction horizon in probe intervals (the PID acts on y + H·Δy; 0: none)")
+    ap.add_argument("--ramp", type=int, default=0,
+                    help="actuator arm: setpoint ramp in probe intervals (0: none)")
     ap.add_argument("--early-stop-beta", type=beta_or_word("start", "none"), default="start",
                     help="the fixed arm early stopping is cut from: a beta of --betas, 'start' (the starting "
                     "--beta) or 'none' (no early-stopping row)")
@@ -573,6 +583,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--fixed-picked", type=float, default=None,
                     help="with --aggregate: the fixed beta picked on seed 0 by an earlier sweep (when the sweep is "
                     "not among the files), compared with the PID on the other seeds")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = parser()
     a = ap.parse_args(argv)
     if a.auto_samples < 2:
         ap.error("--auto-samples must be >= 2 (a variance needs two answers per prompt)")
