@@ -70,7 +70,7 @@ from benchmarks.control.data import prompt_text
 from benchmarks.control.harness import identify_and_tune as _identify_and_tune
 from benchmarks.control.harness import (
     RESULTS, scenario_args, add_flags, identification_args, tune_summary, start, control_quality, judged, mean_sd,
-    read_seeds, spread,
+    pick_on_seed0, read_seeds, spread,
     arm_label, figure, record_targets,
     command_line, console, arm_progress, save_results, KLBaselines, kl_adaptive_lr, probe_value,
     trace_start,
@@ -306,6 +306,17 @@ def restoring_policy(a: argparse.Namespace, kind: str) -> tuple[dict[str, Any], 
 RESTORING = ("lr", "anchor", "lr+anchor", "split")
 
 
+def variant(policy: dict[str, Any]) -> str:
+    """A restoring arm's issue-40 variant, for its name: "" for the preset's laws, else
+    " (predict H)", " (ramp N)" or both, read off the policy's controllers (so the aggregate names
+    a stored run the same way from the policy its file records)."""
+    cs = policy.get("controllers", [])
+    h = max((c.get("horizon") or 0 for c in cs), default=0)
+    r = max((c.get("setpoint_ramp") or 0 for c in cs), default=0)
+    parts = ([f"predict {h:g}"] if h else []) + ([f"ramp {r:g}"] if r else [])
+    return f" ({', '.join(parts)})" if parts else ""
+
+
 def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, seed: int) -> dict[str, Any]:
     from transformers import TrainerCallback
 
@@ -415,26 +426,38 @@ def targets_of(pid: dict[str, Any], zie: dict[str, Any], steps: int) -> dict[str
     }
 
 
-def aggregate(tag: str = "", results: Path = RESULTS) -> dict[str, Any]:
+def aggregate(tag: str = "", results: Path = RESULTS, tags: list[str] | None = None) -> dict[str, Any]:
     """Combine the result files of separate runs (``dpo-kl.json``, ``dpo-kl-TAG.json``; with
-    ``tag``, the files ``dpo-kl-TAG*.json``): per loss and arm the mean ± sd and worst seed of the
-    settling step (not settled: the run's steps + 1), overshoot and final KL, and the PID's targets
-    against Ziegler judged on the means and on the seeds (harness rule). Writes
-    ``dpo-kl-aggregate{-TAG}.json`` / ``.png``."""
+    ``tag``, the files ``dpo-kl-TAG*.json``; with ``tags``, those of every tag listed): per loss and
+    arm the mean ± sd and worst seed of the settling step (not settled: the run's steps + 1),
+    overshoot and final KL; the PID's targets against Ziegler judged on the means and on the seeds
+    (harness rule); and issue 40's targets for every closed-loop arm (:func:`law_targets`). A
+    restoring arm is named with its variant (:func:`variant`) from the policy its file records.
+    Writes ``dpo-kl-aggregate{-TAG}.json`` / ``.png``."""
     name = f"{SCENARIO}-aggregate" + (f"-{tag}" if tag else "")
-    found = read_seeds(results, f"{SCENARIO}-{tag}*.json" if tag else f"{SCENARIO}*.json",
-                       keep=lambda f: "-aggregate" not in f.stem)
+    patterns = [f"{SCENARIO}-{t}*.json" for t in tags] if tags else \
+        [f"{SCENARIO}-{tag}*.json" if tag else f"{SCENARIO}*.json"]
+    found = []
+    for pattern in patterns:
+        found += [f for f in read_seeds(results, pattern, keep=lambda f: "-aggregate" not in f.stem)
+                  if f[0] not in {g for g, _ in found}]
     runs: dict[tuple[str, str, int], dict[str, Any]] = {}
     configs: dict[str, Any] = {}
     for _, part in found:
         configs.update(part.get("configs", {}))
         for r in part["arms"]:
+            restoring = part.get("configs", {}).get(r["loss_type"], {}).get("restoring", {})
+            if r["kind"] in restoring:
+                suffix = variant(restoring[r["kind"]][0])
+                if not r["arm"].endswith(suffix):
+                    r = {**r, "arm": r["arm"] + suffix}
             runs[(r["loss_type"], r["arm"], r["seed"])] = r  # a later file's run replaces it
     first = found[0][1]
     steps = first["steps"]
     seeds = sorted({s for *_, s in runs})
     rows: dict[str, Any] = {}
     targets: dict[str, Any] = {}
+    laws: dict[str, Any] = {}
     for loss in sorted({lo for lo, *_ in runs}):
         by_kind: dict[str, dict[int, dict[str, Any]]] = {}
         rows[loss] = {}
@@ -451,6 +474,8 @@ def aggregate(tag: str = "", results: Path = RESULTS) -> dict[str, Any]:
                                              for s, r in mine.items()}, higher_is_better=False),
                        overshoot_pct=spread({s: r["overshoot_pct"] for s, r in mine.items()}, higher_is_better=False),
                        final_kl=spread({s: r["final_kl"] for s, r in mine.items()}))
+        laws[loss] = law_targets({arm: {s: r for (lo, a_, s), r in runs.items() if lo == loss and a_ == arm}
+                                  for arm in rows[loss]}, steps, first["target"])
         pids, zies = by_kind.get("actuator", {}), by_kind.get("ziegler", {})
         both = [s for s in seeds if s in pids and s in zies]
         if not both:
@@ -469,10 +494,95 @@ def aggregate(tag: str = "", results: Path = RESULTS) -> dict[str, Any]:
                          for k, v in on_mean.items() if isinstance(v, bool)}
     out = {"scenario": SCENARIO, "aggregate": True, "seeds": seeds, "steps": steps, "target": first["target"],
            "band": first["band"], "lr": first["lr"], "configs": configs, "rows": rows, "targets": targets,
-           "arms": list(runs.values()), "files": [f.name for f, _ in found]}
+           "law_targets": laws, "arms": list(runs.values()), "files": [f.name for f, _ in found]}
     console.print(json.dumps({"rows": rows, "targets": targets}, indent=1, default=str))
+    for loss, judged_laws in laws.items():
+        print_law_targets(loss, judged_laws)
     save_results(name, out, plot, results=results)
     return out
+
+
+LAW_KINDS = (*RESTORING, "actuator", "tuned", "kl-adaptive-lr")
+
+
+def law_targets(by_arm: dict[str, dict[int, dict[str, Any]]], steps: int, target: float) -> dict[str, Any]:
+    """Issue 40's targets for every closed-loop arm (``LAW_KINDS``), each judged per seed and on the
+    mean under the harness rule (4 of 5 seeds and the mean; with fewer seeds, every one):
+
+    * ``overshoot_at_most_15pct``;
+    * ``settles_in_half_ziegler_steps``: settled (±band) in at most half Ziegler's settling steps
+      on that seed, or within the run where Ziegler never settles (on the mean: the mean settling
+      step, a run that never settles counting ``steps`` + 1, against half Ziegler's mean, or
+      ``steps`` where Ziegler never settles on any seed);
+    * ``final_error_no_worse_than_fixed_pick``: |final KL − target| at most the fixed pick's;
+    * ``reward_margin_within_one_sd_of_fixed_pick``: the reward margin at least the pick's minus
+      the sd of the pick's margins over the judged seeds.
+
+    The fixed pick is the ``fixed-lr`` rate nearest the target on seed 0 (``pick_on_seed0``),
+    judged on the other seeds, with the best in hindsight beside it. Returns ``{"fixed_pick": …,
+    "arms": {arm: {target: verdict}}}`` (the pick's targets are left out without fixed-lr runs,
+    Ziegler's without Ziegler runs)."""
+    kinds = {arm: next(iter(rs.values()))["kind"] for arm, rs in by_arm.items() if rs}
+    seeds = sorted({s for rs in by_arm.values() for s in rs})
+
+    def err(r: dict[str, Any]) -> float:
+        return abs(r["final_kl"] - target)
+
+    fixed = [arm for arm, k in kinds.items() if k == "fixed-lr"]
+    pick = pick_on_seed0(fixed, lambda c, s: -err(by_arm[c][s]) if s in by_arm[c] else None, seeds) if fixed else {}
+    picked = by_arm.get(pick.get("picked_on_seed0") or "", {})
+    judged_on = [s for s in pick.get("judged_on", []) if s in picked]
+    margin_sd = mean_sd([picked[s]["reward_margin"] for s in judged_on])[1] if len(judged_on) > 1 else 0.0
+    zie = next((by_arm[arm] for arm, k in kinds.items() if k == "ziegler"), {})
+
+    def settle(r: dict[str, Any]) -> float:
+        return float(steps + 1) if r["settling_step"] is None else float(r["settling_step"])
+
+    out: dict[str, Any] = {}
+    for arm, rs in by_arm.items():
+        if kinds.get(arm) not in LAW_KINDS:
+            continue
+        verdicts: dict[str, Any] = {}
+        over = {s: r["overshoot_pct"] for s, r in rs.items()}
+        verdicts["overshoot_at_most_15pct"] = judged({"met": mean_sd(list(over.values()))[0] <= 15.0},
+                                                     {s: v <= 15.0 for s, v in over.items()})
+        zs = [s for s in rs if s in zie]
+        if zs:
+            per_seed = {s: rs[s]["settling_step"] is not None and (zie[s]["settling_step"] is None
+                                                                   or settle(rs[s]) <= settle(zie[s]) / 2) for s in zs}
+            never = all(zie[s]["settling_step"] is None for s in zs)
+            limit = float(steps) if never else mean_sd([settle(zie[s]) for s in zs])[0] / 2
+            verdicts["settles_in_half_ziegler_steps"] = judged(
+                {"met": mean_sd([settle(rs[s]) for s in zs])[0] <= limit, "limit_on_mean": limit}, per_seed)
+        js = [s for s in judged_on if s in rs]
+        if js:
+            verdicts["final_error_no_worse_than_fixed_pick"] = judged(
+                {"met": mean_sd([err(rs[s]) for s in js])[0] <= mean_sd([err(picked[s]) for s in js])[0]},
+                {s: err(rs[s]) <= err(picked[s]) for s in js})
+            verdicts["reward_margin_within_one_sd_of_fixed_pick"] = judged(
+                {"met": mean_sd([rs[s]["reward_margin"] for s in js])[0]
+                 >= mean_sd([picked[s]["reward_margin"] for s in js])[0] - margin_sd, "pick_margin_sd": margin_sd},
+                {s: rs[s]["reward_margin"] >= picked[s]["reward_margin"] - margin_sd for s in js})
+        out[arm] = verdicts
+    return {"fixed_pick": pick, "arms": out}
+
+
+def print_law_targets(loss: str, laws: dict[str, Any]) -> None:
+    """Issue 40's targets, an arm a row: met / missed with the seeds that held."""
+    pick = laws["fixed_pick"]
+    title = f"{SCENARIO} [{loss}]: issue 40's targets"
+    if pick:
+        title += f"; fixed pick on seed 0: {pick['picked_on_seed0']}, best in hindsight: {pick['best_in_hindsight']}"
+    table = Table(title=title)
+    names = ["overshoot_at_most_15pct", "settles_in_half_ziegler_steps", "final_error_no_worse_than_fixed_pick",
+             "reward_margin_within_one_sd_of_fixed_pick"]
+    table.add_column("arm")
+    for n in names:
+        table.add_column(n.replace("_", " "), justify="center")
+    for arm, verdicts in laws["arms"].items():
+        table.add_row(arm, *(("met" if v["met"] else "missed") + f" ({v['seeds_held']}/{len(v['held_per_seed'])})"
+                             if (v := verdicts.get(n)) else "-" for n in names))
+    console.print(table)
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
@@ -524,12 +634,13 @@ LOSS_DEFAULTS = {
 def parser() -> argparse.ArgumentParser:
     """The scenario's flags (``parser().parse_args([])``: the defaults)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    scenario_args(ap, SCENARIO, steps=40, quick="24 steps", arms=["fixed", "ziegler", "kl-adaptive-lr", "actuator", *RESTORING,
-                                                            "tuned"],
+    scenario_args(ap, SCENARIO, steps=40, quick="24 steps", arms=["fixed", "fixed-lr", "ziegler", "kl-adaptive-lr", "actuator",
+                                                            *RESTORING, "tuned"],
                   arms_default=["fixed", "ziegler", "actuator"],
-                  arms_help="actuator = the PID on beta; lr, anchor, lr+anchor = the actuators with authority "
-                            "over DPO's KL (see restoring_policy); kl-adaptive-lr = TorchRL's KLAdaptiveLR rule on "
-                            "the learning rate",
+                  arms_help="actuator = the PID on beta; lr, anchor, lr+anchor, split = the actuators with "
+                            "authority over DPO's KL (see restoring_policy); kl-adaptive-lr = TorchRL's KLAdaptiveLR "
+                            "rule on the learning rate; fixed = beta and lr fixed at --beta, --lr; fixed-lr = a fixed "
+                            "learning rate from --fixed-lrs (the open-loop setting that can hold DPO's KL)",
                   tag_help="results go to dpo-kl-TAG.json (default dpo-kl.json)",
                   aggregate="combine the result files of separate runs (one process per seed: --seeds N --tag "
                             "seedN) into dpo-kl-aggregate.json; run nothing")
@@ -565,6 +676,11 @@ def parser() -> argparse.ArgumentParser:
         "--predict": (0.0, "lr, anchor, lr+anchor, split arms: prediction horizon in probe intervals (0: none)"),
         "--ramp": (0, "lr, anchor, lr+anchor, split arms: setpoint ramp in probe intervals (0: none)"),
     })
+    ap.add_argument("--fixed-lrs", type=float, nargs="+", default=[2e-6, 3e-6, 4e-6, 6e-6],
+                    help="fixed-lr arm: the learning rates swept, beta at --beta (pick on seed 0, judge on the rest)")
+    ap.add_argument("--aggregate-tags", nargs="+", default=None, metavar="TAG",
+                    help="with --aggregate: combine the files of several tags (dpo-kl-TAG*.json for each) into "
+                         "dpo-kl-aggregate-<--tag>.json")
     ap.add_argument("--kl-lr-bounds", type=float, nargs=2, default=[0.01, 1.0], metavar=("LO", "HI"),
                     help="kl-adaptive-lr arm: min_lr and max_lr as multiples of --lr (default 0.01 1: never above "
                          "the configured rate)")
@@ -578,7 +694,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = parser()
     a = ap.parse_args(argv)
     if a.aggregate:
-        return aggregate(a.tag, a.results)
+        return aggregate(a.tag, a.results, tags=a.aggregate_tags)
     if a.precision == "auto":
         a.precision = native_precision()
     if a.quick:
@@ -650,8 +766,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                  "lr": "Actuator lr PID", "anchor": "Actuator KL anchor (w)", "lr+anchor": "Actuator lr + anchor",
                  "split": "Actuator split range (lr | anchor)"}
         names["tuned"] = "Actuator lr (tuned) + anchor"
+        for kind in RESTORING:
+            names[kind] += variant(restoring_policy(la, kind)[0])
         for seed in a.seeds:
             for kind in a.arms:
+                if kind == "fixed-lr":  # the sweep: one run per rate
+                    for lr in a.fixed_lrs:
+                        fa = copy.copy(la)
+                        fa.lr = lr
+                        r = run_arm(setup, {"name": f"fixed lr {lr:g}", "kind": kind}, fa, url, seed)
+                        r.update(lr=lr, perplexity_increase_pct=100 * (r["final_perplexity"] / base_ppl - 1))
+                        results.append(r)
+                        out = report(results)
+                    continue
                 arm: dict[str, Any] = {"name": names[kind], "kind": kind}
                 prep = None
                 if kind == "tuned":
