@@ -72,8 +72,7 @@ from benchmarks.control.harness import (
     RESULTS, scenario_args, add_flags, identification_args, tune_summary, start, control_quality, judged, mean_sd,
     pick_on_seed0, read_seeds, spread,
     arm_label, figure, record_targets,
-    command_line, console, arm_progress, save_results, KLBaselines, kl_adaptive_lr, probe_value,
-    trace_start,
+    command_line, console, arm_progress, save_results, KLBaselines, kl_adaptive_lr, kl_trace,
 )
 
 import torch  # noqa: E402
@@ -318,8 +317,6 @@ def variant(policy: dict[str, Any]) -> str:
 
 
 def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, seed: int) -> dict[str, Any]:
-    from transformers import TrainerCallback
-
     from actuator.agents.callback import ActuatorCallback
     from actuator.agents.probes import ProbeSuite
     from actuator.agents.trl_knobs import KLBetaKnob
@@ -359,31 +356,22 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
         suite = ProbeSuite([probe], budget_share=1.0)
     baselines = KLBaselines(arm["kind"], a, samples_per_step=a.batch_size)  # preference pairs per step
 
-    class Trace(TrainerCallback):
-        def on_train_begin(self, args, state, control, model=None, **kw):  # noqa: ANN001
-            trace_start(trace, "kl_drift", knob.read(), suite=suite, model=model)
+    def on_value(step: int, value: float, kw: dict[str, Any]) -> None:
+        trace.append({"step": step, "kl_drift": value, "beta": knob.read(), "lr": kw["optimizer"].param_groups[0]["lr"],
+                      "w": anchor.weight if anchor is not None else 0.0})
+        if not console.is_terminal:  # a log file gets one line per measurement
+            console.print(f"  {arm['name']} seed {seed} step {step}: kl {value:.4f} beta {knob.read():.3g} "
+                          f"lr {trace[-1]['lr']:.3g} w {trace[-1]['w']:.3g}")
+        baselines.update(value, step, knob, kw["optimizer"], kw.get("lr_scheduler"))
 
-        def on_step_end(self, args, state, control, model=None, **kw):  # noqa: ANN001
-            step = state.global_step
-            trace_start(trace, "kl_drift", a.beta, cb=cb)
-            value = probe_value(cb, suite, model, step, "kl_drift")
-            if value is not None:
-                trace.append({"step": step, "kl_drift": value, "beta": knob.read(),
-                              "lr": kw["optimizer"].param_groups[0]["lr"],
-                              "w": anchor.weight if anchor is not None else 0.0})
-                if not console.is_terminal:  # a log file gets one line per measurement
-                    console.print(f"  {arm['name']} seed {seed} step {step}: kl {value:.4f} beta {knob.read():.3g} "
-                                  f"lr {trace[-1]['lr']:.3g} w {trace[-1]['w']:.3g}")
-                baselines.update(value, step, knob, kw["optimizer"], kw.get("lr_scheduler"))
-            advance()
-
-        def on_log(self, args, state, control, logs=None, **kw):  # noqa: ANN001
-            if logs and "rewards/margins" in logs:
-                margins.append({"step": state.global_step, "margin": float(logs["rewards/margins"]),
-                                "loss": float(logs.get("loss", float("nan"))), "beta": knob.read()})
+    def on_log(step: int, logs: dict[str, Any]) -> None:
+        if "rewards/margins" in logs:
+            margins.append({"step": step, "margin": float(logs["rewards/margins"]),
+                            "loss": float(logs.get("loss", float("nan"))), "beta": knob.read()})
 
     with arm_progress(arm["name"], a.steps, 18) as advance:
-        trainer.add_callback(Trace())
+        trainer.add_callback(kl_trace("kl_drift", knob, a.beta, trace, cb=cb, suite=suite, on_value=on_value,
+                                      on_log=on_log, advance=advance))
         t0 = time.time()
         trainer.train()
         seconds = time.time() - t0

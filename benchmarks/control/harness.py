@@ -43,7 +43,8 @@ __all__ = ["RESULTS", "console", "pick_threads", "start_controller", "start", "a
            "machine", "scenario_args", "add_flags", "figure", "arm_label", "record_targets", "save_results", "seed_path",
            "write_seed", "read_seeds", "for_each_seed", "mean_sd", "fmt_ms", "spread", "verdict", "judged", "pick_on_seed0",
            "control_quality",
-           "identification_args", "identification_test", "identify_and_tune", "tune_summary"]
+           "identification_args", "identification_test", "identify_and_tune", "tune_summary", "KLBaselines",
+           "kl_adaptive_lr", "kl_trace", "probe_value", "trace_start"]
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 console = Console(width=None if os.isatty(1) else 180)
@@ -426,6 +427,34 @@ class KLBaselines:
 
             lr_knob = LearningRateKnob(optimizer, scheduler)
             lr_knob.apply(self.kl_lr.update(value, lr_knob.read()))
+
+
+def kl_trace(key: str, knob: Any, beta: float, trace: list[dict[str, float]], *, cb: Any, suite: Any,
+             on_value: Callable[[int, float, dict[str, Any]], None], advance: Callable[[], None],
+             on_log: Callable[[int, dict[str, Any]], None] | None = None) -> Any:
+    """The KL scenarios' trace callback (a ``TrainerCallback``): the arm's step-0 reading of probe
+    ``key`` (:func:`trace_start`), then at each step end the arm's value of it (:func:`probe_value`)
+    handed to ``on_value(step, value, event_kwargs)`` and the progress bar ``advance``-d; the
+    trainer's logs to ``on_log(step, logs)`` when given."""
+    from transformers import TrainerCallback
+
+    class Trace(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kw):  # noqa: ANN001
+            trace_start(trace, key, knob.read(), suite=suite, model=model)
+
+        def on_step_end(self, args, state, control, model=None, **kw):  # noqa: ANN001
+            step = state.global_step
+            trace_start(trace, key, beta, cb=cb)
+            value = probe_value(cb, suite, model, step, key)
+            if value is not None:
+                on_value(step, value, kw)
+            advance()
+
+        def on_log(self, args, state, control, logs=None, **kw):  # noqa: ANN001
+            if logs and on_log is not None:
+                on_log(state.global_step, logs)
+
+    return Trace()
 
 
 def probe_value(cb: Any, suite: Any, model: Any, step: int, key: str) -> float | None:

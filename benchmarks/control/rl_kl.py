@@ -69,8 +69,7 @@ from typing import Any
 from benchmarks.control.data import prompt_text
 from benchmarks.control.harness import (
     arm_progress, command_line, console, control_quality, figure, judged, mean_sd, record_targets, save_results,
-    scenario_args, start, KLBaselines, kl_adaptive_lr, probe_value,
-    trace_start,
+    scenario_args, start, KLBaselines, kl_adaptive_lr, kl_trace,
 )
 
 import torch  # noqa: E402
@@ -242,8 +241,6 @@ def pid_policy(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_arm(setup: Setup, kind: str, arm: dict[str, Any], a: argparse.Namespace, url: str, seed: int) -> dict[str, Any]:
-    from transformers import TrainerCallback
-
     from actuator.agents.callback import ActuatorCallback
     from actuator.agents.knobs import LearningRateKnob
     from actuator.agents.probes import ProbeSuite
@@ -267,26 +264,18 @@ def run_arm(setup: Setup, kind: str, arm: dict[str, Any], a: argparse.Namespace,
         suite = ProbeSuite([probe], budget_share=1.0)
     baselines = KLBaselines(arm["kind"], a, samples_per_step=a.prompts * a.samples)
 
-    class Trace(TrainerCallback):
-        def on_train_begin(self, args, state, control, model=None, **kw):  # noqa: ANN001
-            trace_start(trace, "policy_kl", knob.read(), suite=suite, model=model)
-
-        def on_step_end(self, args, state, control, model=None, **kw):  # noqa: ANN001
-            step = state.global_step
-            trace_start(trace, "policy_kl", a.beta, cb=cb)
-            value = probe_value(cb, suite, model, step, "policy_kl")
-            if value is not None:
-                baselines.update(value, step, knob, kw["optimizer"], kw.get("lr_scheduler"))
-                lr_knob = LearningRateKnob(kw["optimizer"], kw.get("lr_scheduler"))
-                trace.append({"step": step, "policy_kl": value, "beta": knob.read(), "lr": lr_knob.read()})
-                if not console.is_terminal:  # a log file gets one line per measurement
-                    last = reward.log[-1] if reward.log else {"reward": math.nan, "accuracy": math.nan}
-                    console.print(f"  {kind} {arm['name']} seed {seed} step {step}: policy_kl {value:.4f} "
-                                  f"beta {knob.read():.4g} reward {last['reward']:+.3f} acc {last['accuracy']:.2f}")
-            advance()
+    def on_value(step: int, value: float, kw: dict[str, Any]) -> None:
+        baselines.update(value, step, knob, kw["optimizer"], kw.get("lr_scheduler"))
+        lr_knob = LearningRateKnob(kw["optimizer"], kw.get("lr_scheduler"))
+        trace.append({"step": step, "policy_kl": value, "beta": knob.read(), "lr": lr_knob.read()})
+        if not console.is_terminal:  # a log file gets one line per measurement
+            last = reward.log[-1] if reward.log else {"reward": math.nan, "accuracy": math.nan}
+            console.print(f"  {kind} {arm['name']} seed {seed} step {step}: policy_kl {value:.4f} "
+                          f"beta {knob.read():.4g} reward {last['reward']:+.3f} acc {last['accuracy']:.2f}")
 
     with arm_progress(f"{kind} {arm['name']}", a.steps, 26) as advance:
-        trainer.add_callback(Trace())
+        trainer.add_callback(kl_trace("policy_kl", knob, a.beta, trace, cb=cb, suite=suite, on_value=on_value,
+                                      advance=advance))
         t0 = time.time()
         trainer.train()
         seconds = time.time() - t0
