@@ -558,7 +558,7 @@ def law_targets(by_arm: dict[str, dict[int, dict[str, Any]]], steps: int, target
 def print_law_targets(loss: str, laws: dict[str, Any]) -> None:
     """Issue 40's targets, an arm a row: met / missed with the seeds that held."""
     pick = laws["fixed_pick"]
-    title = f"{SCENARIO} [{loss}]: issue 40's targets"
+    title = f"{SCENARIO} \\[{loss}]: issue 40's targets"
     if pick:
         title += f"; fixed pick on seed 0: {pick['picked_on_seed0']}, best in hindsight: {pick['best_in_hindsight']}"
     table = Table(title=title)
