@@ -43,3 +43,20 @@ def test_the_split_arm_runs_the_learning_rate_up_to_the_configured_rate_and_the_
     assert legs["learning_rate"]["range"] == [0.0, 1.0] and legs["learning_rate"]["values"] == [a.lr * a.lr_floor, a.lr]
     assert legs["kl_weight"]["range"] == [-1.0, 0.0] and legs["kl_weight"]["values"] == [a.w_max, 0.0]
     assert knobs["learning_rate"]["max"] == a.lr and knobs["kl_weight"]["max"] == a.w_max
+
+
+def test_the_shipped_preset_is_the_arm_picked_on_seed_0_and_judged_on_five_seeds() -> None:
+    """preset:dpo-kl is the benchmark's lr + anchor arm with the 8-interval ramp on the learning
+    rate (issue 40's pick): same probe, setpoints, relative gains and ramp, controller by controller."""
+    from actuator.policy import load_preset
+
+    preset = load_preset("dpo-kl").model_dump(exclude_none=True)
+    a = args("--ramp", "8")
+    arm, _ = restoring_policy(a, "lr+anchor")
+    shipped = {c["name"]: c for c in preset["controllers"]}
+    for c in arm["controllers"]:
+        mine = shipped[c["name"]]
+        assert (mine["probe"], mine["knob"], mine["setpoint"]) == (c["probe"], c["knob"], c["setpoint"])
+        assert (mine["kp"], mine["ki"]) == pytest.approx((c["kp"] * c["setpoint"], c["ki"] * c["setpoint"]))
+        assert (mine.get("setpoint_ramp") or 0) == (c.get("setpoint_ramp") or 0)
+    assert shipped["kl-lr"]["setpoint_ramp"] == 8
