@@ -429,8 +429,10 @@ def pid_targets(name: str, table: dict[str, Any], rs: list[dict[str, Any]], fixe
         return None
     later = [s for s in seeds if s != pick_seed] or seeds
 
-    def on(arm: str, key: str) -> list[float]:
-        return [r[key] for r in rs if r["arm"] == arm and r["seed"] in later]
+    mine = {r["seed"] for r in rs if r["arm"] == name}
+
+    def on(arm: str, key: str) -> list[float]:  # the judged seeds this PID arm ran (the means compare like with like)
+        return [r[key] for r in rs if r["arm"] == arm and r["seed"] in later and r["seed"] in mine]
 
     def runs(arm: str) -> dict[int, dict[str, Any]]:
         return {r["seed"]: r for r in rs if r["arm"] == arm}
