@@ -579,7 +579,11 @@ def plot(result: dict[str, Any], path: Path) -> None:
     with figure(path, nrows=len(losses)) as (fig, axes):
         for row, loss in zip(axes, losses):
             ax1, ax2, ax3 = row
-            for arm in (r for r in result["arms"] if r["loss_type"] == loss):
+            arms = [r for r in result["arms"] if r["loss_type"] == loss]
+            if len(arms) > 8:  # an aggregate: one seed per panel keeps it readable (the tables have all)
+                shown = 1 if any(r["seed"] == 1 for r in arms) else min(r["seed"] for r in arms)
+                arms = [r for r in arms if r["seed"] == shown]
+            for arm in arms:
                 steps = [t["step"] for t in arm["trace"]]
                 label = arm_label(arm, result)
                 line, = ax1.plot(steps, [t["kl_drift"] for t in arm["trace"]], marker=".", label=label)
