@@ -70,7 +70,7 @@ from benchmarks.control.data import prompt_text
 from benchmarks.control.harness import identify_and_tune as _identify_and_tune
 from benchmarks.control.harness import (
     RESULTS, scenario_args, add_flags, identification_args, tune_summary, start, control_quality, judged, mean_sd,
-    pick_on_seed0, read_seeds, spread,
+    pick_on_seed0, read_seeds, settles_against_ziegler, spread, variant_label,
     arm_label, figure, record_targets,
     command_line, console, arm_progress, save_results, KLBaselines, kl_adaptive_lr, kl_trace,
 )
@@ -306,14 +306,8 @@ RESTORING = ("lr", "anchor", "lr+anchor", "split")
 
 
 def variant(policy: dict[str, Any]) -> str:
-    """A restoring arm's issue-40 variant, for its name: "" for the preset's laws, else
-    " (predict H)", " (ramp N)" or both, read off the policy's controllers (so the aggregate names
-    a stored run the same way from the policy its file records)."""
-    cs = policy.get("controllers", [])
-    h = max((c.get("horizon") or 0 for c in cs), default=0)
-    r = max((c.get("setpoint_ramp") or 0 for c in cs), default=0)
-    parts = ([f"predict {h:g}"] if h else []) + ([f"ramp {r:g}"] if r else [])
-    return f" ({', '.join(parts)})" if parts else ""
+    """A restoring arm's issue-40 variant from its policy (``harness.variant_label``)."""
+    return variant_label(policy.get("controllers", []))
 
 
 def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, seed: int) -> dict[str, Any]:
@@ -536,8 +530,7 @@ def law_targets(by_arm: dict[str, dict[int, dict[str, Any]]], steps: int, target
                                                      {s: v <= 15.0 for s, v in over.items()})
         zs = [s for s in rs if s in zie]
         if zs:
-            per_seed = {s: rs[s]["settling_step"] is not None and (zie[s]["settling_step"] is None
-                                                                   or settle(rs[s]) <= settle(zie[s]) / 2) for s in zs}
+            per_seed = {s: settles_against_ziegler(rs[s]["settling_step"], zie[s]["settling_step"]) for s in zs}
             never = all(zie[s]["settling_step"] is None for s in zs)
             limit = float(steps) if never else mean_sd([settle(zie[s]) for s in zs])[0] / 2
             verdicts["settles_in_half_ziegler_steps"] = judged(

@@ -44,7 +44,7 @@ __all__ = ["RESULTS", "console", "pick_threads", "start_controller", "start", "a
            "write_seed", "read_seeds", "for_each_seed", "mean_sd", "fmt_ms", "spread", "verdict", "judged", "pick_on_seed0",
            "control_quality",
            "identification_args", "identification_test", "identify_and_tune", "tune_summary", "KLBaselines",
-           "kl_adaptive_lr", "kl_trace", "probe_value", "trace_start"]
+           "kl_adaptive_lr", "kl_trace", "probe_value", "trace_start", "variant_label", "settles_against_ziegler"]
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 console = Console(width=None if os.isatty(1) else 180)
@@ -427,6 +427,24 @@ class KLBaselines:
 
             lr_knob = LearningRateKnob(optimizer, scheduler)
             lr_knob.apply(self.kl_lr.update(value, lr_knob.read()))
+
+
+def variant_label(controllers: Sequence[dict[str, Any]]) -> str:
+    """An arm's issue-40 variant, for its name: "" for the plain laws, else " (predict H)",
+    " (ramp N)" or both, read off its controllers (so an aggregate names a stored run the same way
+    from the controllers its file records)."""
+    h = max((c.get("horizon") or 0 for c in controllers), default=0)
+    r = max((c.get("setpoint_ramp") or 0 for c in controllers), default=0)
+    parts = ([f"predict {h:g}"] if h else []) + ([f"ramp {r:g}"] if r else [])
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def settles_against_ziegler(step: int | None, ziegler_step: int | None) -> bool:
+    """Issue 40's settling target on one seed: settled (``step`` not None) in at most half
+    Ziegler's settling steps, or within the run where Ziegler never settles."""
+    if step is None:
+        return False
+    return ziegler_step is None or step <= ziegler_step / 2
 
 
 def kl_trace(key: str, knob: Any, beta: float, trace: list[dict[str, float]], *, cb: Any, suite: Any,

@@ -69,7 +69,7 @@ from typing import Any
 from benchmarks.control.data import prompt_text
 from benchmarks.control.harness import (
     arm_progress, command_line, console, control_quality, figure, judged, mean_sd, record_targets, save_results,
-    scenario_args, start, KLBaselines, kl_adaptive_lr, kl_trace,
+    scenario_args, settles_against_ziegler, start, KLBaselines, kl_adaptive_lr, kl_trace, variant_label,
 )
 
 import torch  # noqa: E402
@@ -241,13 +241,8 @@ def pid_policy(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def variant(controller: dict[str, Any] | None) -> str:
-    """The PID arm's issue-40 variant, for its name: "" for the preset's law, else " (predict H)",
-    " (ramp N)" or both, read off its controller (so the aggregate names a stored run the same way
-    from the controller its file records)."""
-    c = controller or {}
-    parts = ([f"predict {c['horizon']:g}"] if c.get("horizon") else []) + \
-        ([f"ramp {c['setpoint_ramp']:g}"] if c.get("setpoint_ramp") else [])
-    return f" ({', '.join(parts)})" if parts else ""
+    """The PID arm's issue-40 variant from its controller (``harness.variant_label``)."""
+    return variant_label([controller] if controller else [])
 
 
 def run_arm(setup: Setup, kind: str, arm: dict[str, Any], a: argparse.Namespace, url: str, seed: int) -> dict[str, Any]:
@@ -428,7 +423,6 @@ def pid_targets(name: str, table: dict[str, Any], rs: list[dict[str, Any]], fixe
     if not picked:  # without a fixed arm (a variant run) there is nothing to judge against
         return None
     later = [s for s in seeds if s != pick_seed] or seeds
-
     mine = {r["seed"] for r in rs if r["arm"] == name}
 
     def on(arm: str, key: str) -> list[float]:  # the judged seeds this PID arm ran (the means compare like with like)
@@ -437,11 +431,7 @@ def pid_targets(name: str, table: dict[str, Any], rs: list[dict[str, Any]], fixe
     def runs(arm: str) -> dict[int, dict[str, Any]]:
         return {r["seed"]: r for r in rs if r["arm"] == arm}
 
-    def settle(r: dict[str, Any]) -> float:
-        return r["settling_step"] if r["settling_step"] is not None else steps + 1
-
-    closest = min(fixed, key=lambda n: table[n]["abs_error"][0])
-    hindsight = closest
+    closest = min(fixed, key=lambda n: table[n]["abs_error"][0])  # also the best in hindsight
     pid_runs, zie_runs, fixed_runs = runs(name), runs("Ziegler adaptive KL"), runs(picked)
     never = bool(zie_runs) and all(r["settling_step"] is None for r in zie_runs.values())
     out: dict[str, Any] = {
@@ -453,7 +443,7 @@ def pid_targets(name: str, table: dict[str, Any], rs: list[dict[str, Any]], fixe
         "abs_error_at_most_picked_fixed": mean_sd(on(name, "abs_error"))[0] <= mean_sd(on(picked, "abs_error"))[0],
         "pid_abs_error_later_seeds": mean_sd(on(name, "abs_error")),
         "picked_fixed_abs_error_later_seeds": mean_sd(on(picked, "abs_error")),
-        "abs_error_at_most_hindsight_fixed": pid["abs_error"][0] <= table[hindsight]["abs_error"][0],
+        "abs_error_at_most_hindsight_fixed": pid["abs_error"][0] <= table[closest]["abs_error"][0],
         # within one sd or above it: a law that ends with more reward than the fixed β has not paid for it
         "reward_within_one_sd_of_closest_fixed": pid["reward"][0] >= table[closest]["reward"][0]
         - max(table[closest]["reward"][1], 1e-9),
@@ -466,8 +456,7 @@ def pid_targets(name: str, table: dict[str, Any], rs: list[dict[str, Any]], fixe
     }
     if zie:
         per_seed["settles_in_half_ziegler_steps"] = {
-            s: r["settling_step"] is not None and (zie_runs[s]["settling_step"] is None
-                                                   or settle(r) <= settle(zie_runs[s]) / 2)
+            s: settles_against_ziegler(r["settling_step"], zie_runs[s]["settling_step"])
             for s, r in pid_runs.items() if s in zie_runs}
     verdicts = {k: judged({"met": out[k]}, v) for k, v in per_seed.items()}
     out.update({k: v["met"] for k, v in verdicts.items()}, verdicts=verdicts)
