@@ -189,7 +189,8 @@ def build_trainer(setup: ForgettingSetup, arm: dict[str, Any], a: argparse.Names
 
     setup.reset()
     name = arm["name"].replace(" ", "_").replace("=", "")
-    trainer = make_trainer(setup, name, arm["lr"], arm.get("steps", a.steps), seed, a.out)
+    trainer = make_trainer(setup, name, arm["lr"], arm.get("steps", a.steps), seed, a.out,
+                           batch_size=a.batch_size)
     kind, anc = arm["kind"], None
     if kind in ("fixed", "actuator", "tuned", "identify"):
         anc = anchor(setup, arm.get("w", 0.0), seed, a)
@@ -441,6 +442,7 @@ def _write_seed(a: argparse.Namespace, seed: int, base: dict[str, float], result
                 t_start: float, tuning: list[dict[str, Any]] | None = None) -> None:
     out = {"scenario": SCENARIO, "seed": seed, "steps": a.steps, "lr": a.lr, "budget": a.budget,
            "controller": constraint_policy(a)["controllers"][0], "anchor_batch": a.anchor_batch,
+           "batch_size": a.batch_size,
            "anchor_length": a.anchor_length, "anchor_topics": a.anchor_topics, "anchor_reading": a.anchor_reading,
            "anchor_words": a.anchor_words,
            "answers_only": a.answers_only, "open_cut_answers": a.open_cut_answers,
@@ -649,6 +651,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--w-step", type=float, default=0.25, help="largest change of w per decision")
     ap.add_argument("--fixed-w", type=float, nargs="+", default=[0.1, 0.3, 1.0, 3.0])
     ap.add_argument("--probe-every", type=int, default=2)
+    ap.add_argument("--batch-size", type=int, default=4,
+                    help="task examples per step (4: every table; 8: the robustness row's 2x batch)")
     ap.add_argument("--anchor-batch", type=int, default=1,
                     help="anchor texts per step (1: 1.35x the open loop's step, BENCHMARKS.md 'forgetting'; the "
                          "3-seed table of every arm was measured at 2: pass --anchor-batch 2 to reproduce it)")
@@ -684,6 +688,8 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     if not 0.0 <= a.anchor_priority <= 1.0:
         ap.error(f"--anchor-priority must be in [0, 1], got {a.anchor_priority}")
+    if a.batch_size < 1:
+        ap.error(f"--batch-size must be >= 1, got {a.batch_size}")
     if a.answer_tokens < 1:  # before the model loads, not at the first answer_kl probe
         ap.error(f"--answer-tokens must be >= 1, got {a.answer_tokens}")
     shipped_words = len(word_prompts())

@@ -68,13 +68,13 @@ class Setup:
                 "gold_logprob": values["hotpotqa.gold_logprob"], "hotpotqa_f1": values["hotpotqa.f1"]}
 
 
-def make_trainer(setup: Setup, name: str, lr: float, steps: int, seed: int, out: Path) -> Any:
+def make_trainer(setup: Setup, name: str, lr: float, steps: int, seed: int, out: Path, batch_size: int = 4) -> Any:
     from transformers import Trainer, TrainingArguments
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     torch.manual_seed(seed)
     args = TrainingArguments(
-        output_dir=str(out / name), max_steps=steps, per_device_train_batch_size=4, learning_rate=lr,
+        output_dir=str(out / name), max_steps=steps, per_device_train_batch_size=batch_size, learning_rate=lr,
         lr_scheduler_type="constant", logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
         seed=seed, disable_tqdm=True, dataloader_num_workers=0, weight_decay=0.0, per_device_eval_batch_size=8,
     )
