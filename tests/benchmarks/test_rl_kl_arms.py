@@ -74,3 +74,17 @@ def test_the_aggregate_names_and_judges_each_pid_variant_against_the_same_fixed_
     assert predict_t["verdicts"]["abs_error_at_most_picked_fixed"]["held_per_seed"] == {"1": True, "2": True}
     # more reward than the fixed pick is within one sd of it (the target asks for no loss)
     assert predict_t["reward_within_one_sd_of_closest_fixed"] and plain_t["reward_within_one_sd_of_closest_fixed"] is False
+
+
+def test_the_shipped_preset_is_the_prediction_arm_judged_on_five_seeds() -> None:
+    """preset:rl-kl is the benchmark's PID on log β with issue 40's prediction (``--predict 2``):
+    same probe, knob, direction, relative gains and horizon (the setpoint is the user's)."""
+    from actuator.policy import load_preset
+
+    (shipped,) = load_preset("rl-kl").model_dump(exclude_none=True)["controllers"]
+    (c,) = pid_policy(args("--predict", "2"))["controllers"]
+    assert (shipped["probe"], shipped["knob"], shipped["direction"]) == (c["probe"], c["knob"], c["direction"])
+    assert shipped["gains"] == "relative"
+    assert (shipped["kp"], shipped["ki"]) == pytest.approx((c["kp"] * c["setpoint"], c["ki"] * c["setpoint"]))
+    assert shipped["horizon"] == c["horizon"] == 2
+    assert not shipped.get("setpoint_ramp") and not c.get("setpoint_ramp")
