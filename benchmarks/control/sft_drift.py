@@ -64,8 +64,8 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
     drift = setup.KLDrift(setup.drift_prompts, setup.tok, every=every, max_length=96)
     trace: list[dict[str, float]] = []
     cb = None
-    if arm["kind"] in ("actuator", "tuned", "identify"):
-        policy = arm.get("policy") or pid_policy(a)
+    if arm["kind"] in ("actuator", "tuned", "identify", "auto"):
+        policy = arm.get("policy") or (auto_policy(a) if arm["kind"] == "auto" else pid_policy(a))
         if arm["kind"] == "identify":
             policy["probes"] = [{"name": "kl_drift", "every": 1}]
         cb = ActuatorCallback(policy, connection=url, probes=[drift], reporting={"budget_share": 1.0},
@@ -108,7 +108,8 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
         seconds = time.time() - t0
     final = setup.final_metrics(trainer)
     decisions = len(cb.applied) if cb is not None else None
-    return {"arm": arm["name"], "kind": arm["kind"], "start_lr": arm["lr"], "seed": seed, "trace": trace,
+    tuning = auto_events(url, cb.run_id) if arm["kind"] == "auto" and cb is not None else None
+    return {"auto_gains": tuning,"arm": arm["name"], "kind": arm["kind"], "start_lr": arm["lr"], "seed": seed, "trace": trace,
             "final": final, "final_lr": trainer.optimizer.param_groups[0]["lr"],
             "final_kl_drift": sum(t["kl_drift"] for t in trace[-3:]) / max(1, len(trace[-3:])),
             "seconds": seconds, "decisions": decisions, "run_id": cb.run_id if cb is not None else None,
@@ -121,6 +122,36 @@ def pid_policy(a: argparse.Namespace) -> dict[str, Any]:
         "name": "drift-lr", "probe": "kl_drift", "knob": "learning_rate", "setpoint": a.setpoint,
         "kp": a.kp / a.setpoint, "ki": a.ki / a.setpoint, "direction": "direct",
         "filter": {"kind": "ema", "alpha": a.filter_alpha}}]}
+
+
+def auto_policy(a: argparse.Namespace) -> dict[str, Any]:
+    """The hand PID with ``gains: auto``: the agent steps the learning rate at the start of the run,
+    the service fits the drift's answer and the controller runs on SIMC gains from the test's end;
+    the hand gains (stated relative: the same kp 4, ki 0.2 per setpoint) are the fallback.
+    ``--auto-window N`` sizes the step test to N steps (a quarter at the nominal rate, the rest
+    moved), in place of the agent's own sizing (10% of the run: 4 steps of 40, too few readings at
+    a probe every 2 steps for a fit, which needs 6)."""
+    policy = pid_policy(a)
+    c = policy["controllers"][0]
+    c.update({"gains": "auto", "kp": a.kp, "ki": a.ki})
+    if a.auto_window:
+        hold = max(1, a.auto_window // 4)
+        c["identify"] = {"hold": hold, "length": a.auto_window - hold}
+    policy["name"] = "bench-sft-drift-auto"
+    return policy
+
+
+def auto_events(url: str, run_id: str | None) -> dict[str, Any] | None:
+    """What the service did with the run's ``gains: auto``: its ``auto_gains`` (the fit, the
+    gains, the replay) or ``auto_gains_fallback`` (the problem, the reason) event's payload."""
+    import httpx
+
+    if run_id is None:
+        return None
+    events = httpx.get(f"{url}/v1/runs/{run_id}/events", params={"limit": 500}, timeout=30).json()
+    found = [{"kind": e["kind"], "step": e.get("step"), **e["payload"]} for e in events
+             if e.get("kind") in ("auto_gains", "auto_gains_fallback")]
+    return found[0] if found else None
 
 
 def identify_and_tune(setup: Setup, a: argparse.Namespace, url: str, seed: int) -> dict[str, Any]:
@@ -186,14 +217,14 @@ def aggregate(tag: str = "", results: Path = RESULTS) -> dict[str, Any]:
 
     def front_of(arms: list[dict[str, Any]]) -> set[str]:
         return pareto([(r["arm"], r["task_gain"], r["final_kl_drift"]) for r in arms
-                       if r["kind"] in ("open", "actuator", "tuned")])
+                       if r["kind"] in ("open", "actuator", "tuned", "auto")])
 
     def pair(arms: list[dict[str, Any]], kind: str) -> tuple[Any, Any]:
         ref = next((r for r in arms if r["kind"] == "open" and r["start_lr"] == lr), None)
         return next((r for r in arms if r["kind"] == kind), None), ref
 
     targets: dict[str, Any] = {}
-    for kind in ("actuator", "tuned"):
+    for kind in ("actuator", "tuned", "auto"):
         pid, ref = pair(list(means.values()), kind)
         if pid is None or ref is None:
             continue
@@ -239,7 +270,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     scenario_args(ap, SCENARIO, steps=40, quick="16 steps, three arms, fewer HotpotQA records",
-                  arms=["sweep", "open", "plateau", "actuator", "tuned"], arms_default=["sweep", "plateau", "actuator"],
+                  arms=["sweep", "open", "plateau", "actuator", "tuned", "auto"], arms_default=["sweep", "plateau", "actuator"],
                   arms_help="'open' runs only the open loop at --lr; 'sweep' runs lr/3, lr and 3*lr",
                   tag_help="results go to sft-drift-TAG.json (default sft-drift.json)",
                   aggregate="combine the result files of separate runs (one process per seed: --seeds N --tag "
@@ -253,7 +284,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--filter-alpha", type=float, default=1.0,
                     help="EMA weight of the newest drift reading (1 = no filter: the probe is deterministic)")
     identification_args(ap)
+    ap.add_argument("--auto-window", type=int, default=0, metavar="STEPS",
+                    help="auto arm: the warm-up step test's length (0: the agent sizes it, 10%% of the run)")
     a = ap.parse_args(argv)
+    if a.auto_window < 0:
+        ap.error(f"--auto-window must be >= 0, got {a.auto_window}")
     if a.aggregate:
         return aggregate(a.tag, a.results)
     if a.quick:
@@ -272,11 +307,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         {"name": "ReduceLROnPlateau", "kind": "plateau", "lr": a.lr},
         {"name": "actuator PID", "kind": "actuator", "lr": a.lr},
         {"name": "actuator PID (tuned)", "kind": "tuned", "lr": a.lr},
+        {"name": "actuator PID (gains auto)", "kind": "auto", "lr": a.lr},
     ]
     if a.quick:
         arms = [arms[1], arms[3], arms[4]]
     keep = {"sweep": ("open",), "open": ("open",), "plateau": ("plateau",), "actuator": ("actuator",),
-            "tuned": ("tuned",)}
+            "tuned": ("tuned",), "auto": ("auto",)}
     arms = [arm for arm in arms if any(arm["kind"] in keep[k] for k in a.arms)]
     if "sweep" not in a.arms:
         arms = [arm for arm in arms if arm["kind"] != "open" or arm["lr"] == a.lr]
@@ -309,7 +345,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for seed in a.seeds:
         mine = [r for r in results if r["seed"] == seed]
         points = [(r["arm"], r["task_gain"], r["final_kl_drift"]) for r in mine
-                  if r["kind"] in ("open", "actuator", "tuned")]
+                  if r["kind"] in ("open", "actuator", "tuned", "auto")]
         front = pareto(points)
         out["pareto_front"][f"seed {seed}"] = sorted(front)
         for r in mine:
@@ -320,10 +356,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                           "-" if r["decisions"] is None else str(r["decisions"]), "yes" if r["arm"] in front else "",
                           f"{r['seconds']:.0f}")
         ref = next((r for r in mine if r["kind"] == "open" and r["start_lr"] == a.lr), None)
-        for kind in ("actuator", "tuned"):
+        for kind in ("actuator", "tuned", "auto"):
             pid = next((r for r in mine if r["kind"] == kind), None)
             if ref and pid:
-                out["targets"][f"seed {seed}" + (" tuned" if kind == "tuned" else "")] = targets_of(pid, ref, front)
+                out["targets"][f"seed {seed}" + ("" if kind == "actuator" else f" {kind}")] = targets_of(pid, ref, front)
     console.print(table)
     console.print(f"targets: {out['targets']}")
     save_results(f"{SCENARIO}-{a.tag}" if a.tag else SCENARIO, out, plot, t_start, a.results)
