@@ -643,6 +643,21 @@ class Engine:
                        f"be fitted ({exc}); {spec.name!r} keeps its fallback gains"))
             return spec
         doc = next(c for c in tuned["policy"]["controllers"] if c["name"] == spec.name)
+        if spec.kind == "setpoint" and doc["direction"] != spec.direction:
+            # The policy states how the knob acts; a fit of the other sign is the probe's own motion
+            # during the test (a drift that goes on while the knob steps away) taken for the knob's
+            # effect, and gains of that sign would push the probe away from its setpoint.
+            model = tuned["model"]
+            st.auto = {**auto, "status": "fallback", "problem": "wrong_direction"}
+            says = "raises" if doc["direction"] == "direct" else "lowers"
+            result.events.append(AutoGainsFallback(
+                step=obs.step, controller=spec.name, knob=spec.knob, problem="wrong_direction", gains=_gains_set(spec),
+                reason=f"gains auto: the warm-up step test on {spec.knob} (steps {window[0]}-{window[1]}) fitted a "
+                       f"{model['kind']} model (gain {model['gain']:+.4g}, R2 {model['r2']:.2f}) by which raising "
+                       f"{spec.knob} {says} {spec.probe}, against the controller's direction {spec.direction!r}: the "
+                       "probe's own motion during the test was taken for the knob's effect; "
+                       f"{spec.name!r} keeps its fallback gains"))
+            return spec
         gains = _gains_set(spec, "absolute").model_copy(update={
             "kp": doc["kp"], "ki": doc["ki"], "kd": doc["kd"], "direction": doc["direction"],
             "setpoint_weight": doc["setpoint_weight"]})

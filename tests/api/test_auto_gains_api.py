@@ -125,3 +125,33 @@ def test_tuned_gains_survive_a_restart(tmp_path) -> None:
         second.close()
     made = [(d.step, d.new_value) for d in kept.created]
     assert made and made == [(d.step, d.new_value) for d in restarted.created]
+
+
+def test_a_fit_against_the_declared_direction_falls_back(tmp_path) -> None:
+    """The plant answers a higher rate with a higher probe (direct); a controller that declares
+    ``reverse`` gets no tuned gains of the other sign (they would push the probe away from its
+    setpoint under the declared law's fallback): the fit is refused as ``wrong_direction``, the
+    event says why, and the law runs on the fallback gains."""
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    from actuator.migrate import upgrade
+
+    upgrade(url)
+    store = Store(url)
+    try:
+        declared = {**AUTO, "name": "auto-reverse", "controllers": [controller(direction="reverse")]}
+        policy = store.create_policy(load_policy(declared))
+        run, _ = store.create_run(RunCreate(policy=declared["name"], knobs=KNOBS, identification=[WINDOW]), policy)
+        store.ingest(run.id, ObservationBatch(observations=plant(range(0, 13))))
+        state = store.get_run(run.id).controllers["hold"]["auto"]
+        assert state["status"] == "fallback" and state["problem"] == "wrong_direction"
+        events = [e for e in store.list_events(run.id) if e.kind.startswith("auto_gains")]
+        assert [e.kind for e in events] == ["auto_gains_fallback"]
+        assert "against the controller's direction 'reverse'" in events[0].payload["reason"]
+        assert events[0].payload["gains"]["direction"] == "reverse"
+        # the same plant under a controller declaring its true direction is tuned (the rule is the sign)
+        agreeing = store.create_run(RunCreate(policy=AUTO["name"], knobs=KNOBS, identification=[WINDOW]),
+                                    store.create_policy(load_policy(AUTO)))[0]
+        store.ingest(agreeing.id, ObservationBatch(observations=plant(range(0, 13))))
+        assert store.get_run(agreeing.id).controllers["hold"]["auto"]["status"] == "tuned"
+    finally:
+        store.close()
