@@ -185,14 +185,19 @@ def targets_of(pid: dict[str, Any], ref: dict[str, Any], front: set[str]) -> dic
     }
 
 
-def aggregate(tag: str = "", results: Path = RESULTS) -> dict[str, Any]:
+def aggregate(tag: str = "", results: Path = RESULTS, tags: list[str] | None = None) -> dict[str, Any]:
     """Combine the result files of separate runs (``sft-drift.json``, ``sft-drift-TAG.json``, one
-    seed or several each; with ``tag``, the files ``sft-drift-TAG*.json``): each arm's mean ± sd
-    and worst seed, and each target judged by the harness rule (on the means and on >= 4 of 5
-    seeds). Writes ``sft-drift-aggregate{-TAG}.json`` / ``.png``."""
+    seed or several each; with ``tag``, the files ``sft-drift-TAG*.json``; with ``tags``, those of
+    every tag listed): each arm's mean ± sd and worst seed, each target judged by the harness rule
+    (on the means and on >= 4 of 5 seeds), and the ``gains: auto`` arm against the hand gains
+    (:func:`auto_against_hand`). Writes ``sft-drift-aggregate{-TAG}.json`` / ``.png``."""
     name = f"{SCENARIO}-aggregate" + (f"-{tag}" if tag else "")
-    found = read_seeds(results, f"{SCENARIO}-{tag}*.json" if tag else f"{SCENARIO}*.json",
-                       keep=lambda f: "-aggregate" not in f.stem)
+    patterns = [f"{SCENARIO}-{t}*.json" for t in tags] if tags else \
+        [f"{SCENARIO}-{tag}*.json" if tag else f"{SCENARIO}*.json"]
+    found: list[tuple[Path, dict[str, Any]]] = []
+    for pattern in patterns:
+        found += [f for f in read_seeds(results, pattern, keep=lambda f: "-aggregate" not in f.stem)
+                  if f[0] not in {g for g, _ in found}]
     runs: dict[tuple[str, int], dict[str, Any]] = {}
     for _, part in found:
         for r in part["arms"]:
@@ -209,8 +214,12 @@ def aggregate(tag: str = "", results: Path = RESULTS) -> dict[str, Any]:
         gain = {s: r["task_gain"] for s, r in mine.items()}
         acc = {s: r["final"]["task_accuracy"] for s, r in mine.items()}
         drift = {s: r["final_kl_drift"] for s, r in mine.items()}
+        peak = {s: max(t["kl_drift"] for t in r["trace"]) for s, r in mine.items() if r["trace"]}
+        over = {s: float(r["steps_over_setpoint"]) for s, r in mine.items()}
         rows[n] = {"kind": any_run["kind"], "seeds": sorted(mine), "task_gain": spread(gain),
-                   "task_accuracy": spread(acc), "final_kl_drift": spread(drift, higher_is_better=False)}
+                   "task_accuracy": spread(acc), "final_kl_drift": spread(drift, higher_is_better=False),
+                   "peak_kl_drift": spread(peak, higher_is_better=False),
+                   "probes_over_setpoint": spread(over, higher_is_better=False)}
         means[n] = {"arm": n, "kind": any_run["kind"], "start_lr": any_run["start_lr"],
                     "task_gain": rows[n]["task_gain"]["mean"], "final_kl_drift": rows[n]["final_kl_drift"]["mean"],
                     "final": {"task_accuracy": rows[n]["task_accuracy"]["mean"]}}
@@ -238,12 +247,46 @@ def aggregate(tag: str = "", results: Path = RESULTS) -> dict[str, Any]:
         targets[kind] = {k: judged({"met": v}, {s: t[k] for s, t in per_seed.items()})
                          for k, v in on_mean.items() if isinstance(v, bool)}
         targets[kind]["drift_ratio_of_means"] = on_mean["drift_ratio"]
+    auto = auto_against_hand(runs, first["setpoint"])
+    if auto:
+        targets["auto_vs_hand"] = auto
     out = {"scenario": SCENARIO, "aggregate": True, "seeds": seeds, "lr": lr, "setpoint": first["setpoint"],
            "steps": first["steps"], "rows": rows, "targets": targets, "arms": list(runs.values()),
            "files": [f.name for f, _ in found]}
     console.print(json.dumps({"rows": rows, "targets": targets}, indent=1, default=str))
     save_results(name, out, plot, results=results)
     return out
+
+
+def auto_against_hand(runs: dict[tuple[str, int], dict[str, Any]], setpoint: float) -> dict[str, Any]:
+    """``gains: auto`` against the hand gains it falls back to, on the seeds both ran (issue 37's
+    "at least as good as the fixed gains"): the final drift no further from the setpoint, and the
+    peak no higher; each judged on the means and on the seeds (harness rule). What the service did
+    with each seed's step test (tuned, or the fallback's problem) is listed beside."""
+    hand = {s: r for (_, s), r in runs.items() if r["kind"] == "actuator"}
+    auto = {s: r for (_, s), r in runs.items() if r["kind"] == "auto"}
+    both = sorted(set(hand) & set(auto))
+    if not both:
+        return {}
+
+    def err(r: dict[str, Any]) -> float:
+        return abs(r["final_kl_drift"] - setpoint)
+
+    def peak(r: dict[str, Any]) -> float:
+        return max(t["kl_drift"] for t in r["trace"])
+
+    def mean(f: Any, rs: dict[int, dict[str, Any]]) -> float:
+        return sum(f(rs[s]) for s in both) / len(both)
+
+    return {
+        "seeds": both,
+        "final_error_no_worse": judged({"met": mean(err, auto) <= mean(err, hand), "auto": mean(err, auto),
+                                        "hand": mean(err, hand)}, {s: err(auto[s]) <= err(hand[s]) for s in both}),
+        "peak_no_higher": judged({"met": mean(peak, auto) <= mean(peak, hand), "auto": mean(peak, auto),
+                                  "hand": mean(peak, hand)}, {s: peak(auto[s]) <= peak(hand[s]) for s in both}),
+        "outcome": {str(s): (auto[s].get("auto_gains") or {}).get("problem") or
+                    (auto[s].get("auto_gains") or {}).get("kind") for s in both},
+    }
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
@@ -284,13 +327,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--filter-alpha", type=float, default=1.0,
                     help="EMA weight of the newest drift reading (1 = no filter: the probe is deterministic)")
     identification_args(ap)
+    ap.add_argument("--aggregate-tags", nargs="+", default=None, metavar="TAG",
+                    help="with --aggregate: combine the files of several tags (sft-drift-TAG*.json for each)")
     ap.add_argument("--auto-window", type=int, default=0, metavar="STEPS",
                     help="auto arm: the warm-up step test's length (0: the agent sizes it, 10%% of the run)")
     a = ap.parse_args(argv)
     if a.auto_window < 0:
         ap.error(f"--auto-window must be >= 0, got {a.auto_window}")
     if a.aggregate:
-        return aggregate(a.tag, a.results)
+        return aggregate(a.tag, a.results, tags=a.aggregate_tags)
     if a.quick:
         a.steps = min(a.steps, 16)
     url = start(a)

@@ -56,3 +56,27 @@ def test_a_negative_window_is_refused_naming_the_flag(capsys) -> None:
     with pytest.raises(SystemExit):
         sft_drift.main(["--auto-window", "-1"])
     assert "--auto-window must be >= 0, got -1" in capsys.readouterr().err
+
+
+def run(kind: str, seed: int, drifts: list[float], outcome: dict | None = None) -> dict:
+    return {"arm": kind, "kind": kind, "seed": seed, "final_kl_drift": sum(drifts[-3:]) / 3,
+            "trace": [{"step": 2 * i, "kl_drift": d, "lr": 3e-5} for i, d in enumerate(drifts)],
+            "auto_gains": outcome}
+
+
+def test_auto_is_judged_against_the_hand_gains_on_the_seeds_both_ran() -> None:
+    hand = [0.5, 1.2, 1.7, 1.6, 1.55, 1.5]
+    late = [0.5, 1.6, 2.6, 2.4, 2.3, 2.2]  # the step test holds the rate while drift passes the setpoint
+    runs = {("actuator", s): run("actuator", s, hand) for s in range(5)}
+    runs |= {("auto", s): run("auto", s, late, {"kind": "auto_gains_fallback", "problem": "wrong_direction"})
+             for s in range(4)}
+    runs[("auto", 4)] = run("auto", 4, hand, {"kind": "auto_gains"})  # as good on one seed
+    v = sft_drift.auto_against_hand(runs, 1.5)
+    assert v["seeds"] == [0, 1, 2, 3, 4]
+    assert v["final_error_no_worse"]["seeds_held"] == 1 and v["final_error_no_worse"]["met"] is False
+    assert v["peak_no_higher"]["held_per_seed"] == {"0": False, "1": False, "2": False, "3": False, "4": True}
+    assert v["final_error_no_worse"]["auto"] > v["final_error_no_worse"]["hand"]
+    assert v["outcome"] == {"0": "wrong_direction", "1": "wrong_direction", "2": "wrong_direction",
+                            "3": "wrong_direction", "4": "auto_gains"}
+    # without an auto arm there is nothing to judge
+    assert sft_drift.auto_against_hand({k: r for k, r in runs.items() if k[0] == "actuator"}, 1.5) == {}
