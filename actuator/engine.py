@@ -612,12 +612,39 @@ class Engine:
         samples = auto.setdefault("samples", [])
         if not samples:
             auto["initial"] = float(ctx.knobs[spec.knob].value)
+            auto["first"] = raw
         samples.append([obs.seq, obs.step, raw, obs.knobs.get(spec.knob)])
         if len(samples) > AUTO_MAX_SAMPLES:
             del samples[1::2]
         if obs.step < int(auto["end"]):
-            return None
+            passed = self._passed(spec, st, auto, raw, obs.step)
+            if passed is None:
+                return None
+            # The test holds the knob and the law waits; a probe past its setpoint (or budget) is
+            # a run out of control for the rest of the window: the test ends here, and the law
+            # acts from this observation on (the agent ends its test at this decision).
+            auto["ended_early"] = {"step": obs.step, "value": raw, "setpoint": passed}
         return self._calibrate(ctx, obs, spec, st, auto, result)
+
+    @staticmethod
+    def _passed(spec: ControllerSpec, st: ControllerState, auto: dict[str, Any], raw: float,
+                step: int) -> float | None:
+        """The setpoint (a constraint's budget) when ``raw`` is past it: across it from where the
+        test's first reading stood (a setpoint), on the side the bound limits (a constraint);
+        else None."""
+        target = spec.setpoint if st.setpoint_override is None else st.setpoint_override
+        if target is None:
+            return None
+        baseline = st.baseline if st.baseline is not None else float(auto.get("first", raw))
+        setpoint = setpoint_at(target, step, baseline)
+        if not math.isfinite(setpoint):
+            return None
+        if spec.kind == "constraint":
+            past = raw > setpoint if spec.bound == "upper" else raw < setpoint
+        else:
+            first = float(auto.get("first", raw))
+            past = (first - setpoint) * (raw - setpoint) < 0
+        return setpoint if past else None
 
     def _calibrate(self, ctx: RunContext, obs: ObservationCreate, spec: ControllerSpec, st: ControllerState,
                    auto: dict[str, Any], result: EngineResult) -> ControllerSpec:
@@ -631,7 +658,10 @@ class Engine:
             seq=seq, step=step, probes={} if in_metrics else {name: y}, metrics={name: y} if in_metrics else {},
             knobs={} if u is None else {spec.knob: u})
             for seq, step, y, u in auto.pop("samples")]
-        window = (int(auto["start"]), int(auto["end"]))
+        early = auto.get("ended_early")
+        window = (int(auto["start"]), int(early["step"]) if early else int(auto["end"]))
+        ended = (f"the step test ended early at step {early['step']}: {spec.probe} {early['value']:.4g} passed "
+                 f"{early['setpoint']:.4g}; " if early else "")
         try:
             tuned = tune_controller(self.policy, knobs, spec.name, observations)
         except (ValueError, ArithmeticError) as exc:  # NotIdentifiable, ParameterError, a PolicyError
@@ -639,8 +669,8 @@ class Engine:
             st.auto = {**auto, "status": "fallback", "problem": problem}
             result.events.append(AutoGainsFallback(
                 step=obs.step, controller=spec.name, knob=spec.knob, problem=problem, gains=_gains_set(spec),
-                reason=f"gains auto: the warm-up step test on {spec.knob} (steps {window[0]}-{window[1]}) could not "
-                       f"be fitted ({exc}); {spec.name!r} keeps its fallback gains"))
+                reason=f"gains auto: {ended}the warm-up step test on {spec.knob} (steps {window[0]}-{window[1]}) "
+                       f"could not be fitted ({exc}); {spec.name!r} keeps its fallback gains"))
             return spec
         doc = next(c for c in tuned["policy"]["controllers"] if c["name"] == spec.name)
         if spec.kind == "setpoint" and doc["direction"] != spec.direction:
@@ -652,7 +682,7 @@ class Engine:
             says = "raises" if doc["direction"] == "direct" else "lowers"
             result.events.append(AutoGainsFallback(
                 step=obs.step, controller=spec.name, knob=spec.knob, problem="wrong_direction", gains=_gains_set(spec),
-                reason=f"gains auto: the warm-up step test on {spec.knob} (steps {window[0]}-{window[1]}) fitted a "
+                reason=f"gains auto: {ended}the warm-up step test on {spec.knob} (steps {window[0]}-{window[1]}) fitted a "
                        f"{model['kind']} model (gain {model['gain']:+.4g}, R2 {model['r2']:.2f}) by which raising "
                        f"{spec.knob} {says} {spec.probe}, against the controller's direction {spec.direction!r}: the "
                        "probe's own motion during the test was taken for the knob's effect; "
@@ -669,7 +699,7 @@ class Engine:
             step=obs.step, controller=spec.name, knob=spec.knob, window=window,
             fit=AutoGainsFit(model=model["kind"], gain=model["gain"], tau=model["tau"], theta=model["theta"],
                              r2=model["r2"], nrmse=model["nrmse"], observations=model["observations"]),
-            gains=gains, warnings=list(tuned["warnings"]),
+            gains=gains, warnings=([ended.removesuffix("; ")] if early else []) + list(tuned["warnings"]),
             predicted=AutoGainsPrediction(settling_steps=predicted["proposed"]["settling_steps"],
                                           overshoot_pct=predicted["proposed"]["overshoot_pct"],
                                           horizon=predicted["horizon"])))

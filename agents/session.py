@@ -709,6 +709,14 @@ class ControlSession:
             log.warning("actuator: decision %d names knob %r, which this run has no setter for", d.number, d.knob)
             self._acknowledge(d.number, step, None, f"this run has no setter for knob {d.knob!r}")
             return
+        if (self.identification is not None and self.identification.holds(d.knob, step)
+                and self.auto_window is not None and d.controller == self.auto_window.controller):
+            # The service ends a gains-auto step test early when the probe passes its setpoint
+            # (budget): the controller's first decision is that signal, on every rank alike.
+            log.warning("actuator: gains auto: the service ended the step test on %s early (the probe passed its "
+                        "setpoint); %r controls it from step %d, not %d", d.knob, d.controller, step,
+                        self.identification.end)
+            self.identification = None
         if self.identification is not None and self.identification.holds(d.knob, step):
             log.info("actuator: decision %d on %s set aside: identification runs until step %d", d.number,
                      d.knob, self.identification.end)

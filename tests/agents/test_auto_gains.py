@@ -31,9 +31,9 @@ KNOBS = {"learning_rate": {"min": 1e-5, "max": 1e-1, "max_step": 0.5}}
 FALLBACK = {"kp": 0.5, "ki": 0.1}
 
 
-def policy(name: str) -> dict:
+def policy(name: str, setpoint: float = 1.2) -> dict:
     return {"name": name, "controllers": [{"name": "hold", "probe": "custom.plant", "knob": "learning_rate",
-                                           "setpoint": 1.2, "gains": "auto", **FALLBACK}]}
+                                           "setpoint": setpoint, "gains": "auto", **FALLBACK}]}
 
 
 class Plant(Probe):
@@ -57,11 +57,20 @@ class Plant(Probe):
         return {"custom.plant": Y0 + self.gain * (self.x - math.log(LR))}
 
 
-def train(tmp_path, tokenizer, service, gain: float, name: str, **schedule):
+def train(tmp_path, tokenizer, service, gain: float, name: str, setpoint: float = 1.2, lrs: list | None = None,
+          **schedule):
     schedule = schedule or {"scheduler": "linear", "warmup_steps": WARMUP}
     trainer = make_trainer(tmp_path, tokenizer, steps=STEPS, lr=LR, **schedule)
-    cb = ActuatorCallback(policy(name), connection=service.url, knobs=KNOBS, probes=[Plant(trainer, gain)],
+    cb = ActuatorCallback(policy(name, setpoint), connection=service.url, knobs=KNOBS, probes=[Plant(trainer, gain)],
                           reporting=Reporting(budget_share=1.0)).attach(trainer)
+    if lrs is not None:  # the peak rate the optimizer really ran each step at
+        from transformers import TrainerCallback
+
+        class Rates(TrainerCallback):
+            def on_step_begin(self, args, state, control, **kw):
+                lrs.append((state.global_step, trainer.lr_scheduler.base_lrs[0]))
+
+        trainer.add_callback(Rates())
     trainer.train()
     run = cb.run_id
     events = httpx.get(f"{service.url}/v1/runs/{run}/events", params={"limit": 500}).json()
@@ -98,7 +107,9 @@ def payloads(events: list[dict], kind: str) -> list[dict]:
 
 def test_auto_gains_tunes_at_warmup_and_controls_with_them(tmp_path, char_tokenizer, sqlite_service, caplog):
     caplog.set_level(logging.WARNING, logger="actuator")
-    events, decisions, observations = train(tmp_path, char_tokenizer, sqlite_service, GAIN, "auto-plant")
+    # the setpoint lies beyond where the step test takes the plant (1.4): the test runs to its end
+    events, decisions, observations = train(tmp_path, char_tokenizer, sqlite_service, GAIN, "auto-plant",
+                                            setpoint=1.6)
     tuned = payloads(events, "auto_gains")
     assert len(tuned) == 1 and not payloads(events, "auto_gains_fallback"), events
     ev = tuned[0]
@@ -120,11 +131,11 @@ def test_auto_gains_tunes_at_warmup_and_controls_with_them(tmp_path, char_tokeni
     # no decision on the knob was ordered during the test; those after it are the tuned gains'
     assert decisions and all(d["step"] > end for d in decisions)
     made = [(d["knob"], d["step"], d["new_value"]) for d in sorted(decisions, key=lambda d: d["number"])]
-    tuned_doc = policy("replay")
+    tuned_doc = policy("replay", 1.6)
     tuned_doc["controllers"][0].update(gains="absolute", kp=gains["kp"], ki=gains["ki"], kd=gains["kd"],
                                        setpoint_weight=gains["setpoint_weight"])
     same(made, replay(tuned_doc, observations, end))
-    fallback_doc = policy("replay")
+    fallback_doc = policy("replay", 1.6)
     fallback_doc["controllers"][0]["gains"] = "relative"
     with pytest.raises(AssertionError):
         same(made, replay(fallback_doc, observations, end))
@@ -175,3 +186,29 @@ def test_a_schedule_of_the_users_own_sizes_the_test_to_its_warmup(tmp_path, char
     trainer.train()
     auto = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}").json()["controllers"]["hold"]["auto"]
     assert (auto["start"], auto["end"]) == (0, 8)
+
+
+def test_a_probe_that_passes_its_setpoint_ends_the_step_test_early(tmp_path, char_tokenizer, sqlite_service, caplog):
+    """The step test moves the rate up (x1.65) and the plant rises from 1.0 toward 1.4, past a
+    setpoint of 1.2 at step 5 of the 12-step test. The service ends the test there (fitting the
+    readings it has), the controller's first decisions reach the agent inside the window, and the
+    agent ends its test on them: the rate the optimizer runs at is the controller's from then on,
+    and the window's end restores nothing."""
+    caplog.set_level(logging.WARNING, logger="actuator")
+    lrs: list = []
+    events, decisions, _ = train(tmp_path, char_tokenizer, sqlite_service, GAIN, "auto-passed", setpoint=1.2, lrs=lrs)
+    (ev,) = payloads(events, "auto_gains_fallback") + payloads(events, "auto_gains")
+    said = ev.get("reason") or " ".join(ev.get("warnings", []))
+    assert "the step test ended early at step" in said, ev
+    assert ev["step"] < WARMUP and ev.get("window", [0, ev["step"]])[1] == ev["step"]
+    first = min(decisions, key=lambda d: d["number"])
+    assert first["controller"] == "hold" and first["new_value"] < LR * math.exp(0.5)  # over its setpoint: lower
+    assert first["applied_step"] is not None and first["applied_step"] < WARMUP, first
+    ran = dict(lrs)  # step boundary -> the rate of the step after it
+    at_first = [d for d in sorted(decisions, key=lambda d: d["number"]) if d["applied_step"] == first["applied_step"]]
+    assert ran[first["applied_step"]] == pytest.approx(at_first[-1]["applied_value"], rel=1e-9)
+    # nothing put the test's nominal rate back at the window's end: the controller's value stands
+    by_end = [d for d in sorted(decisions, key=lambda d: d["number"])
+                  if d["applied_step"] is not None and d["applied_step"] <= WARMUP]
+    assert ran[WARMUP] == pytest.approx(by_end[-1]["applied_value"], rel=1e-9)
+    assert any("ended the step test" in r.getMessage() for r in caplog.records)

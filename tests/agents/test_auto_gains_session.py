@@ -25,7 +25,7 @@ from actuator.policy import load_policy
 from actuator.schemas import KnobSpec, RunCreated
 
 AUTO = {"name": "auto-session", "controllers": [{"name": "hold", "probe": "custom.plant", "knob": "learning_rate",
-                                                 "setpoint": 1.2, "gains": "auto", "kp": 0.5, "ki": 0.1}]}
+                                                 "setpoint": 1.6, "gains": "auto", "kp": 0.5, "ki": 0.1}]}
 LR = KnobSpec(name="learning_rate", value=1e-3, min=1e-5, max=1e-1, scale="log")
 
 

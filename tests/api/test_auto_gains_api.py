@@ -14,8 +14,9 @@ from actuator.policy import PolicyError, load_policy
 from actuator.schemas import ObservationBatch, ObservationCreate, RunCreate
 from actuator.store import Store
 
+# The setpoint lies beyond where the step test takes plant() (1.0 -> 1.4): the test runs to its end.
 AUTO = {"name": "auto-api", "controllers": [{"name": "hold", "probe": "custom.plant", "knob": "learning_rate",
-                                             "setpoint": 1.2, "gains": "auto", "kp": 0.5, "ki": 0.1}]}
+                                             "setpoint": 1.6, "gains": "auto", "kp": 0.5, "ki": 0.1}]}
 KNOBS = [{"name": "learning_rate", "value": 1e-3, "min": 1e-5, "max": 1e-1, "scale": "log", "max_step": 0.5}]
 WINDOW = {"controller": "hold", "knob": "learning_rate", "start": 0, "end": 12, "size": 0.5}
 
@@ -153,5 +154,37 @@ def test_a_fit_against_the_declared_direction_falls_back(tmp_path) -> None:
                                     store.create_policy(load_policy(AUTO)))[0]
         store.ingest(agreeing.id, ObservationBatch(observations=plant(range(0, 13))))
         assert store.get_run(agreeing.id).controllers["hold"]["auto"]["status"] == "tuned"
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("kind", ["setpoint", "constraint"])
+def test_a_probe_past_its_setpoint_ends_the_test_early(tmp_path, kind: str) -> None:
+    """plant() passes 1.2 at step 4 of the 12-step test: the test ends there (5 readings: too few
+    to fit, so the fallback gains), the event says so, and the law decides from that observation's
+    next one on instead of waiting for step 12. A constraint ends it when its budget binds."""
+    url = f"sqlite:///{tmp_path / 'e.db'}"
+    from actuator.migrate import upgrade
+
+    upgrade(url)
+    store = Store(url)
+    try:
+        extra = {"kind": "constraint", "bound": "upper", "knob": "kl_weight"} if kind == "constraint" else {}
+        doc = {**AUTO, "name": f"early-{kind}", "controllers": [controller(setpoint=1.2, **extra)]}
+        knobs = KNOBS if kind == "setpoint" else [{"name": "kl_weight", "value": 0.0, "min": 0.0, "max": 2.0}]
+        window = {**WINDOW, "knob": "kl_weight", "size": 0.2} if kind == "constraint" else WINDOW
+        run, _ = store.create_run(RunCreate(policy=doc["name"], knobs=knobs, identification=[window]),
+                                  store.create_policy(load_policy(doc)))
+        made = []
+        for o in plant(range(0, 13)):
+            if kind == "constraint":
+                o = o.model_copy(update={"knobs": {"kl_weight": 0.0}})
+            made += [(d.step, d.controller) for d in store.ingest(run.id, ObservationBatch(observations=[o])).created]
+        (ev,) = [e for e in store.list_events(run.id) if e.kind.startswith("auto_gains")]
+        assert ev.kind == "auto_gains_fallback" and ev.step == 4
+        assert "the step test ended early at step 4: custom.plant 1.253 passed 1.2" in ev.payload["reason"]
+        assert "(steps 0-4)" in ev.payload["reason"]
+        assert made and made[0][1] == "hold" and made[0][0] < 12
+        assert store.get_run(run.id).controllers["hold"]["auto"]["status"] == "fallback"
     finally:
         store.close()

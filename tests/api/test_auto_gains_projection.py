@@ -14,9 +14,11 @@ import pytest
 from actuator.controllers.pid import PID, PIDConfig
 from actuator.policy import load_policy
 
-LR, RATE, END = 1e-3, 0.1, 12
+# The setpoint lies beyond where the step test takes the plant (1.45 by its end): a probe that
+# passed it would end the test early (tests/api/test_auto_gains_api.py).
+LR, RATE, END, SETPOINT = 1e-3, 0.1, 12, 1.6
 POLICY = {"name": "auto-projection", "controllers": [{
-    "name": "hold", "probe": "custom.plant", "knob": "learning_rate", "setpoint": 1.2, "gains": "auto",
+    "name": "hold", "probe": "custom.plant", "knob": "learning_rate", "setpoint": SETPOINT, "gains": "auto",
     "kp": 0.5, "ki": 0.1, "horizon": 2}]}
 KNOBS = [{"name": "learning_rate", "value": LR, "min": 1e-5, "max": 1e-1, "scale": "log", "max_step": 3.0}]
 WINDOW = {"controller": "hold", "knob": "learning_rate", "start": 0, "end": END, "size": 0.5}
@@ -50,7 +52,7 @@ def replay(gains: dict, model: dict | None, seen: list[tuple[int, float, float]]
     spec = load_policy(POLICY).controllers[0]
     fit = {} if model is None else {"model_rate": model["rate"], "model_drift": model["drift"],
                                     "model_u_ref": model["u_ref"]}
-    law = PID(PIDConfig(setpoint=1.2, kp=gains["kp"], ki=gains["ki"], kd=gains["kd"], out_min=1e-5, out_max=1e-1,
+    law = PID(PIDConfig(setpoint=SETPOINT, kp=gains["kp"], ki=gains["ki"], kd=gains["kd"], out_min=1e-5, out_max=1e-1,
                         scale="log", direction=gains["direction"], max_step=3.0, deadband=spec.deadband,
                         cooldown=float(spec.cooldown), setpoint_weight=gains["setpoint_weight"], horizon=2,
                         setpoint_ramp=spec.setpoint_ramp, **fit))

@@ -105,7 +105,7 @@ def drive(url: str) -> dict[str, Any]:
 
 
 AUTO = {"name": "typed-auto", "controllers": [{"name": "hold", "probe": "custom.plant", "knob": "learning_rate",
-                                               "setpoint": 1.2, "gains": "auto", "kp": 0.5, "ki": 0.1}]}
+                                               "setpoint": 1.6, "gains": "auto", "kp": 0.5, "ki": 0.1}]}
 
 
 def drive_auto(url: str) -> list[str]:

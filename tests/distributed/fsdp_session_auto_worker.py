@@ -30,7 +30,7 @@ from ranks import (applied_report, leave_group, mismatches, record_lr,  # noqa: 
                    sharded_tiny_llama, train_under_session, worker_parser)
 
 POLICY = {"name": "fsdp2-session-auto", "controllers": [{
-    "name": "hold", "probe": "custom.plant", "knob": "learning_rate", "setpoint": 1.2, "gains": "auto",
+    "name": "hold", "probe": "custom.plant", "knob": "learning_rate", "setpoint": 1.6, "gains": "auto",
     "kp": 0.5, "ki": 0.1}]}
 
 

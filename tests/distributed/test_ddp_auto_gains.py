@@ -17,7 +17,7 @@ from ranks import run_two_ranks
 WORKER = Path(__file__).with_name("ddp_auto_gains_worker.py")
 STEPS, WARMUP, LR = 24, 12, 5e-3
 POLICY = {"name": "ddp-auto-gains", "controllers": [{
-    "name": "hold", "probe": "custom.plant", "knob": "learning_rate", "setpoint": 1.2, "gains": "auto",
+    "name": "hold", "probe": "custom.plant", "knob": "learning_rate", "setpoint": 1.6, "gains": "auto",
     "kp": 0.5, "ki": 0.1}]}
 
 
@@ -62,3 +62,25 @@ def test_the_step_test_moves_the_lr_of_every_rank_alike(tmp_path, sqlite_service
     assert (auto["start"], auto["end"]) == (start, end)
     events = httpx.get(f"{url}/v1/runs/{run}/events", params={"limit": 500}).json()
     assert {e["kind"] for e in events} & {"auto_gains", "auto_gains_fallback"}, events
+
+
+def test_a_test_ended_early_ends_on_every_rank_alike(tmp_path, sqlite_service):
+    """A setpoint the step test carries the plant past (1.2; the test takes it toward 1.4): the
+    service ends the test early and the controller's decisions arrive inside the window. They reach
+    both ranks at the same boundary (rank 0's broadcast), so both end the test there, apply the
+    same values and keep training with the same lr."""
+    url = sqlite_service.url
+    policy = {**POLICY, "name": "ddp-auto-early", "controllers": [{**POLICY["controllers"][0], "setpoint": 1.2}]}
+    assert httpx.post(f"{url}/v1/policies", json=policy).status_code == 201
+    r0, r1 = run_two_ranks(
+        tmp_path, WORKER, ["--url", url, "--policy", policy["name"], "--steps", str(STEPS), "--warmup", str(WARMUP)],
+        lambda rank, port: dict(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+                                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)), timeout=300)
+    assert r0["window"] is None and r1["window"] is None, "both ranks ended their step test"
+    end = httpx.get(f"{url}/v1/runs/{r0['run_id']}").json()["controllers"]["hold"]["auto"]["end"]  # the plan's
+    early = [e for e in r0["applied"] if e["step"] < end]
+    assert early, "the controller's decisions reached the ranks inside the planned window"
+    assert r0["applied"] == r1["applied"] and r0["used"] == r1["used"] and r0["checksum"] == r1["checksum"]
+    events = httpx.get(f"{url}/v1/runs/{r0['run_id']}/events", params={"limit": 500}).json()
+    (ev,) = [e["payload"] for e in events if e["kind"] in ("auto_gains", "auto_gains_fallback")]
+    assert ev["step"] < end
