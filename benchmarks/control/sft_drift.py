@@ -188,11 +188,11 @@ def targets_of(pid: dict[str, Any], ref: dict[str, Any], front: set[str]) -> dic
 def aggregate(tag: str = "", results: Path = RESULTS, tags: list[str] | None = None) -> dict[str, Any]:
     """Combine the result files of separate runs (``sft-drift.json``, ``sft-drift-TAG.json``, one
     seed or several each; with ``tag``, the files ``sft-drift-TAG*.json``; with ``tags``, those of
-    every tag listed): each arm's mean ± sd and worst seed, each target judged by the harness rule
+    every tag listed, ``-`` for the untagged file): each arm's mean ± sd and worst seed, each target judged by the harness rule
     (on the means and on >= 4 of 5 seeds), and the ``gains: auto`` arm against the hand gains
     (:func:`auto_against_hand`). Writes ``sft-drift-aggregate{-TAG}.json`` / ``.png``."""
     name = f"{SCENARIO}-aggregate" + (f"-{tag}" if tag else "")
-    patterns = [f"{SCENARIO}-{t}*.json" for t in tags] if tags else \
+    patterns = [f"{SCENARIO}.json" if t == "-" else f"{SCENARIO}-{t}*.json" for t in tags] if tags else \
         [f"{SCENARIO}-{tag}*.json" if tag else f"{SCENARIO}*.json"]
     found: list[tuple[Path, dict[str, Any]]] = []
     for pattern in patterns:
@@ -328,7 +328,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     help="EMA weight of the newest drift reading (1 = no filter: the probe is deterministic)")
     identification_args(ap)
     ap.add_argument("--aggregate-tags", nargs="+", default=None, metavar="TAG",
-                    help="with --aggregate: combine the files of several tags (sft-drift-TAG*.json for each)")
+                    help="with --aggregate: combine the files of several tags (sft-drift-TAG*.json for each; "
+                         "'-': the untagged sft-drift.json)")
     ap.add_argument("--auto-window", type=int, default=0, metavar="STEPS",
                     help="auto arm: the warm-up step test's length (0: the agent sizes it, 10%% of the run)")
     a = ap.parse_args(argv)
