@@ -214,8 +214,9 @@ def aggregate(tag: str = "", results: Path = RESULTS, tags: list[str] | None = N
         gain = {s: r["task_gain"] for s, r in mine.items()}
         acc = {s: r["final"]["task_accuracy"] for s, r in mine.items()}
         drift = {s: r["final_kl_drift"] for s, r in mine.items()}
-        peak = {s: max(t["kl_drift"] for t in r["trace"]) for s, r in mine.items() if r["trace"]}
-        over = {s: float(r["steps_over_setpoint"]) for s, r in mine.items()}
+        # (files written before a field existed lack it: those seeds are left out of its spread)
+        peak = {s: max(t["kl_drift"] for t in r["trace"]) for s, r in mine.items() if r.get("trace")}
+        over = {s: float(r["steps_over_setpoint"]) for s, r in mine.items() if "steps_over_setpoint" in r}
         rows[n] = {"kind": any_run["kind"], "seeds": sorted(mine), "task_gain": spread(gain),
                    "task_accuracy": spread(acc), "final_kl_drift": spread(drift, higher_is_better=False),
                    "peak_kl_drift": spread(peak, higher_is_better=False),
@@ -273,7 +274,7 @@ def auto_against_hand(runs: dict[tuple[str, int], dict[str, Any]], setpoint: flo
         return abs(r["final_kl_drift"] - setpoint)
 
     def peak(r: dict[str, Any]) -> float:
-        return max(t["kl_drift"] for t in r["trace"])
+        return max((t["kl_drift"] for t in r.get("trace") or ()), default=r["final_kl_drift"])
 
     def mean(f: Any, rs: dict[int, dict[str, Any]]) -> float:
         return sum(f(rs[s]) for s in both) / len(both)
