@@ -482,7 +482,8 @@ class ControlSession:
         self.auto_window = IdentificationWindow(controller=spec.name, knob=spec.knob, start=step + test.start,
                                                 end=step + test.end, size=test.size)
         log.warning("actuator: gains auto: %r: step test on %s over steps %d-%d (hold %d, then %+g in its scale for "
-                    "%d steps); decisions on it wait until then, and the service tunes the gains from it",
+                    "%d steps); decisions on it wait until then (or until the probe passes its setpoint, which ends the test), "
+                    "and the service tunes the gains from it",
                     spec.name, spec.knob, self.auto_window.start, self.auto_window.end, test.hold, test.size,
                     test.length)
 
