@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 
 import httpx
 import pytest
@@ -58,7 +59,7 @@ class Plant(Probe):
 
 
 def train(tmp_path, tokenizer, service, gain: float, name: str, setpoint: float = 1.2, lrs: list | None = None,
-          **schedule):
+          pause: float = 0.0, **schedule):
     schedule = schedule or {"scheduler": "linear", "warmup_steps": WARMUP}
     trainer = make_trainer(tmp_path, tokenizer, steps=STEPS, lr=LR, **schedule)
     cb = ActuatorCallback(policy(name, setpoint), connection=service.url, knobs=KNOBS, probes=[Plant(trainer, gain)],
@@ -71,6 +72,15 @@ def train(tmp_path, tokenizer, service, gain: float, name: str, setpoint: float 
                 lrs.append((state.global_step, trainer.lr_scheduler.base_lrs[0]))
 
         trainer.add_callback(Rates())
+    if pause:  # tiny steps take milliseconds: give the service's answers time to land inside the warm-up
+        from transformers import TrainerCallback
+
+        class Pause(TrainerCallback):
+            def on_step_end(self, args, state, control, **kw):
+                if state.global_step < WARMUP:
+                    time.sleep(pause)
+
+        trainer.add_callback(Pause())
     trainer.train()
     run = cb.run_id
     events = httpx.get(f"{service.url}/v1/runs/{run}/events", params={"limit": 500}).json()
@@ -196,7 +206,8 @@ def test_a_probe_that_passes_its_setpoint_ends_the_step_test_early(tmp_path, cha
     and the window's end restores nothing."""
     caplog.set_level(logging.WARNING, logger="actuator")
     lrs: list = []
-    events, decisions, _ = train(tmp_path, char_tokenizer, sqlite_service, GAIN, "auto-passed", setpoint=1.2, lrs=lrs)
+    events, decisions, _ = train(tmp_path, char_tokenizer, sqlite_service, GAIN, "auto-passed", setpoint=1.2, lrs=lrs,
+                                 pause=0.4)
     (ev,) = payloads(events, "auto_gains_fallback") + payloads(events, "auto_gains")
     said = ev.get("reason") or " ".join(ev.get("warnings", []))
     assert "the step test ended early at step" in said, ev

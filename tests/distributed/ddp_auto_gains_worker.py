@@ -40,6 +40,7 @@ def main() -> None:
     ap = worker_parser(24)
     ap.add_argument("--policy", required=True)
     ap.add_argument("--warmup", type=int, default=12)
+    ap.add_argument("--pause", type=float, default=0.05, help="seconds slept after each step")
     a = ap.parse_args()
     rank = int(os.environ["RANK"])
 
@@ -51,7 +52,7 @@ def main() -> None:
         knobs={"learning_rate": {"min": 1e-5, "max": 1e-1, "max_step": 0.5}},
         probes=[Plant(trainer, GAIN)], reporting=Reporting(budget_share=1.0),
     ).attach(trainer)
-    trainer.add_callback(SlowSteps(0.05))
+    trainer.add_callback(SlowSteps(a.pause))
     trainer.train()
 
     ident = cb.identification

@@ -73,7 +73,8 @@ def test_a_test_ended_early_ends_on_every_rank_alike(tmp_path, sqlite_service):
     policy = {**POLICY, "name": "ddp-auto-early", "controllers": [{**POLICY["controllers"][0], "setpoint": 1.2}]}
     assert httpx.post(f"{url}/v1/policies", json=policy).status_code == 201
     r0, r1 = run_two_ranks(
-        tmp_path, WORKER, ["--url", url, "--policy", policy["name"], "--steps", str(STEPS), "--warmup", str(WARMUP)],
+        tmp_path, WORKER, ["--url", url, "--policy", policy["name"], "--steps", str(STEPS), "--warmup", str(WARMUP),
+                           "--pause", "0.3"],  # the answers must land inside the warm-up, on a loaded machine too
         lambda rank, port: dict(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
                                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)), timeout=300)
     assert r0["window"] is None and r1["window"] is None, "both ranks ended their step test"
