@@ -70,7 +70,7 @@ from benchmarks.control.data import prompt_text
 from benchmarks.control.harness import identify_and_tune as _identify_and_tune
 from benchmarks.control.harness import (
     RESULTS, scenario_args, add_flags, identification_args, tune_summary, start, control_quality, judged, mean_sd,
-    pick_on_seed0, read_seeds, settles_against_ziegler, spread, variant_label,
+    pick_on_seed0, read_tagged, settles_against_ziegler, spread, variant_label,
     arm_label, figure, record_targets,
     command_line, console, arm_progress, save_results, KLBaselines, kl_adaptive_lr, kl_trace,
 )
@@ -417,12 +417,7 @@ def aggregate(tag: str = "", results: Path = RESULTS, tags: list[str] | None = N
     restoring arm is named with its variant (:func:`variant`) from the policy its file records.
     Writes ``dpo-kl-aggregate{-TAG}.json`` / ``.png``."""
     name = f"{SCENARIO}-aggregate" + (f"-{tag}" if tag else "")
-    patterns = [f"{SCENARIO}-{t}*.json" for t in tags] if tags else \
-        [f"{SCENARIO}-{tag}*.json" if tag else f"{SCENARIO}*.json"]
-    found = []
-    for pattern in patterns:
-        found += [f for f in read_seeds(results, pattern, keep=lambda f: "-aggregate" not in f.stem)
-                  if f[0] not in {g for g, _ in found}]
+    found = read_tagged(results, SCENARIO, tag, tags)
     runs: dict[tuple[str, str, int], dict[str, Any]] = {}
     configs: dict[str, Any] = {}
     for _, part in found:

@@ -164,6 +164,20 @@ def read_seeds(results: Path, pattern: str, keep: Callable[[Path], bool] = lambd
     return found
 
 
+def read_tagged(results: Path, scenario: str, tag: str = "", tags: Sequence[str] | None = None
+                ) -> list[tuple[Path, dict[str, Any]]]:
+    """A scenario's per-run files for ``--aggregate``: ``SCENARIO-TAG*.json`` (every
+    ``SCENARIO*.json`` without a tag), or with ``tags`` those of every tag listed (``-``: the
+    untagged ``SCENARIO.json``), each file once, the aggregates left out."""
+    patterns = [f"{scenario}.json" if t == "-" else f"{scenario}-{t}*.json" for t in tags] if tags else \
+        [f"{scenario}-{tag}*.json" if tag else f"{scenario}*.json"]
+    found: list[tuple[Path, dict[str, Any]]] = []
+    for pattern in patterns:
+        found += [f for f in read_seeds(results, pattern, keep=lambda f: "-aggregate" not in f.stem)
+                  if f[0] not in {g for g, _ in found}]
+    return found
+
+
 # -- aggregation --------------------------------------------------------------------------------
 def mean_sd(values: Sequence[float | None]) -> tuple[float, float]:
     """Mean and sample sd of the finite values (sd 0 for one value; NaN, NaN for none)."""

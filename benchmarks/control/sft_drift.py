@@ -37,7 +37,7 @@ from typing import Any
 
 from benchmarks.control.harness import identify_and_tune as _identify_and_tune
 from benchmarks.control.harness import (
-    RESULTS, scenario_args, identification_args, tune_summary, start, judged, read_seeds, spread, arm_label,
+    RESULTS, scenario_args, identification_args, tune_summary, start, judged, read_tagged, spread, arm_label,
     figure, arm_progress, command_line, console, save_results,
 )
 from benchmarks.control.word_task import Setup, make_trainer
@@ -109,7 +109,7 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
     final = setup.final_metrics(trainer)
     decisions = len(cb.applied) if cb is not None else None
     tuning = auto_events(url, cb.run_id) if arm["kind"] == "auto" and cb is not None else None
-    return {"auto_gains": tuning,"arm": arm["name"], "kind": arm["kind"], "start_lr": arm["lr"], "seed": seed, "trace": trace,
+    return {"auto_gains": tuning, "arm": arm["name"], "kind": arm["kind"], "start_lr": arm["lr"], "seed": seed, "trace": trace,
             "final": final, "final_lr": trainer.optimizer.param_groups[0]["lr"],
             "final_kl_drift": sum(t["kl_drift"] for t in trace[-3:]) / max(1, len(trace[-3:])),
             "seconds": seconds, "decisions": decisions, "run_id": cb.run_id if cb is not None else None,
@@ -192,12 +192,7 @@ def aggregate(tag: str = "", results: Path = RESULTS, tags: list[str] | None = N
     (on the means and on >= 4 of 5 seeds), and the ``gains: auto`` arm against the hand gains
     (:func:`auto_against_hand`). Writes ``sft-drift-aggregate{-TAG}.json`` / ``.png``."""
     name = f"{SCENARIO}-aggregate" + (f"-{tag}" if tag else "")
-    patterns = [f"{SCENARIO}.json" if t == "-" else f"{SCENARIO}-{t}*.json" for t in tags] if tags else \
-        [f"{SCENARIO}-{tag}*.json" if tag else f"{SCENARIO}*.json"]
-    found: list[tuple[Path, dict[str, Any]]] = []
-    for pattern in patterns:
-        found += [f for f in read_seeds(results, pattern, keep=lambda f: "-aggregate" not in f.stem)
-                  if f[0] not in {g for g, _ in found}]
+    found = read_tagged(results, SCENARIO, tag, tags)
     runs: dict[tuple[str, int], dict[str, Any]] = {}
     for _, part in found:
         for r in part["arms"]:
