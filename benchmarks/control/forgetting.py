@@ -363,10 +363,10 @@ def wise_ft(setup: ForgettingSetup, end_state: dict[str, torch.Tensor], a: argpa
 
 def arms_for(a: argparse.Namespace) -> list[dict[str, Any]]:
     lr = a.lr
+    open_lrs = [lr / 9, lr / 3, lr] if a.open_lrs is None else [lr * f for f in a.open_lrs]
     arms = [
-        {"name": f"open loop {lr / 9:.0e}", "kind": "open", "lr": lr / 9},
-        {"name": f"open loop {lr / 3:.0e}", "kind": "open", "lr": lr / 3},
-        {"name": f"open loop {lr:.0e}", "kind": "open", "lr": lr, "keep_end": True},
+        *({"name": f"open loop {x:.0e}", "kind": "open", "lr": x, **({"keep_end": True} if x == lr else {})}
+          for x in open_lrs),
         {"name": label(a, "ReduceLROnPlateau"), "kind": "plateau", "lr": lr},
         {"name": label(a, "early stopping"), "kind": "early", "lr": lr},
         *({"name": f"fixed w={w:g}", "kind": "fixed", "lr": lr, "w": w} for w in a.fixed_w),
@@ -638,6 +638,9 @@ def parser() -> argparse.ArgumentParser:
                     help="the probe the capability budget is stated on: perplexity, KL drift on the held-out chat "
                          "prompts, or answer_kl (KL on the first --answer-tokens tokens of the start's answers to "
                          "12 control prompts, disjoint from the anchor and the held-out probes)")
+    ap.add_argument("--open-lrs", type=float, nargs="+", default=None, metavar="FRACTION",
+                    help="the open loop's learning rates as fractions of --lr (default 1/9 1/3 1; a claim against "
+                         "the open loop at --lr alone: 1)")
     ap.add_argument("--answer-tokens", type=int, default=4, help="answer tokens the answer_kl probe reads")
     ap.add_argument("--budget", type=float, default=10.0,
                     help="the rise allowed in percent (perplexity), or the KL drift budget in nats/token")
@@ -690,6 +693,8 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--anchor-priority must be in [0, 1], got {a.anchor_priority}")
     if a.batch_size < 1:
         ap.error(f"--batch-size must be >= 1, got {a.batch_size}")
+    if a.open_lrs is not None and any(f <= 0 for f in a.open_lrs):
+        ap.error(f"--open-lrs must be positive fractions of --lr, got {a.open_lrs}")
     if a.answer_tokens < 1:  # before the model loads, not at the first answer_kl probe
         ap.error(f"--answer-tokens must be >= 1, got {a.answer_tokens}")
     shipped_words = len(word_prompts())

@@ -93,3 +93,19 @@ def test_a_budget_on_answer_kl_is_judged_on_answer_kl(tmp_path):
     assert out["rows"]["Actuator"]["answer_kl"] == pytest.approx((0.09, 0.0))
     assert "answer_kl" in t["on_or_beyond_open_loop_pareto_front"]["axes"]
     assert (tmp_path / "forgetting-t.json").is_file()
+
+
+def test_the_open_loop_runs_at_the_fractions_of_the_rate_asked_and_the_end_kept_is_the_one_at_the_rate(capsys):
+    from benchmarks.control.forgetting import main
+
+    def opens(*args: str) -> list[tuple[str, float, bool]]:
+        return [(arm["name"], arm["lr"], bool(arm.get("keep_end")))
+                for arm in arms_for(parser().parse_args(["--arms", "open", *args])) if arm["kind"] == "open"]
+
+    assert opens() == [("open loop 1e-05", 1e-5, False), ("open loop 3e-05", 3e-5, False),
+                       ("open loop 9e-05", 9e-5, True)]
+    assert opens("--open-lrs", "1") == [("open loop 9e-05", 9e-5, True)]
+    assert opens("--open-lrs", "0.5", "--lr", "2e-4") == [("open loop 1e-04", 1e-4, False)]
+    with pytest.raises(SystemExit):
+        main(["--open-lrs", "0", "--aggregate"])
+    assert "--open-lrs must be positive fractions of --lr" in capsys.readouterr().err
