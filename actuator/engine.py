@@ -561,6 +561,11 @@ class Engine:
             if cfg.scale == "integer":
                 current = float(round(current))
             knob.value = current
+            early = (st.auto or {}).get("ended_early") if spec.gains == "auto" else None
+            if early is not None and early["step"] == obs.step and st.pid is None:
+                # the test ended because the probe ran past its setpoint: the law acts on this very
+                # reading (P on the error from the value in effect), not one reading later
+                st.pid = pid.takeover(current)
             held, pstate = _handover(pid, st, current, filtered, knob.override is not None or spec.knob in taken)
             if held:
                 continue

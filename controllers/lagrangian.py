@@ -148,6 +148,11 @@ class PIDLagrangian:
                          unclamped=raw, limited_by=tuple(r for r in order if r in limits), state=new_state,
                          projected=y_law if cfg.horizon > 0 else None)
 
+    def takeover(self, current: float) -> PIDState:
+        """State for taking over at once at weight ``current`` (see :meth:`PID.takeover`)."""
+        cur = require_finite("current", current)
+        return PIDState(integral=self._seed(cur, 0.0), last_measurement=None, last_output=cur)
+
     def bumpless(self, current: float, measurement: float, state: PIDState | None = None) -> PIDState:
         """State for handing control back at weight ``current`` (see :meth:`PID.bumpless`)."""
         y = require_finite("measurement", measurement)

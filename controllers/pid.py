@@ -405,6 +405,16 @@ class PID:
             setpoint=r if cfg.setpoint_ramp > 0 else None,
         )
 
+    def takeover(self, current: float) -> PIDState:
+        """State for taking over at once from a knob held open loop at ``current`` while the probe
+        ran past its setpoint (a ``gains: auto`` step test ended early): the integral holds the
+        value in effect, so the next update outputs it plus P and I's step on the error, within the
+        rate limit, where a bumpless start would output it unchanged and act one reading later."""
+        cur = require_finite("current", current)
+        if self.config.scale == "log" and cur <= 0:
+            raise ParameterError("current", f"a log-scale knob must be > 0, got {cur}")
+        return PIDState(integral=self._clamp_integral(self._to_scale(cur)), last_measurement=None, last_output=cur)
+
     def bumpless(self, current: float, measurement: float, state: PIDState | None = None) -> PIDState:
         """State for handing control back after a manual override at knob value ``current``.
 

@@ -304,6 +304,22 @@ def test_bumpless_transfer_after_manual_override(scale: str, lo: float, hi: floa
     assert to_scale(nxt.value) - to_scale(override) == pytest.approx(-0.3 * 1.7, abs=1e-9)
 
 
+@pytest.mark.parametrize("scale,current", [("linear", 2.0), ("log", 1e-4)])
+def test_a_takeover_acts_on_its_first_reading_where_a_fresh_start_holds(scale: str, current: float) -> None:
+    """After a step test that ended with the probe past its setpoint, P and I act at once from the
+    value in effect; a fresh (bumpless) start would output the value unchanged."""
+    cfg = PIDConfig(setpoint=1.0, kp=0.8, ki=0.3, out_min=1e-6, out_max=10.0, scale=scale)  # type: ignore[arg-type]
+    pid = PID(cfg)
+    to_scale = math.log if scale == "log" else (lambda v: v)
+    y = 1.5  # past the setpoint: the error -0.5 asks for a lower knob (direct acting)
+    assert pid.update(y, 1.0, current).value == current
+    out = pid.update(y, 1.0, current, pid.takeover(current))
+    assert out.changed and out.d == 0.0
+    assert to_scale(out.value) - to_scale(current) == pytest.approx(0.8 * -0.5 + 0.3 * -0.5, abs=1e-9)
+    limited = PID(replace(cfg, max_step=0.1)).update(y, 1.0, current, pid.takeover(current))
+    assert to_scale(limited.value) - to_scale(current) == pytest.approx(-0.1, abs=1e-9)  # within the rate limit
+
+
 # -- state ---------------------------------------------------------------------------------------
 
 

@@ -89,8 +89,16 @@ def test_bumpless_from_an_operator_value_and_state_round_trip():
     assert ctrl.update(1.3, 1.0, out.value, restored) == ctrl.update(1.3, 1.0, out.value, out.state)
 
 
+def test_a_takeover_adds_p_and_i_to_the_weight_in_effect():
+    ctrl = law()
+    fresh = ctrl.update(1.2, 1.0, 0.5)
+    taken = ctrl.update(1.2, 1.0, 0.5, ctrl.takeover(0.5))
+    assert fresh.value == pytest.approx(0.5)  # a fresh start above the floor holds the weight
+    assert taken.value > 0.5 and taken.value == pytest.approx(min(0.5 + taken.p + (taken.i - 0.5), 0.5 + 10.0))
+
+
 def test_same_interface_as_the_pid():
-    for name in ("update", "bumpless"):
+    for name in ("update", "bumpless", "takeover"):
         assert callable(getattr(PIDLagrangian, name)) and callable(getattr(PID, name))
     out = law().update(2.0, 1.0, 0.0)
     assert math.isfinite(out.unclamped) and out.state.updates == 1
