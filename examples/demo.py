@@ -2,12 +2,17 @@
 the open loop forgets general capability, then the same run under Actuator, which keeps general
 capability within a budget at the same learning rate.
 
-How: a KL anchor to the starting model on general text (``actuator.agents.anchor``) is added to
-the loss with a weight ``kl_weight``, and a constraint controller in the service (a
-PID-Lagrangian) turns that weight: 0 while general perplexity on *held-out* text is within the
-budget (+10% by default), more while it is over. The learning rate is left alone, so the task is
-learnt as fast. HotpotQA gold-answer log-prob and the embedding drift of answers to held-out
-prompts are measured too, as checks the controller never sees.
+How: the task is trained on its answers only (TRL's prompt-completion default). A KL anchor to
+the starting model on general text (``actuator.agents.anchor``: its own answers to general
+prompts, plain sentences and 24 reading questions) is added to the loss with a weight
+``kl_weight``, and a constraint controller in the service (a PID-Lagrangian, the law and gains of
+``preset:protect-capability``) turns that weight: 0 while ``answer_kl`` (KL from the start on the
+first 4 tokens of its own answers to 12 control prompts no other set uses) is within its budget
+(0.1 nats/token), more while it is over. The learning rate is left alone, so the task is learnt
+as fast. General perplexity, HotpotQA gold-answer log-prob and the embedding drift of answers to
+held-out prompts are measured too, as checks the controller never sees. ``--loss full
+--constraint perplexity --anchor-reading 0 --anchor-batch 2`` is the configuration the demo ran
+before (whole text in the loss, a +10% perplexity budget).
 
 Everything is embedded: the controller service runs on loopback in this process (SQLite store,
 in-process live state). Nothing is downloaded.
@@ -226,7 +231,7 @@ KP, KI, W_MAX, W_STEP = 0.5, 0.05, 2.0, 0.25
 
 # The configuration the demo runs by default (README, "See it work"): what the task loss counts,
 # the probe the budget is stated on, reading texts in the anchor, anchor texts per step.
-DEFAULTS: dict[str, Any] = {"loss": "full", "constraint": "perplexity", "anchor_reading": 0, "anchor_batch": 2}
+DEFAULTS: dict[str, Any] = {"loss": "completion", "constraint": "answer_kl", "anchor_reading": 24, "anchor_batch": 1}
 
 PROBE_NAME = ["perplexity"]  # what the progress lines show: the controlled probe
 
