@@ -17,7 +17,7 @@ before (whole text in the loss, a +10% perplexity budget).
 Everything is embedded: the controller service runs on loopback in this process (SQLite store,
 in-process live state). Nothing is downloaded.
 
-    python examples/demo.py                 # open loop, then Actuator (about 8 minutes on 2 idle cores)
+    python examples/demo.py                 # open loop, then Actuator (about 10 minutes on 2 idle cores)
     python examples/demo.py --no-compare    # Actuator only
     python examples/demo.py --steps 20      # shorter
 """
