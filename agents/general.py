@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["PROBE_PROMPTS", "PROBE_TEXTS", "ANCHOR_PROMPTS", "ANCHOR_TEXTS", "chat", "self_answers", "anchor_set",
+__all__ = ["PROBE_PROMPTS", "PROBE_TEXTS", "ANCHOR_PROMPTS", "ANCHOR_TEXTS", "chat", "answer_labels", "self_answers", "anchor_set",
            "topic_prompts", "word_prompts", "response_template", "reading_set", "CONTROL_PROMPTS"]
 
 PROBE_PROMPTS = [
@@ -153,6 +153,15 @@ def chat(tokenizer: Any, user: str, assistant: str | None = None) -> str:
     if assistant is not None:
         msgs.append({"role": "assistant", "content": assistant})
     return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=assistant is None)
+
+
+def answer_labels(tokenizer: Any, requests: list[str], input_ids: list[list[int]]) -> list[list[int]]:
+    """Completion-only labels, as TRL's SFTTrainer makes them for prompt-completion data: each
+    example's ``input_ids`` (the chat text of ``requests[i]`` and its answer) with the request's
+    tokens (the template's system prompt and the user turn) set to -100, so the loss counts the
+    answer and its end only."""
+    lengths = [len(tokenizer(chat(tokenizer, q), add_special_tokens=False)["input_ids"]) for q in requests]
+    return [[-100] * min(k, len(ids)) + ids[k:] for ids, k in zip(input_ids, lengths)]
 
 
 def self_answers(model: Any, tokenizer: Any, prompts: list[str], *, max_new_tokens: int = 40,

@@ -69,14 +69,13 @@ def build_dataset(tok: Any, n: int, seed: int, max_length: int = 64, completion_
     for prompt-completion data; otherwise every token of the chat text is in the loss."""
     from datasets import Dataset
 
-    from actuator.agents.general import chat
+    from actuator.agents.general import answer_labels, chat
 
     pairs = narrow_task(n, seed)
     enc = tok([chat(tok, q, a) for q, a in pairs], truncation=True, max_length=max_length)
     columns = {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
     if completion_only:
-        prompts = [len(tok(chat(tok, q), add_special_tokens=False)["input_ids"]) for q, _ in pairs]
-        columns["labels"] = [[-100] * min(k, len(ids)) + ids[k:] for ids, k in zip(enc["input_ids"], prompts)]
+        columns["labels"] = answer_labels(tok, [q for q, _ in pairs], enc["input_ids"])
     return Dataset.from_dict(columns)
 
 

@@ -10,7 +10,7 @@ import random
 from typing import Any
 
 from actuator.agents.corpus import blocks, stdlib_text
-from actuator.agents.general import chat
+from actuator.agents.general import answer_labels, chat
 
 __all__ = ["WORDS", "task_dataset", "collator", "stdlib_text", "blocks", "prompt_text"]
 
@@ -26,16 +26,15 @@ def task_dataset(tok: Any, n: int, seed: int, max_length: int = 64, completion_o
     from datasets import Dataset
 
     rng = random.Random(seed)
-    texts, prompt_lengths = [], []
+    requests, texts = [], []
     for _ in range(n):
         w = rng.choice(WORDS)
-        texts.append(chat(tok, f"Reverse the word: {w}", "-".join(reversed(w))))
-        if completion_only:
-            prompt_lengths.append(len(tok(chat(tok, f"Reverse the word: {w}"), add_special_tokens=False)["input_ids"]))
+        requests.append(f"Reverse the word: {w}")
+        texts.append(chat(tok, requests[-1], "-".join(reversed(w))))
     enc = tok(texts, truncation=True, max_length=max_length)
     columns = {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
     if completion_only:
-        columns["labels"] = [[-100] * min(k, len(ids)) + ids[k:] for ids, k in zip(enc["input_ids"], prompt_lengths)]
+        columns["labels"] = answer_labels(tok, requests, enc["input_ids"])
     return Dataset.from_dict(columns)
 
 
