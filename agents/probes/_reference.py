@@ -15,11 +15,14 @@ __all__ = ["ReferenceModel", "snapshot"]
 
 def snapshot(model: Any) -> Any:
     """A frozen deep copy of ``model`` (same device), in eval mode, without gradients; of a model
-    sharded by FSDP2, a copy sharded the same way (each rank holds its shard)."""
-    from ..sharded import is_fully_sharded, sharded_copy
+    sharded by FSDP2 or partitioned by DeepSpeed ZeRO-3, a copy sharded the same way (each rank
+    holds its shard; a collective every rank calls)."""
+    from ..sharded import deepspeed_copy, is_fully_sharded, is_zero3, sharded_copy
 
     if is_fully_sharded(model):
         return sharded_copy(model)
+    if is_zero3(model):
+        return deepspeed_copy(model)
     reference = copy.deepcopy(model)
     # TRL trainers (SFT, DPO, GRPO, RLOO, KTO) patch an instance-level ``model.forward`` whose
     # closure holds the *live* model's bound forward; deepcopy keeps that closure, so the copy

@@ -124,8 +124,9 @@ def test_fsdp1_and_deepspeed_are_refused_at_train_start(tmp_path, char_tokenizer
     run registers (FSDP2 runs: tests/distributed).
 
     On this CPU-only machine neither can really be switched on (accelerate 1.15 enables FSDP only on
-    accelerators: FSDP1's plugin raises, an ``fsdp_version=2`` config trains as DDP; DeepSpeed
-    is not installed), and flipping the Trainer's flag by hand breaks ``train()`` itself
+    accelerators: FSDP1's plugin raises, an ``fsdp_version=2`` config trains as DDP; DeepSpeed's
+    flag without its plugin reads as ZeRO stage 0, which is refused: ZeRO-2/3 run for real in
+    tests/distributed/test_deepspeed.py), and flipping the Trainer's flag by hand breaks ``train()`` itself
     before any callback runs. So the flag is set on a real Trainer and its own callback handler
     fires ``on_train_begin``, as ``train()`` does: what is under test is the callback's reading
     of the flag and its refusal. The single-process accelerator has no FSDP plugin, which reads as

@@ -37,8 +37,8 @@ from actuator.agents.probes import KLDrift, Perplexity  # noqa: E402
 from actuator.agents.sharded import local_and_full_numel  # noqa: E402
 
 from agent_helpers import HELD_OUT, NARROW_TASK, Canary, lm_dataset, make_char_tokenizer  # noqa: E402
-from ranks import (applied_report, drift_lr_policy, leave_group, mismatches,  # noqa: E402 - beside this file
-                   record_lr, sharded_tiny_llama, single_process_probes, training_args, worker_parser)
+from ranks import (control_report, drift_lr_policy, leave_group, record_lr,  # noqa: E402 - beside this file
+                   sharded_tiny_llama, single_process_probes, training_args, worker_parser)
 
 BAD_FROM = 8  # the canary reads bad from this step: one rollback to a checkpoint before it
 POLICY = drift_lr_policy("fsdp2-drift-lr", guardrails=[
@@ -118,18 +118,7 @@ def main() -> None:
         "anchor": {"forwards": anchor.forwards, "last_kl": anchor.last_kl, "last_weight": anchor.last_weight,
                    "holds_reference": anchor.reference is not None},
         "used": used,
-        "applied": applied_report(cb.applied),
-        "mismatches": mismatches(cb.setters),
-        "knob_values": cb.knob_values(),
-        "final": {k: v for k, v in final.items() if not k.startswith("probe_")},
-        "single": single,
-        "history": cb.history if rank == 0 else [],
-        "rollbacks": cb.rollbacks,
-        "restored": restored,
-        "is_main": cb._is_main,
-        "run_id": cb.run_id,
-        "observations": cb.seq,
-        "global_step": trainer.state.global_step,
+        **control_report(cb, trainer, rank, final, single, restored),
     }
     Path(a.out).write_text(json.dumps(report))
     leave_group()

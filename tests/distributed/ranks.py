@@ -79,14 +79,20 @@ def single_process_probes(model, tokenizer) -> dict[str, float]:
     weights are gathered on all); rank 0 measures, the others get ``{}``."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    from actuator.agents.models import tiny_llama
-    from actuator.agents.probes import KLDrift, Perplexity, ProbeSuite
     from actuator.agents.sharded import rank_and_world
-    from actuator.agents.testing import HELD_OUT
 
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if rank_and_world()[0] != 0:
-        return {}
+    return probes_on_full_weights(full, tokenizer) if rank_and_world()[0] == 0 else {}
+
+
+def probes_on_full_weights(full: dict, tokenizer) -> dict[str, float]:
+    """The KL-drift and perplexity probes run in this process alone on the seed tiny Llama loaded
+    with the gathered weights ``full`` (reference: the seed model), plus ``baseline.perplexity``
+    on the seed model itself."""
+    from actuator.agents.models import tiny_llama
+    from actuator.agents.probes import KLDrift, Perplexity, ProbeSuite
+    from actuator.agents.testing import HELD_OUT
+
     plain = tiny_llama(seed=0)
     plain.load_state_dict(full)
     fresh = ProbeSuite([KLDrift(HELD_OUT, tokenizer, max_length=32, reference=tiny_llama(seed=0)),
@@ -98,6 +104,38 @@ def single_process_probes(model, tokenizer) -> dict[str, float]:
     baseline.setup(start)
     single["baseline.perplexity"] = baseline.run(start, 0, force=True).values["perplexity"]
     return single
+
+
+def control_report(cb, trainer, rank: int, final: dict, single: dict, restored: dict | None) -> dict:
+    """What a sharded worker reports of its callback's run: decisions, knob values, probe readings
+    (``final`` in lockstep, ``single`` in one process), rollbacks, who talked to the service."""
+    return {
+        "applied": applied_report(cb.applied),
+        "mismatches": mismatches(cb.setters),
+        "knob_values": cb.knob_values(),
+        "final": {k: v for k, v in final.items() if not k.startswith("probe_")},
+        "single": single,
+        "history": cb.history if rank == 0 else [],
+        "rollbacks": cb.rollbacks,
+        "restored": restored,
+        "is_main": cb._is_main,
+        "run_id": cb.run_id,
+        "observations": cb.seq,
+        "global_step": trainer.state.global_step,
+    }
+
+
+def assert_rolled_back_alike(r0: dict, r1: dict, bad_from: int) -> None:
+    """The canary's breach rolled both ranks back once, to the same checkpoint before ``bad_from``,
+    each rank to the weights it saved there; only rank 0 talked to the service."""
+    assert len(r0["rollbacks"]) == len(r1["rollbacks"]) == 1
+    assert [{k: v for k, v in rb.items() if k != "checkpoint"} for rb in r0["rollbacks"]] == [
+        {k: v for k, v in rb.items() if k != "checkpoint"} for rb in r1["rollbacks"]]
+    assert r0["rollbacks"][0]["to_step"] < bad_from <= r0["rollbacks"][0]["at_step"]
+    for r in (r0, r1):
+        assert r["restored"] == {"equal_to_saved": True, "changed": True}, r["restored"]
+    assert r0["is_main"] and r0["run_id"] and r0["observations"] > 0
+    assert not r1["is_main"] and r1["run_id"] is None and r1["observations"] == 0
 
 
 def assert_sharded_like_the_model(r0: dict, r1: dict) -> None:
