@@ -147,8 +147,9 @@ def _warn_if_fewer_processes(args: Any) -> None:
           and os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT")):
         log.warning("actuator: launched by `accelerate launch --cpu` with more than one process asked "
                     "(MASTER_ADDR/MASTER_PORT are set), but this run trains on 1 process: accelerate starts one "
-                    "process under --cpu unless given --mpirun_hostfile. For CPU processes use `torchrun "
-                    "--nproc_per_node N script.py --use_cpu` (docs/how-to/sharded-training.md)")
+                    "process under --cpu unless given --mpirun_hostfile. For N CPU processes drop --cpu: `accelerate "
+                    "launch --multi_gpu --num_processes N script.py --use_cpu`, or `torchrun --nproc_per_node N "
+                    "script.py --use_cpu` (docs/how-to/sharded-training.md)")
 
 
 def _session_attribute(name: str, doc: str) -> property:
