@@ -26,7 +26,8 @@ NAMES = {"sft": "SFT", "dpo": "DPO", "grpo": "GRPO", "rloo": "RLOO", "kto": "KTO
 def support_table() -> dict[str, dict[str, str]]:
     """trainer row -> preset -> cell, from the docs' table."""
     text = (ROOT / "docs" / "reference" / "callback.md").read_text()
-    section = text[text.index("## Presets on TRL's trainers"):]
+    start = text.index("## Presets on TRL's trainers")
+    section = text[start:text.index("\n## ", start + 1)]
     rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in section.splitlines()
             if line.startswith("|") and not line.startswith("|---")]
     header, body = rows[0], rows[1:]
