@@ -84,6 +84,19 @@ class Settings(BaseSettings):
     stream_keepalive: float = Field(
         15.0, gt=0, le=3600, description="Seconds an idle event stream (GET /v1/runs/{id}/stream) waits before a "
         "keep-alive comment (`: ping`): proxies close connections idle for longer than they allow.")
+    webhook_url: str | None = Field(
+        None, description="URL the service POSTs a JSON notification to for each guardrail breach, halt and "
+        "rollback (actuator.notify); None = no notifications.")
+    webhook_queue: int = Field(
+        1000, ge=1, description="Most notifications waiting for delivery per service process; a full queue drops "
+        "the new one (counted: actuator_notifications_total{outcome=\"dropped\"}). Ingest never waits on it.")
+    webhook_retries: int = Field(3, ge=0, le=10, description="Retries of a failed webhook POST.")
+    webhook_backoff: float = Field(
+        0.5, ge=0, le=60, description="Seconds before the first retry; doubled at each next one.")
+    webhook_timeout: float = Field(5.0, gt=0, le=60, description="Seconds one webhook POST may take.")
+    public_url: str | None = Field(
+        None, description="The service's base URL as people reach it, for the console links of notifications. "
+        "Default: http://HOST:PORT.")
     metrics_retire_after: float = Field(
         300.0, ge=0, description="Seconds a finished or halted run's Prometheus series stay exported (so a "
         "scrape sees their final values); then they are removed.")

@@ -466,7 +466,8 @@ class Engine:
 
     def _fire(self, ctx: RunContext, g: GuardrailSpec, step: int, value: float, threshold: float, result: EngineResult) -> None:
         side = "below" if g.bound == "lower" else "above"
-        reason = f"guardrail {g.name}: {g.probe} {_fmt(value)} {side} threshold {_fmt(threshold)} ({g.action})"
+        at = f" at step {step}" if g.action in ("halt", "rollback") else ""  # what the agent's log and the event say
+        reason = f"guardrail {g.name}: {g.probe} {_fmt(value)} {side} threshold {_fmt(threshold)}{at} ({g.action})"
         result.events.append(GuardrailBreach(step=step, guardrail=g.name, action=g.action, value=value,
                                              threshold=threshold, reason=reason))
         if g.action in ("adjust", "rollback") and g.knob and g.knob in ctx.knobs:

@@ -17,6 +17,7 @@ actuator_guardrail_breaches_total               counter    run, action (alert|ad
 actuator_run_state                              gauge      run, state (running|paused|halted|finished)
 actuator_last_observation_timestamp_seconds     gauge      run
 actuator_run_step                               gauge      run
+actuator_probe_starved                          gauge      run, probe
 =============================================  =========  ==================================
 
 Service:
@@ -27,6 +28,7 @@ actuator_observations_duplicate_total           counter    -
 actuator_request_duration_seconds               histogram  route (template), method, status
 actuator_requests_rejected_total                counter    reason (the 4xx status code)
 actuator_backend_errors_total                   counter    backend (store|redis)
+actuator_notifications_total                    counter    outcome (sent|failed|dropped)
 =============================================  =========  ==================================
 
 Labels are bounded: run ids (one per registered run), knob and probe names (validated
@@ -77,7 +79,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.mmap_dict import MmapedDict, mmap_key
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from .run_state import RunContext
+from .run_state import PROBE_REPORT, STARVED_PREFIX, RunContext
 from .schemas import FINAL_STATES, RUN_STATES, GuardrailBreach, RunStateName
 
 __all__ = ["Metrics", "RUN_STATES", "FINAL_STATES", "DECISION_REASONS", "GUARDRAIL_ACTIONS", "BACKENDS"]
@@ -169,6 +171,8 @@ class Metrics:
                                       "Unix time of the run's last stored observation "
                                       "(stale agents: time() - this).", ["run"])
         self.training_step = gauge("run_step", "Latest optimizer step observed.", ["run"])
+        self.probe_starved = gauge("probe_starved", "Consecutive due steps the probe-time budget skipped the probe, "
+                                   "in the run's latest probe report (0: it ran).", ["run", "probe"])
         # service
         self.observations = counter("observations_ingested", "Observations stored.")
         self.duplicates = counter("observations_duplicate", "Observations ignored as already stored.")
@@ -179,6 +183,10 @@ class Metrics:
         self.backend_errors = counter("backend_errors", "Store and Redis errors.", ["backend"])
         for backend in BACKENDS:
             self.backend_errors.labels(backend)
+        self.notifications = counter("notifications", "Webhook notifications (ACTUATOR_WEBHOOK_URL), by outcome: "
+                                     "sent, failed (after its retries), dropped (queue full).", ["outcome"])
+        for outcome in ("sent", "failed", "dropped"):
+            self.notifications.labels(outcome)
 
     def render(self) -> tuple[bytes, str]:
         """The exposition body and its content type, for ``GET /metrics``."""
@@ -291,6 +299,12 @@ class Metrics:
             self._set(self.training_step, run.last_step or 0, run.id)
         for probe, v in run.latest_probes.items():
             self._set(self.probe_value, v, run.id, probe)
+        reports = [o.metrics for o in getattr(out, "new_observations", ()) if PROBE_REPORT in o.metrics]
+        if reports:  # every probe ever starved in the run: its skips in the latest report, 0 once it ran
+            for key in run.latest_metrics:
+                if key.startswith(STARVED_PREFIX):
+                    self._set(self.probe_starved, float(reports[-1].get(key, 0.0)), run.id,
+                              key.removeprefix(STARVED_PREFIX))
         for knob, v in run.knobs_in_effect.items():
             self._set(self.knob_value, v, run.id, knob)
         for knob, spec in ctx.knobs.items():

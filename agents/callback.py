@@ -123,6 +123,35 @@ def _legacy_groups(legacy: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return groups
 
 
+def _saves_checkpoints(args: Any) -> bool:
+    """Whether the trainer's arguments save checkpoints (``save_strategy`` other than "no")."""
+    strategy = getattr(args, "save_strategy", "steps")
+    return str(getattr(strategy, "value", strategy)) != "no"
+
+
+def _warn_if_fewer_processes(args: Any) -> None:
+    """Say when the launcher asked for more processes than this run trains on: ``WORLD_SIZE`` above
+    the process group's size, or ``accelerate launch --cpu --num_processes N`` (it runs one process
+    on CPU unless given an MPI hostfile, and leaves MASTER_ADDR/MASTER_PORT set for the N asked)."""
+    world = rank_and_world()[1]
+    trainer_world = int(getattr(args, "world_size", 1) or 1)
+    seen = max(world, trainer_world)
+    try:
+        asked = int(os.environ.get("WORLD_SIZE", "0") or 0)
+    except ValueError:
+        asked = 0
+    if asked > seen:
+        log.warning("actuator: WORLD_SIZE=%d but this run trains on %d process(es): the process group was not "
+                    "formed as launched; every process trains (and is controlled) alone", asked, seen)
+    elif (seen == 1 and not asked and os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("true", "1")
+          and os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT")):
+        log.warning("actuator: launched by `accelerate launch --cpu` with more than one process asked "
+                    "(MASTER_ADDR/MASTER_PORT are set), but this run trains on 1 process: accelerate starts one "
+                    "process under --cpu unless given --mpirun_hostfile. For N CPU processes drop --cpu: `accelerate "
+                    "launch --multi_gpu --num_processes N script.py --use_cpu`, or `torchrun --nproc_per_node N "
+                    "script.py --use_cpu` (docs/how-to/sharded-training.md)")
+
+
 def _session_attribute(name: str, doc: str) -> property:
     """An attribute of the callback that is its session's (``cb.run_id`` is ``cb.session.run_id``)."""
     return property(lambda self: getattr(self.session, name),
@@ -347,10 +376,16 @@ class ActuatorCallback(TrainerCallback, ExportableState):
             self.run_name = (getattr(args, "run_name", None) or os.path.basename(str(args.output_dir)) or "run")[:128]
         self._stop_if_refused(session.register_at_start() if main else None)
         session.share_identification()  # rank 0's step test (or none) on every rank: the replicas step alike
-        if any(g.action == "rollback" for g in (self.policy_doc.guardrails if self.policy_doc else [])):
-            reason = rollback_unsupported(trainer)
+        rollbacks = [g.name for g in (self.policy_doc.guardrails if self.policy_doc else []) if g.action == "rollback"]
+        if rollbacks and main:
+            reason = rollback_unsupported(trainer) or (None if _saves_checkpoints(args) else (
+                "save_strategy='no' saves no checkpoint, so there is none to roll back to; set save_strategy='steps' "
+                "and save_steps (a rollback restores the last checkpoint saved while every guardrail held)"))
             if reason:
-                log.warning("actuator: the policy may order a rollback, which would halt instead: %s", reason)
+                log.warning("actuator: guardrail(s) %s may order a rollback, which would halt the run instead: %s",
+                            ", ".join(rollbacks), reason)
+        if main:
+            _warn_if_fewer_processes(args)
         session.start(model, step=state.global_step, max_steps=int(getattr(state, "max_steps", 0) or 0))
         if self._probes_beside_rank0(model):  # rank 0 took its reference and baseline: the same here
             self.suite.setup(model)
@@ -447,11 +482,13 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         received = self.session.receive()
         payload = self._from_rank0(received)  # every rank applies rank 0's decisions at the same step
         halt = payload.halt
+        why = getattr(payload, "why", [])
         if payload.rollback and not halt:
-            halt = not self._rollback(args, state)
+            halt = not self._rollback(args, state, why)
         self.session.apply(payload.decisions, state.global_step)
-        if self.session.run_state != "halted" and self.session.halt_if(halt, state.global_step):
-            control.should_save = True
+        saving = _saves_checkpoints(args)  # under save_strategy="no" a halt saves nothing either
+        if self.session.run_state != "halted" and self.session.halt_if(halt, state.global_step, why, saving=saving):
+            control.should_save = saving
             control.should_training_stop = True
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kwargs: Any) -> None:
@@ -545,15 +582,17 @@ class ActuatorCallback(TrainerCallback, ExportableState):
     def knob_values(self) -> dict[str, float]:
         return self.session.knob_values()
 
-    def _rollback(self, args: Any, state: Any) -> bool:
-        """Restore the last checkpoint at which every guardrail held; False if there is none."""
+    def _rollback(self, args: Any, state: Any, why: list[str] | tuple[str, ...] = ()) -> bool:
+        """Restore the last checkpoint at which every guardrail held; False if there is none.
+        ``why``: the service's reasons (the guardrail, its reading and threshold), for the log."""
+        because = "; ".join(why) or "a guardrail breach"
         # Rank 0 knows the last healthy step (the service told it); every rank loads what it picks.
         healthy = [(s, p) for s, p in self.checkpoints if self.last_ok_step is not None and s <= self.last_ok_step
                    and os.path.isdir(p)]
         unsupported = None if self.sharded and self.trainer is not None else rollback_unsupported(self.trainer)
         target = self._from_rank0(None if unsupported or not healthy else healthy[-1])
         if target is None:
-            log.error("actuator: rollback ordered at step %d but %s; halting instead", state.global_step,
+            log.error("actuator: rollback ordered at step %d (%s) but %s; halting instead", state.global_step, because,
                       unsupported or "no checkpoint was saved while every guardrail held")
             return False
         step, path = target
@@ -566,7 +605,7 @@ class ActuatorCallback(TrainerCallback, ExportableState):
             load_checkpoint(trainer, path)  # weights in place; optimizer moments and schedule of that step
         self.rollbacks.append({"at_step": state.global_step, "to_step": step, "checkpoint": path})
         self.session.log_extra["actuator/rollback_to_step"] = float(step)
-        log.warning("actuator: guardrail breach: rolled back to %s (step %d) at step %d; training continues",
+        log.warning("actuator: %s: rolled back to %s (step %d) at step %d; training continues", because,
                     path, step, state.global_step)
         return True
 

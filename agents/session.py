@@ -186,6 +186,8 @@ class Received:
     decisions: list[DecisionPublic] = field(default_factory=list)
     halt: bool = False
     rollback: bool = False
+    # why: the service's reasons for a halt or rollback (guardrail, reading, threshold), for the log
+    why: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -267,6 +269,9 @@ class ControlSession:
         self.unbuilt: set[str] = set()  # probes the policy names that could not be built (said already)
         self.unreachable: ServiceUnavailable | None = None  # at the registration at start
         self.schedule_pending = self.policy_doc is not None
+        self.baseline_step: int | None = None  # the step of the baseline reading (start())
+        self.last_step: int | None = None  # the latest step given to step() (own loop), or the baseline's
+        self.step_warned = False
 
     @staticmethod
     def _make_suite(probes: Any, budget_share: float) -> Any:
@@ -574,6 +579,7 @@ class ControlSession:
         passes with rank 0."""
         if not (self.main or self.sharded):
             return
+        self.baseline_step = self.last_step = int(step)
         self.max_steps = max_steps
         self.apply_probe_schedule()
         if self.main:
@@ -646,14 +652,29 @@ class ControlSession:
         received = self.receive()
         if self.sharded:
             received = from_rank0(received)  # every rank applies rank 0's decisions at the same step
+        self._check_step(step)
         if received.rollback and not received.halt:
-            log.error("actuator: rollback ordered at step %d but this loop has no checkpoints the session knows "
-                      "of; halting instead", step)
+            log.error("actuator: rollback ordered at step %d (%s) but this loop has no checkpoints the session knows "
+                      "of; halting instead", step, "; ".join(received.why) or "no reason given")
         before = len(self.applied)
         self.apply(received.decisions, step)
-        halt = self.halt_if(received.halt or received.rollback, step)
+        halt = self.halt_if(received.halt or received.rollback, step, received.why)
         self.after_step(step, model, readings)
         return StepOutcome(self.applied[before:], halt)
+
+    def _check_step(self, step: int) -> None:
+        """A loop of one's own numbers its steps: a step that repeats or goes behind the last one
+        (the baseline's, read by :meth:`begin` at its ``step``) would put two readings at one step
+        and a decision before the step it acts on. Said loudly, once; the step is still taken."""
+        last = self.last_step
+        if last is not None and step <= last and not self.step_warned:
+            self.step_warned = True
+            first = "the baseline's, read by begin() at step %d" % last if last == self.baseline_step else \
+                "the last step given, %d" % last
+            log.warning("actuator: step(%d) does not come after %s: its readings and decisions land on a step already "
+                        "reported. Number the training steps from the baseline's step + 1 (for step in range(1, "
+                        "steps + 1) after begin() at step 0), as ActuatorCallback does", step, first)
+        self.last_step = step if last is None else max(last, step)
 
     def identification_step(self, step: int) -> None:
         """Before the decisions: at the test's last step the restored value comes first and a
@@ -681,6 +702,7 @@ class ControlSession:
                 self.last_decision = d.number
         out.halt = out.halt or result.state == "halted"
         out.rollback = out.rollback or any(a.type == "rollback" for a in result.actions)
+        out.why += [a.reason for a in result.actions if a.type in ("halt", "rollback") and a.reason not in out.why]
         if not result.breached and result.last_step is not None:
             self.last_ok_step = max(self.last_ok_step or 0, result.last_step)
         for a in result.actions:
@@ -689,11 +711,15 @@ class ControlSession:
         for notice in getattr(result, "notices", None) or []:  # a service that predates them sends none
             log.warning("actuator: %s", notice.message)
 
-    def halt_if(self, halt: bool, step: int) -> bool:
-        """Mark the run halted (once, with a warning); whether training should stop."""
+    def halt_if(self, halt: bool, step: int, why: Iterable[str] = (), *, saving: bool = False) -> bool:
+        """Mark the run halted (once, with a warning naming ``why``: the guardrail, its reading and
+        threshold, as the service said them); whether training should stop. ``saving``: a
+        checkpoint is written before stopping (the callback, when the run saves checkpoints)."""
         if halt and self.run_state != "halted":
             self.run_state = "halted"
-            log.warning("actuator: the controller halted this run at step %d; saving and stopping", step)
+            reasons = "; ".join(why) or "halted on the service (by an operator, or see the run's events)"
+            log.warning("actuator: the controller halted this run at step %d: %s; %s", step, reasons,
+                        "saving a checkpoint and stopping" if saving else "stopping (no checkpoint saved)")
         return halt
 
     def apply(self, decisions: Iterable[DecisionPublic], step: int) -> None:
@@ -752,7 +778,9 @@ class ControlSession:
         """After the decisions: the setters' periodic work, a probe schedule the service sent, then
         due probes (and ``readings``), or the metrics alone every ``report_every`` steps."""
         self.setters_step_end(step)
-        if self.schedule_pending:
+        if self.schedule_pending and (self.main or self.sharded):
+            # only the ranks that probe: under DDP another rank has no probes, and the schedule's
+            # "will not be measured" would be a false alarm beside rank 0's readings
             self.apply_probe_schedule()
         if not self.main:
             if self.sharded and self.suite is not None and model is not None:

@@ -18,6 +18,7 @@ from actuator.config import Settings
 from actuator.live import make_live
 from actuator.metrics import Metrics
 from actuator.migrate import upgrade
+from actuator.notify import Notifier
 from actuator.store import Store
 
 from .deps import Services
@@ -216,11 +217,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             upgrade(settings.database_url)
         store = Store(settings.database_url)
         live = make_live(settings.redis_url)
-        app.state.services = Services(settings=settings, store=store, live=live, metrics=app.state.metrics)
+        metrics = app.state.metrics
+        notifier = None if not settings.webhook_url else Notifier(
+            settings.webhook_url, console=settings.public_url or f"http://{settings.host}:{settings.port}",
+            queue_size=settings.webhook_queue, retries=settings.webhook_retries, backoff=settings.webhook_backoff,
+            timeout=settings.webhook_timeout, count=lambda outcome: metrics.notifications.labels(outcome).inc())
+        app.state.services = Services(settings=settings, store=store, live=live, metrics=metrics, notifier=notifier)
         log.info("actuator service ready (store=%s, live=%s)", store.engine.dialect.name,
                  "redis" if settings.redis_url else "memory")
         yield
         app.state.services.cpu.close()
+        if notifier is not None:
+            notifier.close()
         await live.aclose()
         store.close()
         live.close()

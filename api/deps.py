@@ -23,6 +23,7 @@ from actuator.config import Settings
 from actuator.engine import Engine
 from actuator.live import LiveState
 from actuator.metrics import Metrics
+from actuator.notify import Notifier
 from actuator.models import RunRow
 from actuator.schemas import MAX_INT
 from actuator.store import Store, hash_token, tokens_match
@@ -134,6 +135,7 @@ class Services:
     metrics: Metrics
     tokens: VerifiedTokens = field(default_factory=VerifiedTokens)
     cpu: CpuWork = field(default_factory=CpuWork)
+    notifier: Notifier | None = None  # ACTUATOR_WEBHOOK_URL: guardrail firings POSTed there
 
     def engine_for(self, policy_id: int) -> Engine:
         """The engine of a policy version (built once per process: versions are immutable)."""

@@ -108,6 +108,8 @@ class ProbeSuite:
         # controller fed by a starved probe is not controlling, and the user must hear so.
         self.starved: dict[str, str] = {}
         self._warned: set[str] = set()
+        # each probe's last reading: (seconds, examples, step): what a starvation warning quotes
+        self._last: dict[str, tuple[float, int, int]] = {}
         self._first_step: int | None = None
         self.setup_seconds = 0.0
         # Sharded training (FSDP2): a function returning rank 0's value on every rank. Then every
@@ -264,6 +266,7 @@ class ProbeSuite:
             report.values.update(values)
             used = self._used_examples(probe, limit)
             report.examples[probe.name] = used
+            self._last[probe.name] = (seconds, used, step)
             per_example = seconds / used
             previous = self._cost_per_example.get(probe.name)
             # A running average: one slow outlier (a GC pause, a busy core) should not starve a probe.
@@ -281,6 +284,17 @@ class ProbeSuite:
         if probe.name in self.starved:
             return
         full = self._estimate(probe) or 0.0
+        last = self._last.get(probe.name)
+        n = self._used_examples(probe, None)
+        if last is not None and last[1] >= n:
+            # its last reading was a full one: quote what it measured, not the running average
+            full = last[0]
+            cost = f"one measurement took {full:.2f} s (its reading at step {last[2]}, {n} examples)"
+        elif last is not None:
+            cost = (f"one full measurement ({n} examples) is estimated at ~{full:.2f} s, extrapolated from its last "
+                    f"reading: {last[0]:.2f} s on {last[1]} examples at step {last[2]}")
+        else:
+            cost = f"one measurement is estimated at ~{full:.2f} s"
         assert self._t0 is not None
         steps = step - (self._first_step if self._first_step is not None else step)
         train_seconds = max(self._clock() - self._t0 - self._probe_seconds, 0.0)
@@ -294,7 +308,7 @@ class ProbeSuite:
         else:
             pace = "the training steps so far leave no room for it"
         message = (
-            f"probe {probe.name} skipped for budget at step {step}: one measurement takes ~{full:.2f} s and "
+            f"probe {probe.name} skipped for budget at step {step}: {cost} and "
             f"probes may use {100 * self.budget_share:.0f}% of wall time (budget_share); {pace} "
             f"(every={probe.every} asked). Controllers fed by it get no new reading until then: give it fewer "
             f"examples, raise budget_share, or probe less often."

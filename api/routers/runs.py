@@ -249,6 +249,8 @@ def _export(services: Services, out: IngestOutcome, acks: list[DecisionAck]) -> 
     ``acks``: the agent's acknowledgements the request carried (each is an ``acknowledged``
     event: they change the knobs in effect, and may come on a batch with no new observation)."""
     services.metrics.observe_ingest(out)
+    if services.notifier is not None:
+        services.notifier.notify_ingest(out)  # queued: ingest never waits on the webhook
     run = out.run
     events = [*out.events,
               *(ObservationEvent(seq=obs.seq, step=obs.step, probes=obs.probes, knobs=obs.knobs)

@@ -16,7 +16,8 @@ from agent_helpers import Canary, SlowSteps, make_trainer, record_lr_used
 
 
 def test_halt_stops_training_and_leaves_a_checkpoint(tmp_path, char_tokenizer, sqlite_service):
-    trainer = make_trainer(tmp_path, char_tokenizer, steps=40, scheduler="constant")
+    trainer = make_trainer(tmp_path, char_tokenizer, steps=40, scheduler="constant", save_strategy="steps",
+                           save_steps=1000)  # a run that saves checkpoints: the halt saves one too
     policy = {"name": "halt-test", "guardrails": [{"name": "canary-halt", "probe": "custom.canary",
                                                    "bound": "upper", "threshold": 0.5, "action": "halt"}]}
     cb = ActuatorCallback(policy, connection=sqlite_service.url, probes=[Canary(trainer, bad_from=6)],

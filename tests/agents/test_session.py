@@ -167,3 +167,44 @@ def test_the_old_arguments_warn_once_with_the_new_form():
     assert old.session.connection == new.session.connection
     with pytest.raises(TypeError, match="urll"):
         ActuatorCallback("preset:sft-capability", urll="http://x")
+
+
+def test_a_step_that_repeats_the_baselines_is_said_once(sqlite_service, caplog):
+    """Issue 57: the own-loop outline's ``range(steps)`` reported the first training step as step 0,
+    on top of the baseline's reading at step 0, without a word. The session says so (once) and
+    still takes the step; a loop counting from 1 hears nothing."""
+    import logging
+
+    from actuator.agents.session import Connection, ControlSession
+
+    class Dial:
+        name = "learning_rate"
+        value = 1e-3
+
+        def read(self):
+            return self.value
+
+        def apply(self, value):
+            self.value = float(value)
+            return self.value
+
+    def run(first: int) -> tuple[ControlSession, str]:
+        caplog.clear()
+        session = ControlSession({"name": "steps", "controllers": [{"name": "c", "probe": "custom.x",
+                                                                   "knob": "learning_rate", "setpoint": 0.0,
+                                                                   "kp": 1.0}]},
+                                 setters=[Dial()], connection=Connection(sqlite_service.url))
+        with caplog.at_level(logging.WARNING, logger="actuator.agents"):
+            session.begin()
+            for step in range(first, first + 3):
+                session.step(step, readings={"custom.x": 1.0})
+            session.finish()
+        return session, caplog.text
+
+    session, text = run(0)
+    assert session.baseline_step == 0 and [h["step"] for h in session.history] == [0, 1, 2]  # taken all the same
+    assert text.count("does not come after") == 1, text
+    assert ("step(0) does not come after the baseline's, read by begin() at step 0: its readings and decisions "
+            "land on a step already reported. Number the training steps from the baseline's step + 1") in text
+    _, text = run(1)
+    assert "does not come after" not in text, text

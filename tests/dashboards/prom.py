@@ -28,6 +28,8 @@ def scrape_config_for(target: str, *, interval: str = "1s", source: Path = REPO_
     the job name and metrics path under test are the ones docker-compose uses."""
     config = copy.deepcopy(yaml.safe_load(source.read_text()))
     config.setdefault("global", {}).update({"scrape_interval": interval, "evaluation_interval": interval})
+    # rule files beside the source (as docker-compose mounts them beside its config): absolute here
+    config["rule_files"] = [str(source.parent / f) for f in config.get("rule_files", [])]
     for job in config["scrape_configs"]:
         job["static_configs"] = [{"targets": [target]}]
         job.pop("scrape_interval", None)

@@ -112,7 +112,10 @@ def _drive(prom: Prometheus, svc: Service, kill_redis) -> Live:  # type: ignore[
     assert r.status_code == 200, r.text
     assert any("drift_ceiling" in d["reason"] for d in r.json()["decisions"]), r.text
     lr = r.json()["knobs"]["learning_rate"]
-    assert _post(svc, b, [_obs(1, 10, 0.12, 0.61, 1e-3)]).status_code == 200
+    # the bystander's probe report says the budget skipped hotpotqa 4 times in a row (actuator_probe_starved)
+    starved = _obs(1, 10, 0.12, 0.61, 1e-3)
+    starved["metrics"].update({"probe_share": 0.1, "probe_starved.hotpotqa": 4.0})
+    assert _post(svc, b, [starved]).status_code == 200
     # rejected requests: no token, another run's token, an invalid body
     assert _post(svc, a, [_obs(3, 20, 0.1, 0.5, lr)], token=None).status_code == 401
     assert _post(svc, a, [_obs(3, 20, 0.1, 0.5, lr)], token=b["token"]).status_code == 403

@@ -209,7 +209,9 @@ def test_a_starved_probe_warns_once_with_its_cost_budget_and_interval(caplog):
     warnings = [r.getMessage() for r in caplog.records if "skipped for budget" in r.getMessage()]
     assert len(warnings) == 1, warnings  # once per starvation, not once per skip
     # 13 s x 0.9 / (0.1 x 3 s) = 39 steps between readings.
-    assert "~13.00 s" in warnings[0] and "10%" in warnings[0] and "every 39 steps" in warnings[0]
+    # the cost quoted is the one its last (full) reading measured, and says so (issue 57)
+    assert "one measurement took 13.00 s (its reading at step 0, 13 examples)" in warnings[0]
+    assert "10%" in warnings[0] and "every 39 steps" in warnings[0]
     assert "every=2" in warnings[0] and "step 2" in warnings[0]
     assert set(suite.starved) == {"policy_kl"}
     last = suite.run(_model(), 12)  # due and skipped again: the report says how long it has starved
@@ -227,3 +229,22 @@ def test_a_starved_probe_warns_once_with_its_cost_budget_and_interval(caplog):
     # reading and a skip would otherwise warn every other step).
     assert len(again) == 1 and again[0].levelname == "INFO"
     assert set(suite.starved) == {"policy_kl"}
+
+
+def test_a_starvation_after_a_subsampled_reading_says_its_cost_is_an_estimate(caplog):
+    """Issue 57: a starvation warning quoted ~9.42 s "a measurement" where the probe's reading had
+    taken 0.92 s (on a subset). After a subsampled reading the full cost is an extrapolation: the
+    warning says so, beside what the last reading really took and on how many examples."""
+    clock = FakeClock()
+    probe = CostlyProbe("kl", clock, examples=10, seconds_per_example=1.0, every=1)
+    suite = ProbeSuite([probe], budget_share=0.5, clock=clock)
+    suite.setup(_model())
+    suite.run(_model(), 0, baseline=True)  # 10 s, paid like setup
+    clock.now += 4.0
+    assert suite.run(_model(), 1).examples == {"kl": 4}  # 4 s of room: 4 of 10 examples
+    with caplog.at_level("WARNING", logger="actuator.agents"):
+        clock.now += 0.1
+        assert suite.run(_model(), 2).skipped == ["kl"]
+    [warning] = [r.getMessage() for r in caplog.records if "skipped for budget" in r.getMessage()]
+    assert ("one full measurement (10 examples) is estimated at ~10.00 s, extrapolated from its last reading: "
+            "4.00 s on 4 examples at step 1") in warning, warning
