@@ -25,7 +25,9 @@ from starlette.routing import Mount
 from typer.testing import CliRunner
 
 from actuator.api.app import create_app
+from actuator._exceptions import Forbidden, Unauthorized
 from actuator.cli import app as cli
+from actuator.client import ActuatorClient
 from actuator.config import Settings
 from actuator.testing import Service, make_service
 from harden import POLICY, StoreView, bearer, post_obs, register
@@ -246,6 +248,21 @@ def test_the_cli_reads_with_a_viewer_token(env) -> None:  # type: ignore[no-unty
     out = runner.invoke(cli, ["policy", "show", POLICY["name"], "--url", svc.url, "--token", VIEWER],
                         env={"COLUMNS": "200"})
     assert out.exit_code == 0 and "drift" in out.output, out.output
+
+
+def test_the_client_reads_with_a_viewer_or_the_run_s_token(env) -> None:  # type: ignore[no-untyped-def]
+    svc, view, a, b = env
+    with ActuatorClient(svc.url) as anonymous:
+        with pytest.raises(Unauthorized, match="401"):
+            anonymous.list_runs()
+        assert anonymous.get_run(a["id"], token=a["token"]).id == a["id"]  # the run's own token, for one request
+        assert anonymous.list_decisions(a["id"], token=a["token"]).total >= 1
+        with pytest.raises(Forbidden, match="403"):
+            anonymous.list_decisions(b["id"], token=a["token"])
+    with ActuatorClient(svc.url, token=VIEWER) as viewer:
+        assert {a["id"], b["id"]} <= {r.id for r in viewer.list_runs()}
+        assert viewer.get_policy(POLICY["name"])["name"] == POLICY["name"]
+        assert viewer.health()["status"] == "ok"
 
 
 def test_health_metrics_and_docs_open_only_when_configured(postgres, tmp_path) -> None:  # type: ignore[no-untyped-def]
