@@ -140,6 +140,15 @@ def _check_serve(settings: Settings, workers: int) -> None:
         _warn(f"listening on {settings.host} with no admin token (ACTUATOR_ADMIN_TOKEN): anyone who can reach "
               f"port {settings.port} can register runs, create and archive policies, pause, override, move and "
               "halt any run, and read every run. Set ACTUATOR_ADMIN_TOKEN, or listen on 127.0.0.1.", "bold yellow")
+    if settings.token_mode:
+        viewers = len(settings.viewer_token)
+        opened = [path for path, is_open in (("/metrics", settings.metrics_open), ("/healthz", settings.health_open),
+                                             ("/docs", settings.docs_open)) if is_open]
+        err_console.print(
+            f"token mode: reads need a token: {viewers} viewer token{'' if viewers == 1 else 's'} "
+            "(ACTUATOR_VIEWER_TOKEN), the admin token, or a run's own token for that run; "
+            + (f"open without one: {', '.join(opened)}" if opened else "/metrics, /healthz and /docs too"),
+            soft_wrap=True)
 
 
 def _refused(url: str, exc: ClientError) -> typer.Exit:

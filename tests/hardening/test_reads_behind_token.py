@@ -267,9 +267,14 @@ def test_the_client_reads_with_a_viewer_or_the_run_s_token(env) -> None:  # type
 
 def test_health_metrics_and_docs_open_only_when_configured(postgres, tmp_path) -> None:  # type: ignore[no-untyped-def]
     db = postgres.create_database(f"readsopen{os.getpid()}_{time.monotonic_ns()}")
-    svc = make_service(db, admin_token=ADMIN, log_dir=str(tmp_path), extra_env={
-        "ACTUATOR_METRICS_PUBLIC": "true", "ACTUATOR_HEALTH_PUBLIC": "true", "ACTUATOR_DOCS_PUBLIC": "true"}).start()
+    svc = make_service(db, admin_token=ADMIN, log_dir=str(tmp_path), serve_args=["--host", "127.0.0.1"], extra_env={
+        "ACTUATOR_METRICS_PUBLIC": "true", "ACTUATOR_HEALTH_PUBLIC": "true", "ACTUATOR_DOCS_PUBLIC": "true",
+        **TOKEN_ENV}).start()
     try:
+        # `actuator serve` says what is open
+        logs = " ".join(svc.logs().split())
+        assert "token mode: reads need a token: 2 viewer tokens" in logs, logs[-2000:]
+        assert "open without one: /metrics, /healthz, /docs" in logs, logs[-2000:]
         for path in ("/metrics", "/healthz", "/openapi.json", "/docs", "/redoc"):
             assert httpx.get(svc.url + path).status_code == 200, path
         run = register(svc.url, admin=ADMIN, policy=POLICY)
