@@ -1,5 +1,5 @@
 """FastAPI dependencies: settings, store, live state, metrics, the process for CPU-bound work,
-and the two kinds of bearer auth."""
+bearer auth for writes (admin, a run's agent) and for reads (token mode), and stream tickets."""
 
 from __future__ import annotations
 
@@ -252,8 +252,6 @@ def require_run_or_admin(admin: AdminCredentials, agent: AgentCredentials, servi
     if _is_admin(services, token) or tokens_match(token, run.token_hash):
         return run
     raise ApiError(status.HTTP_403_FORBIDDEN, "this token grants neither this run nor admin")
-
-
 
 
 # -- reads -------------------------------------------------------------------------------------
