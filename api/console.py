@@ -71,7 +71,9 @@ def _page(title: str, body: str, *, page: str, frame: Frame, scripts: tuple[str,
             '<header><a class="brand" href="/ui">Actuator</a><nav><a href="/ui">Runs</a>'
             f'<a href="/ui/policies">Policies</a>{api}</nav>'
             '<form id="token-form" autocomplete="off"><label for="admin-token">token</label>'
-            '<input type="password" id="admin-token" name="admin-token" autocomplete="off" spellcheck="false">'
+            # No name: a submit before the script has taken the form over (a native GET) never puts
+            # the token in a URL.
+            '<input type="password" id="admin-token" autocomplete="off" spellcheck="false">'
             '<button type="submit">Use</button><button type="button" id="token-forget">Forget</button>'
             '<span id="token-state" role="status"></span></form></header>'
             '<p id="auth-message" class="err" role="alert" hidden></p>'

@@ -95,8 +95,8 @@ window.Actuator = (() => {
   function ready(fn) {
     if (isReady) fn(); else waiting.push(fn);
   }
-  function start() {
-    initToken();
+  function start(swapped) {
+    if (swapped !== true) initToken();
     if (document.body.dataset.page === "runs") initRuns();
     if (document.body.dataset.page === "locked") {
       if (token()) unlock();
@@ -142,12 +142,13 @@ window.Actuator = (() => {
         }
       }
       document.body.replaceWith(document.importNode(doc.body, true));
+      initToken();  // at once: the new token form must never submit on its own
       const loaded = new Set([...document.scripts].map((s) => s.getAttribute("src")));
       for (const s of doc.head.querySelectorAll("script[src]")) {
         const src = s.getAttribute("src");
         if (!loaded.has(src)) await loadScript(src);
       }
-      start();
+      start(true);
     } catch (e) {
       if (msg) msg.textContent = "the service could not be reached: " + e.message;
     } finally {

@@ -40,8 +40,17 @@ def token_service(postgres, redis_server, tmp_path) -> Iterator[Service]:  # typ
     svc.stop()
 
 
-def wait_for(what: str, check, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
-    wait_until(check, timeout, what)
+def wait_for(what: str, check, timeout: float = 20.0, browser=None) -> None:  # type: ignore[no-untyped-def]
+    try:
+        wait_until(check, timeout, what)
+    except RuntimeError as exc:
+        if browser is None:
+            raise
+        state = js(browser, "const m = (id) => { const e = document.getElementById(id); return e && "
+                            "[e.textContent, e.hidden]; }; return {page: document.body.dataset.page, "
+                            "locked: m('locked-message'), auth: m('auth-message'), "
+                            "token: sessionStorage.getItem('actuator.adminToken'), url: location.href}")
+        raise AssertionError(f"{exc}; the page: {state}; its log: {browser.get_log('browser')}") from None
 
 
 def js(browser, script: str, *args):  # type: ignore[no-untyped-def]
@@ -49,9 +58,14 @@ def js(browser, script: str, *args):  # type: ignore[no-untyped-def]
 
 
 def use_token(browser, token: str) -> None:  # type: ignore[no-untyped-def]
+    # the field has no name: even a submit the script has not taken over carries no token
+    assert browser.find_element(By.ID, "admin-token").get_attribute("name") in (None, "")
     browser.find_element(By.ID, "token-forget").click()
     browser.find_element(By.ID, "admin-token").send_keys(token)
     browser.find_element(By.CSS_SELECTOR, '#token-form button[type="submit"]').click()
+    wait_for("the token kept for the tab", lambda: js(
+        browser, "return sessionStorage.getItem('actuator.adminToken')") == token, browser=browser)
+    assert token not in browser.current_url
 
 
 def locked_message(browser) -> str:  # type: ignore[no-untyped-def]
@@ -121,7 +135,7 @@ def test_console_reads_with_the_token_typed_once(token_service, browser) -> None
         use_token(browser, "not-a-token")
         browser.get(f"{url}/ui")
         wait_for("the refusal", lambda: "401" in locked_message(browser)
-                 and not browser.find_element(By.ID, "auth-message").get_attribute("hidden"))
+                 and not browser.find_element(By.ID, "auth-message").get_attribute("hidden"), browser=browser)
         assert "did not accept this tab's token" in browser.find_element(By.ID, "auth-message").text
         assert "tok-run-a" not in browser.page_source
 
