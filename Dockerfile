@@ -33,7 +33,7 @@ ENV ACTUATOR_WORKERS=2 \
 EXPOSE 8000
 
 HEALTHCHECK --interval=10s --timeout=5s --start-period=20s --retries=6 \
-  CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=3)"]
+  CMD ["python", "-c", "import os, urllib.request as u; t = os.environ.get('ACTUATOR_ADMIN_TOKEN'); u.urlopen(u.Request('http://127.0.0.1:8000/healthz', headers={'Authorization': 'Bearer ' + t} if t else {}), timeout=3)"]
 
 # Migrations are applied by `actuator serve` on start, once, before the workers start.
 CMD ["sh", "-c", "mkdir -p \"$PROMETHEUS_MULTIPROC_DIR\" && rm -f \"$PROMETHEUS_MULTIPROC_DIR\"/*.db && exec actuator serve --host 0.0.0.0 --port 8000 --workers \"$ACTUATOR_WORKERS\""]

@@ -36,7 +36,10 @@ console = Console(markup=False)
 err_console = Console(stderr=True, markup=False)  # errors go to stderr, so `actuator runs > runs.txt` keeps them visible
 
 UrlOpt = Annotated[str, typer.Option("--url", envvar="ACTUATOR_URL", help="Controller service URL.")]
-TokenOpt = Annotated[Optional[str], typer.Option("--token", envvar="ACTUATOR_TOKEN", help="Bearer token.")]
+TokenOpt = Annotated[Optional[str], typer.Option(
+    "--token", envvar="ACTUATOR_TOKEN",
+    help="Bearer token: the admin token to change things; to read, when the service has an admin token, a viewer "
+         "token (ACTUATOR_VIEWER_TOKEN of the service), the admin token or a run's own token (that run only).")]
 DEFAULT_URL = "http://127.0.0.1:8000"
 
 
@@ -137,6 +140,28 @@ def _check_serve(settings: Settings, workers: int) -> None:
         _warn(f"listening on {settings.host} with no admin token (ACTUATOR_ADMIN_TOKEN): anyone who can reach "
               f"port {settings.port} can register runs, create and archive policies, pause, override, move and "
               "halt any run, and read every run. Set ACTUATOR_ADMIN_TOKEN, or listen on 127.0.0.1.", "bold yellow")
+    if settings.token_mode:
+        viewers = len(settings.viewer_token)
+        opened = [path for path, is_open in (("/metrics", settings.metrics_open), ("/healthz", settings.health_open),
+                                             ("/docs", settings.docs_open)) if is_open]
+        err_console.print(
+            f"token mode: reads need a token: {viewers} viewer token{'' if viewers == 1 else 's'} "
+            "(ACTUATOR_VIEWER_TOKEN), the admin token, or a run's own token for that run; "
+            + (f"open without one: {', '.join(opened)}" if opened else "/metrics, /healthz and /docs too"),
+            soft_wrap=True)
+
+
+def _refused(url: str, exc: ClientError) -> typer.Exit:
+    """A failed request, and what to do about a refused token."""
+    from ._exceptions import Forbidden, Unauthorized
+
+    hint = ""
+    if isinstance(exc, Unauthorized):
+        hint = (". The service keeps reads behind a token: pass --token (or set ACTUATOR_TOKEN) with a viewer "
+                "token or the admin token")
+    elif isinstance(exc, Forbidden):
+        hint = ". This token does not grant it (a run's token reads only its own run; changes need the admin token)"
+    return _fail(f"{url}: {exc}{hint}")
 
 
 def _client(url: str, token: str | None) -> ActuatorClient:
@@ -154,7 +179,7 @@ def runs(url: UrlOpt = DEFAULT_URL, token: TokenOpt = None,
         with _client(url, token) as c:
             items = c.list_runs(state=state, limit=limit)
     except ClientError as exc:
-        raise _fail(f"{url}: {exc}") from exc
+        raise _refused(url, exc) from exc
     table = Table(box=box.SIMPLE_HEAD)
     # Whole ids, states and steps, however narrow the terminal: the ids are what every other
     # command takes. The other columns fold (nothing is cut off).
@@ -217,7 +242,7 @@ def decisions(run: Annotated[str, typer.Argument(help="Run id, the start of it, 
         with _client(url, token) as c:
             page = c.list_decisions(_resolve_run(c, run), limit=limit)
     except ClientError as exc:
-        raise _fail(f"{url}: {exc}") from exc
+        raise _refused(url, exc) from exc
     if explain:
         for d in page.items:
             console.rule(f"decision {d.number} · step {d.step} · {d.knob}")
@@ -306,7 +331,7 @@ def policy_show(ref: Annotated[str, typer.Argument(
         with _client(url, token) as c:
             policy = c.get_policy(name, int(version) if version else None)
     except ClientError as exc:
-        raise _fail(f"{url}: {exc}") from exc
+        raise _refused(url, exc) from exc
     typer.echo(yaml.safe_dump(policy["document"], sort_keys=False, allow_unicode=True), nl=False)
 
 

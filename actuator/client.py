@@ -76,7 +76,10 @@ def _refusal(method: str, path: str, status: int, body: bytes) -> ClientError:
 
 
 class ActuatorClient:
-    """``ActuatorClient("http://127.0.0.1:8000", token=...)``. Network failures, 5xx, answers that
+    """``ActuatorClient("http://127.0.0.1:8000", token=...)``: ``token`` goes with every request. A
+    service with an admin token keeps its reads behind a token too: the admin token or a viewer
+    token (``ACTUATOR_VIEWER_TOKEN`` of the service) reads everything, a run's own token reads that
+    run (the read methods about one run take ``token=`` for it). Network failures, 5xx, answers that
     cannot be read and answers slower than ``timeout`` raise :class:`ServiceUnavailable`; the
     service's refusals (4xx) raise a :class:`RequestRejected` subclass.
 
@@ -140,9 +143,9 @@ class ActuatorClient:
     def create_policy(self, document: dict[str, Any]) -> dict[str, Any]:
         return self._call(dict[str, Any], "POST", "/v1/policies", json=document)
 
-    def get_policy(self, name: str, version: int | None = None) -> dict[str, Any]:
+    def get_policy(self, name: str, version: int | None = None, *, token: str | None = None) -> dict[str, Any]:
         path = f"/v1/policies/{name}" + (f"/versions/{version}" if version else "")
-        return self._call(dict[str, Any], "GET", path)
+        return self._call(dict[str, Any], "GET", path, token=token)
 
     def validate_policy(self, document: dict[str, Any]) -> dict[str, Any]:
         return self._call(dict[str, Any], "POST", "/v1/policies/validate", json=document)
@@ -164,12 +167,13 @@ class ActuatorClient:
         payload = body.model_dump(mode="json") if isinstance(body, RunCreate) else body
         return self._call(RunCreated, "POST", "/v1/runs", json=payload, timeout=timeout)
 
-    def list_runs(self, **params: Any) -> list[RunPublic]:
+    def list_runs(self, *, token: str | None = None, **params: Any) -> list[RunPublic]:
         params = {k: v for k, v in params.items() if v is not None}
-        return self._call(list[RunPublic], "GET", "/v1/runs", params=params)
+        return self._call(list[RunPublic], "GET", "/v1/runs", params=params, token=token)
 
-    def get_run(self, run_id: str) -> RunState:
-        return self._call(RunState, "GET", f"/v1/runs/{run_id}")
+    def get_run(self, run_id: str, *, token: str | None = None) -> RunState:
+        """``token``: for this request instead of the client's (e.g. the run's own token)."""
+        return self._call(RunState, "GET", f"/v1/runs/{run_id}", token=token)
 
     FIND_MOST = 10
 
@@ -198,8 +202,10 @@ class ActuatorClient:
         return self._call(IngestResult, "POST", f"/v1/runs/{run_id}/observations", token=token,
                           content=batch.model_dump_json(), headers={"Content-Type": "application/json"})
 
-    def list_decisions(self, run_id: str, *, offset: int = 0, limit: int = 100) -> DecisionPage:
-        return self._call(DecisionPage, "GET", f"/v1/runs/{run_id}/decisions", params={"offset": offset, "limit": limit})
+    def list_decisions(self, run_id: str, *, offset: int = 0, limit: int = 100,
+                       token: str | None = None) -> DecisionPage:
+        return self._call(DecisionPage, "GET", f"/v1/runs/{run_id}/decisions", params={"offset": offset, "limit": limit},
+                          token=token)
 
     def halt(self, run_id: str, *, token: str | None = None) -> RunPublic:
         return self._call(RunPublic, "POST", f"/v1/runs/{run_id}/halt", token=token)

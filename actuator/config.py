@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Annotated, Any
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 __all__ = ["Settings", "DEFAULT_DATABASE_URL", "LOOPBACK_HOSTS", "is_loopback"]
@@ -47,8 +47,21 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     admin_token: SecretStr | None = Field(
-        None, description="Bearer token for policy management and run registration; None = open."
-    )
+        None, description="Bearer token for policy management, run registration and operator actions; it "
+        "also reads everything. Set, it puts the service in token mode: nothing about runs or policies is "
+        "readable without a token. None = open mode (a laptop: anyone who reaches the port reads and writes).")
+    # Token mode only (docs/reference/service.md, "Who reads what").
+    viewer_token: Annotated[list[SecretStr], NoDecode] = Field(
+        default_factory=list, description="Read-only bearer tokens (comma-separated, one per reader or team): "
+        "every run and policy, the console, live streams; no write. Needs ACTUATOR_ADMIN_TOKEN.")
+    metrics_public: bool | None = Field(
+        None, description="Serve /metrics without a token. Default: yes in open mode, no in token mode (then "
+        "a viewer or the admin token reads it: Prometheus sends it with an `authorization:` block).")
+    health_public: bool | None = Field(
+        None, description="Serve /healthz without a token. Default: yes in open mode, no in token mode.")
+    docs_public: bool = Field(
+        False, description="Token mode: serve /docs, /redoc and /openapi.json without a token. By default "
+        "/docs and /redoc are off in token mode and /openapi.json needs a viewer or the admin token.")
     # A web page of another site can send state-changing requests to the service from the user's
     # browser (a form, a no-cors fetch), and a DNS-rebound name makes the page's origin the
     # service's own: the service answers only the Host names below, and changes nothing for a
@@ -101,13 +114,40 @@ class Settings(BaseSettings):
         300.0, ge=0, description="Seconds a finished or halted run's Prometheus series stay exported (so a "
         "scrape sees their final values); then they are removed.")
 
-    _lists = field_validator("allowed_hosts", "allowed_origins", mode="before")(
+    _lists = field_validator("allowed_hosts", "allowed_origins", "viewer_token", mode="before")(
         classmethod(lambda cls, v: _comma_list(v)))
 
     @field_validator("allowed_origins")
     @classmethod
     def _origins(cls, v: list[str]) -> list[str]:
         return [o.lower().rstrip("/") for o in v]
+
+    @model_validator(mode="after")
+    def _viewer_tokens(self) -> Settings:
+        viewers = [t.get_secret_value() for t in self.viewer_token]
+        if viewers and self.admin_token is None:
+            raise ValueError("viewer_token: viewer tokens need ACTUATOR_ADMIN_TOKEN (without it the service is in "
+                             "open mode and every read is open)")
+        if self.admin_token is not None and self.admin_token.get_secret_value() in viewers:
+            raise ValueError("viewer_token: a viewer token must not be the admin token")
+        return self
+
+    @property
+    def token_mode(self) -> bool:
+        """An admin token is set: reads need a token too (viewer, admin, or a run's own token)."""
+        return self.admin_token is not None
+
+    @property
+    def metrics_open(self) -> bool:
+        return self.metrics_public if self.metrics_public is not None else not self.token_mode
+
+    @property
+    def health_open(self) -> bool:
+        return self.health_public if self.health_public is not None else not self.token_mode
+
+    @property
+    def docs_open(self) -> bool:
+        return self.docs_public or not self.token_mode
 
     def trusted_hosts(self) -> list[str] | None:
         """The Host names answered (lower case, without port), or None for any."""

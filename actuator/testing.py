@@ -351,7 +351,10 @@ class Service:
                 self.proc = subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                              start_new_session=True)
         try:
-            wait_until(lambda: httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200, timeout,
+            # Token mode closes /healthz unless ACTUATOR_HEALTH_PUBLIC: ask with the admin token.
+            admin = self.env.get("ACTUATOR_ADMIN_TOKEN")
+            auth = {"Authorization": f"Bearer {admin}"} if admin else {}
+            wait_until(lambda: httpx.get(f"{self.url}/healthz", headers=auth, timeout=1).status_code == 200, timeout,
                        "actuator service", gone=lambda: self.proc is None or self.proc.poll() is not None)
         except RuntimeError as exc:
             self.stop()

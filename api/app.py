@@ -37,7 +37,9 @@ evaluates the run's **policy** (PID controllers and guardrails) and answers with
 (knob changes) and **actions** (halt, rollback).
 
 Auth: bearer tokens. The admin token (``ACTUATOR_ADMIN_TOKEN``; open when unset) manages policies
-and registers runs; each run gets its own agent token, shown once at registration.
+and registers runs; each run gets its own agent token, shown once at registration. With the admin
+token set, reads need a token too: a viewer token (``ACTUATOR_VIEWER_TOKEN``) or the admin token
+reads everything, a run's token reads that run.
 
 Browsers: a request that changes anything and carries another site's ``Origin`` is refused (403),
 and the service answers only the Host names of ``ACTUATOR_ALLOWED_HOSTS`` (the loopback names
@@ -235,13 +237,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     # max_body_size: FastAPI's body limit (starlette.middleware.body_limit), 413 whether or not
     # the body has a Content-Length.
+    # Token mode: /docs and /redoc off, /openapi.json for a token holder (ACTUATOR_DOCS_PUBLIC opens them).
+    docs = settings.docs_open
     app = _Service(title="Actuator", version=__version__, description=DESCRIPTION, lifespan=lifespan,
-                   max_body_size=settings.max_body_bytes)
+                   max_body_size=settings.max_body_bytes, openapi_url="/openapi.json" if docs else None,
+                   docs_url="/docs" if docs else None, redoc_url="/redoc" if docs else None)
     app.state.metrics = Metrics(retire_after=settings.metrics_retire_after)
 
     install_error_handlers(app, settings.max_body_bytes)
 
     app.include_router(health.router)
+    if not docs:
+        app.include_router(health.api_document)
     app.include_router(policies.router)
     app.include_router(runs.router)
     app.include_router(control.router)

@@ -1,14 +1,20 @@
 """The run console's pages: server-rendered HTML for a browser (runs, one run, policies).
 
 A page holds no inline script or style (the console is served with a Content-Security-Policy
-of ``script-src 'self'``): what moves is in ``api/static/``, which reads the same tokenless REST
-endpoints and live event stream as any client, and sends operator actions to the same control
-endpoints with the admin token the user typed. Pages show only what those reads show.
+of ``script-src 'self'``): what moves is in ``api/static/``, which reads the same REST endpoints
+and live event stream as any client, and sends operator actions to the same control endpoints,
+with the token the user typed (kept in the tab's sessionStorage). Pages show only what those
+reads show.
+
+Token mode (ACTUATOR_ADMIN_TOKEN set): a browser sends no Authorization header when it navigates,
+so a page asked for without a token is the locked page (401, no data); the console's script then
+asks for the same page again with the tab's token and puts it in place (``console.js``).
 """
 
 from __future__ import annotations
 
 import difflib
+from dataclasses import dataclass
 import html
 from datetime import datetime, timezone
 from typing import Any
@@ -19,8 +25,8 @@ from actuator import __version__
 from actuator.models import PolicyRow, RunRow
 from actuator.schemas import FINAL_STATES
 
-__all__ = ["CSP", "SECURITY_HEADERS", "runs_page", "runs_rows", "run_page", "policies_page", "policy_page",
-           "not_found_page", "policy_yaml"]
+__all__ = ["CSP", "SECURITY_HEADERS", "Frame", "OPEN_FRAME", "runs_page", "runs_rows", "run_page", "policies_page",
+           "policy_page", "not_found_page", "locked_page", "policy_yaml"]
 
 # Everything from this origin only; no inline script, no inline style, no plugins, no framing.
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
@@ -35,13 +41,26 @@ SECURITY_HEADERS = {
 _STATIC = "/ui/static"
 
 
+@dataclass(frozen=True)
+class Frame:
+    """What every page's frame depends on: token mode (reads need a token) and whether /docs is served."""
+
+    token_mode: bool = False
+    docs: bool = True
+
+
+OPEN_FRAME = Frame()
+
+
 def _e(value: Any) -> str:
     return html.escape(str(value), quote=True)
 
 
-def _page(title: str, body: str, *, page: str, scripts: tuple[str, ...] = (), styles: tuple[str, ...] = (),
-          data: dict[str, str] | None = None) -> str:
-    attrs = "".join(f' data-{k}="{_e(v)}"' for k, v in (data or {}).items())
+def _page(title: str, body: str, *, page: str, frame: Frame, scripts: tuple[str, ...] = (),
+          styles: tuple[str, ...] = (), data: dict[str, str] | None = None) -> str:
+    data = {**(data or {}), "auth": "token" if frame.token_mode else "open"}
+    attrs = "".join(f' data-{k}="{_e(v)}"' for k, v in data.items())
+    api = '<a href="/docs">API</a>' if frame.docs else ""
     links = "".join(f'<link rel="stylesheet" href="{_STATIC}/{s}">' for s in (*styles, "console.css"))
     js = "".join(f'<script src="{_STATIC}/{s}" defer></script>' for s in ("console.js", *scripts))
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
@@ -50,11 +69,14 @@ def _page(title: str, body: str, *, page: str, scripts: tuple[str, ...] = (), st
             f'<link rel="icon" href="{_STATIC}/favicon.svg" type="image/svg+xml">{links}{js}</head>'
             f'<body data-page="{page}"{attrs}>'
             '<header><a class="brand" href="/ui">Actuator</a><nav><a href="/ui">Runs</a>'
-            '<a href="/ui/policies">Policies</a><a href="/docs">API</a></nav>'
-            '<form id="token-form" autocomplete="off"><label for="admin-token">admin token</label>'
-            '<input type="password" id="admin-token" name="admin-token" autocomplete="off" spellcheck="false">'
+            f'<a href="/ui/policies">Policies</a>{api}</nav>'
+            '<form id="token-form" autocomplete="off"><label for="admin-token">token</label>'
+            # No name: a submit before the script has taken the form over (a native GET) never puts
+            # the token in a URL.
+            '<input type="password" id="admin-token" autocomplete="off" spellcheck="false">'
             '<button type="submit">Use</button><button type="button" id="token-forget">Forget</button>'
             '<span id="token-state" role="status"></span></form></header>'
+            '<p id="auth-message" class="err" role="alert" hidden></p>'
             f"<main>{body}</main>"
             f'<footer>actuator {_e(__version__)} · actions use the same REST endpoints and audit trail as the API'
             "</footer></body></html>")
@@ -101,7 +123,7 @@ def runs_rows(runs: list[RunRow], now: datetime, in_effect: dict[str, dict[str, 
 
 
 def runs_page(runs: list[RunRow], now: datetime, in_effect: dict[str, dict[str, float]],
-              starved: dict[str, list[str]], *, offset: int, limit: int) -> str:
+              starved: dict[str, list[str]], *, offset: int, limit: int, frame: Frame = OPEN_FRAME) -> str:
     older = (f'<p><a href="/ui?offset={offset + limit}">older runs</a></p>' if len(runs) == limit else "")
     newer = (f'<p><a href="/ui?offset={max(0, offset - limit)}">newer runs</a></p>' if offset else "")
     body = ("<h1>Runs</h1>"
@@ -110,14 +132,14 @@ def runs_page(runs: list[RunRow], now: datetime, in_effect: dict[str, dict[str, 
             f"<th>policy</th><th>knobs in effect</th></tr></thead><tbody>{runs_rows(runs, now, in_effect, starved)}</tbody>"
             "</table>"
             f"{newer}{older}")
-    return _page("Runs", body, page="runs")
+    return _page("Runs", body, page="runs", frame=frame)
 
 
 def _options(names: list[str], selected: str | None = None) -> str:
     return "".join(f'<option value="{_e(n)}"{" selected" if n == selected else ""}>{_e(n)}</option>' for n in names)
 
 
-def run_page(run: RunRow, controllers: list[str]) -> str:
+def run_page(run: RunRow, controllers: list[str], frame: Frame = OPEN_FRAME) -> str:
     knobs = sorted(run.knobs)
     # A halted or finished run never runs again: its page is a record, nothing live and no actions.
     final = run.state in FINAL_STATES
@@ -131,7 +153,8 @@ def run_page(run: RunRow, controllers: list[str]) -> str:
         # Filled from the run's state: the probes its latest probe report says the budget skips.
         '<p id="starved" class="warn" role="status" hidden></p>'
         f'<section id="actions"{" hidden" if final else ""}><h2>Operator actions</h2>'
-        '<p class="hint">Sent with the admin token above to the control endpoints (audited like any API call).</p>'
+        '<p class="hint">Sent with the token above (the admin token) to the control endpoints (audited like any '
+        'API call).</p>'
         '<div class="row"><button type="button" data-action="pause">Pause control</button>'
         '<button type="button" data-action="resume">Resume control</button>'
         '<button type="button" data-action="halt" class="danger">Halt run</button></div>'
@@ -156,7 +179,7 @@ def run_page(run: RunRow, controllers: list[str]) -> str:
         '<section><h2>Events</h2><p class="hint">guardrail breaches, overrides, setpoints, state changes</p>'
         '<table id="events"><thead><tr><th>#</th><th>step</th><th>kind</th><th>details</th></tr></thead>'
         '<tbody></tbody></table></section>')
-    return _page(f"Run {run.name}", body, page="run", scripts=("vendor/uplot/uPlot.iife.min.js", "run.js"),
+    return _page(f"Run {run.name}", body, page="run", frame=frame, scripts=("vendor/uplot/uPlot.iife.min.js", "run.js"),
                  styles=("vendor/uplot/uPlot.min.css",), data={"run": run.id, "final-states": " ".join(FINAL_STATES)})
 
 
@@ -164,7 +187,7 @@ def policy_yaml(row: PolicyRow) -> str:
     return yaml.safe_dump(row.document, sort_keys=False, allow_unicode=True)
 
 
-def policies_page(rows: list[PolicyRow]) -> str:
+def policies_page(rows: list[PolicyRow], frame: Frame = OPEN_FRAME) -> str:
     latest: dict[str, PolicyRow] = {}
     for p in rows:  # by name, then version: the last one seen is the latest
         latest[p.name] = p
@@ -181,7 +204,7 @@ def policies_page(rows: list[PolicyRow]) -> str:
             'placeholder="name: my-policy&#10;controllers: []"></textarea>'
             '<div class="row"><button type="submit">Validate</button></div></form>'
             '<div id="validate-result" role="status"></div></section>')
-    return _page("Policies", body, page="policies", scripts=("vendor/js-yaml/js-yaml.min.js", "policies.js"))
+    return _page("Policies", body, page="policies", frame=frame, scripts=("vendor/js-yaml/js-yaml.min.js", "policies.js"))
 
 
 def _diff(a: PolicyRow, b: PolicyRow) -> str:
@@ -196,7 +219,8 @@ def _diff(a: PolicyRow, b: PolicyRow) -> str:
     return "\n".join(out) or '<span class="d-ctx">(the two versions are identical)</span>'
 
 
-def policy_page(row: PolicyRow, latest: int, diff: tuple[PolicyRow, PolicyRow] | None) -> str:
+def policy_page(row: PolicyRow, latest: int, diff: tuple[PolicyRow, PolicyRow] | None,
+                frame: Frame = OPEN_FRAME) -> str:
     versions = "".join(
         f'<li><a href="/ui/policies/{_e(row.name)}?version={v}"{" aria-current=page" if v == row.version else ""}>'
         f"v{v}</a></li>" for v in range(latest, 0, -1))
@@ -215,8 +239,20 @@ def policy_page(row: PolicyRow, latest: int, diff: tuple[PolicyRow, PolicyRow] |
             '<button type="submit">Show diff</button></form>'
             f"{diff_html}<h2>Document (v{row.version})</h2>"
             f'<pre id="policy-document">{_e(policy_yaml(row))}</pre>')
-    return _page(f"Policy {row.name}", body, page="policy")
+    return _page(f"Policy {row.name}", body, page="policy", frame=frame)
 
 
-def not_found_page(message: str) -> str:
-    return _page("Not found", f'<h1>Not found</h1><p id="not-found">{_e(message)}</p>', page="not-found")
+def not_found_page(message: str, frame: Frame = OPEN_FRAME) -> str:
+    return _page("Not found", f'<h1>Not found</h1><p id="not-found">{_e(message)}</p>', page="not-found",
+                 frame=frame)
+
+
+def locked_page(status: int, message: str, frame: Frame) -> str:
+    """Token mode, a page asked for without a token that may read it: no data, the reason, and what
+    to do. ``console.js`` asks for the page again with the tab's token when it has one."""
+    body = ('<section id="locked"><h1>Token needed</h1>'
+            f'<p id="locked-message" data-status="{status}">{_e(message)} ({status})</p>'
+            '<p class="hint">This service keeps its runs and policies behind a token. Type a viewer token or the '
+            "admin token above (a run's own token opens that run's page only): this tab keeps it "
+            "(sessionStorage, never a cookie or a URL) and sends it with every request.</p></section>")
+    return _page("Token needed", body, page="locked", frame=frame)

@@ -27,8 +27,9 @@ log = logging.getLogger("actuator.api")
 
 _DESCRIPTIONS = {
     400: "The body could not be read (not UTF-8)",
-    401: "No bearer token (or not a bearer token)",
-    403: "The token does not grant this (another run's token, not the admin token)",
+    401: "No bearer token, not a bearer token, or a token the service does not know",
+    403: "The token does not grant this (another run's token, a run's token outside its run, not the admin "
+         "token)",
     404: "No such run or policy",
     409: "The request conflicts with the run's state or its stored observations",
     413: "Request body over ACTUATOR_MAX_BODY_BYTES",

@@ -12,6 +12,7 @@ from fastapi.responses import HTMLResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.json_schema import SkipJsonSchema
+from starlette.concurrency import run_in_threadpool
 
 from actuator import operations as ops
 from actuator.live import EventId
@@ -27,13 +28,31 @@ from actuator.schemas import (
     RunState,
 )
 
-from ..deps import MAX_INT, AdminDep, Offset, PageSize, RunId, Services, ServicesDep, policy_ref, run_not_found
+from ..deps import (
+    MAX_INT,
+    AdminDep,
+    Offset,
+    PageSize,
+    RunId,
+    RunReaderDep,
+    ReadCredentials,
+    STREAM_TICKET_PATTERN,
+    STREAM_TICKET_SECONDS,
+    Services,
+    ServicesDep,
+    policy_ref,
+    require_run_reader,
+    run_not_found,
+    stream_ticket,
+    stream_ticket_valid,
+)
 from ..errors import ApiError, error_responses
 from ..views import decision_public, run_state
 
 # Every route here names a run (404, 422 for a malformed id) and reads the store (503).
 router = APIRouter(prefix="/v1/runs", tags=["control"], responses=error_responses(404, 422, 503))
 _CONTROL_ERRORS = error_responses(401, 403)
+_READ_ERRORS = error_responses(401, 403)  # token mode: see api.deps.require_run_reader
 _CONTROL_BODY_ERRORS = error_responses(400, 401, 403, 413)
 log = logging.getLogger("actuator.api")
 
@@ -151,9 +170,9 @@ def move_policy(run_id: RunId, body: MoveBody, _: AdminDep, services: ServicesDe
     return run_state(moved)
 
 
-@router.get("/{run_id}/events", response_model=list[EventPublic],
+@router.get("/{run_id}/events", response_model=list[EventPublic], responses=_READ_ERRORS,
             summary="The run's audit events (breaches, overrides, moves, state), paged")
-def events(run_id: RunId, services: ServicesDep,
+def events(run_id: RunId, _: RunReaderDep, services: ServicesDep,
            after: Annotated[Offset | None, Query(description="Only events with id > after "
                                                  "(the last id of the previous page)")] = None,
            limit: Annotated[PageSize, Query()] = 100) -> list[EventPublic]:
@@ -169,12 +188,13 @@ def events(run_id: RunId, services: ServicesDep,
                         "which), only the latest ACTUATOR_REPORT_DECISIONS decisions and "
                         "ACTUATOR_REPORT_EVENTS events are listed (`decisions_omitted`, `events_omitted` "
                         "count the rest), a plot draws at most ACTUATOR_REPORT_PANELS panels.",
-            responses={200: {"content": {"image/png": {"schema": {"type": "string", "format": "binary"}},
+            responses={**_READ_ERRORS,
+                       200: {"content": {"image/png": {"schema": {"type": "string", "format": "binary"}},
                                          "text/html": {"schema": {"type": "string"}}}},
                        503: {"model": ErrorPublic,
                              "description": "Store or live state unavailable, or another plot is being drawn in "
                                             "this process: retry after Retry-After seconds"}})
-def report(run_id: RunId, services: ServicesDep,
+def report(run_id: RunId, _: RunReaderDep, services: ServicesDep,
            format: Annotated[str, Query(pattern="^(json|png|html)$")] = "json") -> Any:
     from actuator.models import EventRow, ObservationRow
     from actuator.report import RendererBusy, build_report, render_html, render_png
@@ -203,9 +223,40 @@ def report(run_id: RunId, services: ServicesDep,
     return data
 
 
-def _streamed_run(run_id: RunId, services: ServicesDep) -> str:
-    # A dependency, not the generator's first step: a 404 must be answered before the stream starts.
-    if services.store.get_run(run_id) is None:
+class StreamTicket(BaseModel):
+    ticket: str = Field(description="Pass as `?ticket=` to GET /v1/runs/{id}/stream (this run only).")
+    expires_in: int = Field(description="Seconds left to open the stream with it (an open stream is not cut).")
+
+
+@router.post("/{run_id}/stream/ticket", response_model=StreamTicket, responses=_READ_ERRORS,
+             summary="A short-lived ticket to open the run's live stream from a browser",
+             description="EventSource cannot send an Authorization header: a page that holds a token gets a "
+                         "ticket here (with that token: any token that may read the run) and opens "
+                         "`/v1/runs/{id}/stream?ticket=...`. The ticket names this run, is checked when a stream "
+                         f"opens, and expires after {STREAM_TICKET_SECONDS} s; nothing is stored. In open mode "
+                         "a stream needs no ticket (one is still issued, and ignored).")
+async def stream_ticket_for(run_id: RunId, _: RunReaderDep, services: ServicesDep) -> StreamTicket:
+    if await run_in_threadpool(services.store.get_run, run_id) is None:
+        raise run_not_found(run_id)
+    return StreamTicket(ticket=stream_ticket(services.settings, run_id), expires_in=STREAM_TICKET_SECONDS)
+
+
+async def _streamed_run(run_id: RunId, services: ServicesDep, credentials: ReadCredentials,
+                        ticket: Annotated[str | None, Query(max_length=64, pattern=STREAM_TICKET_PATTERN,
+                                                            description="From POST /v1/runs/{id}/stream/ticket "
+                                                                        "(token mode, instead of a bearer token)")]
+                        = None) -> str:
+    # A dependency, not the generator's first step: a 401 or 404 must be answered before the stream starts.
+    if services.settings.token_mode:
+        if ticket is not None:
+            if not stream_ticket_valid(services.settings, run_id, ticket):
+                raise ApiError(401, f"ticket: expired or not for this run (a ticket lasts {STREAM_TICKET_SECONDS} s): "
+                               "get a new one with POST /v1/runs/{id}/stream/ticket",
+                               [{"loc": "query.ticket", "msg": "expired or not for this run"}],
+                               headers={"WWW-Authenticate": "Bearer"})
+        else:
+            await require_run_reader(credentials, services, run_id)
+    if await run_in_threadpool(services.store.get_run, run_id) is None:
         raise run_not_found(run_id)
     return run_id
 
@@ -218,7 +269,7 @@ LastEventId = Annotated[str | SkipJsonSchema[None],
 
 
 @router.get("/{run_id}/stream", response_class=EventSourceResponse,
-            responses=error_responses(404, 422, 503, by_reference=True),
+            responses=error_responses(401, 403, 404, 422, 503, by_reference=True),
             summary="Server-Sent Events: the run's observations, decisions and breaches live",
             description="Each event's `id` is `<epoch>-<n>`: its number n in the run (1, 2, 3, ...) within "
                         "the epoch its numbering started in (live state that loses its events, e.g. a Redis "
@@ -227,7 +278,9 @@ LastEventId = Annotated[str | SkipJsonSchema[None],
                         "event with reason `trimmed` naming their numbers, and an id of another epoch (or a "
                         "plain number from before epochs) as a `gap` with reason `restarted`: re-read the run's "
                         "report. Without it, the stream starts with the kept events. Idle streams get a "
-                        "keep-alive comment (`: ping`) every `ACTUATOR_STREAM_KEEPALIVE` seconds (15 by default).")
+                        "keep-alive comment (`: ping`) every `ACTUATOR_STREAM_KEEPALIVE` seconds (15 by default). "
+                        "Token mode: a bearer token that may read the run, or `?ticket=` (see "
+                        "POST /v1/runs/{id}/stream/ticket).")
 async def stream(run_id: Annotated[str, Depends(_streamed_run)], services: ServicesDep,
                  last_event_id: LastEventId = None,
                  max_seconds: Annotated[float, Query(gt=0, le=86400)] = 3600.0) -> AsyncIterator[ServerSentEvent]:

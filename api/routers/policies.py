@@ -26,7 +26,7 @@ from actuator.simulate import simulate
 from actuator.store import PolicyVersionConflict
 from actuator.tune import NotIdentifiable, UnknownController, tune_controller
 
-from ..deps import AdminDep, Offset, PageSize, Services, ServicesDep, Version, policy_ref, run_not_found
+from ..deps import AdminDep, Offset, PageSize, ReaderDep, Services, ServicesDep, Version, policy_ref, run_not_found
 from ..errors import ApiError, error_responses
 from ..views import policy_public
 
@@ -66,14 +66,15 @@ def create_policy(_: AdminDep, services: ServicesDep,
     return policy_public(publish_policy(services, _parse(doc)))
 
 
-@router.get("/schema", response_model=dict[str, Any], summary="The policy document's JSON Schema")
-def policy_schema() -> dict[str, Any]:
+@router.get("/schema", response_model=dict[str, Any], responses=error_responses(401, 403),
+            summary="The policy document's JSON Schema")
+def policy_schema(_: ReaderDep) -> dict[str, Any]:
     return PolicyDocument.model_json_schema()
 
 
-@router.get("/presets", response_model=dict[str, dict[str, Any]],
+@router.get("/presets", response_model=dict[str, dict[str, Any]], responses=error_responses(401, 403),
             summary="The shipped presets (documents ready to create or use inline)")
-def presets() -> dict[str, Any]:
+def presets(_: ReaderDep) -> dict[str, Any]:
     return {name: load_preset(name).model_dump(mode="json") for name in list_presets()}
 
 
@@ -222,12 +223,12 @@ def archive_policy(_: AdminDep, services: ServicesDep,
     return {"name": name, "archived_versions": n}
 
 
-@router.get("", response_model=list[PolicyPublic], responses=error_responses(422, 503),
+@router.get("", response_model=list[PolicyPublic], responses=error_responses(401, 403, 422, 503),
             summary="List policies (every version), paged",
             description="Versions by name, then version, `limit` from `offset`. A page also ends before its "
                         "documents pass ACTUATOR_POLICY_PAGE_BYTES (one document at least): the next page "
                         "starts at offset + the number of items; an empty page is the end.")
-def list_policies(services: ServicesDep, include_archived: bool = False,
+def list_policies(_: ReaderDep, services: ServicesDep, include_archived: bool = False,
                   offset: Annotated[Offset, Query()] = 0,
                   limit: Annotated[PageSize, Query()] = 100) -> list[PolicyPublic]:
     rows = services.store.list_policies(include_archived, offset=offset, limit=limit,
@@ -238,18 +239,18 @@ def list_policies(services: ServicesDep, include_archived: bool = False,
 PolicyName = Path(pattern=r"^[A-Za-z_][A-Za-z0-9_.\-]{0,63}$")
 
 
-@router.get("/{name}", response_model=PolicyPublic, responses=error_responses(404, 422, 503),
+@router.get("/{name}", response_model=PolicyPublic, responses=error_responses(401, 403, 404, 422, 503),
             summary="Latest version of a policy")
-def get_policy(services: ServicesDep, name: str = PolicyName) -> PolicyPublic:
+def get_policy(_: ReaderDep, services: ServicesDep, name: str = PolicyName) -> PolicyPublic:
     row = services.store.get_policy(name)
     if row is None:
         raise ApiError(404, f"policy {name!r} not found")
     return policy_public(row)
 
 
-@router.get("/{name}/versions/{version}", response_model=PolicyPublic, responses=error_responses(404, 422, 503),
-            summary="One version of a policy")
-def get_policy_version(services: ServicesDep, version: Annotated[Version, Path()],
+@router.get("/{name}/versions/{version}", response_model=PolicyPublic,
+            responses=error_responses(401, 403, 404, 422, 503), summary="One version of a policy")
+def get_policy_version(_: ReaderDep, services: ServicesDep, version: Annotated[Version, Path()],
                        name: str = PolicyName) -> PolicyPublic:
     row = services.store.get_policy(name, version)
     if row is None:

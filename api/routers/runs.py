@@ -39,9 +39,11 @@ from ..deps import (
     AdminDep,
     Offset,
     PageSize,
+    ReaderDep,
     RunAuthDep,
     RunId,
     RunOrAdminDep,
+    RunReaderDep,
     Services,
     ServicesDep,
     forbidden_run_token,
@@ -174,8 +176,9 @@ def register_run(body: RunCreate, _: AdminDep, services: ServicesDep) -> RunCrea
                       identification=body.identification)
 
 
-@router.get("", response_model=list[RunPublic], responses=error_responses(422, 503), summary="List runs")
+@router.get("", response_model=list[RunPublic], responses=error_responses(401, 403, 422, 503), summary="List runs")
 def list_runs(
+    _: ReaderDep,
     services: ServicesDep,
     state: Annotated[str | None, Query(pattern=_STATE_PATTERN)] = None,
     name: Annotated[str | None, Query(max_length=128, pattern=r"^[^\x00]*$")] = None,
@@ -187,9 +190,9 @@ def list_runs(
     return [run_public(r).model_copy(update={"starved": hungry[r.id]}) for r in rows]
 
 
-@router.get("/{run_id}", response_model=RunState, responses=error_responses(404, 422, 503),
+@router.get("/{run_id}", response_model=RunState, responses=error_responses(401, 403, 404, 422, 503),
             summary="A run's state: knobs, probes, controllers")
-def get_run(run_id: RunId, services: ServicesDep) -> RunState:
+def get_run(run_id: RunId, _: RunReaderDep, services: ServicesDep) -> RunState:
     run = services.store.get_run(run_id)
     if run is None:
         raise run_not_found(run_id)
@@ -261,10 +264,11 @@ def _export(services: Services, out: IngestOutcome, acks: list[DecisionAck]) -> 
     services.live.publish_many(run.id, events, touch=(run.last_step or 0) if out.accepted else None)
 
 
-@router.get("/{run_id}/decisions", response_model=DecisionPage, responses=error_responses(404, 422, 503),
-            summary="Decisions of a run, paged")
+@router.get("/{run_id}/decisions", response_model=DecisionPage,
+            responses=error_responses(401, 403, 404, 422, 503), summary="Decisions of a run, paged")
 def list_decisions(
     run_id: RunId,
+    _: RunReaderDep,
     services: ServicesDep,
     offset: Annotated[Offset, Query()] = 0,
     limit: Annotated[PageSize, Query()] = 100,

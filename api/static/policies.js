@@ -1,6 +1,6 @@
 "use strict";
 // Validate a pasted policy: YAML (or JSON) parsed here, checked by POST /v1/policies/validate.
-(() => {
+window.Actuator.ready(() => {
   const A = window.Actuator;
   const form = document.getElementById("validate-form");
   const out = document.getElementById("validate-result");
@@ -23,4 +23,4 @@
     if (r.data.valid) { say("ok", "valid"); return; }
     say("err", "invalid:", A.el("ul", {}, ...r.data.errors.map((e) => A.el("li", {}, A.el("code", {}, e.loc), ": " + e.msg))));
   });
-})();
+});

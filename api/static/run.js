@@ -1,6 +1,8 @@
 "use strict";
 // One run, live: the report's history, then the run's Server-Sent Events stream. Charts are
-// uPlot (vendored); every number shown comes from the tokenless REST reads and the stream.
+// uPlot (vendored); every number shown comes from the REST reads and the stream, read with the
+// tab's token (console.js); in token mode the stream opens with a short-lived ticket (EventSource
+// sends no header).
 (() => {
   const A = window.Actuator;
   const runId = document.body.dataset.run;
@@ -265,10 +267,28 @@
   }, 200);
 
   // ---- live stream --------------------------------------------------------------------------
-  function follow() {
-    const source = new EventSource(base + "/stream");
+  async function follow() {
+    let url = base + "/stream";
+    if (A.tokenMode()) {
+      const t = await A.api("POST", base + "/stream/ticket");
+      if (!t.ok) {
+        showStream(`no live stream (${t.status})`);
+        A.refused(t.status, A.errorText(t));
+        return;
+      }
+      url += "?ticket=" + encodeURIComponent(t.data.ticket);
+    }
+    const source = new EventSource(url);
     source.addEventListener("open", () => { showStream("live"); document.body.dataset.stream = "open"; });
-    source.addEventListener("error", () => { showStream("reconnecting"); document.body.dataset.stream = "closed"; });
+    source.addEventListener("error", () => {
+      showStream("reconnecting");
+      document.body.dataset.stream = "closed";
+      // Refused on reconnecting (a ticket lasts a minute; a 503): EventSource gives up. Open a
+      // new stream (a new ticket) and re-read what it may have missed.
+      if (source.readyState === EventSource.CLOSED && !ended) {
+        setTimeout(() => { follow(); resync(); }, 2000);
+      }
+    });
     source.addEventListener("observation", (m) => {
       const o = JSON.parse(m.data);
       for (const [k, v] of Object.entries(o.probes || {})) put(raw, k, o.step, v);
@@ -337,5 +357,5 @@
     follow();
     document.body.dataset.ready = "1";
   }
-  document.addEventListener("DOMContentLoaded", start);
+  A.ready(start);
 })();

@@ -32,7 +32,7 @@ def svc(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def spec(svc) -> dict[str, Any]:
-    return httpx.get(f"{svc.url}/openapi.json").json()
+    return httpx.get(f"{svc.url}/openapi.json", headers=_auth(ADMIN)).json()  # token mode: a read
 
 
 @pytest.fixture(scope="module")
@@ -79,14 +79,16 @@ def test_every_error_answer_is_declared_as_the_envelope(spec):
 def test_bearer_security_is_declared(spec):
     schemes = spec["components"]["securitySchemes"]
     assert {name: (s["type"], s["scheme"]) for name, s in schemes.items()} == {
-        "AdminToken": ("http", "bearer"), "AgentToken": ("http", "bearer")}
+        "AdminToken": ("http", "bearer"), "AgentToken": ("http", "bearer"), "ReadToken": ("http", "bearer")}
     for method, path, op in _operations(spec):
         security = op.get("security")
         if path.endswith("/observations"):
             assert security == [{"AgentToken": []}], (method, path, security)
         elif path.endswith(("/halt", "/finish")):
             assert security == [{"AdminToken": []}, {"AgentToken": []}], (method, path, security)
-        elif method != "GET" and path not in ("/v1/policies/validate", "/v1/policies/simulate"):
+        elif method == "GET" or path.endswith("/stream/ticket"):  # reads: a token in token mode
+            assert security == [{"ReadToken": []}], (method, path, security)
+        elif path not in ("/v1/policies/validate", "/v1/policies/simulate"):
             assert security == [{"AdminToken": []}], (method, path, security)
         else:
             assert security is None, (method, path, security)
@@ -123,14 +125,16 @@ def test_real_error_answers_validate_against_the_document(svc, spec, run):
         ("POST", "/v1/runs/{run_id}/observations", {"json": obs, "headers": _auth(other["token"])}),
         ("POST", "/v1/policies", {"json": POLICY}),
         ("POST", "/v1/policies", {"json": POLICY, "headers": _auth("not-the-admin")}),
-        ("GET", "/v1/runs/{run_id}", {"path": {"run_id": "no-such-run"}}),
-        ("GET", "/v1/policies/{name}", {"path": {"name": "no_such_policy"}}),
-        ("GET", "/v1/runs/{run_id}/stream", {"path": {"run_id": "no-such-run"}}),  # JSON, not an event stream
+        ("GET", "/v1/runs", {}),  # token mode: reads need a token too
+        ("GET", "/v1/runs/{run_id}", {"path": {"run_id": "no-such-run"}, "headers": _auth(ADMIN)}),
+        ("GET", "/v1/policies/{name}", {"path": {"name": "no_such_policy"}, "headers": _auth(ADMIN)}),
+        # JSON, not an event stream
+        ("GET", "/v1/runs/{run_id}/stream", {"path": {"run_id": "no-such-run"}, "headers": _auth(ADMIN)}),
         # 422: FastAPI's validation and the service's own rules
-        ("GET", "/v1/runs/{run_id}/stream", {"params": {"max_seconds": "0"}}),
-        ("GET", "/v1/runs/{run_id}/events", {"params": {"after": "1_000"}}),
+        ("GET", "/v1/runs/{run_id}/stream", {"params": {"max_seconds": "0"}, "headers": _auth(ADMIN)}),
+        ("GET", "/v1/runs/{run_id}/events", {"params": {"after": "1_000"}, "headers": _auth(ADMIN)}),
         ("POST", "/v1/runs/{run_id}/observations", {"json": {"observations": []}, "headers": _auth(run["token"])}),
-        ("GET", "/v1/runs", {"params": {"limit": "0"}}),
+        ("GET", "/v1/runs", {"params": {"limit": "0"}, "headers": _auth(ADMIN)}),
         ("POST", "/v1/runs", {"json": {"policy": "no-such-policy"}, "headers": _auth(ADMIN)}),
         ("POST", "/v1/policies", {"json": {"name": "bad", "controllers": [{"kp": "x"}]}, "headers": _auth(ADMIN)}),
         ("POST", "/v1/runs/{run_id}/resume", {"headers": _auth(ADMIN)}),
@@ -165,15 +169,15 @@ def test_real_answers_of_every_read_validate(svc, spec, run):
     for path in ("/healthz", "/v1/runs", "/v1/runs/{run_id}", "/v1/runs/{run_id}/decisions",
                  "/v1/runs/{run_id}/events", "/v1/runs/{run_id}/report", "/v1/policies", "/v1/policies/{name}",
                  "/v1/policies/schema", "/v1/policies/presets"):
-        resp = httpx.get(svc.url + path.format(run_id=rid, name="contract"), timeout=30)
+        resp = httpx.get(svc.url + path.format(run_id=rid, name="contract"), headers=_auth(ADMIN), timeout=30)
         assert resp.status_code == 200, (path, resp.text[:300])
         _assert_conforms(spec, "GET", path, resp)
     sim = httpx.post(f"{svc.url}/v1/policies/simulate", json={"policy": "contract", "run_id": rid, "limit": 2})
     _assert_conforms(spec, "POST", "/v1/policies/simulate", sim)
     assert (sim.json()["observations"], sim.json()["observations_total"]) == (2, 3)
-    report = httpx.get(f"{svc.url}/v1/runs/{rid}/report", timeout=30).json()
+    report = httpx.get(f"{svc.url}/v1/runs/{rid}/report", headers=_auth(ADMIN), timeout=30).json()
     assert report["sampling"]["observations"] == 3 and report["decisions_omitted"] == 0, report
-    stream = httpx.get(f"{svc.url}/v1/runs/{rid}/stream", params={"max_seconds": 0.5}, timeout=30)
+    stream = httpx.get(f"{svc.url}/v1/runs/{rid}/stream", params={"max_seconds": 0.5}, headers=_auth(ADMIN), timeout=30)
     assert stream.status_code == 200, stream.text[:300]
     assert stream.headers["content-type"].startswith("text/event-stream")
     assert "text/event-stream" in spec["paths"]["/v1/runs/{run_id}/stream"]["get"]["responses"]["200"]["content"]
@@ -195,7 +199,7 @@ def test_a_body_over_the_limit_is_counted_as_rejected_either_way(svc, run):
     """As the hand-written limit did: a declared Content-Length (FastAPI's text/plain 413, given
     the envelope outside the app) and a chunked body (the handlers' 413) both count."""
     def rejected() -> float:
-        metrics = httpx.get(f"{svc.url}/metrics").text
+        metrics = httpx.get(f"{svc.url}/metrics", headers=_auth(ADMIN)).text
         line = next((m for m in metrics.splitlines() if m.startswith('actuator_requests_rejected_total{reason="413"}')), None)
         return float(line.split()[-1]) if line else 0.0
 

@@ -32,6 +32,9 @@ from prom import Prometheus, poll, scrape_config_for, start_prometheus
 from actuator.testing import Postgres, Service, make_service, start_redis
 
 ADMIN = "dashboards-admin-token"
+# Token mode: /metrics needs a token; Prometheus sends this viewer token (the `authorization:` block
+# commented in dashboards/prometheus/prometheus.yml).
+VIEWER = "dashboards-viewer-token"
 POLICY = {
     "name": "dashboards-drift",
     "controllers": [{
@@ -73,6 +76,10 @@ def _post(svc: Service, run: dict, obs: list[dict], token: str | None = "run") -
     headers = {"Authorization": f"Bearer {tok}"} if tok else {}
     return httpx.post(f"{svc.url}/v1/runs/{run['id']}/observations", json={"observations": obs},
                       headers=headers, timeout=30)
+
+
+def _viewer() -> dict[str, str]:
+    return {"Authorization": f"Bearer {VIEWER}"}
 
 
 def _obs(seq: int, step: int, kl: float, f1: float, lr: float) -> dict:
@@ -160,8 +167,12 @@ def live(postgres: Postgres, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     tmp = tmp_path_factory.mktemp("dashboards")
     redis = start_redis()
     db = postgres.create_database(f"dashboards_{os.getpid()}")
-    svc = make_service(db, redis_url=redis.url, admin_token=ADMIN, log_dir=str(tmp)).start()
-    prom = start_prometheus(scrape_config_for(f"127.0.0.1:{svc.port}", interval="1s"))
+    svc = make_service(db, redis_url=redis.url, admin_token=ADMIN, log_dir=str(tmp),
+                       extra_env={"ACTUATOR_VIEWER_TOKEN": VIEWER}).start()
+    config = scrape_config_for(f"127.0.0.1:{svc.port}", interval="1s")
+    for job in config["scrape_configs"]:
+        job["authorization"] = {"type": "Bearer", "credentials": VIEWER}
+    prom = start_prometheus(config)
 
     def kill_redis() -> None:
         redis.proc.kill()
@@ -235,7 +246,7 @@ def test_what_prometheus_shows_is_what_happened(live: Live) -> None:
     """The numbers behind the panels match what the run did, checked against the REST API."""
     run = f'run="{live.run}"'
     assert _value(live, "actuator_observations_ingested_total") == live.accepted
-    page = httpx.get(f"{live.service.url}/v1/runs/{live.run}/decisions").json()
+    page = httpx.get(f"{live.service.url}/v1/runs/{live.run}/decisions", headers=_viewer()).json()
     by_reason = {"controller": 0, "guardrail": 0}
     for d in page["items"]:
         by_reason["controller" if d["controller"] else "guardrail"] += 1
@@ -249,7 +260,7 @@ def test_what_prometheus_shows_is_what_happened(live: Live) -> None:
     assert _value(live, f'actuator_guardrail_threshold{{{run}, guardrail="drift_limit"}}') == 1.0
     assert _value(live, f'actuator_setpoint{{{run}, controller="drift"}}') == 0.1
     assert _value(live, f'actuator_probe_value{{{run}, probe="kl_drift"}}') == 1.5
-    state = httpx.get(f"{live.service.url}/v1/runs/{live.run}").json()
+    state = httpx.get(f"{live.service.url}/v1/runs/{live.run}", headers=_viewer()).json()
     assert _value(live, f'actuator_knob_target{{{run}, knob="learning_rate"}}') == pytest.approx(
         state["knobs"]["learning_rate"]["value"])
     for reason in ("401", "403", "422"):

@@ -121,7 +121,10 @@ class VerboseService(Service):
             [sys.executable, "-m", "uvicorn", "--factory", "actuator.api.app:create_app",
              "--host", "127.0.0.1", "--port", str(self.port), "--log-config", config, "--access-log"],
             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        _wait(lambda: httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200, timeout, "actuator service")
+        admin = self.env.get("ACTUATOR_ADMIN_TOKEN")  # token mode: /healthz needs a token
+        auth = {"Authorization": f"Bearer {admin}"} if admin else {}
+        _wait(lambda: httpx.get(f"{self.url}/healthz", headers=auth, timeout=1).status_code == 200, timeout,
+              "actuator service")
         return self
 
 

@@ -231,7 +231,9 @@ def _started(tmp_path: Path, host: str, **settings: str) -> str:
     svc = make_service(f"sqlite:///{tmp_path / f'{host}.db'}", log_dir=str(tmp_path), serve_args=["--host", host],
                        extra_env=settings).start()
     try:
-        assert httpx.get(f"{svc.url}/healthz").status_code == 200
+        admin = settings.get("ACTUATOR_ADMIN_TOKEN")  # token mode: /healthz needs a token
+        auth = {"Authorization": f"Bearer {admin}"} if admin else {}
+        assert httpx.get(f"{svc.url}/healthz", headers=auth).status_code == 200
     finally:
         svc.stop()
     return " ".join(svc.logs().split())  # rich wraps long lines

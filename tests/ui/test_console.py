@@ -1,11 +1,13 @@
 """The run console in a real headless Chromium, against the real service (SQLite with in-process
 live state, and Postgres with Redis) and a real ``Trainer.train()`` under ``ActuatorCallback``:
 the run appears, decisions arrive live, an override typed into the page reaches the optimizer,
-actions without the admin token are refused and change nothing, and the browser logs no error."""
+actions without the admin token are refused and change nothing, and the browser logs no error.
+The service has an admin token, so the page reads with a viewer token typed into it."""
 
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -23,6 +25,7 @@ from agent_helpers import HELD_OUT, SlowSteps, make_trainer, record_lr_used
 from actuator.testing import Service, make_service
 
 ADMIN = "console-admin-token"
+VIEWER = "console-viewer-token"
 POLICY = {
     "name": "console-drift-lr",
     "controllers": [{"name": "drift", "probe": "kl_drift", "knob": "learning_rate", "setpoint": 0.0,
@@ -42,7 +45,8 @@ def console_service(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[
     else:
         db = request.getfixturevalue("postgres").create_database(f"ui{os.getpid()}_{time.monotonic_ns()}")
         redis_url = request.getfixturevalue("redis_server").url
-    svc = make_service(db, redis_url=redis_url, admin_token=ADMIN, log_dir=str(tmp_path)).start()
+    svc = make_service(db, redis_url=redis_url, admin_token=ADMIN, log_dir=str(tmp_path),
+                       extra_env={"ACTUATOR_VIEWER_TOKEN": VIEWER}).start()
     yield svc
     svc.stop()
 
@@ -69,8 +73,14 @@ def wait_for(what: str, check, timeout: float = 20.0, every: float = 0.05):  # t
         time.sleep(every)
 
 
+# Token mode: a page opened by navigation is the locked page first (401: a browser sends no header
+# when it navigates), which the console then reads with the tab's token. Not an error of the page.
+LOCKED_PAGE = re.compile(r"/ui(/runs/[A-Za-z0-9-]+)?(\?\S*)? - Failed to load resource: the server responded with a "
+                         r"status of 401")
+
+
 def severe(logs: list[dict]) -> list[dict]:
-    return [e for e in logs if e.get("level") == "SEVERE"]
+    return [e for e in logs if e.get("level") == "SEVERE" and not LOCKED_PAGE.search(e["message"])]
 
 
 def created(d: dict) -> float:
@@ -93,7 +103,7 @@ def click_and_wait(browser, selector: str, label: str) -> tuple[str, str]:  # ty
 
 def test_console_watches_and_steers_a_real_training_run(console_service, browser, char_tokenizer, tmp_path):
     url = console_service.url
-    api = httpx.Client(base_url=url, timeout=10)
+    api = httpx.Client(base_url=url, timeout=10, headers={"Authorization": f"Bearer {VIEWER}"})
     trainer = make_trainer(tmp_path, char_tokenizer, steps=3000, scheduler="constant", lr=5e-3)
     used = record_lr_used(trainer)
     stopper = StopOn()
@@ -113,6 +123,9 @@ def test_console_watches_and_steers_a_real_training_run(console_service, browser
         # The runs list shows the run (it refreshes itself: no reload). Read in one script call:
         # the refresh replaces the rows under Selenium's feet.
         browser.get(f"{url}/ui")
+        # token mode: the page reads with the viewer token typed once (kept for the tab)
+        browser.find_element(By.ID, "admin-token").send_keys(VIEWER)
+        browser.find_element(By.CSS_SELECTOR, '#token-form button[type="submit"]').click()
         row = f'#runs tr[data-run="{run_id}"]'
         text = wait_for("the run in the runs list", lambda: browser.execute_script(
             "const r = document.querySelector(arguments[0]); return r && r.innerText", row), 10)
@@ -138,14 +151,14 @@ def test_console_watches_and_steers_a_real_training_run(console_service, browser
         assert fresh["reason"] in row.text
         assert severe(browser.get_log("browser")) == []
 
-        # Without the admin token every action is refused (401) and nothing changes.
+        # Without the admin token (the viewer's) every action is refused (403) and nothing changes.
         before = api.get(f"/v1/runs/{run_id}").json()
         events_before = len(api.get(f"/v1/runs/{run_id}/events", params={"limit": 1000}).json())
-        assert click_and_wait(browser, 'button[data-action="pause"]', "pause")[0] == "401"
+        assert click_and_wait(browser, 'button[data-action="pause"]', "pause")[0] == "403"
         browser.find_element(By.ID, "override-value").send_keys("0.0001")
         code, text = click_and_wait(browser, '#override-form button[type="submit"]', "override")
-        assert code == "401" and "admin token" in text
-        assert click_and_wait(browser, 'button[data-action="halt"]', "halt")[0] == "401"
+        assert code == "403" and "admin token" in text
+        assert click_and_wait(browser, 'button[data-action="halt"]', "halt")[0] == "403"
         # a wrong token is refused too (403)
         browser.find_element(By.ID, "admin-token").send_keys("not-the-token")
         browser.find_element(By.CSS_SELECTOR, '#token-form button[type="submit"]').click()
@@ -156,9 +169,10 @@ def test_console_watches_and_steers_a_real_training_run(console_service, browser
         assert not [e for e in events_after[events_before:] if e["kind"] in ("override", "control_paused", "state")]
         assert not [d for d in api.get(f"/v1/runs/{run_id}/decisions", params={"limit": 1000}).json()["items"]
                     if "manual override" in d["reason"]]
-        # the browser logs the refused requests (Chromium reports every 4xx) and nothing else
+        # the browser logs the refused requests (Chromium reports every 4xx: the actions, and the
+        # reads of the wrong token) and nothing else
         refused = severe(browser.get_log("browser"))
-        assert refused and all(("401" in e["message"] or "403" in e["message"]) and f"/v1/runs/{run_id}/" in e["message"]
+        assert refused and all(("401" in e["message"] or "403" in e["message"]) and f"/v1/runs/{run_id}" in e["message"]
                                for e in refused), refused
 
         # With the token: pause control (knobs hold), pin the learning rate, resume; the optimizer
@@ -193,7 +207,9 @@ def test_console_watches_and_steers_a_real_training_run(console_service, browser
         setpoint.send_keys("not a number")
         code, text = click_and_wait(browser, '#setpoint-form button[type="submit"]', "setpoint")
         assert code == "422" and "setpoint" in text  # the service names the field
-        refused = severe(browser.get_log("browser"))  # that 422, and nothing else
+        # that 422, and nothing else (but the reads the wrong token had sent before it was replaced: 401)
+        refused = [e for e in severe(browser.get_log("browser"))
+                   if not ("status of 401" in e["message"] and f"/v1/runs/{run_id}" in e["message"])]
         assert len(refused) == 1 and "422" in refused[0]["message"] and "/controllers/drift/setpoint" in refused[0]["message"]
         assert click_and_wait(browser, 'button[data-action="resume"]', "resume")[0] == "200"
         wait_for("the page to show 'running'", lambda: browser.find_element(By.ID, "run-state").text == "running", 5)
