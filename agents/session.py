@@ -280,6 +280,7 @@ class ControlSession:
         self.applied: list[dict[str, Any]] = []
         self.applied_total = 0
         self.applied_summary: dict[str, dict[str, float]] = {}
+        self._superseded_told = False
         self.metrics: dict[str, float] = {}  # the latest training metrics, sent with the next observation
         self.log_extra: dict[str, float] = {}  # for the trainer's next log line (the callback drains it)
         self.max_steps = 0  # the run's length when known (a preset's probe intervals are fitted to it)
@@ -754,10 +755,12 @@ class ControlSession:
             self._end_test_early(d, step)
             self._acknowledge(d.number, step, None, f"superseded by decision {newest[d.knob].number} on {d.knob} at "
                                                     "the same step boundary (one decision per knob per boundary)")
-        if superseded:
-            log.warning("actuator: step %d: %d decisions arrived at once; only the newest per knob is applied (%s), "
-                        "%d set aside as superseded", step, len(decisions),
-                        ", ".join(f"{k}: decision {d.number}" for k, d in newest.items()), superseded)
+        if superseded:  # common behind a slow network: said loudly once, then at INFO
+            level, self._superseded_told = (logging.INFO if self._superseded_told else logging.WARNING), True
+            log.log(level, "actuator: step %d: %d decisions arrived at once; only the newest per knob is applied "
+                    "(%s), %d set aside as superseded%s", step, len(decisions),
+                    ", ".join(f"{k}: decision {d.number}" for k, d in newest.items()), superseded,
+                    "" if level == logging.INFO else " (said at WARNING once; later ones at INFO)")
 
     def _end_test_early(self, d: DecisionPublic, step: int) -> None:
         """The service ends a gains-auto step test early when the probe passes its setpoint
