@@ -176,8 +176,9 @@ class BackgroundSender:
 
     def note_applied(self, number: int, generation: int) -> None:
         """The callback has applied decisions up to ``number`` of numbering ``generation``."""
-        if generation == self.generation:
-            self.last_decision = number
+        with self._lock:  # not between a resync's new generation and its new numbering
+            if generation == self.generation:
+                self.last_decision = number
 
     def answers(self) -> list[IngestResult | Resync]:
         """What came in since the last call, in order: answers, and a :class:`Resync` before the

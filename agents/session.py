@@ -804,7 +804,8 @@ class ControlSession:
         self.applied_total += 1
         if len(self.applied) <= 2 * APPLIED_KEPT:
             return
-        old, self.applied = self.applied[:-APPLIED_KEPT], self.applied[-APPLIED_KEPT:]
+        old = self.applied[:-APPLIED_KEPT]
+        del self.applied[:-APPLIED_KEPT]  # in place: whoever holds the list sees it bounded too
         for e in old:
             s = self.applied_summary.setdefault(e["knob"], {"decisions": 0, "first_step": e["step"],
                                                             "min": e["applied"], "max": e["applied"]})
