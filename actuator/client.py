@@ -85,14 +85,18 @@ class ActuatorClient:
 
     ``timeout`` is the longest one request may take, its whole answer included: each network
     operation waits at most that long, and an answer still arriving past it (a body fed a byte at a
-    time) is abandoned at its next chunk.
+    time) is abandoned at its next chunk. ``max_answer_bytes`` (None: no limit) is the largest
+    answer read: a larger one is abandoned as soon as it is known to be (its Content-Length, or the
+    chunk that passes the limit) and raises :class:`ServiceUnavailable` whose ``detail`` is
+    ``{"max_answer_bytes": limit}``, before any of it is parsed.
     """
 
     def __init__(self, base_url: str, token: str | None = None, *, timeout: float = 5.0,
-                 transport: httpx.BaseTransport | None = None) -> None:
+                 transport: httpx.BaseTransport | None = None, max_answer_bytes: int | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.token = token
         self.timeout = timeout
+        self.max_answer_bytes = max_answer_bytes
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport)
 
     def close(self) -> None:
@@ -113,12 +117,18 @@ class ActuatorClient:
             headers["Authorization"] = f"Bearer {tok}"
         limit = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
+        cap = self.max_answer_bytes
         try:
             # Streamed: httpx's timeouts bound each read, never the whole answer.
             with self._http.stream(method, path, headers=headers, timeout=limit, **kw) as resp:
+                declared = resp.headers.get("content-length", "")
+                if cap is not None and declared.isdigit() and int(declared) > cap:
+                    raise self._too_large(method, path, f"{int(declared):,} bytes")
                 body = bytearray()
                 for chunk in resp.iter_bytes():
                     body += chunk
+                    if cap is not None and len(body) > cap:
+                        raise self._too_large(method, path, f"more than {cap:,} bytes")
                     if time.monotonic() > deadline:
                         raise ServiceUnavailable(f"{method} {path}: no complete answer within {limit:g} s")
         except httpx.HTTPError as exc:
@@ -126,6 +136,11 @@ class ActuatorClient:
         if resp.status_code >= 400:
             raise _refusal(method, path, resp.status_code, bytes(body))
         return bytes(body)
+
+    def _too_large(self, method: str, path: str, size: str) -> ServiceUnavailable:
+        return ServiceUnavailable(f"{method} {path}: an answer of {size}, over this agent's limit of "
+                                  f"{self.max_answer_bytes:,} bytes (max_answer_bytes); abandoned unread",
+                                  detail={"max_answer_bytes": self.max_answer_bytes})
 
     def _call(self, kind: type[T], method: str, path: str, **kw: Any) -> T:
         """One request, its answer read as ``kind``."""

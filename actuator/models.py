@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from datetime import datetime, timezone
 from typing import Any
 
@@ -11,11 +12,16 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from .schemas import RunStateName
 
-__all__ = ["Base", "PolicyRow", "RunRow", "ObservationRow", "DecisionRow", "EventRow", "utcnow"]
+__all__ = ["Base", "PolicyRow", "RunRow", "ObservationRow", "DecisionRow", "EventRow", "new_epoch", "utcnow"]
 
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
+
+
+def new_epoch() -> str:
+    """A decision numbering's identity: random, so a restored store cannot bring back one it started later."""
+    return secrets.token_hex(8)
 
 
 class Base(DeclarativeBase):
@@ -54,6 +60,11 @@ class RunRow(Base):
     last_step: Mapped[int | None] = mapped_column(Integer, nullable=True)
     last_seq: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # seq is 64-bit (0002)
     decision_count: Mapped[int] = mapped_column(Integer, default=0)
+    # The identity of the run's decision numbering and the decision count it started at (0004): a
+    # store restored from a backup numbers decisions again from its restored count, and starts a
+    # new epoch when an agent shows it has seen decisions the store no longer has.
+    decision_epoch: Mapped[str] = mapped_column(String(32), default=new_epoch, server_default="0")
+    epoch_from: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
 

@@ -89,6 +89,7 @@ __all__ = [
     "StateChanged",
     "PolicyMoved",
     "RunRegistered",
+    "HistoryChanged",
     "Gap",
     "RUN_STATES",
     "FINAL_STATES",
@@ -293,12 +294,21 @@ class DecisionAck(_Model):
         return self
 
 
+# A decision numbering's identity (runs.decision_epoch: 16 random hex digits; "0" for runs from before epochs).
+EPOCH_PATTERN = r"^[0-9a-f]{1,32}$"
+
+
 class ObservationBatch(_Model):
     observations: list[ObservationCreate] = Field(min_length=1, max_length=1000)
     last_decision: WireInt = Field(
         0, ge=0, le=MAX_INT,
         description="Highest decision number the agent has applied; decisions after it are returned.",
     )
+    epoch: str | None = Field(
+        None, pattern=EPOCH_PATTERN,
+        description="The decision numbering (IngestResult.epoch) last_decision and applied belong to; absent: "
+                    "the agent has not heard one yet. Another epoch than the run's, or a last_decision past the "
+                    "run's decisions (a restored store), resynchronises the agent: see IngestResult.resumed_after.")
     applied: list[DecisionAck] = Field(
         default_factory=list, max_length=1000,
         description="Decisions the agent applied or set aside since its last request (each at most once "
@@ -625,6 +635,31 @@ class AutoGainsFallback(_Event):
     gains: AutoGainsSet
 
 
+class HistoryChanged(_Event):
+    """The agent had seen decisions the store does not have (a store restored from a backup, a
+    failover to a lagging replica) or another numbering: its decisions now follow
+    ``resumed_after`` in ``epoch`` (a new one when ``new_epoch``); the acknowledgements of the
+    other history it sent (``acks_dropped``) were not recorded."""
+
+    kind: Literal["history_changed"] = "history_changed"
+    step: int | None
+    epoch: str
+    new_epoch: bool
+    agent_epoch: str | None
+    agent_last_decision: int
+    decisions: int
+    resumed_after: int
+    acks_dropped: int
+
+    def message(self) -> str:
+        seen = (f"decision {self.agent_last_decision}" if self.agent_epoch in (None, self.epoch) else
+                f"decision {self.agent_last_decision} of epoch {self.agent_epoch}")
+        return (f"control resumed after the controller's history changed: the agent had seen {seen}, the "
+                f"controller has {self.decisions} decisions (restored from a backup or failed over?); decisions "
+                f"after {self.resumed_after} are applied (epoch {self.epoch}), {self.acks_dropped} "
+                "acknowledgements of the other history were not recorded")
+
+
 class Gap(_Event):
     """Live stream only: what the stream cannot resume. ``trimmed``: events ``first`` .. ``last``
     are no longer kept; ``restarted``: the id ``last_event_id`` belongs to a numbering the live
@@ -657,12 +692,13 @@ class Gap(_Event):
 Event = Annotated[
     GuardrailBreach | GuardrailCleared | ControllerUnusable | KnobOverridden | OverrideReleased | SetpointChanged
     | ControlPaused | ControlResumed | ObservationEvent | DecisionEvent | Acknowledged | StateChanged | PolicyMoved
-    | RunRegistered | AutoGainsTuned | AutoGainsFallback | Gap,
+    | RunRegistered | AutoGainsTuned | AutoGainsFallback | HistoryChanged | Gap,
     Field(discriminator="kind")]
 EVENT: TypeAdapter[Event] = TypeAdapter(Event)
 EventKind = Literal["guardrail_breach", "guardrail_cleared", "controller_unusable", "override", "override_released",
                     "setpoint", "control_paused", "control_resumed", "observation", "decision", "acknowledged",
-                    "state", "policy_moved", "run_registered", "auto_gains", "auto_gains_fallback", "gap"]
+                    "state", "policy_moved", "run_registered", "auto_gains", "auto_gains_fallback",
+                    "history_changed", "gap"]
 
 
 class Notice(_Model):
@@ -690,6 +726,11 @@ class IngestResult(_Model):
     notices: list[Notice] = Field(default_factory=list, description="What this batch changed about how the run "
                                   "is controlled that the agent should say: gains tuned at warm-up, or a refused fit "
                                   "and the fallback gains.")
+    epoch: str | None = Field(None, description="The decision numbering the decisions here belong to: send it back "
+                              "as ObservationBatch.epoch. It changes when the store's history did (a restore).")
+    resumed_after: int | None = Field(
+        None, description="Set when the agent's last_decision or epoch named a history the store does not have (a "
+        "restored store): the decisions here follow this number; the agent takes it as its last decision.")
 
 
 class _Public(BaseModel):

@@ -54,7 +54,7 @@ from sqlalchemy.exc import DBAPIError, DisconnectionError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from .engine import Engine
-from .models import Base, DecisionRow, EventRow, ObservationRow, PolicyRow, RunRow, utcnow
+from .models import Base, DecisionRow, EventRow, ObservationRow, PolicyRow, RunRow, new_epoch, utcnow
 from .policy import PolicyDocument
 from .run_state import ControllerState, KnobState, RunContext
 from .schemas import (
@@ -64,6 +64,7 @@ from .schemas import (
     Decision,
     DecisionPublic,
     Event,
+    HistoryChanged,
     ObservationBatch,
     ObservationCreate,
     PolicyMoved,
@@ -99,7 +100,8 @@ _STATE_JSON = (*_CONTEXT_JSON, "latest_probes", "latest_metrics", "knobs_in_effe
 # The run row under its lock; the JSON columns as their stored text, so an ingest can tell which
 # ones it changed by comparing encodings (whatever the engine mutates, and however deep).
 _LOCK_RUN = (select(_RUNS.c.id, _RUNS.c.policy_id, _RUNS.c.policy_version, _RUNS.c.state, _RUNS.c.token_hash,
-                    _RUNS.c.last_step, _RUNS.c.last_seq, _RUNS.c.decision_count,
+                    _RUNS.c.last_step, _RUNS.c.last_seq, _RUNS.c.decision_count, _RUNS.c.decision_epoch,
+                    _RUNS.c.epoch_from,
                     *(cast(_RUNS.c[name], Text).label(name) for name in _STATE_JSON))
              .where(_RUNS.c.id == bindparam("run_id")).with_for_update())
 # The hot path's other statements, built once (building and cache-keying a statement per request
@@ -250,6 +252,8 @@ class RunSnapshot:
     latest_probes: dict[str, float]
     latest_metrics: dict[str, float]
     knobs_in_effect: dict[str, float]
+    epoch: str = "0"  # the decision numbering's identity, and the decision count it started at
+    epoch_from: int = 0
 
     @property
     def state(self) -> RunStateName:
@@ -272,6 +276,7 @@ class IngestOutcome:
     run: RunSnapshot
     controller_outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     more_decisions: bool = False  # ``decisions`` stopped at the cap: more follow the last one
+    resync: HistoryChanged | None = None  # the agent's history was not the store's: where it resumes
 
 
 class Store:
@@ -402,6 +407,8 @@ class Store:
             knobs_in_effect={k.name: k.value for k in body.knobs},
             run_metadata=dict(body.metadata),
             decision_count=0,
+            decision_epoch=new_epoch(),
+            epoch_from=0,
             created_at=now,
             updated_at=now,
         )
@@ -470,7 +477,7 @@ class Store:
                                                    row.state, row.decision_count)
                     run = RunSnapshot(row.id, row.policy_id, row.policy_version, row.token_hash, row.last_step,
                                       row.last_seq, context, columns["latest_probes"], columns["latest_metrics"],
-                                      columns["knobs_in_effect"])
+                                      columns["knobs_in_effect"], row.decision_epoch, row.epoch_from)
                     yield conn, run, stored
                 conn.commit()
             finally:
@@ -567,7 +574,11 @@ class Store:
             engine = engine or self.policy_engine(run.policy_id, conn)
             ctx = run.context  # the engine moves it on: the snapshot is left as the ingest leaves the run
             before = (run.state, run.decision_count, run.last_step, run.last_seq)
-            self._acknowledge(conn, run, batch, before[1])
+            resync = self._history_changed(run, batch)
+            if resync is None:
+                self._acknowledge(conn, run, batch, before[1])
+            # the decisions the agent has (its last, or where a changed history resumes it)
+            after = batch.last_decision if resync is None else resync.resumed_after
             drafts: list[Decision] = []
             actions: list[Action] = []
             events: list[Event] = []
@@ -599,10 +610,15 @@ class Store:
                     raise ObservationRefused(f"observations.{field_name}",
                                              f"a run reports at most {MAX_NAMES} distinct {field_name} names")
             created: list[DecisionPublic] = []
-            if new:  # a batch of duplicates changes nothing
+            if new or resync is not None:  # a batch of duplicates changes nothing, unless the history changed
                 changes: dict[str, Any] = {name: value for name, old, value in zip(
                     ("state", "decision_count", "last_step", "last_seq"), before,
                     (run.state, run.decision_count, run.last_step, run.last_seq)) if value != old}
+                if resync is not None and resync.new_epoch:
+                    changes["decision_epoch"], changes["epoch_from"] = resync.epoch, resync.resumed_after
+                    run.epoch, run.epoch_from = resync.epoch, resync.resumed_after
+                if resync is not None:
+                    events.insert(0, resync)
                 values = {**ctx.to_json(), "latest_probes": probes, "latest_metrics": metrics,
                           "knobs_in_effect": in_effect}
                 for name in _STATE_JSON:
@@ -615,21 +631,41 @@ class Store:
                     event_rows.append(StateChanged(step=run.last_step, from_=before[0], to=run.state).row())
                 created = self._persist(conn, run_id, now, drafts, engine.policy_version, event_rows,
                                         observations, changes)
-            pending = [d for d in created if d.number > batch.last_decision]
+            pending = [d for d in created if d.number > after]
             # Decisions from earlier requests the agent has not applied: numbers are gapless, so
             # how many there are is known without counting them. At most ``max_pending`` are
             # answered (the oldest first); the agent asks again from the last one it got.
-            earlier = max(0, before[1] - batch.last_decision)
+            earlier = max(0, before[1] - after)
             room = earlier if max_pending is None else min(earlier, max_pending)
             if room:
                 query = _DECISIONS_BETWEEN if room == earlier else _DECISIONS_BETWEEN.limit(room)
                 pending[:0] = [DecisionPublic.model_construct(**row._mapping) for row in conn.execute(
-                    query, {"run_id": run_id, "after": batch.last_decision, "up_to": before[1]})]
+                    query, {"run_id": run_id, "after": after, "up_to": before[1]})]
             more = max_pending is not None and earlier + len(pending) - room > max_pending
             if more:
                 del pending[max_pending:]
         return IngestOutcome(len(new), len(batch.observations) - len(new), new, pending, created, actions, events,
-                             run, outputs, more_decisions=more)
+                             run, outputs, more_decisions=more, resync=resync)
+
+    @staticmethod
+    def _history_changed(run: RunSnapshot, batch: ObservationBatch) -> HistoryChanged | None:
+        """Whether the agent followed another history than the store has (None: the same one).
+
+        An agent of another epoch has seen none of this one: its decisions follow the epoch's start.
+        An agent that has seen a decision number the run does not have saw a history the store lost
+        (restored from a backup, failed over to a lagging replica, which number new decisions again
+        from their count): a new epoch starts at the count, and decisions after it are the agent's
+        to apply. Either way its acknowledgements name decisions of the other history: not recorded."""
+        count = run.decision_count
+        if batch.epoch is not None and batch.epoch != run.epoch:
+            resumed, fresh = run.epoch_from, False
+        elif batch.last_decision > count:
+            resumed, fresh = count, True
+        else:
+            return None
+        return HistoryChanged(step=run.last_step, epoch=new_epoch() if fresh else run.epoch, new_epoch=fresh,
+                              agent_epoch=batch.epoch, agent_last_decision=batch.last_decision, decisions=count,
+                              resumed_after=min(resumed, count), acks_dropped=len(batch.applied))
 
     @staticmethod
     def _acknowledge(conn: Connection, run: RunSnapshot, batch: ObservationBatch, decided: int) -> None:

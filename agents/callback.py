@@ -253,7 +253,7 @@ class ActuatorCallback(TrainerCallback, ExportableState):
     seq = _session_attribute("seq", "The next observation's sequence number.")
     last_decision = _session_attribute("last_decision", "The number of the last decision received.")
     last_ok_step = _session_attribute("last_ok_step", "The latest observed step at which every guardrail held.")
-    applied = _session_attribute("applied", "Decisions applied, for logs and reports.")
+    applied = _session_attribute("applied", "Decisions applied, for logs and reports (the latest 1,000 whole).")
     history = _session_attribute("history", "What was observed, for the caller's own tables.")
     _is_main = _session_attribute("main", "Whether this process talks to the service (rank 0).")
     _metrics = _session_attribute("metrics", "The latest training metrics, sent with the next observation.")
@@ -499,7 +499,7 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         # Knob values in effect (and decisions applied since the last log) go into the trainer's
         # log, so TensorBoard / W&B show them beside the loss.
         extra = {f"actuator/{name}": value for name, value in session.knob_values().items()}
-        extra["actuator/decisions"] = float(len(self.applied))
+        extra["actuator/decisions"] = float(session.applied_total)
         # The aggregates of a setter's summary (the per-layer ranks stay in the observations).
         extra.update({f"actuator/{k}": v for k, v in session.setter_summaries().items()
                       if not k.startswith("compression.rank.")})

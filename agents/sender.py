@@ -10,7 +10,15 @@ client's timeout): observations stay buffered, retries back off exponentially up
 observations at all times, a request hanging or not: past it the oldest are dropped, counted in
 ``stats.dropped`` and warned about (when dropping starts, and with the total when it stops).
 Sequence numbers are assigned by the caller, so redelivery after an outage is idempotent on the
-service side.
+service side. An answer larger than the client's ``max_answer_bytes`` is abandoned unread: an outage
+like any other, also counted in ``stats.oversize``.
+
+Decision numbers belong to the service's history (its epoch). When that history changes under the
+agent (a store restored from a backup numbers decisions again from its restored count), the
+service says where the agent's decisions resume (``IngestResult.resumed_after``), or an older one
+refuses an acknowledgement of a decision it no longer has: the sender then starts a new
+*generation*, puts a :class:`Resync` in the inbox before the answer, and drops acknowledgements of
+the generations before (they name decisions of the other history).
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from __future__ import annotations
 import logging
 import queue
 import random
+import re
 import threading
 import time
 from collections import deque
@@ -29,7 +38,7 @@ from actuator._exceptions import RequestRejected, ServiceUnavailable
 from actuator.client import ActuatorClient
 from actuator.schemas import MAX_INT, DecisionAck, IngestResult, ObservationBatch, ObservationCreate
 
-__all__ = ["BackgroundSender", "FOLLOW_UPS", "SenderStats"]
+__all__ = ["BackgroundSender", "FOLLOW_UPS", "Resync", "SenderStats"]
 
 log = logging.getLogger("actuator.agents")
 
@@ -37,6 +46,22 @@ log = logging.getLogger("actuator.agents")
 # service's cap: a controller that always says "more" costs a bounded number of requests, and
 # what is left comes with the next batch.
 FOLLOW_UPS = 4
+# "run ... has no decision 40 (it has 9)": how a service without epochs refuses an acknowledgement of
+# a decision its history lost.
+_NO_DECISION = re.compile(r"has no decision (\d+) \(it has (\d+)\)")
+
+
+@dataclass(frozen=True)
+class Resync:
+    """The service's decision history is not the one the agent followed: decisions from here on
+    follow ``after`` (the agent had seen up to ``seen``), numbered in ``epoch``; ``generation``
+    counts these changes in this process."""
+
+    generation: int
+    after: int
+    seen: int
+    epoch: str | None
+    why: str
 
 
 @dataclass
@@ -48,6 +73,8 @@ class SenderStats:
     dropped: int = 0  # given up on: over the buffer's limit, refused by the service, or an agent error
     failures: int = 0
     outages: int = 0
+    oversize: int = 0  # answers over the client's max_answer_bytes (each also a failure of an outage)
+    resyncs: int = 0  # times the service's decision history changed under the agent
     last_error: str | None = None
     connected: bool = False
     disabled_reason: str | None = None
@@ -83,10 +110,14 @@ class BackgroundSender:
         self.batch_size = batch_size
         self.max_buffer = max_buffer
         self.initial_backoff, self.max_backoff = initial_backoff, max_backoff
-        self.last_decision = 0  # highest decision number applied; written by the callback
+        self.last_decision = 0  # highest decision number applied; written by the callback (note_applied)
         # Highest decision number the service has answered (in the inbox, so applied at the next
         # step boundary): asked from here on, so a capped answer's rest comes next, not its start.
         self._received = 0
+        # The service's numbering (its epoch, sent back with each request) and this process's
+        # count of changes to it (acknowledgements and applied numbers of an older one are stale).
+        self.epoch: str | None = None
+        self.generation = 0
         self.stats = SenderStats()
         # After a batch is refused (4xx), its observations go one per request, so that only the
         # ones the service refuses are dropped, not the good ones batched with them.
@@ -103,9 +134,9 @@ class BackgroundSender:
         # Acknowledgements of decisions (applied or set aside), sent with the next request. With
         # no observation left to send they ride on the last one delivered (a duplicate the
         # service ignores), so the last decisions of a run are acknowledged before it ends.
-        self._acks: deque[DecisionAck] = deque()
+        self._acks: deque[tuple[int, DecisionAck]] = deque()  # (generation, acknowledgement)
         self._last_sent: ObservationCreate | None = None
-        self._inbox: queue.SimpleQueue[IngestResult] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[IngestResult | Resync] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._idle = threading.Event()
@@ -127,10 +158,12 @@ class BackgroundSender:
                 self._overflowed += 1
         self._wake.set()
 
-    def acknowledge(self, ack: DecisionAck) -> None:
-        """Tell the service what became of a decision (never blocks)."""
+    def acknowledge(self, ack: DecisionAck, generation: int | None = None) -> None:
+        """Tell the service what became of a decision (never blocks). ``generation``: the
+        numbering it was received in (default: the current one); one of an older numbering is
+        not sent (the service no longer has that decision)."""
         with self._lock:
-            self._acks.append(ack)
+            self._acks.append((self.generation if generation is None else generation, ack))
             while len(self._acks) > self.max_buffer:
                 self._acks.popleft()
             self._idle.clear()
@@ -141,13 +174,24 @@ class BackgroundSender:
         outage's one warning, and the thread will not warn again until it has reconnected."""
         self._outage(exc)
 
-    def results(self) -> list[IngestResult]:
-        out = []
+    def note_applied(self, number: int, generation: int) -> None:
+        """The callback has applied decisions up to ``number`` of numbering ``generation``."""
+        with self._lock:  # not between a resync's new generation and its new numbering
+            if generation == self.generation:
+                self.last_decision = number
+
+    def answers(self) -> list[IngestResult | Resync]:
+        """What came in since the last call, in order: answers, and a :class:`Resync` before the
+        first answer of a changed history."""
+        out: list[IngestResult | Resync] = []
         while True:
             try:
                 out.append(self._inbox.get_nowait())
             except queue.Empty:
                 return out
+
+    def results(self) -> list[IngestResult]:
+        return [a for a in self.answers() if isinstance(a, IngestResult)]
 
     @property
     def backlog(self) -> int:
@@ -189,6 +233,8 @@ class BackgroundSender:
                 self._send_once()
                 backoff = self.initial_backoff
             except ServiceUnavailable as exc:
+                if isinstance(exc.detail, dict) and "max_answer_bytes" in exc.detail:
+                    self.stats.oversize += 1
                 self._outage(exc)
                 # Jittered exponential backoff; a flush/close wakes us early but does not skip it.
                 self._stop.wait(backoff * (0.5 + random.random()))
@@ -222,7 +268,9 @@ class BackgroundSender:
         with self._lock:
             size = 1 if self._isolate else min(self.batch_size, len(self._pending))
             batch = list(islice(self._pending, size))
-            acks = list(islice(self._acks, 1000))
+            while self._acks and self._acks[0][0] != self.generation:  # of a history the service lost
+                self._acks.popleft()
+            acks = [ack for _, ack in islice(self._acks, 1000)]
             self._in_flight = size
         if not batch:  # acknowledgements only: they ride on the last observation delivered
             assert self._last_sent is not None
@@ -276,8 +324,14 @@ class BackgroundSender:
         if acks and exc.status_code == 422 and "applied" in str(exc):
             # The service refused an acknowledgement (it should not: the agent acknowledges only
             # decisions it received). Drop them, never the observations they came with.
-            log.warning("actuator: the service refused decision acknowledgements (%s); they are dropped", exc)
             self._drop_acks(len(acks))
+            lost = _NO_DECISION.search(str(exc))
+            if lost is not None and int(lost.group(2)) < max(self.last_decision, self._received):
+                # A service without epochs that lost decisions it had sent (restored from a backup)
+                # numbers new ones again from its count: resume after it, or they would be ignored.
+                self._resync(int(lost.group(2)), self.epoch, f"it refused an acknowledgement: {exc}")
+            else:
+                log.warning("actuator: the service refused decision acknowledgements (%s); they are dropped", exc)
             return 0
         if exc.status_code in (401, 403, 404):
             self._disable(exc)
@@ -310,16 +364,38 @@ class BackgroundSender:
         # each decision once, by number, whatever its size.
         last = min(max(self.last_decision, self._received), MAX_INT)
         return self.client.post_observations(
-            self.run_id, ObservationBatch(observations=batch, last_decision=last, applied=acks or []),
+            self.run_id, ObservationBatch(observations=batch, last_decision=last, applied=acks or [],
+                                          epoch=self.epoch),
             token=self.token)
 
     def _deliver(self, result: IngestResult) -> bool:
         """Hand an answer to the callback; whether it brought a decision not received before."""
+        epoch = getattr(result, "epoch", None)  # None: a service from before epochs
+        resumed = getattr(result, "resumed_after", None)
+        if resumed is None and epoch is not None and self.epoch is not None and epoch != self.epoch:
+            # another numbering without a word of where it resumes: its decisions here are new
+            resumed = min((d.number for d in result.decisions), default=1) - 1
+        if resumed is not None:
+            self._resync(resumed, epoch, "it answered from another history")
+        elif epoch is not None:
+            self.epoch = epoch
         newest = max((d.number for d in result.decisions), default=0)
         advanced = newest > self._received
         self._received = max(self._received, newest)
         self._inbox.put(result)
         return advanced
+
+    def _resync(self, after: int, epoch: str | None, why: str) -> None:
+        """The service's decision history is not the one followed so far: numbering resumes after
+        ``after`` (its count when it noticed), in ``epoch``. The callback hears it (a Resync before
+        the next answer) and says so loudly."""
+        seen = max(self.last_decision, self._received)
+        with self._lock:
+            self.generation += 1
+            self.stats.resyncs += 1
+            self.epoch = epoch
+            self.last_decision = self._received = max(0, after)
+            self._inbox.put(Resync(self.generation, max(0, after), seen, epoch, why))
 
     def _warn_stuck(self) -> None:
         if not self._stuck_warned:

@@ -40,13 +40,19 @@ from actuator.schemas import (DecisionAck, DecisionPublic, IdentificationWindow,
 from .identification import IdentificationMode, auto_controller, schedule_steps, warmup_test
 from .knobs import KnobSetter
 from .preflight import check_url, late_first_decisions
-from .sender import BackgroundSender
+from .sender import BackgroundSender, Resync
 from .sharded import check_on_every_rank, from_rank0, is_fully_sharded, rank_and_world
 
 __all__ = ["Connection", "ControlSession", "Protect", "Received", "Reporting", "RunInfo", "StepOutcome",
            "metric_name", "policy_argument"]
 
 log = logging.getLogger("actuator.agents")
+
+# What the agent keeps of the decisions it applied, whatever the controller sends: the latest
+# APPLIED_KEPT entries whole (reasons cut to REASON_KEPT characters), older ones folded into one
+# summary per knob (``ControlSession.applied_summary``).
+APPLIED_KEPT = 1000
+REASON_KEPT = 200
 
 PolicyArg = str | dict[str, Any] | PolicyDocument | os.PathLike[str]
 
@@ -80,6 +86,10 @@ class Connection(_Group):
     ``register_timeout``: how long training may wait at its start for the registration's answer (a
     refusal stops training there; no answer in time lets it start without control).
     ``flush_timeout``: seconds to wait at the end for buffered observations.
+    ``max_answer_bytes``: the largest answer the agent reads (2 MB; a full page of the service's
+    1,000 decisions is well under it): a larger one is abandoned unread, an outage like no answer
+    (counted in ``sender.stats.oversize``, warned, retried), so no controller can make the
+    training process hold more.
     """
 
     url: str | None = None
@@ -87,6 +97,7 @@ class Connection(_Group):
     timeout: float = 2.0
     register_timeout: float = 10.0
     flush_timeout: float = 10.0
+    max_answer_bytes: int = 2_000_000
 
     _alone: ClassVar[str] = "url"
 
@@ -95,13 +106,15 @@ class Connection(_Group):
         a whole run trained uncontrolled behind one "unreachable" line)."""
         url = check_url(self.url) if self.url else check_url(os.environ.get("ACTUATOR_URL", "http://127.0.0.1:8000"),
                                                              field="ACTUATOR_URL")
+        if self.max_answer_bytes < 1024:
+            raise ConfigError(f"connection.max_answer_bytes: at least 1024, got {self.max_answer_bytes}")
         return Connection(url, self.token or os.environ.get("ACTUATOR_TOKEN"), self.timeout,
-                          self.register_timeout, self.flush_timeout)
+                          self.register_timeout, self.flush_timeout, self.max_answer_bytes)
 
     def public(self) -> dict[str, Any]:
         """Every field but the token (a secret: never in a checkpoint's JSON)."""
         return {"url": self.url, "timeout": self.timeout, "register_timeout": self.register_timeout,
-                "flush_timeout": self.flush_timeout}
+                "flush_timeout": self.flush_timeout, "max_answer_bytes": self.max_answer_bytes}
 
 
 @dataclass(frozen=True)
@@ -260,9 +273,16 @@ class ControlSession:
         self.run_state = "running"
         self.seq = 0
         self.last_decision = 0
+        self.epoch: str | None = None  # the service's decision numbering (IngestResult.epoch)
+        self.generation = 0  # changes of that numbering seen in this process (the sender's count)
         self.last_ok_step: int | None = None
         self.history: list[dict[str, Any]] = []
+        # Decisions applied: the latest APPLIED_KEPT whole, the older folded per knob into
+        # applied_summary ({"decisions", "first_step", "last_step", "min", "max"}); applied_total counts all.
         self.applied: list[dict[str, Any]] = []
+        self.applied_total = 0
+        self.applied_summary: dict[str, dict[str, float]] = {}
+        self._superseded_told = False
         self.metrics: dict[str, float] = {}  # the latest training metrics, sent with the next observation
         self.log_extra: dict[str, float] = {}  # for the trainer's next log line (the callback drains it)
         self.max_steps = 0  # the run's length when known (a preset's probe intervals are fitted to it)
@@ -400,7 +420,8 @@ class ControlSession:
         self.main = main
         if not main:
             return
-        self.client = ActuatorClient(self.url, token=self.connection.token, timeout=self.connection.timeout)
+        self.client = ActuatorClient(self.url, token=self.connection.token, timeout=self.connection.timeout,
+                                     max_answer_bytes=self.connection.max_answer_bytes)
         self._resolve_policy()
 
     def declare_policy_knobs(self) -> None:
@@ -593,6 +614,7 @@ class ControlSession:
             return
         assert self.client is not None
         self.sender = BackgroundSender(self.client, run_id=self.run_id, token=self.run_token, register=self.register)
+        self.sender.epoch = self.epoch  # a run continued from a checkpoint keeps its numbering
         if self.unreachable is not None:
             self.sender.report_outage(self.unreachable)
         if probing:
@@ -656,11 +678,11 @@ class ControlSession:
         if received.rollback and not received.halt:
             log.error("actuator: rollback ordered at step %d (%s) but this loop has no checkpoints the session knows "
                       "of; halting instead", step, "; ".join(received.why) or "no reason given")
-        before = len(self.applied)
+        before = self.applied_total
         self.apply(received.decisions, step)
         halt = self.halt_if(received.halt or received.rollback, step, received.why)
         self.after_step(step, model, readings)
-        return StepOutcome(self.applied[before:], halt)
+        return StepOutcome(self.applied[len(self.applied) - (self.applied_total - before):], halt)
 
     def _check_step(self, step: int) -> None:
         """A loop of one's own numbers its steps: a step that repeats or goes behind the last one
@@ -690,10 +712,25 @@ class ControlSession:
         out = Received()
         if not self.main or self.sender is None:
             return out
-        for result in self.sender.results():
-            self._take(result, out)
-        self.sender.last_decision = self.last_decision
+        for answer in self.sender.answers():
+            if isinstance(answer, Resync):
+                self._resync(answer, out)
+            else:
+                self._take(answer, out)
+        self.sender.note_applied(self.last_decision, self.generation)
         return out
+
+    def _resync(self, change: Resync, out: Received) -> None:
+        """The controller's decision history changed under the run (a store restored from a
+        backup): take its numbering from where it resumes, loudly. Decisions of the old history
+        not applied yet are set aside: the service no longer has them, newer ones follow."""
+        stale = len(out.decisions)
+        out.decisions.clear()
+        log.warning("actuator: control resumed after the controller's history changed: this run had seen decision "
+                    "%d, the controller's decisions now follow %d (epoch %s; %s). Decisions after %d are applied; %d "
+                    "received from the old history and not applied yet are dropped, the controller no longer has them",
+                    change.seen, change.after, change.epoch or "-", change.why, change.after, stale)
+        self.last_decision, self.epoch, self.generation = change.after, change.epoch, change.generation
 
     def _take(self, result: IngestResult, out: Received) -> None:
         for d in result.decisions:
@@ -708,8 +745,10 @@ class ControlSession:
         for a in result.actions:
             if a.type == "alert":
                 log.warning("actuator: guardrail alert: %s", a.reason)
+        self.epoch = getattr(result, "epoch", None) or self.epoch
         for notice in getattr(result, "notices", None) or []:  # a service that predates them sends none
-            log.warning("actuator: %s", notice.message)
+            if notice.kind != "history_changed":  # said by _resync, with this run's numbers
+                log.warning("actuator: %s", notice.message)
 
     def halt_if(self, halt: bool, step: int, why: Iterable[str] = (), *, saving: bool = False) -> bool:
         """Mark the run halted (once, with a warning naming ``why``: the guardrail, its reading and
@@ -726,9 +765,38 @@ class ControlSession:
         """Apply decisions in order at the boundary after ``step``: each is guarded (the run's
         bounds and rate limit), written through its setter and acknowledged with the value read
         back; one that cannot be applied (no setter, identification holds its knob) is
-        acknowledged as set aside, with the reason."""
+        acknowledged as set aside, with the reason.
+
+        Only the newest decision per knob is applied at one boundary, so the rate limit holds per
+        step boundary however many decisions arrive at once; the others are acknowledged as set
+        aside, superseded by it."""
+        decisions = list(decisions)
+        newest = {d.knob: d for d in decisions}
+        superseded = 0
         for d in decisions:
-            self._apply_one(d, step)
+            if newest[d.knob] is d:
+                self._apply_one(d, step)
+                continue
+            superseded += 1
+            self._end_test_early(d, step)
+            self._acknowledge(d.number, step, None, f"superseded by decision {newest[d.knob].number} on {d.knob} at "
+                                                    "the same step boundary (one decision per knob per boundary)")
+        if superseded:  # common behind a slow network: said loudly once, then at INFO
+            level, self._superseded_told = (logging.INFO if self._superseded_told else logging.WARNING), True
+            log.log(level, "actuator: step %d: %d decisions arrived at once; only the newest per knob is applied "
+                    "(%s), %d set aside as superseded%s", step, len(decisions),
+                    ", ".join(f"{k}: decision {d.number}" for k, d in newest.items()), superseded,
+                    "" if level == logging.INFO else " (said at WARNING once; later ones at INFO)")
+
+    def _end_test_early(self, d: DecisionPublic, step: int) -> None:
+        """The service ends a gains-auto step test early when the probe passes its setpoint
+        (budget): the controller's first decision is that signal, on every rank alike."""
+        if (self.identification is not None and self.identification.holds(d.knob, step)
+                and self.auto_window is not None and d.controller == self.auto_window.controller):
+            log.warning("actuator: gains auto: the service ended the step test on %s early (the probe passed its "
+                        "setpoint); %r controls it from step %d, not %d", d.knob, d.controller, step,
+                        self.identification.end)
+            self.identification = None
 
     def _apply_one(self, d: DecisionPublic, step: int) -> None:
         setter, spec = self.setters.get(d.knob), self.specs.get(d.knob)
@@ -736,14 +804,7 @@ class ControlSession:
             log.warning("actuator: decision %d names knob %r, which this run has no setter for", d.number, d.knob)
             self._acknowledge(d.number, step, None, f"this run has no setter for knob {d.knob!r}")
             return
-        if (self.identification is not None and self.identification.holds(d.knob, step)
-                and self.auto_window is not None and d.controller == self.auto_window.controller):
-            # The service ends a gains-auto step test early when the probe passes its setpoint
-            # (budget): the controller's first decision is that signal, on every rank alike.
-            log.warning("actuator: gains auto: the service ended the step test on %s early (the probe passed its "
-                        "setpoint); %r controls it from step %d, not %d", d.knob, d.controller, step,
-                        self.identification.end)
-            self.identification = None
+        self._end_test_early(d, step)
         if self.identification is not None and self.identification.holds(d.knob, step):
             log.info("actuator: decision %d on %s set aside: identification runs until step %d", d.number,
                      d.knob, self.identification.end)
@@ -752,15 +813,31 @@ class ControlSession:
             return
         value = limit(spec, float(setter.read()), d.new_value)
         applied = float(setter.apply(value))
-        entry: dict[str, Any] = {"number": d.number, "step": step, "knob": d.knob, "ordered": d.new_value,
-                                 "applied": applied, "reason": d.reason}
+        reason = d.reason if len(d.reason) <= REASON_KEPT else d.reason[:REASON_KEPT - 1] + "…"
+        entry: dict[str, Any] = {"number": d.number, "epoch": self.epoch, "step": step, "knob": d.knob,
+                                 "ordered": d.new_value, "applied": applied, "reason": reason}
         summary = _setter_summary(setter)
         if summary:
             entry["summary"] = summary  # what the decision put in effect (compression: params, ranks)
-        self.applied.append(entry)
+        self._keep_applied(entry)
         self._acknowledge(d.number, step, applied, None)
         self.log_extra[f"actuator/{d.knob}_ordered"] = d.new_value
-        log.info("actuator: step %d: %s -> %.6g (decision %d: %s)", step, d.knob, applied, d.number, d.reason)
+        log.info("actuator: step %d: %s -> %.6g (decision %d: %s)", step, d.knob, applied, d.number, reason)
+
+    def _keep_applied(self, entry: dict[str, Any]) -> None:
+        """Keep ``entry``; past twice APPLIED_KEPT, fold the oldest into the per-knob summary."""
+        self.applied.append(entry)
+        self.applied_total += 1
+        if len(self.applied) <= 2 * APPLIED_KEPT:
+            return
+        old = self.applied[:-APPLIED_KEPT]
+        del self.applied[:-APPLIED_KEPT]  # in place: whoever holds the list sees it bounded too
+        for e in old:
+            s = self.applied_summary.setdefault(e["knob"], {"decisions": 0, "first_step": e["step"],
+                                                            "min": e["applied"], "max": e["applied"]})
+            s["decisions"] += 1
+            s["last_step"] = e["step"]
+            s["min"], s["max"] = min(s["min"], e["applied"]), max(s["max"], e["applied"])
 
     def _acknowledge(self, number: int, step: int, value: float | None, skipped: str | None) -> None:
         """Tell the service, with the next request, what became of decision ``number``."""
@@ -772,7 +849,7 @@ class ControlSession:
         except ValueError as exc:  # e.g. a setter that read back a non-finite value: telemetry only
             log.warning("actuator: decision %d not acknowledged: %s", number, exc)
             return
-        self.sender.acknowledge(ack)
+        self.sender.acknowledge(ack, self.generation)
 
     def after_step(self, step: int, model: Any = None, readings: Mapping[str, float] | None = None) -> None:
         """After the decisions: the setters' periodic work, a probe schedule the service sent, then
@@ -855,7 +932,7 @@ class ControlSession:
         """Where the run is (JSON): its id, sequence number, last decision, knob values and the
         last step at which every guardrail held. The token is not in it (a secret)."""
         return {"run_id": self.run_id, "seq": self.seq, "last_decision": self.last_decision,
-                "saved_knobs": self.knob_values() if self.setters else {}, "last_ok_step": self.last_ok_step}
+                "decision_epoch": self.epoch, "saved_knobs": self.knob_values() if self.setters else {}, "last_ok_step": self.last_ok_step}
 
     def restore(self, attrs: Mapping[str, Any], *, token: str | None = None) -> dict[str, float]:
         """Continue where :meth:`attributes` left off; ``token``: the run token kept beside the
@@ -864,6 +941,9 @@ class ControlSession:
         the saved knob values."""
         self.seq = int(attrs.get("seq", 0))
         self.last_decision = int(attrs.get("last_decision", 0))
+        self.epoch = attrs.get("decision_epoch")  # None from checkpoints before epochs
+        if self.sender is not None and self.sender.generation == self.generation:
+            self.sender.epoch = self.epoch
         self.last_ok_step = attrs.get("last_ok_step")
         knobs = attrs.get("saved_knobs", attrs.get("knobs")) or {}  # "knobs": checkpoints before 0.1.1
         for name, value in knobs.items():

@@ -227,7 +227,9 @@ def post_observations(batch: ObservationBatch, run: RunAuthDep, services: Servic
         breached=sorted(name for name, st in out.run.context.guardrails.items() if st.active),
         last_step=out.run.last_step,
         notices=[Notice(kind=e.kind, controller=e.controller, message=_notice(e)) for e in out.events
-                 if isinstance(e, (AutoGainsTuned, AutoGainsFallback))],
+                 if isinstance(e, (AutoGainsTuned, AutoGainsFallback))]
+        + ([Notice(kind=out.resync.kind, message=out.resync.message())] if out.resync is not None else []),
+        epoch=out.run.epoch, resumed_after=out.resync.resumed_after if out.resync is not None else None,
     )
     # Serialized here: returning the model would make FastAPI validate it again, in the thread
     # pool (one more hand-off per request), before serializing it the same way.

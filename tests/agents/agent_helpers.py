@@ -3,7 +3,9 @@ and tiny datasets are the package's (actuator.agents.testing)."""
 
 from __future__ import annotations
 
+import threading
 import time
+from typing import Any
 
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
@@ -12,7 +14,7 @@ from actuator.agents.probes import Probe
 from actuator.agents.testing import HELD_OUT, NARROW_TASK, lm_dataset
 from actuator.agents.testing import char_tokenizer as make_char_tokenizer
 
-__all__ = ["HELD_OUT", "NARROW_TASK", "Canary", "SlowSteps", "lm_dataset", "make_char_tokenizer", "make_trainer",
+__all__ = ["HELD_OUT", "NARROW_TASK", "Canary", "NetworkCalls", "SlowSteps", "lm_dataset", "make_char_tokenizer", "make_trainer",
            "record_lr_used"]
 
 
@@ -24,6 +26,57 @@ class SlowSteps(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kw):
         time.sleep(self.seconds)
+
+
+class NetworkCalls(TrainerCallback):
+    """Whether training ever waited on the network, asserted without a clock: every HTTP call of
+    the agent's client (ActuatorClient._request, still made for real) is recorded with the thread it
+    ran on and whether training steps were under way (from the first step's start to the end of
+    step ``steps``: add this callback last, so that its step end follows the agent's);
+    ``steps_overlapped`` counts the step ends that passed while a request was in flight.
+    ``on_training_thread()``: the calls made on the training thread while steps ran (none may be)."""
+
+    def __init__(self, monkeypatch, steps: int) -> None:
+        from actuator.client import ActuatorClient
+
+        self.steps = steps
+        self.training_thread: int | None = None
+        self.stepping = False
+        self.calls: list[dict[str, Any]] = []
+        self.in_flight = 0
+        self.steps_overlapped = 0
+        self._lock = threading.Lock()
+        request = ActuatorClient._request
+
+        def recorded(client, method, path, **kw):
+            record = {"thread": threading.get_ident(), "name": threading.current_thread().name, "path": path,
+                      "during_steps": self.stepping}
+            with self._lock:
+                self.in_flight += 1
+            try:
+                return request(client, method, path, **kw)
+            finally:
+                with self._lock:
+                    self.in_flight -= 1
+                record["during_steps"] = record["during_steps"] or self.stepping
+                self.calls.append(record)
+
+        monkeypatch.setattr(ActuatorClient, "_request", recorded)
+
+    def during_steps(self) -> list[dict[str, Any]]:
+        return [c for c in self.calls if c["during_steps"]]
+
+    def on_training_thread(self) -> list[dict[str, Any]]:
+        return [c for c in self.during_steps() if c["thread"] == self.training_thread]
+
+    def on_step_begin(self, args, state, control, **kw):
+        self.training_thread = threading.get_ident()
+        self.stepping = True
+
+    def on_step_end(self, args, state, control, **kw):
+        self.steps_overlapped += self.in_flight > 0
+        if state.global_step >= self.steps:
+            self.stepping = False
 
 
 def make_trainer(tmp_path, tokenizer, *, steps: int, scheduler: str = "linear", lr: float = 5e-3, callbacks=None,

@@ -144,6 +144,13 @@ def test_every_event_the_service_emits_is_a_typed_event(module_service: Service)
     autos = drive_auto(url)
     for auto in autos:
         live += stream(url, auto)
+    # An agent that has seen decisions the store does not have (a store restored from a backup).
+    restored = httpx.post(f"{url}/v1/runs", json={"name": "restored", "policy": POLICY, "knobs": KNOBS}).json()
+    r = httpx.post(f"{url}/v1/runs/{restored['id']}/observations", headers={"Authorization": f"Bearer {restored['token']}"},
+                   json={"observations": [{"seq": 0, "step": 0, "probes": {"kl_drift": 0.1}}], "last_decision": 40})
+    assert r.status_code == 200 and r.json()["resumed_after"] == 0, r.text
+    live += stream(url, restored["id"])
+    autos.append(restored["id"])
 
     seen: set[str] = set()
     for ev in live:

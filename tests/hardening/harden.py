@@ -161,7 +161,17 @@ class SimAgent:
                                        initial_backoff=0.05, max_backoff=0.5)
         self.seq = 0
         self.applied: list[int] = []
-        self.submit_seconds: list[float] = []
+        # The thread of every request of its client: handing observations over (the caller's
+        # thread) must never make one, whatever the network does (asserted by thread, not by time).
+        self.caller = threading.get_ident()
+        self.request_threads: list[int] = []
+        request = self.client._request
+
+        def recorded(*a: Any, **kw: Any) -> bytes:
+            self.request_threads.append(threading.get_ident())
+            return request(*a, **kw)
+
+        self.client._request = recorded  # type: ignore[method-assign]
 
     def step(self, step: int, drift: float) -> None:
         from actuator.schemas import ObservationCreate
@@ -172,10 +182,12 @@ class SimAgent:
                     self.applied.append(d.number)
         self.sender.last_decision = self.applied[-1] if self.applied else 0
         obs = ObservationCreate(seq=self.seq, step=step, probes={"kl_drift": drift}, time=time.time())
-        t0 = time.perf_counter()
         self.sender.submit(obs)
-        self.submit_seconds.append(time.perf_counter() - t0)
         self.seq += 1
+
+    def requests_on_caller(self) -> int:
+        """Requests made on the thread that drives the agent (none may be)."""
+        return sum(t == self.caller for t in self.request_threads)
 
     def finish(self, timeout: float = 30.0) -> bool:
         delivered = self.sender.flush(timeout)

@@ -32,7 +32,7 @@ from actuator.agents.sender import BackgroundSender
 from actuator.engine import Engine, RunContext
 from actuator.policy import PolicyDocument
 from actuator.schemas import ObservationCreate
-from agent_helpers import HELD_OUT, SlowSteps, make_trainer
+from agent_helpers import HELD_OUT, NetworkCalls, SlowSteps, make_trainer
 from harden import StepClock, StoreView
 from actuator.testing import make_service
 
@@ -44,7 +44,6 @@ POLICY = {
 }
 MAX_STEP = 0.2  # log units per decision
 HTTP_TIMEOUT = 0.5  # the callback's (the sender's) request timeout
-STALL_MARGIN = 1.0  # CPU contention on 2 shared cores, the first step's warm-up
 
 
 class KillThenRestart(TrainerCallback):
@@ -79,7 +78,7 @@ def fast_backoff(monkeypatch):
                         functools.partial(BackgroundSender, initial_backoff=0.05, max_backoff=0.5))
 
 
-def test_controller_killed_and_restarted_mid_run(tmp_path, char_tokenizer, fast_backoff, caplog):
+def test_controller_killed_and_restarted_mid_run(tmp_path, char_tokenizer, fast_backoff, caplog, monkeypatch):
     db = f"sqlite:///{tmp_path / 'actuator.db'}"
     svc = make_service(db, log_dir=str(tmp_path)).start()
     steps = 150
@@ -91,9 +90,11 @@ def test_controller_killed_and_restarted_mid_run(tmp_path, char_tokenizer, fast_
     ).attach(trainer)
     faults = KillThenRestart(svc, kill_at=20, restart_at=35, cb=cb)
     clock = StepClock()
+    calls = NetworkCalls(monkeypatch, steps)
     trainer.add_callback(faults)
     trainer.add_callback(SlowSteps(0.03))
     trainer.add_callback(clock)
+    trainer.add_callback(calls)  # last: its step end follows the agent's
     try:
         with caplog.at_level(logging.INFO, logger="actuator.agents"):
             trainer.train()
@@ -101,10 +102,11 @@ def test_controller_killed_and_restarted_mid_run(tmp_path, char_tokenizer, fast_
         faults.thread.join(60)
         assert faults.up_at is not None, "the service did not come back"
 
-        # -- training never stalled ------------------------------------------------------------
+        # -- training never stalled: no request ran on the training thread while steps ran (asserted
+        # by thread, not by step times: the machine may be loaded) --------------------------------
         assert trainer.state.global_step == steps
+        assert calls.during_steps() and calls.on_training_thread() == []
         worst = max(clock.intervals)
-        assert worst < HTTP_TIMEOUT + STALL_MARGIN, f"a step took {worst:.3f}s"
         outage_steps = [dt for t, dt in zip(clock.times[1:], clock.intervals) if faults.killed_at <= t <= faults.up_at]
         assert len(outage_steps) >= 10, "the outage should span training steps"
 
