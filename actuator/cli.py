@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional
 
 import typer
 from rich import box
@@ -145,36 +145,69 @@ def _client(url: str, token: str | None) -> ActuatorClient:
     return ActuatorClient(url, token=token)
 
 
+WHOLE_IDS_FROM = 120  # terminal columns from which `actuator runs` shows whole ids
+
+
 @app.command()
 def runs(url: UrlOpt = DEFAULT_URL, token: TokenOpt = None,
          state: Annotated[Optional[str], typer.Option(help="running|paused|halted|finished")] = None,
-         limit: int = 50) -> None:
-    """List runs."""
+         limit: int = 50,
+         wide: Annotated[bool, typer.Option("--wide", help="One line a run, nothing wrapped or shortened.")] = False,
+         output: Annotated[str, typer.Option("--output", "-o", help="table, or json (every field, in full).")] = "table",
+         ) -> None:
+    """List runs, with the knob values in effect (observed, or acknowledged applied by the agent)."""
+    if output not in ("table", "json"):
+        raise _fail(f"--output: {output!r} is not table or json", 2)
     try:
         with _client(url, token) as c:
             items = c.list_runs(state=state, limit=limit)
     except ClientError as exc:
         raise _fail(f"{url}: {exc}") from exc
+    if output == "json":
+        typer.echo(json.dumps([r.model_dump(mode="json") for r in items], indent=2))
+        return
     table = Table(box=box.SIMPLE_HEAD)
-    # Whole ids, states and steps, however narrow the terminal: the ids are what every other
-    # command takes. The other columns fold (nothing is cut off).
-    table.add_column("id", no_wrap=True, min_width=max((len(r.id) for r in items), default=2))
-    table.add_column("name", overflow="fold")
+    # Ids whole, or on a terminal narrower than WHOLE_IDS_FROM as their shortest unique start (every
+    # other command takes one); whole states and steps, however narrow the terminal. The knobs wrap between whole words (a knob's name, its value)
+    # and a name too long for its column is shortened with an ellipsis; --wide and -o json give
+    # everything whole.
+    fit: Literal["fold", "ellipsis"] = "fold" if wide else "ellipsis"
+    ids = {r.id: r.id for r in items} if wide or console.width >= WHOLE_IDS_FROM else _short_ids([r.id for r in items])
+    table.add_column("id", no_wrap=True, min_width=max((len(i) for i in ids.values()), default=2))
+    table.add_column("name", overflow=fit, no_wrap=wide)
     table.add_column("state", no_wrap=True)
-    table.add_column("policy", overflow="fold")
+    table.add_column("policy", overflow=fit, no_wrap=wide)
     table.add_column("step", no_wrap=True, justify="right")
-    table.add_column("knobs", overflow="fold")
+    names = [k for r in items for k in _in_effect(r)]
+    table.add_column("knobs in effect", no_wrap=wide, min_width=min(max(map(len, names), default=5), 16))
     for r in items:
-        knobs = ", ".join(f"{k}={v.value:.4g}" for k, v in r.knobs.items())
-        table.add_row(r.id, r.name, r.state + ("*" if r.starved else ""), f"{r.policy_name}@{r.policy_version}",
+        knobs = ("  " if wide else "\n").join(f"{k} {v:.4g}" for k, v in _in_effect(r).items())
+        table.add_row(ids[r.id], r.name, r.state + ("*" if r.starved else ""), f"{r.policy_name}@{r.policy_version}",
                       str(r.last_step if r.last_step is not None else "-"), knobs)
-    console.print(table)
+    (Console(markup=False, width=100_000) if wide else console).print(table)
     # A probe the budget starves feeds no controller: said in full below the table.
     for r in items:
         if r.starved:
-            console.print(_labelled("*", "yellow", f"{r.id}: starved probes (skipped for the probe-time budget, "
-                                                   f"so their controllers get no readings): {', '.join(r.starved)}"),
+            console.print(_labelled("*", "yellow", f"{r.id}: starved probes (skipped for the probe-time budget in "
+                                                   f"the latest probe report): {', '.join(r.starved)}"),
                           soft_wrap=True)
+
+
+def _short_ids(ids: list[str], least: int = 8) -> dict[str, str]:
+    """Each id's shortest start (at least ``least`` characters) that no other listed id shares."""
+    out = {}
+    for i in ids:
+        n = least
+        while n < len(i) and any(o != i and o.startswith(i[:n]) for o in ids):
+            n += 1
+        out[i] = i[:n]
+    return out
+
+
+def _in_effect(r: RunPublic) -> dict[str, float]:
+    """The knob values in effect the service computed (a service that predates the field: the
+    values last ordered, which is what it showed)."""
+    return r.knobs_in_effect or {k: v.value for k, v in r.knobs.items()}
 
 
 def _run_lines(runs: list[RunPublic]) -> str:
@@ -229,6 +262,12 @@ def decisions(run: Annotated[str, typer.Argument(help="Run id, the start of it, 
             if "probe" in inp:
                 console.print(f"  input: {inp['probe']} raw {inp['raw']:.6g}, filtered {inp['filtered']:.6g}, "
                               f"setpoint {inp['setpoint']:.6g}, dt {inp.get('dt')}")
+                if inp.get("setpoint_in_force") is not None or inp.get("projected") is not None:
+                    # what the law compared: the projected reading against the setpoint on its ramp
+                    law = [f"{name} {inp[key]:.6g}" for key, name in (("projected", "projected reading"),
+                                                                      ("setpoint_in_force", "setpoint in force (ramp)"))
+                           if inp.get(key) is not None]
+                    console.print(f"  the law acted on: {', '.join(law)}")
                 console.print(f"  limits: bounds {inp.get('bounds')}, max step {inp.get('max_step')} "
                               f"({inp.get('scale')}), limited by: {', '.join(inp.get('limited_by') or []) or 'nothing'}")
             comp = {k: (v if v is not None else float("nan")) for k, v in d.components.items()}

@@ -291,7 +291,7 @@ class Metrics:
             self._set(self.training_step, run.last_step or 0, run.id)
         for probe, v in run.latest_probes.items():
             self._set(self.probe_value, v, run.id, probe)
-        for knob, v in run.knobs_in_effect.items():
+        for knob, v in (getattr(out, "knobs_in_effect", None) or {}).items():  # the store's value in effect (acknowledged too)
             self._set(self.knob_value, v, run.id, knob)
         for knob, spec in ctx.knobs.items():
             self._set(self.knob_target, spec.value, run.id, knob)

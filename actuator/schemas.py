@@ -235,6 +235,11 @@ class RunPublic(_Model):
         default_factory=list,
         description="Probes the agent's probe-time budget skipped, as its latest probe report says (a "
         "controller fed by one gets no readings). Empty: none starved, or no report yet.")
+    knobs_in_effect: dict[str, float] = Field(
+        default_factory=dict,
+        description="Knob values in effect: the latest observation's, or a value the agent acknowledged "
+        "applying at or after that observation's step (a decision never applied is not in effect: "
+        "``knobs[].value`` is the value last ordered).")
 
 
 class RunCreated(RunPublic):
@@ -251,9 +256,6 @@ class RunState(RunPublic):
 
     latest_probes: dict[str, float]
     latest_metrics: dict[str, float]
-    knobs_in_effect: dict[str, float] = Field(
-        description="Knob values in effect: the latest observation's, or a value the agent acknowledged "
-        "applying at or after that observation's step.")
     controllers: dict[str, dict[str, Any]]
     guardrails: dict[str, dict[str, Any]]
     decisions: int

@@ -24,7 +24,7 @@ import secrets
 import select as _select
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -45,6 +45,7 @@ from sqlalchemy import (
     event,
     func,
     insert,
+    or_,
     select,
     update,
 )
@@ -56,7 +57,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from .engine import Engine
 from .models import Base, DecisionRow, EventRow, ObservationRow, PolicyRow, RunRow, utcnow
 from .policy import PolicyDocument
-from .run_state import ControllerState, KnobState, RunContext
+from .run_state import ControllerState, KnobState, RunContext, knobs_in_effect
 from .schemas import (
     FINAL_STATES,
     MAX_SEQ_GAP,
@@ -272,6 +273,8 @@ class IngestOutcome:
     run: RunSnapshot
     controller_outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     more_decisions: bool = False  # ``decisions`` stopped at the cap: more follow the last one
+    # the knob values in effect after this request (Store.knobs_in_effect); None: it changed nothing
+    knobs_in_effect: dict[str, float] | None = None
 
 
 class Store:
@@ -628,8 +631,10 @@ class Store:
             more = max_pending is not None and earlier + len(pending) - room > max_pending
             if more:
                 del pending[max_pending:]
+            effect = _in_effect(conn, [(run.id, in_effect, run.last_step)])[run.id] if (new or batch.applied) \
+                else None
         return IngestOutcome(len(new), len(batch.observations) - len(new), new, pending, created, actions, events,
-                             run, outputs, more_decisions=more)
+                             run, outputs, more_decisions=more, knobs_in_effect=effect)
 
     @staticmethod
     def _acknowledge(conn: Connection, run: RunSnapshot, batch: ObservationBatch, decided: int) -> None:
@@ -808,6 +813,14 @@ class Store:
             return list(s.scalars(q.order_by(EventRow.id).limit(limit)))
 
     @_retry_on_disconnect
+    def knobs_in_effect(self, runs: Sequence[RunRow]) -> dict[str, dict[str, float]]:
+        """Per run, the knob values in effect (:func:`actuator.run_state.knobs_in_effect`): its
+        latest observation's, updated by the values the agent acknowledged applying since. The one
+        place this value is computed: the REST answers, the console, the CLI and the metrics read it."""
+        with self.engine.connect() as conn:
+            return _in_effect(conn, [(r.id, r.knobs_in_effect, r.last_step) for r in runs])
+
+    @_retry_on_disconnect
     def first_event(self, run_id: str, kind: str) -> EventRow | None:
         with self.sessions() as s:
             q = select(EventRow).where(EventRow.run_id == run_id, EventRow.kind == kind).order_by(EventRow.id)
@@ -844,6 +857,24 @@ class Store:
     def count(self, table: type) -> int:
         with self.sessions() as s:
             return s.scalar(select(func.count()).select_from(table)) or 0
+
+
+def _in_effect(conn: Connection, runs: Sequence[tuple[str, dict[str, float], int | None]]) -> dict[str, dict[str, float]]:
+    """``(run id, knobs observed, last step)`` → the knob values in effect, from the runs' stored
+    acknowledgements at or after their last step (read in ``conn``: an ingest's own transaction sees
+    what it has just written)."""
+    acks: dict[str, list[tuple[str, int, float]]] = {run_id: [] for run_id, _, _ in runs}
+    if runs:
+        query = (select(DecisionRow.run_id, DecisionRow.knob, DecisionRow.applied_step, DecisionRow.applied_value)
+                 .join(RunRow, RunRow.id == DecisionRow.run_id)
+                 .where(DecisionRow.run_id.in_(list(acks)), DecisionRow.applied_step.is_not(None),
+                        DecisionRow.applied_value.is_not(None),
+                        or_(RunRow.last_step.is_(None), DecisionRow.applied_step >= RunRow.last_step))
+                 .order_by(DecisionRow.run_id, DecisionRow.number))
+        for run_id, knob, step, value in conn.execute(query):
+            if step is not None and value is not None:  # as the query says; the columns are nullable
+                acks[run_id].append((knob, step, value))
+    return {run_id: knobs_in_effect(observed, last_step, acks[run_id]) for run_id, observed, last_step in runs}
 
 
 def _within_bounds(spec: KnobState, value: float) -> bool:

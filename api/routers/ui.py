@@ -17,7 +17,7 @@ from fastapi.staticfiles import StaticFiles
 from .. import console
 from ..deps import Offset, RunId, ServicesDep, Version
 from ..errors import ApiError
-from .runs import in_effect, starved
+from .runs import starved
 
 __all__ = ["router", "static_files", "STATIC_DIR"]
 
@@ -45,7 +45,8 @@ def root() -> RedirectResponse:
 @router.get("/ui")
 def runs(services: ServicesDep, offset: Annotated[Offset, Query()] = 0) -> HTMLResponse:
     rows = services.store.list_runs(limit=RUNS_PER_PAGE, offset=offset)
-    return _html(console.runs_page(rows, datetime.now(timezone.utc), in_effect(services, rows), starved(services, rows),
+    return _html(console.runs_page(rows, datetime.now(timezone.utc), services.store.knobs_in_effect(rows),
+                                   starved(services, rows),
                                    offset=offset, limit=RUNS_PER_PAGE))
 
 
