@@ -414,11 +414,15 @@ def policy_tune(
     for name in ("proposed", "current"):
         p = pred[name]
         over = "-" if p["overshoot_pct"] is None else f"{p['overshoot_pct']:.1f}%"
-        table.add_row(f"{name} gains", _fmt_steps(p["settling_steps"]), over, str(p["decisions"]))
+        mark = " (OUTSIDE limits)" if name == "proposed" and r.get("outside_limits") else ""
+        table.add_row(f"{name} gains{mark}", _fmt_steps(p["settling_steps"]), over, str(p["decisions"]))
     console.print(table)
     console.print(f"horizon {pred['horizon']} steps")
     for w in r["warnings"]:
         _warn(w)
+    # a service that predates the marking sends no outside_limits
+    for miss in r.get("outside_limits") or []:
+        err_console.print(_labelled("OUTSIDE tune's limits:", "bold red", miss), soft_wrap=True)
     console.rule("policy")
     console.print(r["policy_yaml"], highlight=False)
     if output is not None:

@@ -15,6 +15,7 @@ actions, reads) uses the ORM.
 
 from __future__ import annotations
 
+import collections
 import functools
 import hashlib
 import hmac
@@ -819,6 +820,24 @@ class Store:
         place this value is computed: the REST answers, the console, the CLI and the metrics read it."""
         with self.engine.connect() as conn:
             return _in_effect(conn, [(r.id, r.knobs_in_effect, r.last_step) for r in runs])
+
+    @_retry_on_disconnect
+    def breach_counts(self, run_id: str) -> dict[str, int]:
+        """Per guardrail, how many times it fired (its stored ``guardrail_breach`` events)."""
+        with self.sessions() as s:
+            payloads = s.scalars(select(EventRow.payload).where(EventRow.run_id == run_id,
+                                                                EventRow.kind == "guardrail_breach"))
+            return dict(collections.Counter(str(p.get("guardrail")) for p in payloads))
+
+    @_retry_on_disconnect
+    def probe_readings(self, run_id: str, probes: Sequence[str]) -> dict[str, int]:
+        """Per probe, how many of the run's stored observations carry a reading of it."""
+        if not probes:
+            return {}
+        with self.sessions() as s:
+            return {p: s.scalar(select(func.count()).select_from(ObservationRow).where(
+                ObservationRow.run_id == run_id, ObservationRow.probes[p].as_float().is_not(None))) or 0
+                    for p in probes}
 
     @_retry_on_disconnect
     def first_event(self, run_id: str, kind: str) -> EventRow | None:

@@ -176,8 +176,12 @@ def get_run(run_id: RunId, services: ServicesDep) -> RunState:
     run = services.store.get_run(run_id)
     if run is None:
         raise run_not_found(run_id)
+    hungry = starved(services, [run])[run.id]
+    fired = services.store.breach_counts(run.id)
+    guardrails = {name: {**g, "fired": fired.get(name, 0)} for name, g in run.guardrails.items()}
     return run_state(run, services.store.knobs_in_effect([run])[run.id]).model_copy(
-        update={"starved": starved(services, [run])[run.id]})
+        update={"starved": hungry, "starved_readings": services.store.probe_readings(run.id, hungry),
+                "guardrails": guardrails})
 
 
 @router.post("/{run_id}/observations", response_model=IngestResult,
