@@ -150,7 +150,8 @@ class Metrics:
             return Counter(name, doc, labels or [], namespace=_NS, registry=r)
 
         # per run
-        self.knob_value = gauge("knob_value", "Knob value in effect, as reported by the agent.", ["run", "knob"])
+        self.knob_value = gauge("knob_value", "Knob value in effect: the agent's latest report, or a value it "
+                                "acknowledged applying since.", ["run", "knob"])
         self.knob_target = gauge("knob_target", "Knob value the controller orders.", ["run", "knob"])
         self.probe_value = gauge("probe_value", "Latest raw probe value.", ["run", "probe"])
         self.probe_filtered = gauge("probe_filtered_value", "Filtered probe value a controller acts on.",

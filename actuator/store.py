@@ -632,8 +632,10 @@ class Store:
             more = max_pending is not None and earlier + len(pending) - room > max_pending
             if more:
                 del pending[max_pending:]
-            effect = _in_effect(conn, [(run.id, in_effect, run.last_step)])[run.id] if (new or batch.applied) \
-                else None
+            # the value in effect, as Store.knobs_in_effect reads it (a run with no decision has
+            # nothing acknowledged: its observed values, without the query)
+            effect = None if not (new or batch.applied) else dict(in_effect) if not run.decision_count else \
+                _in_effect(conn, [(run.id, in_effect, run.last_step)])[run.id]
         return IngestOutcome(len(new), len(batch.observations) - len(new), new, pending, created, actions, events,
                              run, outputs, more_decisions=more, knobs_in_effect=effect)
 

@@ -1,6 +1,6 @@
 """One knob value in effect (issue 57): the latest observation's, or a value the agent acknowledged
 applying since, computed by the store and shown alike by the REST answers, the CLI, the console's
-run list and Prometheus. A decision never applied is not in effect."""
+run list and Prometheus (SQLite and Postgres). A decision never applied is not in effect."""
 
 from __future__ import annotations
 
@@ -48,8 +48,8 @@ def _run_with_an_unapplied_decision(url: str) -> tuple[str, float, float]:
     return run["id"], applied, second["new_value"]
 
 
-def test_rest_cli_console_and_metrics_show_the_value_in_effect_not_the_last_ordered(sqlite_service) -> None:
-    url = sqlite_service.url
+def test_rest_cli_console_and_metrics_show_the_value_in_effect_not_the_last_ordered(service) -> None:
+    url = service.url
     run_id, applied, ordered = _run_with_an_unapplied_decision(url)
     assert abs(applied - ordered) / applied > 0.05
 
