@@ -234,7 +234,8 @@ class RunPublic(_Model):
     starved: list[str] = Field(
         default_factory=list,
         description="Probes the agent's probe-time budget skipped, as its latest probe report says (a "
-        "controller fed by one gets no readings). Empty: none starved, or no report yet.")
+        "controller fed by one gets fewer readings: the run's state counts them in starved_readings). Empty: "
+        "none starved, or no report yet.")
     knobs_in_effect: dict[str, float] = Field(
         default_factory=dict,
         description="Knob values in effect: the latest observation's, or a value the agent acknowledged "

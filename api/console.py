@@ -82,7 +82,7 @@ def _num(value: Any) -> str:
 def runs_rows(runs: list[RunRow], now: datetime, in_effect: dict[str, dict[str, float]],
               starved: dict[str, list[str]]) -> str:
     """The runs table's body (the runs page refreshes it in place); ``in_effect`` and ``starved``
-    by run id (api.routers.runs.in_effect and .starved)."""
+    by run id (``Store.knobs_in_effect``, ``api.routers.runs.starved``)."""
     if not runs:
         return '<tr><td colspan="7" class="empty">no runs yet: register one (an ActuatorCallback does)</td></tr>'
     return "".join(
