@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 from rich import box
@@ -145,9 +145,6 @@ def _client(url: str, token: str | None) -> ActuatorClient:
     return ActuatorClient(url, token=token)
 
 
-WHOLE_IDS_FROM = 120  # terminal columns from which `actuator runs` shows whole ids
-
-
 @app.command()
 def runs(url: UrlOpt = DEFAULT_URL, token: TokenOpt = None,
          state: Annotated[Optional[str], typer.Option(help="running|paused|halted|finished")] = None,
@@ -166,24 +163,15 @@ def runs(url: UrlOpt = DEFAULT_URL, token: TokenOpt = None,
     if output == "json":
         typer.echo(json.dumps([r.model_dump(mode="json") for r in items], indent=2))
         return
-    table = Table(box=box.SIMPLE_HEAD)
-    # Ids whole, or on a terminal narrower than WHOLE_IDS_FROM as their shortest unique start (every
-    # other command takes one); whole states and steps, however narrow the terminal. The knobs wrap between whole words (a knob's name, its value)
-    # and a name too long for its column is shortened with an ellipsis; --wide and -o json give
-    # everything whole.
-    fit: Literal["fold", "ellipsis"] = "fold" if wide else "ellipsis"
-    ids = {r.id: r.id for r in items} if wide or console.width >= WHOLE_IDS_FROM else _short_ids([r.id for r in items])
-    table.add_column("id", no_wrap=True, min_width=max((len(i) for i in ids.values()), default=2))
-    table.add_column("name", overflow=fit, no_wrap=wide)
-    table.add_column("state", no_wrap=True)
-    table.add_column("policy", overflow=fit, no_wrap=wide)
-    table.add_column("step", no_wrap=True, justify="right")
-    names = [k for r in items for k in _in_effect(r)]
-    table.add_column("knobs in effect", no_wrap=wide, min_width=min(max(map(len, names), default=5), 16))
-    for r in items:
-        knobs = ("  " if wide else "\n").join(f"{k} {v:.4g}" for k, v in _in_effect(r).items())
-        table.add_row(ids[r.id], r.name, r.state + ("*" if r.starved else ""), f"{r.policy_name}@{r.policy_version}",
-                      str(r.last_step if r.last_step is not None else "-"), knobs)
+    if wide:
+        table = Table(box=box.SIMPLE_HEAD)
+        for column in ("id", "name", "state", "policy", "step", "knobs in effect"):
+            table.add_column(column, no_wrap=True, justify="right" if column == "step" else "left")
+        for r in items:
+            table.add_row(r.id, r.name, _state(r), f"{r.policy_name}@{r.policy_version}", _step(r),
+                          "  ".join(f"{k} {v:.4g}" for k, v in _in_effect(r).items()))
+    else:
+        table = _runs_table(items, console.width)
     (Console(markup=False, width=100_000) if wide else console).print(table)
     # A probe the budget starves feeds no controller: said in full below the table.
     for r in items:
@@ -193,15 +181,38 @@ def runs(url: UrlOpt = DEFAULT_URL, token: TokenOpt = None,
                           soft_wrap=True)
 
 
-def _short_ids(ids: list[str], least: int = 8) -> dict[str, str]:
-    """Each id's shortest start (at least ``least`` characters) that no other listed id shares."""
-    out = {}
-    for i in ids:
-        n = least
-        while n < len(i) and any(o != i and o.startswith(i[:n]) for o in ids):
-            n += 1
-        out[i] = i[:n]
-    return out
+def _state(r: RunPublic) -> str:
+    return r.state + ("*" if r.starved else "")
+
+
+def _step(r: RunPublic) -> str:
+    return str(r.last_step if r.last_step is not None else "-")
+
+
+def _runs_table(items: list[RunPublic], width: int) -> Table:
+    """The runs table within ``width`` columns. Whole ids, states and steps, however narrow the
+    terminal (the ids are what every other command takes); name and policy share a column, one
+    above the other, shortened with an ellipsis only when the terminal leaves them too little; the
+    knobs in effect one a line, wrapped between whole words (a knob's name, its value), never inside one."""
+    gap = 2
+    knobs = [[f"{k} {v:.4g}" for k, v in _in_effect(r).items()] for r in items]
+    cells = {"id": [r.id for r in items], "state": [_state(r) for r in items], "step": [_step(r) for r in items]}
+    widths = {name: max([len(name), *map(len, values)]) for name, values in cells.items()}
+    words = max((len(w) for lines in knobs for line in lines for w in line.split()), default=5)
+    lines = max((len(line) for rows in knobs for line in rows), default=5)
+    names = max([len("name/policy"), *(max(len(r.name), len(f"{r.policy_name}@{r.policy_version}")) for r in items)])
+    room = width - sum(widths.values()) - gap * 4
+    knob_w = max(words, min(lines, room - min(names, room - words)))  # a knob on one line when the names leave room
+    name_w = max(8, min(names, room - knob_w))
+    table = Table(box=None, padding=(0, gap, 0, 0), pad_edge=False, show_edge=False)
+    table.add_column("id", no_wrap=True, width=widths["id"])
+    table.add_column("name/policy", no_wrap=True, overflow="ellipsis", width=name_w)
+    table.add_column("state", no_wrap=True, width=widths["state"])
+    table.add_column("step", no_wrap=True, justify="right", width=widths["step"])
+    table.add_column("knobs in effect", width=knob_w)
+    for r, rows in zip(items, knobs):
+        table.add_row(r.id, f"{r.name}\n{r.policy_name}@{r.policy_version}", _state(r), _step(r), "\n".join(rows))
+    return table
 
 
 def _in_effect(r: RunPublic) -> dict[str, float]:
