@@ -46,7 +46,6 @@ from sqlalchemy import (
     event,
     func,
     insert,
-    or_,
     select,
     update,
 )
@@ -571,7 +570,7 @@ class Store:
             engine = engine or self.policy_engine(run.policy_id, conn)
             ctx = run.context  # the engine moves it on: the snapshot is left as the ingest leaves the run
             before = (run.state, run.decision_count, run.last_step, run.last_seq)
-            self._acknowledge(conn, run, batch, before[1])
+            acked = self._acknowledge(conn, run, batch, before[1])
             drafts: list[Decision] = []
             actions: list[Action] = []
             events: list[Event] = []
@@ -598,6 +597,11 @@ class Store:
                 actions.extend(result.actions)
                 events.extend(result.events)
                 drafts.extend(result.decisions)
+            # The knob values in effect: the latest observation's, then what the agent acknowledged
+            # applying at or after its step (its next request may carry no newer observation, as at
+            # a run's end: the observation alone would show the value the decision replaced). Kept
+            # in the run's row, so every reader (REST, console, CLI, metrics) reads this one value.
+            in_effect = knobs_in_effect(in_effect, run.last_step, acked)
             for field_name, names in (("probes", probes), ("metrics", metrics)):
                 if len(names) > MAX_NAMES:
                     raise ObservationRefused(f"observations.{field_name}",
@@ -619,6 +623,9 @@ class Store:
                     event_rows.append(StateChanged(step=run.last_step, from_=before[0], to=run.state).row())
                 created = self._persist(conn, run_id, now, drafts, engine.policy_version, event_rows,
                                         observations, changes)
+            elif acked and _dumps(in_effect) != stored["knobs_in_effect"]:  # acknowledgements alone
+                conn.execute(update(RunRow).where(RunRow.id == run_id).values(knobs_in_effect=in_effect,
+                                                                               updated_at=now))
             pending = [d for d in created if d.number > batch.last_decision]
             # Decisions from earlier requests the agent has not applied: numbers are gapless, so
             # how many there are is known without counting them. At most ``max_pending`` are
@@ -632,21 +639,19 @@ class Store:
             more = max_pending is not None and earlier + len(pending) - room > max_pending
             if more:
                 del pending[max_pending:]
-            # the value in effect, as Store.knobs_in_effect reads it (a run with no decision has
-            # nothing acknowledged: its observed values, without the query)
-            effect = None if not (new or batch.applied) else dict(in_effect) if not run.decision_count else \
-                _in_effect(conn, [(run.id, in_effect, run.last_step)])[run.id]
+            effect = dict(in_effect) if new or acked else None
         return IngestOutcome(len(new), len(batch.observations) - len(new), new, pending, created, actions, events,
                              run, outputs, more_decisions=more, knobs_in_effect=effect)
 
     @staticmethod
-    def _acknowledge(conn: Connection, run: RunSnapshot, batch: ObservationBatch, decided: int) -> None:
+    def _acknowledge(conn: Connection, run: RunSnapshot, batch: ObservationBatch,
+                     decided: int) -> list[tuple[str, int, float]]:
         """Record what the agent did with decisions it received. Only what can be true is
         recorded: a decision that existed before this request, acknowledged at or after the step
         it was ordered for, with a value within its knob's bounds; anything else refuses the whole
         batch (nothing of it is stored: the agent's sender then drops its acknowledgements)."""
         if not batch.applied:
-            return
+            return []
         for i, ack in enumerate(batch.applied):
             if ack.number > decided:
                 raise ObservationRefused(f"applied.{i}.number",
@@ -668,6 +673,8 @@ class Store:
                              "ack_skipped": (f"step {a.step}: {a.reason or 'set aside by the agent'}"
                                              if a.status == "skipped" else None)}
                             for a in batch.applied])
+        return [(ordered[a.number].knob, a.step, a.value) for a in sorted(batch.applied, key=lambda a: a.number)
+                if a.status == "applied" and a.value is not None]
 
     @staticmethod
     def _new_observations(conn: Connection, run: RunSnapshot, batch: ObservationBatch) -> list[ObservationCreate]:
@@ -815,13 +822,13 @@ class Store:
                 return list(reversed(s.scalars(q.order_by(EventRow.id.desc()).limit(limit)).all()))
             return list(s.scalars(q.order_by(EventRow.id).limit(limit)))
 
-    @_retry_on_disconnect
-    def knobs_in_effect(self, runs: Sequence[RunRow]) -> dict[str, dict[str, float]]:
-        """Per run, the knob values in effect (:func:`actuator.run_state.knobs_in_effect`): its
-        latest observation's, updated by the values the agent acknowledged applying since. The one
-        place this value is computed: the REST answers, the console, the CLI and the metrics read it."""
-        with self.engine.connect() as conn:
-            return _in_effect(conn, [(r.id, r.knobs_in_effect, r.last_step) for r in runs])
+    @staticmethod
+    def knobs_in_effect(runs: Sequence[RunRow]) -> dict[str, dict[str, float]]:
+        """Per run, the knob values in effect: its latest observation's, updated by the values the
+        agent acknowledged applying at or after its step (:func:`actuator.run_state.knobs_in_effect`,
+        applied by :meth:`ingest`, the one place this value is computed, and kept in the run's
+        row). The REST answers, the console, the CLI and the metrics read it here."""
+        return {r.id: dict(r.knobs_in_effect) for r in runs}
 
     @_retry_on_disconnect
     def breach_counts(self, run_id: str) -> dict[str, int]:
@@ -878,24 +885,6 @@ class Store:
     def count(self, table: type) -> int:
         with self.sessions() as s:
             return s.scalar(select(func.count()).select_from(table)) or 0
-
-
-def _in_effect(conn: Connection, runs: Sequence[tuple[str, dict[str, float], int | None]]) -> dict[str, dict[str, float]]:
-    """``(run id, knobs observed, last step)`` → the knob values in effect, from the runs' stored
-    acknowledgements at or after their last step (read in ``conn``: an ingest's own transaction sees
-    what it has just written)."""
-    acks: dict[str, list[tuple[str, int, float]]] = {run_id: [] for run_id, _, _ in runs}
-    if runs:
-        query = (select(DecisionRow.run_id, DecisionRow.knob, DecisionRow.applied_step, DecisionRow.applied_value)
-                 .join(RunRow, RunRow.id == DecisionRow.run_id)
-                 .where(DecisionRow.run_id.in_(list(acks)), DecisionRow.applied_step.is_not(None),
-                        DecisionRow.applied_value.is_not(None),
-                        or_(RunRow.last_step.is_(None), DecisionRow.applied_step >= RunRow.last_step))
-                 .order_by(DecisionRow.run_id, DecisionRow.number))
-        for run_id, knob, step, value in conn.execute(query):
-            if step is not None and value is not None:  # as the query says; the columns are nullable
-                acks[run_id].append((knob, step, value))
-    return {run_id: knobs_in_effect(observed, last_step, acks[run_id]) for run_id, observed, last_step in runs}
 
 
 def _within_bounds(spec: KnobState, value: float) -> bool:
