@@ -173,33 +173,77 @@ def _client(url: str, token: str | None) -> ActuatorClient:
 @app.command()
 def runs(url: UrlOpt = DEFAULT_URL, token: TokenOpt = None,
          state: Annotated[Optional[str], typer.Option(help="running|paused|halted|finished")] = None,
-         limit: int = 50) -> None:
-    """List runs."""
+         limit: int = 50,
+         wide: Annotated[bool, typer.Option("--wide", help="One line a run, nothing wrapped or shortened.")] = False,
+         output: Annotated[str, typer.Option("--output", "-o", help="table, or json (every field, in full).")] = "table",
+         ) -> None:
+    """List runs, with the knob values in effect (observed, or acknowledged applied by the agent)."""
+    if output not in ("table", "json"):
+        raise _fail(f"--output: {output!r} is not table or json", 2)
     try:
         with _client(url, token) as c:
             items = c.list_runs(state=state, limit=limit)
     except ClientError as exc:
         raise _refused(url, exc) from exc
-    table = Table(box=box.SIMPLE_HEAD)
-    # Whole ids, states and steps, however narrow the terminal: the ids are what every other
-    # command takes. The other columns fold (nothing is cut off).
-    table.add_column("id", no_wrap=True, min_width=max((len(r.id) for r in items), default=2))
-    table.add_column("name", overflow="fold")
-    table.add_column("state", no_wrap=True)
-    table.add_column("policy", overflow="fold")
-    table.add_column("step", no_wrap=True, justify="right")
-    table.add_column("knobs", overflow="fold")
-    for r in items:
-        knobs = ", ".join(f"{k}={v.value:.4g}" for k, v in r.knobs.items())
-        table.add_row(r.id, r.name, r.state + ("*" if r.starved else ""), f"{r.policy_name}@{r.policy_version}",
-                      str(r.last_step if r.last_step is not None else "-"), knobs)
-    console.print(table)
+    if output == "json":
+        typer.echo(json.dumps([r.model_dump(mode="json") for r in items], indent=2))
+        return
+    if wide:
+        table = Table(box=box.SIMPLE_HEAD)
+        for column in ("id", "name", "state", "policy", "step", "knobs in effect"):
+            table.add_column(column, no_wrap=True, justify="right" if column == "step" else "left")
+        for r in items:
+            table.add_row(r.id, r.name, _state(r), f"{r.policy_name}@{r.policy_version}", _step(r),
+                          "  ".join(f"{k} {v:.4g}" for k, v in _in_effect(r).items()))
+    else:
+        table = _runs_table(items, console.width)
+    (Console(markup=False, width=100_000) if wide else console).print(table)
     # A probe the budget starves feeds no controller: said in full below the table.
     for r in items:
         if r.starved:
-            console.print(_labelled("*", "yellow", f"{r.id}: starved probes (skipped for the probe-time budget, "
-                                                   f"so their controllers get no readings): {', '.join(r.starved)}"),
+            console.print(_labelled("*", "yellow", f"{r.id}: starved probes (skipped for the probe-time budget in "
+                                                   f"the latest probe report): {', '.join(r.starved)}"),
                           soft_wrap=True)
+
+
+def _state(r: RunPublic) -> str:
+    return r.state + ("*" if r.starved else "")
+
+
+def _step(r: RunPublic) -> str:
+    return str(r.last_step if r.last_step is not None else "-")
+
+
+def _runs_table(items: list[RunPublic], width: int) -> Table:
+    """The runs table within ``width`` columns. Whole ids, states and steps, however narrow the
+    terminal (the ids are what every other command takes); name and policy share a column, one
+    above the other, shortened with an ellipsis only when the terminal leaves them too little; the
+    knobs in effect one a line, wrapped between whole words (a knob's name, its value), never inside one."""
+    gap = 2
+    knobs = [[f"{k} {v:.4g}" for k, v in _in_effect(r).items()] for r in items]
+    cells = {"id": [r.id for r in items], "state": [_state(r) for r in items], "step": [_step(r) for r in items]}
+    widths = {name: max([len(name), *map(len, values)]) for name, values in cells.items()}
+    words = max((len(w) for lines in knobs for line in lines for w in line.split()), default=5)
+    lines = max((len(line) for rows in knobs for line in rows), default=5)
+    names = max([len("name/policy"), *(max(len(r.name), len(f"{r.policy_name}@{r.policy_version}")) for r in items)])
+    room = width - sum(widths.values()) - gap * 4
+    knob_w = max(words, min(lines, room - min(names, room - words)))  # a knob on one line when the names leave room
+    name_w = max(8, min(names, room - knob_w))
+    table = Table(box=None, padding=(0, gap, 0, 0), pad_edge=False, show_edge=False)
+    table.add_column("id", no_wrap=True, width=widths["id"])
+    table.add_column("name/policy", no_wrap=True, overflow="ellipsis", width=name_w)
+    table.add_column("state", no_wrap=True, width=widths["state"])
+    table.add_column("step", no_wrap=True, justify="right", width=widths["step"])
+    table.add_column("knobs in effect", width=knob_w)
+    for r, rows in zip(items, knobs):
+        table.add_row(r.id, f"{r.name}\n{r.policy_name}@{r.policy_version}", _state(r), _step(r), "\n".join(rows))
+    return table
+
+
+def _in_effect(r: RunPublic) -> dict[str, float]:
+    """The knob values in effect the service computed (a service that predates the field: the
+    values last ordered, which is what it showed)."""
+    return r.knobs_in_effect or {k: v.value for k, v in r.knobs.items()}
 
 
 def _run_lines(runs: list[RunPublic]) -> str:
@@ -254,6 +298,12 @@ def decisions(run: Annotated[str, typer.Argument(help="Run id, the start of it, 
             if "probe" in inp:
                 console.print(f"  input: {inp['probe']} raw {inp['raw']:.6g}, filtered {inp['filtered']:.6g}, "
                               f"setpoint {inp['setpoint']:.6g}, dt {inp.get('dt')}")
+                if inp.get("setpoint_in_force") is not None or inp.get("projected") is not None:
+                    # what the law compared: the projected reading against the setpoint on its ramp
+                    law = [f"{name} {inp[key]:.6g}" for key, name in (("projected", "projected reading"),
+                                                                      ("setpoint_in_force", "setpoint in force (ramp)"))
+                           if inp.get(key) is not None]
+                    console.print(f"  the law acted on: {', '.join(law)}")
                 console.print(f"  limits: bounds {inp.get('bounds')}, max step {inp.get('max_step')} "
                               f"({inp.get('scale')}), limited by: {', '.join(inp.get('limited_by') or []) or 'nothing'}")
             comp = {k: (v if v is not None else float("nan")) for k, v in d.components.items()}
@@ -400,11 +450,15 @@ def policy_tune(
     for name in ("proposed", "current"):
         p = pred[name]
         over = "-" if p["overshoot_pct"] is None else f"{p['overshoot_pct']:.1f}%"
-        table.add_row(f"{name} gains", _fmt_steps(p["settling_steps"]), over, str(p["decisions"]))
+        mark = " (OUTSIDE limits)" if name == "proposed" and r.get("outside_limits") else ""
+        table.add_row(f"{name} gains{mark}", _fmt_steps(p["settling_steps"]), over, str(p["decisions"]))
     console.print(table)
     console.print(f"horizon {pred['horizon']} steps")
     for w in r["warnings"]:
         _warn(w)
+    # a service that predates the marking sends no outside_limits
+    for miss in r.get("outside_limits") or []:
+        err_console.print(_labelled("OUTSIDE tune's limits:", "bold red", miss), soft_wrap=True)
     console.rule("policy")
     console.print(r["policy_yaml"], highlight=False)
     if output is not None:

@@ -61,7 +61,7 @@ def _limits(out: Any) -> str:
 
 
 def _reason(probe: str, filtered: float, prev: float | None, setpoint: float, knob: str, current: float,
-            out: Any, prev_components: dict[str, float] | None) -> str:
+            out: Any, prev_components: dict[str, float] | None, ramp: float = 0.0) -> str:
     """One line a person can check: where the probe is, where it is heading, what moved the knob.
 
     The PID's proportional term acts on the change of the error since control started (see
@@ -77,8 +77,35 @@ def _reason(probe: str, filtered: float, prev: float | None, setpoint: float, kn
     if prev_components:
         moves = [(name, getattr(out, name) - float(prev_components.get(name, 0.0))) for name in ("p", "i", "d")]
         terms = ", " + " ".join(f"Δ{n.upper()} {m:+.3g}" for n, m in moves if abs(m) > 1e-12)
-    return (f"{probe} {_fmt(filtered)} {side} setpoint {_fmt(setpoint)}{trend}: "
+    return (f"{probe} {_fmt(filtered)} {side} setpoint {_fmt(setpoint)}{trend}{_acted_on(out, setpoint, filtered, ramp)}: "
             f"{knob} {_fmt(current)} -> {_fmt(out.value)}{terms}{limits}")
+
+
+def _acted_on(out: Any, setpoint: float, filtered: float, ramp: float) -> str:
+    """What the law compared when it was not the reading against the setpoint: the projected
+    reading (``horizon``) and the setpoint in force on the ramp (``setpoint_ramp``), e.g.
+    ``; the law acted on projected 0.031 against ramped setpoint 0.0437 (ramp 2 of 8 probe
+    intervals), above it``: a cut below the final setpoint is then read against the numbers used."""
+    projected = out.projected if out.projected is not None and out.projected != filtered else None
+    ramped = out.setpoint if out.setpoint is not None and out.setpoint != setpoint else None
+    if projected is None and ramped is None:
+        return ""
+    y = filtered if projected is None else projected
+    r = setpoint if ramped is None else ramped
+    what = f"projected {_fmt(y)}" if projected is not None else f"{_fmt(y)}"
+    where = f"setpoint {_fmt(r)}"
+    if ramped is not None:
+        done = out.state.updates - 1 - out.state.ramp_start
+        where = f"ramped setpoint {_fmt(r)} (ramp {done:g} of {ramp:g} probe intervals toward {_fmt(setpoint)})"
+    side = "above it" if y > r else "below it" if y < r else "at it"
+    return f"; the law acted on {what} against {where}, {side}"
+
+
+def _law_inputs(out: Any) -> dict[str, float]:
+    """The numbers a PID law acted on besides the reading and the setpoint, where it has them:
+    ``setpoint_in_force`` (on a setpoint ramp) and ``projected`` (with a horizon)."""
+    law = {"setpoint_in_force": out.setpoint, "projected": out.projected}
+    return {k: float(v) for k, v in law.items() if v is not None}
 
 
 def _constraint_reason(name: str, probe: str, filtered: float, prev: float | None, budget: float, bound: str,
@@ -572,7 +599,7 @@ class Engine:
                 continue
             out = pid.update(filtered, dt, current, pstate)
             st.pid = out.state
-            st.components = {"p": out.p, "i": out.i, "d": out.d, "error": out.error}
+            st.components = {"p": out.p, "i": out.i, "d": out.d, "error": out.error, **_law_inputs(out)}
             result.controller_outputs[spec.name] = st.components
             if not out.changed:
                 continue
@@ -582,13 +609,13 @@ class Engine:
                                             spec.knob, current, out)
             else:
                 reason = _reason(spec.probe, filtered, prev_filtered, cfg.setpoint, spec.knob, current, out,
-                                 prev_components)
+                                 prev_components, cfg.setpoint_ramp)
             self._decide(
                 ctx, result, step=obs.step + 1, knob=spec.knob, new=out.value, reason=reason,
                 controller=spec.name,
                 components={"p": out.p, "i": out.i, "d": out.d, "error": out.error},
                 inputs={"probe": spec.probe, "raw": raw, "filtered": filtered, "setpoint": cfg.setpoint,
-                        "dt": dt, "unclamped": out.unclamped, "limited_by": list(out.limited_by),
+                        **_law_inputs(out), "dt": dt, "unclamped": out.unclamped, "limited_by": list(out.limited_by),
                         "bounds": [cfg.out_min, cfg.out_max], "max_step": cfg.max_step, "scale": cfg.scale},
             )
 

@@ -152,7 +152,8 @@ class Metrics:
             return Counter(name, doc, labels or [], namespace=_NS, registry=r)
 
         # per run
-        self.knob_value = gauge("knob_value", "Knob value in effect, as reported by the agent.", ["run", "knob"])
+        self.knob_value = gauge("knob_value", "Knob value in effect: the agent's latest report, or a value it "
+                                "acknowledged applying since.", ["run", "knob"])
         self.knob_target = gauge("knob_target", "Knob value the controller orders.", ["run", "knob"])
         self.probe_value = gauge("probe_value", "Latest raw probe value.", ["run", "probe"])
         self.probe_filtered = gauge("probe_filtered_value", "Filtered probe value a controller acts on.",
@@ -305,7 +306,7 @@ class Metrics:
                 if key.startswith(STARVED_PREFIX):
                     self._set(self.probe_starved, float(reports[-1].get(key, 0.0)), run.id,
                               key.removeprefix(STARVED_PREFIX))
-        for knob, v in run.knobs_in_effect.items():
+        for knob, v in (getattr(out, "knobs_in_effect", None) or {}).items():  # the store's value in effect (acknowledged too)
             self._set(self.knob_value, v, run.id, knob)
         for knob, spec in ctx.knobs.items():
             self._set(self.knob_target, spec.value, run.id, knob)

@@ -235,7 +235,13 @@ class RunPublic(_Model):
     starved: list[str] = Field(
         default_factory=list,
         description="Probes the agent's probe-time budget skipped, as its latest probe report says (a "
-        "controller fed by one gets no readings). Empty: none starved, or no report yet.")
+        "controller fed by one gets fewer readings: the run's state counts them in starved_readings). Empty: "
+        "none starved, or no report yet.")
+    knobs_in_effect: dict[str, float] = Field(
+        default_factory=dict,
+        description="Knob values in effect: the latest observation's, or a value the agent acknowledged "
+        "applying at or after that observation's step (a decision never applied is not in effect: "
+        "``knobs[].value`` is the value last ordered).")
 
 
 class RunCreated(RunPublic):
@@ -252,12 +258,15 @@ class RunState(RunPublic):
 
     latest_probes: dict[str, float]
     latest_metrics: dict[str, float]
-    knobs_in_effect: dict[str, float] = Field(
-        description="Knob values in effect: the latest observation's, or a value the agent acknowledged "
-        "applying at or after that observation's step.")
     controllers: dict[str, dict[str, Any]]
-    guardrails: dict[str, dict[str, Any]]
+    guardrails: dict[str, dict[str, Any]] = Field(
+        description="Per guardrail: baseline, threshold, the value it last compared, ``breaches`` (readings "
+        "past the threshold in a row, reset by a reading back inside), ``active``, and ``fired`` (how many "
+        "times it fired: its stored guardrail_breach events).")
     decisions: int
+    starved_readings: dict[str, int] = Field(
+        default_factory=dict, description="Per starved probe, the readings of it the service received "
+        "(a starved probe is skipped when the budget is short, not necessarily every time).")
 
 
 class ObservationCreate(_Model):
@@ -955,5 +964,10 @@ class TunePublic(_Public):
     policy: dict[str, Any] = Field(description="The policy with the proposed gains (create it with POST /v1/policies).")
     policy_yaml: str
     warnings: list[str]
+    within_limits: bool = Field(True, description="Whether the proposal's replay keeps tune's own limits: "
+                                "overshoot within 15%, settling within +-10% inside the replay and inside the "
+                                "recorded run's length.")
+    outside_limits: list[str] = Field(default_factory=list, description="Each limit the proposal breaks, with "
+                                      "the predicted numbers and what to change.")
     observations_used: int
     observations_total: int

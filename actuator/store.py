@@ -15,6 +15,7 @@ actions, reads) uses the ORM.
 
 from __future__ import annotations
 
+import collections
 import functools
 import hashlib
 import hmac
@@ -24,7 +25,7 @@ import secrets
 import select as _select
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -56,7 +57,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from .engine import Engine
 from .models import Base, DecisionRow, EventRow, ObservationRow, PolicyRow, RunRow, new_epoch, utcnow
 from .policy import PolicyDocument
-from .run_state import ControllerState, KnobState, RunContext
+from .run_state import ControllerState, KnobState, RunContext, knobs_in_effect
 from .schemas import (
     FINAL_STATES,
     MAX_SEQ_GAP,
@@ -277,6 +278,8 @@ class IngestOutcome:
     controller_outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     more_decisions: bool = False  # ``decisions`` stopped at the cap: more follow the last one
     resync: HistoryChanged | None = None  # the agent's history was not the store's: where it resumes
+    # the knob values in effect after this request (Store.knobs_in_effect); None: it changed nothing
+    knobs_in_effect: dict[str, float] | None = None
 
 
 class Store:
@@ -575,8 +578,7 @@ class Store:
             ctx = run.context  # the engine moves it on: the snapshot is left as the ingest leaves the run
             before = (run.state, run.decision_count, run.last_step, run.last_seq)
             resync = self._history_changed(run, batch)
-            if resync is None:
-                self._acknowledge(conn, run, batch, before[1])
+            acked = self._acknowledge(conn, run, batch, before[1]) if resync is None else []
             # the decisions the agent has (its last, or where a changed history resumes it)
             after = batch.last_decision if resync is None else resync.resumed_after
             drafts: list[Decision] = []
@@ -605,6 +607,11 @@ class Store:
                 actions.extend(result.actions)
                 events.extend(result.events)
                 drafts.extend(result.decisions)
+            # The knob values in effect: the latest observation's, then what the agent acknowledged
+            # applying at or after its step (its next request may carry no newer observation, as at
+            # a run's end: the observation alone would show the value the decision replaced). Kept
+            # in the run's row, so every reader (REST, console, CLI, metrics) reads this one value.
+            in_effect = knobs_in_effect(in_effect, run.last_step, acked)
             for field_name, names in (("probes", probes), ("metrics", metrics)):
                 if len(names) > MAX_NAMES:
                     raise ObservationRefused(f"observations.{field_name}",
@@ -631,6 +638,9 @@ class Store:
                     event_rows.append(StateChanged(step=run.last_step, from_=before[0], to=run.state).row())
                 created = self._persist(conn, run_id, now, drafts, engine.policy_version, event_rows,
                                         observations, changes)
+            elif acked and _dumps(in_effect) != stored["knobs_in_effect"]:  # acknowledgements alone
+                conn.execute(update(RunRow).where(RunRow.id == run_id).values(knobs_in_effect=in_effect,
+                                                                               updated_at=now))
             pending = [d for d in created if d.number > after]
             # Decisions from earlier requests the agent has not applied: numbers are gapless, so
             # how many there are is known without counting them. At most ``max_pending`` are
@@ -644,8 +654,10 @@ class Store:
             more = max_pending is not None and earlier + len(pending) - room > max_pending
             if more:
                 del pending[max_pending:]
+            effect = dict(in_effect) if new or acked else None
         return IngestOutcome(len(new), len(batch.observations) - len(new), new, pending, created, actions, events,
-                             run, outputs, more_decisions=more, resync=resync)
+                             run, outputs, more_decisions=more, resync=resync,
+                             knobs_in_effect=effect)
 
     @staticmethod
     def _history_changed(run: RunSnapshot, batch: ObservationBatch) -> HistoryChanged | None:
@@ -668,13 +680,14 @@ class Store:
                               resumed_after=min(resumed, count), acks_dropped=len(batch.applied))
 
     @staticmethod
-    def _acknowledge(conn: Connection, run: RunSnapshot, batch: ObservationBatch, decided: int) -> None:
+    def _acknowledge(conn: Connection, run: RunSnapshot, batch: ObservationBatch,
+                     decided: int) -> list[tuple[str, int, float]]:
         """Record what the agent did with decisions it received. Only what can be true is
         recorded: a decision that existed before this request, acknowledged at or after the step
         it was ordered for, with a value within its knob's bounds; anything else refuses the whole
         batch (nothing of it is stored: the agent's sender then drops its acknowledgements)."""
         if not batch.applied:
-            return
+            return []
         for i, ack in enumerate(batch.applied):
             if ack.number > decided:
                 raise ObservationRefused(f"applied.{i}.number",
@@ -696,6 +709,8 @@ class Store:
                              "ack_skipped": (f"step {a.step}: {a.reason or 'set aside by the agent'}"
                                              if a.status == "skipped" else None)}
                             for a in batch.applied])
+        return [(ordered[a.number].knob, a.step, a.value) for a in sorted(batch.applied, key=lambda a: a.number)
+                if a.status == "applied" and a.value is not None]
 
     @staticmethod
     def _new_observations(conn: Connection, run: RunSnapshot, batch: ObservationBatch) -> list[ObservationCreate]:
@@ -842,6 +857,32 @@ class Store:
             if latest:
                 return list(reversed(s.scalars(q.order_by(EventRow.id.desc()).limit(limit)).all()))
             return list(s.scalars(q.order_by(EventRow.id).limit(limit)))
+
+    @staticmethod
+    def knobs_in_effect(runs: Sequence[RunRow]) -> dict[str, dict[str, float]]:
+        """Per run, the knob values in effect: its latest observation's, updated by the values the
+        agent acknowledged applying at or after its step (:func:`actuator.run_state.knobs_in_effect`,
+        applied by :meth:`ingest`, the one place this value is computed, and kept in the run's
+        row). The REST answers, the console, the CLI and the metrics read it here."""
+        return {r.id: dict(r.knobs_in_effect) for r in runs}
+
+    @_retry_on_disconnect
+    def breach_counts(self, run_id: str) -> dict[str, int]:
+        """Per guardrail, how many times it fired (its stored ``guardrail_breach`` events)."""
+        with self.sessions() as s:
+            payloads = s.scalars(select(EventRow.payload).where(EventRow.run_id == run_id,
+                                                                EventRow.kind == "guardrail_breach"))
+            return dict(collections.Counter(str(p.get("guardrail")) for p in payloads))
+
+    @_retry_on_disconnect
+    def probe_readings(self, run_id: str, probes: Sequence[str]) -> dict[str, int]:
+        """Per probe, how many of the run's stored observations carry a reading of it."""
+        if not probes:
+            return {}
+        with self.sessions() as s:
+            return {p: s.scalar(select(func.count()).select_from(ObservationRow).where(
+                ObservationRow.run_id == run_id, ObservationRow.probes[p].as_float().is_not(None))) or 0
+                    for p in probes}
 
     @_retry_on_disconnect
     def first_event(self, run_id: str, kind: str) -> EventRow | None:

@@ -314,6 +314,8 @@ def tune_controller(policy: PolicyDocument, knobs: dict[str, dict[str, Any]], co
                                 f"{value:.4g}{when}, outside its bounds [{lo:.4g}, {hi:.4g}]: the setpoint is out "
                                 "of reach")
                 break
+    outside = _outside_limits(predicted, aggressiveness, every, span,
+                              spec.max_step if spec.max_step is not None else knob.max_step)
     if predicted["settling_steps"] is None:
         warnings.append(f"the replay does not settle within +-10% in {length} steps")
     return {
@@ -331,5 +333,33 @@ def tune_controller(policy: PolicyDocument, knobs: dict[str, dict[str, Any]], co
         "policy": proposed.model_dump(mode="json"),
         "policy_yaml": yaml.safe_dump(proposed.model_dump(mode="json", exclude_none=True), sort_keys=False),
         "warnings": warnings,
+        # the proposal against tune's own limits (MAX_OVERSHOOT_PCT, settling within the replay and
+        # within the recorded run): each miss says what to change
+        "within_limits": not outside,
+        "outside_limits": outside,
         "observations_used": len(steps),
     }
+
+
+def _outside_limits(predicted: dict[str, Any], aggressiveness: float, every: int, span: int,
+                    max_step: float | None) -> list[str]:
+    """Where the proposed gains' replay breaks the limits tune states (overshoot within
+    :data:`MAX_OVERSHOOT_PCT`, settling within +-10% inside the replay and inside the recorded
+    run's length), one sentence each with the numbers and what to change; empty: within them."""
+    out = []
+    slower = f"--aggressiveness {aggressiveness / 2:g} (now {aggressiveness:g}: the closed loop twice as slow)"
+    over, settle = predicted["overshoot_pct"], predicted["settling_steps"]
+    if over is not None and over > MAX_OVERSHOOT_PCT:
+        rate = (f", a larger max_step if the knob's rate limit ({max_step:g} a decision) holds its cuts back"
+                if max_step is not None else "")
+        out.append(f"predicted overshoot {over:.0f}% is past the {MAX_OVERSHOOT_PCT:g}% limit (no setpoint weight "
+                   f"from 1 to 0 kept it within): try {slower}{rate}, probe more often (every {every} steps counts "
+                   "as dead time), or give the controller a setpoint_ramp or a horizon")
+    if settle is None:
+        out.append(f"the replay does not settle within +-{SETTLING_BAND:.0%}: try {slower}, or check the warnings "
+                   "on the model (a setpoint out of reach does not settle at any gains)")
+    elif span > 0 and settle > span:
+        out.append(f"predicted settling in {settle} steps is longer than the recorded run ({span} steps): a run "
+                   f"that long would end before it settles; try {slower} if the overshoot is what delays it, "
+                   "else record a longer identification run")
+    return out

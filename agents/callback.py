@@ -577,7 +577,7 @@ class ActuatorCallback(TrainerCallback, ExportableState):
                  self.seq, self.last_decision, knobs)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.session.finish()
+        self.session.finish(step=int(state.global_step))
 
     def knob_values(self) -> dict[str, float]:
         return self.session.knob_values()

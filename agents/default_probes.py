@@ -12,17 +12,18 @@ and RLOO build it), else a copy of the starting weights. A probe nothing shipped
 
 A preset's ``every`` values are written for a long run; :func:`fitted_intervals` scales them to
 ``max_steps`` (one factor for all, so a guardrail's probe stays as much rarer than a controller's
-as the preset made it) so that its most frequent probe reads at least ``READINGS`` times.
+as the preset made it) so that its most frequent probe reads at least ``READINGS`` times, and
+:func:`fitted_ramps` shortens a controller's setpoint ramp to the readings the run has.
 """
 
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from actuator.policy import ControllerSpec, PolicyDocument, probe_for_key
+from actuator.policy import ControllerSpec, PolicyDocument, load_policy, probe_for_key
 
 from .general import CONTROL_PROMPTS, PROBE_TEXTS, chat
 from .probes import (
@@ -40,7 +41,7 @@ from .probes import (
 from .probes._common import subsample
 from .probes._drift import MINILM_PACKAGE
 
-__all__ = ["READINGS", "fitted_intervals", "build_probe", "missing_probes", "MissingProbes", "controller_probes",
+__all__ = ["READINGS", "RAMP_SHARE", "fitted_intervals", "fitted_ramps", "build_probe", "missing_probes", "MissingProbes", "controller_probes",
            "tokenizer_of"]
 
 # Readings a preset's most frequent probe takes in any run (the baseline at step 0 not counted):
@@ -58,6 +59,32 @@ def fitted_intervals(policy: PolicyDocument, max_steps: int) -> dict[str, int | 
         return every
     factor = min(1.0, max(1, max_steps // READINGS) / min(scheduled))
     return {name: max(1, round(e * factor)) if e else e for name, e in every.items()}
+
+
+# The share of a run's readings a preset's setpoint ramp may take: the dpo-kl ramp was measured
+# at 8 of a 40-step run's 20 readings (probe every 2); a shorter run gets a ramp as much shorter.
+RAMP_SHARE = 0.4
+
+
+def fitted_ramps(policy: PolicyDocument, every: Mapping[str, int | None], max_steps: int) -> PolicyDocument:
+    """``policy`` with each controller's ``setpoint_ramp`` (in probe intervals) cut to at most
+    ``RAMP_SHARE`` of the readings its probe takes in ``max_steps`` (``every``: probe name → the
+    interval it runs at), as :func:`fitted_intervals` fits the intervals: the ramp ends within the
+    first 40% of any run instead of holding a lower target through a short one. Never lengthened;
+    ``max_steps`` <= 0: the policy as it is."""
+    if max_steps <= 0:
+        return policy
+    document = policy.model_dump(mode="json")
+    changed = False
+    for doc, spec in zip(document["controllers"], policy.controllers):
+        interval = every.get(probe_for_key(spec.probe) or "") if spec.probe else None
+        ramp = getattr(spec, "setpoint_ramp", 0.0) or 0.0
+        if not ramp or not interval:
+            continue
+        fitted = float(int(RAMP_SHARE * (max_steps // interval)))
+        if fitted < ramp:
+            doc["setpoint_ramp"], changed = fitted, True
+    return load_policy(document) if changed else policy
 
 
 def tokenizer_of(processing_class: Any) -> Any:

@@ -7,13 +7,14 @@ trains open loop while its owner believes it is controlled: that must be said be
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
 from actuator._exceptions import ConfigError
 from actuator.policy import PolicyDocument
 
-__all__ = ["check_url", "late_first_decisions"]
+__all__ = ["check_url", "late_first_decisions", "ramp_beyond_run"]
 
 
 def check_url(url: str, *, field: str = "url") -> str:
@@ -76,4 +77,33 @@ def late_first_decisions(policy: PolicyDocument, probe_every: Mapping[str, int |
         out.append(f"{head}: max_steps={max_steps}, {why}; its first decision could apply at step {earliest} at "
                    f"the earliest, after the last step. This run trains WITHOUT control by it: probe more often "
                    f"(the policy's probes[].every, or the probe's every=) or train longer")
+    return out
+
+
+def ramp_beyond_run(policy: PolicyDocument, probe_every: Mapping[str, int | None], *, max_steps: int,
+                    start_step: int = 0) -> list[str]:
+    """One message per controller whose setpoint ramp ends after the run's last step: until its
+    end the law holds a lower target than the setpoint (a KL held under it, a learning rate cut
+    below target), so the run cannot reach the setpoint on the ramp. ``probe_every`` as for
+    :func:`late_first_decisions`. The ramp's k-th update is the k-th reading after the baseline."""
+    if max_steps <= 0:
+        return []
+    out = []
+    for c in policy.controllers:
+        ramp = getattr(c, "setpoint_ramp", 0.0) or 0.0
+        interval = probe_every.get(c.probe) if c.probe else None
+        if not ramp or not interval:
+            continue
+        first = start_step  # the baseline reading: the ramp's first update
+        reached = first + math.ceil(ramp) * interval
+        if reached <= max_steps:
+            continue
+        readings = max(0, (max_steps - first) // interval)
+        share = min(1.0, readings / ramp)
+        out.append(f"controller {c.name!r} ({c.probe} -> {' / '.join(c.driven())}): its setpoint ramp of {ramp:g} "
+                   f"probe intervals x every {interval} steps reaches the setpoint at step {first} + {ramp:g} x "
+                   f"{interval} = {reached}, after the last step (max_steps={max_steps}); at step "
+                   f"{first + readings * interval} the setpoint in force is {share:.0%} of the way from the first "
+                   f"reading to it, and the law acts against that lower target. Shorten setpoint_ramp (at most "
+                   f"{readings} here), probe more often, or train longer")
     return out

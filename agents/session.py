@@ -39,7 +39,7 @@ from actuator.schemas import (DecisionAck, DecisionPublic, IdentificationWindow,
 
 from .identification import IdentificationMode, auto_controller, schedule_steps, warmup_test
 from .knobs import KnobSetter
-from .preflight import check_url, late_first_decisions
+from .preflight import check_url, late_first_decisions, ramp_beyond_run
 from .sender import BackgroundSender, Resync
 from .sharded import check_on_every_rank, from_rank0, is_fully_sharded, rank_and_world
 
@@ -481,6 +481,7 @@ class ControlSession:
         policy with a ``gains: auto`` controller gets its warm-up step test here (unless
         ``identify=`` already tests that knob), sized to ``warmup`` steps or 10% of ``max_steps``;
         either one not given is read from the learning-rate setter's schedule where it says it."""
+        self.fit_ramps(max_steps)
         self.plan_auto_test(step, max_steps=max_steps, warmup=warmup)
         if self.identification is not None:
             knob = self.identification.knob
@@ -488,6 +489,27 @@ class ControlSession:
             if self.auto_window is not None:
                 self.auto_window = self.auto_window.model_copy(
                     update={"start": self.identification.start, "end": self.identification.end})
+
+    def fit_ramps(self, max_steps: int) -> None:
+        """Before the registration: a preset's setpoint ramps sized to the run
+        (``default_probes.fitted_ramps``), on the probe intervals the run will use."""
+        doc = self.policy_doc
+        if not self.from_preset or doc is None or max_steps <= 0 or self.suite is None:
+            return
+        from .default_probes import fitted_intervals, fitted_ramps
+
+        fitted = fitted_intervals(doc, max_steps)
+        every = {p.name: (p.every if getattr(p, "every_given", True) else fitted.get(p.name))
+                 for p in self.suite.probes}
+        sized = fitted_ramps(doc, every, max_steps)
+        if sized is doc:
+            return
+        for old, new in zip(doc.controllers, sized.controllers):
+            if getattr(old, "setpoint_ramp", 0) != getattr(new, "setpoint_ramp", 0):
+                log.info("actuator: controller %r: setpoint ramp sized to the run: %g -> %g probe intervals "
+                         "(max_steps=%d, %s every %s steps)", old.name, old.setpoint_ramp, new.setpoint_ramp,
+                         max_steps, old.probe, every.get(old.probe or ""))
+        self.policy = self.policy_doc = sized
 
     def plan_auto_test(self, step: int, *, max_steps: int = 0, warmup: int = 0) -> None:
         """The warm-up step test of the policy's gains-auto controller, to declare at registration."""
@@ -658,6 +680,8 @@ class ControlSession:
         free = {self.identification.knob: self.identification.end} if self.identification is not None else {}
         for message in late_first_decisions(self.policy_doc, every, max_steps=self.max_steps,
                                             start_step=int(step), free_from=free):
+            log.warning("actuator: %s", message)
+        for message in ramp_beyond_run(self.policy_doc, every, max_steps=self.max_steps, start_step=int(step)):
             log.warning("actuator: %s", message)
 
     # -- each step boundary --------------------------------------------------------------------
@@ -965,12 +989,15 @@ class ControlSession:
         if self.client is not None:
             self.client.close()
 
-    def finish(self) -> bool:
-        """Deliver what is buffered (at most ``flush_timeout`` seconds), mark the run finished
-        unless the controller halted it, and close the connection; whether everything was
-        delivered."""
+    def finish(self, step: int | None = None) -> bool:
+        """Send the run's last step (``step``: where training ended; an observation of the
+        training metrics and knobs, when the last one sent is older), deliver what is buffered (at
+        most ``flush_timeout`` seconds), mark the run finished unless the controller halted it, and
+        close the connection; whether everything was delivered."""
         if self.sender is None:
             return True
+        if step is not None and (not self.history or self.history[-1]["step"] < step):
+            self.submit(step, {})  # the run's list and charts end where training did
         delivered = self.sender.close(self.connection.flush_timeout)
         if not delivered:
             log.warning("actuator: %d observations could not be delivered before train end", self.sender.backlog)

@@ -104,7 +104,7 @@ def _num(value: Any) -> str:
 def runs_rows(runs: list[RunRow], now: datetime, in_effect: dict[str, dict[str, float]],
               starved: dict[str, list[str]]) -> str:
     """The runs table's body (the runs page refreshes it in place); ``in_effect`` and ``starved``
-    by run id (api.routers.runs.in_effect and .starved)."""
+    by run id (``Store.knobs_in_effect``, ``api.routers.runs.starved``)."""
     if not runs:
         return '<tr><td colspan="7" class="empty">no runs yet: register one (an ActuatorCallback does)</td></tr>'
     return "".join(
@@ -170,9 +170,12 @@ def run_page(run: RunRow, controllers: list[str], frame: Frame = OPEN_FRAME) -> 
         '<th>raw</th><th>filtered</th><th>setpoint</th><th>knob</th><th>target</th><th>in effect</th>'
         '</tr></thead><tbody></tbody></table>'
         '<table id="guardrails"><thead><tr><th>guardrail</th><th>probe</th><th>value</th><th>threshold</th>'
-        '<th>breaches</th><th>active</th></tr></thead><tbody></tbody></table></section>'
+        '<th title="readings past the threshold in a row (a reading back inside resets it)">past, in a row</th>'
+        '<th title="times it fired: its guardrail_breach events">breaches</th><th>active</th></tr></thead>'
+        '<tbody></tbody></table></section>'
         '<section><h2>Probes and knobs</h2><p class="hint">raw and filtered probe values against the setpoint '
-        '(dashed) and guardrail threshold (dotted); knobs in effect; red lines mark decisions.</p>'
+        '(dashed), the setpoint in force on a controller\'s ramp (purple) and guardrail threshold (dotted); '
+        'knobs in effect; red lines mark decisions.</p>'
         '<div id="charts"></div></section>'
         '<section><h2>Decisions</h2><table id="decisions"><thead><tr><th>#</th><th>step</th><th>knob</th>'
         '<th>change</th><th>reason</th><th>explain</th></tr></thead><tbody></tbody></table></section>'

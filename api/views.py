@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from actuator.models import DecisionRow, PolicyRow, RunRow
 from actuator.schemas import DecisionPublic, KnobSpec, PolicyPublic, RunPublic, RunState
 
@@ -13,21 +15,23 @@ def _knobs(run: RunRow) -> dict[str, KnobSpec]:
             for k, v in run.knobs.items()}
 
 
-def run_public(run: RunRow) -> RunPublic:
+def run_public(run: RunRow, in_effect: Mapping[str, float] | None = None) -> RunPublic:
+    """``in_effect``: the run's knob values in effect (``Store.knobs_in_effect``); None only where
+    nothing can have been acknowledged yet (a registration), which leaves the stored observed ones."""
     return RunPublic(
         id=run.id, name=run.name, state=run.state, policy_name=run.policy_name,
         policy_version=run.policy_version, knobs=_knobs(run), last_step=run.last_step,
         last_seq=run.last_seq, created_at=run.created_at, updated_at=run.updated_at,
+        knobs_in_effect=dict(run.knobs_in_effect if in_effect is None else in_effect),
     )
 
 
-def run_state(run: RunRow) -> RunState:
-    base = run_public(run).model_dump()
+def run_state(run: RunRow, in_effect: Mapping[str, float]) -> RunState:
+    base = run_public(run, in_effect).model_dump()
     return RunState(
         **base,
         latest_probes=run.latest_probes,
         latest_metrics=run.latest_metrics,
-        knobs_in_effect=run.knobs_in_effect,
         controllers=run.controllers,
         guardrails=run.guardrails,
         decisions=run.decision_count,

@@ -90,7 +90,8 @@ def _act(services: Services, run_id: str, op: Any) -> ControlResult:
     run, ctx, rows, events = out
     services.metrics.observe_control(run.id, ctx, rows)
     services.live.publish_many(run.id, events)
-    return ControlResult(run=run_state(run), decisions=[decision_public(d) for d in rows], events=events)
+    return ControlResult(run=run_state(run, services.store.knobs_in_effect([run])[run.id]),
+                         decisions=[decision_public(d) for d in rows], events=events)
 
 
 def _run(services: Services, run_id: str) -> Any:
@@ -167,7 +168,7 @@ def move_policy(run_id: RunId, body: MoveBody, _: AdminDep, services: ServicesDe
     moved = services.store.move_policy(run_id, row, body.reason)
     assert moved is not None
     services.live.publish(run_id, PolicyMoved(to=f"{row.name}@{row.version}"))
-    return run_state(moved)
+    return run_state(moved, services.store.knobs_in_effect([moved])[moved.id])
 
 
 @router.get("/{run_id}/events", response_model=list[EventPublic], responses=_READ_ERRORS,

@@ -7,13 +7,13 @@ from collections.abc import Sequence
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Response
-from sqlalchemy import or_, select
+from sqlalchemy import select
 
 from actuator._exceptions import PolicyError
 from actuator.engine import Engine
-from actuator.models import DecisionRow, ObservationRow, PolicyRow, RunRow
+from actuator.models import ObservationRow, PolicyRow, RunRow
 from actuator.policy import PolicyDocument, load_policy
-from actuator.run_state import PROBE_REPORT, STARVED_PREFIX, knobs_in_effect, starved_probes
+from actuator.run_state import PROBE_REPORT, STARVED_PREFIX, starved_probes
 from actuator.schemas import (
     Acknowledged,
     AutoGainsFallback,
@@ -143,24 +143,6 @@ def starved(services: Services, runs: Sequence[RunRow]) -> dict[str, list[str]]:
     return out
 
 
-def in_effect(services: Services, runs: Sequence[RunRow]) -> dict[str, dict[str, float]]:
-    """Per run, the knob values in effect (see actuator.run_state.knobs_in_effect): its latest
-    observation's, updated by the values the agent acknowledged applying since."""
-    acks: dict[str, list[tuple[str, int, float]]] = {run.id: [] for run in runs}
-    if runs:
-        query = (select(DecisionRow.run_id, DecisionRow.knob, DecisionRow.applied_step, DecisionRow.applied_value)
-                 .join(RunRow, RunRow.id == DecisionRow.run_id)
-                 .where(DecisionRow.run_id.in_(list(acks)), DecisionRow.applied_step.is_not(None),
-                        DecisionRow.applied_value.is_not(None),
-                        or_(RunRow.last_step.is_(None), DecisionRow.applied_step >= RunRow.last_step))
-                 .order_by(DecisionRow.run_id, DecisionRow.number))
-        with services.store.sessions() as s:
-            for run_id, knob, step, value in s.execute(query):
-                if step is not None and value is not None:  # as the query says; the columns are nullable
-                    acks[run_id].append((knob, step, value))
-    return {run.id: knobs_in_effect(run.knobs_in_effect, run.last_step, acks[run.id]) for run in runs}
-
-
 @router.post("", status_code=201, response_model=RunCreated,
              responses=error_responses(400, 401, 403, 409, 413, 422, 503), summary="Register a run")
 def register_run(body: RunCreate, _: AdminDep, services: ServicesDep) -> RunCreated:
@@ -187,7 +169,8 @@ def list_runs(
 ) -> list[RunPublic]:
     rows = services.store.list_runs(state=state, name=name, limit=limit, offset=offset)
     hungry = starved(services, rows)
-    return [run_public(r).model_copy(update={"starved": hungry[r.id]}) for r in rows]
+    effect = services.store.knobs_in_effect(rows)
+    return [run_public(r, effect[r.id]).model_copy(update={"starved": hungry[r.id]}) for r in rows]
 
 
 @router.get("/{run_id}", response_model=RunState, responses=error_responses(401, 403, 404, 422, 503),
@@ -196,8 +179,12 @@ def get_run(run_id: RunId, _: RunReaderDep, services: ServicesDep) -> RunState:
     run = services.store.get_run(run_id)
     if run is None:
         raise run_not_found(run_id)
-    return run_state(run).model_copy(update={"starved": starved(services, [run])[run.id],
-                                             "knobs_in_effect": in_effect(services, [run])[run.id]})
+    hungry = starved(services, [run])[run.id]
+    fired = services.store.breach_counts(run.id)
+    guardrails = {name: {**g, "fired": fired.get(name, 0)} for name, g in run.guardrails.items()}
+    return run_state(run, services.store.knobs_in_effect([run])[run.id]).model_copy(
+        update={"starved": hungry, "starved_readings": services.store.probe_readings(run.id, hungry),
+                "guardrails": guardrails})
 
 
 @router.post("/{run_id}/observations", response_model=IngestResult,
@@ -293,7 +280,7 @@ def _transition(services: Services, run_id: str, to: RunStateName, allowed: tupl
     assert row is not None
     services.metrics.set_state(run_id, to)
     services.live.publish(run_id, StateChanged(to=to, reason=reason))
-    return run_public(row)
+    return run_public(row, services.store.knobs_in_effect([row])[row.id])
 
 
 @router.post("/{run_id}/halt", response_model=RunPublic, responses=error_responses(401, 403, 404, 409, 422, 503),

@@ -19,7 +19,7 @@ from fastapi.staticfiles import StaticFiles
 from .. import console
 from ..deps import Offset, ReadCredentials, RunId, Services, ServicesDep, Version, require_reader, require_run_reader
 from ..errors import ApiError
-from .runs import in_effect, starved
+from .runs import starved
 
 __all__ = ["router", "static_files", "STATIC_DIR"]
 
@@ -79,7 +79,8 @@ def runs(refusal: Refusal, services: ServicesDep, offset: Annotated[Offset, Quer
     if refusal is not None:
         return _locked(services, refusal)
     rows = services.store.list_runs(limit=RUNS_PER_PAGE, offset=offset)
-    return _html(console.runs_page(rows, datetime.now(timezone.utc), in_effect(services, rows), starved(services, rows),
+    return _html(console.runs_page(rows, datetime.now(timezone.utc), services.store.knobs_in_effect(rows),
+                                   starved(services, rows),
                                    offset=offset, limit=RUNS_PER_PAGE, frame=_frame(services)))
 
 

@@ -15,8 +15,11 @@
   const raw = {};        // probe -> Map(step -> value)
   const filtered = {};   // probe -> Map(step -> filtered value the controller acted on)
   const setpoint = {};   // probe -> Map(step -> setpoint)
+  const inForce = {};    // probe -> Map(step -> the setpoint in force on a controller's ramp)
   const threshold = {};  // probe -> number
   const knobs = {};      // knob -> Map(step -> value in effect)
+  const bounds = {};     // knob -> [min, max]
+  const eventSteps = new Set();  // steps of the audit events: the x range covers them
   const decided = new Map();  // decision number -> {step, knob}: the chart marks (the report's latest 1,000 and on)
   const listed = new Set();   // decision numbers in the table
   let explained = 0;     // decisions fetched in full (for the explain column) up to this number
@@ -57,21 +60,71 @@
     return [xs, ...maps.map((m) => xs.map((s) => (m && m.has(s) ? m.get(s) : null)))];
   }
 
-  function chart(key, title, series, data, marks, log) {
+  // The x range: every step with data, a decision or an audit event (a decision at the step after
+  // the last observation is drawn, not cut off).
+  function xRange(xs) {
+    const steps = [...xs, ...[...decided.values()].map((d) => d.step), ...eventSteps];
+    if (!steps.length) return [0, 1];
+    const lo = Math.min(...steps), hi = Math.max(...steps);
+    return lo === hi ? [lo - 1, hi + 1] : [lo, hi];
+  }
+
+  // The y range: the readings, and the lines near them (a setpoint, a guardrail threshold) that a
+  // far one would squash flat; a line off the range is named in the chart's title instead.
+  // ``fixed``: a knob's bounds, always inside the range.
+  function yRange(values, lines, fixed, log) {
+    const ok = (v) => Number.isFinite(v) && (!log || v > 0);
+    const vs = values.filter(ok);
+    const shown = [...vs, ...(fixed || []).filter(ok)];
+    const off = [];
+    if (vs.length) {
+      const lo = Math.min(...vs), hi = Math.max(...vs);
+      const reach = Math.max(hi - lo, Math.abs(hi), Math.abs(lo), 1e-12) * 3;
+      for (const [label, v] of lines) {
+        if (!ok(v)) continue;
+        if (log ? (v <= hi * 1000 && v >= lo / 1000) : (v <= hi + reach && v >= lo - reach)) shown.push(v);
+        else off.push(`${label} ${A.fmt(v)} ${v > hi ? "above" : "below"}`);
+      }
+    } else {
+      for (const [, v] of lines) if (ok(v)) shown.push(v);
+    }
+    if (!shown.length) return { range: log ? [1e-6, 1] : [0, 1], off };
+    const lo = Math.min(...shown), hi = Math.max(...shown);
+    if (fixed && lo < hi) return { range: [lo, hi], off };  // a knob: its bounds are the frame
+    if (log) return { range: lo === hi ? [lo / 2, hi * 2] : [lo / 1.1, hi * 1.1], off };
+    const pad = lo === hi ? Math.max(Math.abs(hi) * 0.1, 1e-9) : (hi - lo) * 0.05;
+    return { range: [lo - pad, hi + pad], off };
+  }
+
+  function chart(key, title, series, data, marks, log, y) {
     let c = charts[key];
+    const caption = title + (y.off.length ? ` (off the chart: ${y.off.join(", ")})` : "");
+    const show = (box) => {
+      const x = xRange(data[0]);
+      box.querySelector("h3").textContent = caption;
+      Object.assign(box.dataset, { xMin: String(x[0]), xMax: String(x[1]), yMin: String(y.range[0]),
+        yMax: String(y.range[1]) });
+    };
     if (c && c.n === series.length && c.log === log) {
+      c.y = y;
+      show(c.box);
       c.plot.setData(data);
       return;
     }
     if (c) c.plot.destroy();  // a series was added (a guardrail threshold became known)
-    const box = c ? c.box : A.el("div", { class: "chart", data: { chart: key } }, A.el("h3", {}, title));
+    const box = c ? c.box : A.el("div", { class: "chart", data: { chart: key } }, A.el("h3", {}, caption));
     if (!c) $("charts").append(box);
+    show(box);
+    const entry = { box, n: series.length, log, y };
     const plot = new window.uPlot({
       width: Math.max(360, box.clientWidth - 12), height: 200, series: [{ label: "step" }, ...series],
-      scales: { x: { time: false }, y: log ? { distr: 3 } : {} }, legend: { live: true }, hooks: { draw: [marks] },
+      scales: { x: { time: false, range: (u) => xRange(u.data[0]) },
+        y: { ...(log ? { distr: 3 } : {}), range: () => entry.y.range } },
+      legend: { live: true }, hooks: { draw: [marks] },
       axes: [{}, log ? { size: 60, values: (u, ticks) => ticks.map((v) => (v === null ? "" : v.toExponential(0))) } : { size: 60 }],
     }, data, box);
-    charts[key] = { plot, box, n: series.length, log };
+    entry.plot = plot;
+    charts[key] = entry;
   }
 
   let drawPending = false;
@@ -82,7 +135,7 @@
       drawPending = false;
       for (const probe of Object.keys(raw).sort()) {
         const thr = threshold[probe];
-        const [xs, r, f, sp] = aligned([raw[probe], filtered[probe], setpoint[probe]]);
+        const [xs, r, f, sp, ramp] = aligned([raw[probe], filtered[probe], setpoint[probe], inForce[probe]]);
         const data = [xs, r, f, sp];
         const series = [
           // one line through the probe's readings: steps where only the filtered value or the
@@ -93,18 +146,30 @@
           { label: "setpoint", stroke: "#111", dash: [6, 4], width: 1, spanGaps: true,
             paths: window.uPlot.paths.stepped({ align: 1 }) },
         ];
+        const lines = sp.map((v) => ["setpoint", v]);
+        if (inForce[probe]) {
+          // the setpoint the law held on its ramp, where it differs from the final one
+          data.push(ramp);
+          series.push({ label: "setpoint in force (ramp)", stroke: "#7c3aed", dash: [3, 3], width: 1, spanGaps: true,
+            points: { show: true, size: 3 } });
+          lines.push(...ramp.map((v) => ["setpoint in force", v]));
+        }
         if (thr !== undefined) {
           data.push(xs.map(() => thr));
           series.push({ label: "guardrail", stroke: "#dc2626", dash: [2, 3], width: 1 });
+          lines.push(["guardrail", thr]);
         }
-        chart("probe:" + probe, probe, series, data, decisionMarks(null));
+        const y = yRange([...r, ...f], lines.filter(([, v]) => v !== null), null, false);
+        chart("probe:" + probe, probe, series, data, decisionMarks(null), false, y);
       }
       for (const knob of Object.keys(knobs).sort()) {
         // a multiplicative knob (log scale in the run's knobs) is drawn on a log axis
         const log = logKnobs.has(knob) && [...knobs[knob].values()].every((v) => v > 0);
+        // the axis spans the values in effect and the knob's bounds, whatever uPlot would pick
+        const y = yRange([...knobs[knob].values()], [], bounds[knob], log);
         chart("knob:" + knob, "knob " + knob + " (in effect)" + (log ? ", log axis" : ""),
           [{ label: knob, stroke: "#16a34a", width: 2, paths: window.uPlot.paths.stepped({ align: 1 }) }],
-          aligned([knobs[knob]]), decisionMarks(knob), log);
+          aligned([knobs[knob]]), decisionMarks(knob), log, y);
       }
     }, 100);
   }
@@ -115,6 +180,10 @@
     if (i.override) return "operator override" + (i.note ? ": " + i.note : "");
     const parts = [];
     if (i.probe !== undefined) parts.push(`${i.probe} raw ${A.fmt(i.raw)}, filtered ${A.fmt(i.filtered)}, setpoint ${A.fmt(i.setpoint)}`);
+    // what the law compared instead: the projected reading, the setpoint in force on its ramp
+    const law = [["projected", "projected"], ["setpoint_in_force", "setpoint in force (ramp)"]]
+      .filter(([k]) => i[k] !== undefined && i[k] !== null).map(([k, label]) => `${label} ${A.fmt(i[k])}`);
+    if (law.length) parts.push("the law acted on " + law.join(", "));
     // the terms' levels (the reason gives this decision's moves of them: ΔP, ΔI, ΔD)
     const pid = ["p", "i", "d"].filter((k) => c[k] !== undefined && c[k] !== null).map((k) => `${k.toUpperCase()} ${A.fmt(c[k])}`);
     if (pid.length) parts.push("levels after this decision: " + pid.join(" "));
@@ -146,6 +215,7 @@
         // on: its inputs belong to that observation's step.
         put(filtered, i.probe, d.step - 1, i.filtered);
         put(setpoint, i.probe, d.step - 1, i.setpoint);
+        put(inForce, i.probe, d.step - 1, i.setpoint_in_force);
       }
     }
   }
@@ -162,11 +232,13 @@
       const body = document.querySelector("#events tbody");
       for (const e of r.data) {
         lastEvent = Math.max(lastEvent, e.id);
+        if (Number.isFinite(e.step)) eventSteps.add(e.step);
         body.prepend(A.el("tr", { class: e.kind.startsWith("guardrail") ? "guardrail" : "", data: { kind: e.kind } },
           A.el("td", { class: "num" }, e.id), A.el("td", { class: "num" }, e.step ?? "–"),
           A.el("td", {}, e.kind), A.el("td", {}, eventText(e))));
       }
       while (body.rows.length > 500) body.deleteRow(-1);
+      redraw();
       if (r.data.length < 1000) return;
     }
   }
@@ -205,11 +277,19 @@
     if (!ended) $("stream-state").textContent = text;
   }
 
-  function showStarved(names) {
+  // What the budget's skipping cost each controller, counted: the readings of the probe the
+  // service received, not a guess that there were none.
+  function showStarved(names, readings, controllers) {
     const note = $("starved");
     note.hidden = !names.length;
-    note.textContent = names.length ? `starved: ${names.join(", ")}: skipped for the probe-time budget in the ` +
-      "latest probe report, so a controller fed by " + (names.length > 1 ? "them" : "it") + " gets no readings" : "";
+    note.textContent = names.map((name) => {
+      const n = (readings || {})[name];
+      const users = Object.entries(controllers).filter(([, c]) => c.probe === name).map(([c]) => c);
+      const got = n === undefined ? "" : n === 0 ? ": no reading of it reached the service"
+        : `: the service received ${n} reading${n === 1 ? "" : "s"} of it`;
+      const fed = users.length ? `, controller ${users.join(", ")} ${n === 0 ? "has none to act on" : "acts on " + (n === 1 ? "that one" : "those")}` : "";
+      return `starved: ${name} skipped for the probe-time budget in the latest probe report${got}${fed}`;
+    }).join("; ");
   }
 
   async function loadState() {
@@ -222,27 +302,36 @@
     ended = finalStates.includes(s.state);
     if (ended) $("stream-state").textContent = "ended";
     $("actions").hidden = ended;
-    showStarved(s.starved || []);
+    showStarved(s.starved || [], s.starved_readings, s.controllers);
     $("run-step").textContent = A.fmt(s.last_step);
     $("run-decisions").textContent = s.decisions;
     // Operator decisions (overrides) come with their own event kinds, not as "decision" events.
     if (s.decisions > explained) refreshDecisions();
-    for (const [name, k] of Object.entries(s.knobs)) if (k.scale === "log") logKnobs.add(name);
+    for (const [name, k] of Object.entries(s.knobs)) {
+      if (k.scale === "log") logKnobs.add(name);
+      bounds[name] = [k.min, k.max];
+    }
     const ctl = document.querySelector("#controllers tbody");
     ctl.replaceChildren(...Object.entries(s.controllers).map(([name, c]) => {
       const knob = s.knobs[c.knob] || {};
       if (c.probe !== undefined && c.last_step !== undefined) {
         put(filtered, c.probe, c.last_step, c.filtered);
         put(setpoint, c.probe, c.last_step, c.setpoint);
+        put(inForce, c.probe, c.last_step, (c.components || {}).setpoint_in_force);
       }
-      return A.el("tr", { data: { controller: name } }, A.el("td", {}, name), cell(c.probe), cell(c.raw), cell(c.filtered),
-        cell(c.setpoint_override ?? c.setpoint), cell(c.knob), cell(knob.value), cell(s.knobs_in_effect[c.knob]));
+      // A reading older than the run's last step (controllers stop on a halt; a guardrail went on
+      // reading): shown with its step, not as the current one.
+      const stale = c.last_step !== undefined && s.last_step !== null && c.last_step < s.last_step;
+      const at = (v) => A.el("td", stale ? { class: "stale" } : {}, A.fmt(v) + (stale ? ` (step ${c.last_step})` : ""));
+      return A.el("tr", { data: { controller: name, stale: stale ? "1" : "" } }, A.el("td", {}, name), cell(c.probe),
+        at(c.raw), at(c.filtered), cell(c.setpoint_override ?? c.setpoint), cell(c.knob), cell(knob.value),
+        cell(s.knobs_in_effect[c.knob]));
     }));
     const gr = document.querySelector("#guardrails tbody");
     gr.replaceChildren(...Object.entries(s.guardrails).map(([name, g]) => {
       if (g.probe !== undefined && g.threshold !== undefined) threshold[g.probe] = g.threshold;
       return A.el("tr", { data: { guardrail: name } }, A.el("td", {}, name), cell(g.probe), cell(g.value),
-        cell(g.threshold), cell(g.breaches), cell(g.active ? "yes" : "no"));
+        cell(g.threshold), cell(g.breaches), cell(g.fired ?? 0), cell(g.active ? "yes" : "no"));
     }));
     redraw();
   }

@@ -81,3 +81,40 @@ def test_a_constraint_raises_its_multiplier_only_while_violated_and_says_which_i
     assert "slack, releasing" in reasons[-1]
     # the lr controller (another probe, lower priority) still acts on the same run
     assert ctx.knobs["learning_rate"].value < 1e-4
+
+
+def test_a_ramped_controller_names_the_setpoint_in_force_and_its_place_on_the_ramp(sqlite_service) -> None:
+    """preset:dpo-kl through the real service: the learning-rate controller cuts the rate while
+    the KL is below the final setpoint 0.1, because it acts on a setpoint ramp. Its reason, its
+    inputs, the controller's state and `actuator decisions --explain` name the setpoint in force
+    (0.1·k/8 at the ramp's k-th interval from a first reading of 0) beside the final one."""
+    import httpx
+    from typer.testing import CliRunner
+
+    from actuator.cli import app
+    from actuator.policy import load_preset
+
+    url = sqlite_service.url
+    knobs = [{"name": "learning_rate", "value": 5e-5, "min": 5e-7, "max": 5e-5, "scale": "log", "max_step": 1.0},
+             {"name": "kl_weight", "value": 0.0, "min": 0.0, "max": 2.0, "scale": "linear", "max_step": 0.25}]
+    run = httpx.post(f"{url}/v1/runs", json={"policy": load_preset("dpo-kl").model_dump(mode="json"),
+                                              "knobs": knobs}).json()
+    auth = {"Authorization": f"Bearer {run['token']}"}
+    for k, kl in enumerate([0.0, 0.0194, 0.035, 0.05]):
+        r = httpx.post(f"{url}/v1/runs/{run['id']}/observations", headers=auth, json={"observations": [
+            {"seq": k, "step": k, "probes": {"kl_drift": kl}}]})
+        assert r.status_code == 200, r.text
+    decisions = httpx.get(f"{url}/v1/runs/{run['id']}/decisions").json()["items"]
+    cuts = [d for d in decisions if d["knob"] == "learning_rate"]
+    assert len(cuts) == 3 and all(d["new_value"] < d["old_value"] for d in cuts)
+    for k, d in enumerate(cuts, start=1):
+        in_force = d["inputs"]["setpoint_in_force"]
+        assert math.isclose(in_force, 0.1 * k / 8) and d["inputs"]["setpoint"] == 0.1
+        assert "below setpoint 0.1 and rising" in d["reason"]
+        assert (f"the law acted on {d['inputs']['filtered']:.4g} against ramped setpoint {in_force:.4g} "
+                f"(ramp {k} of 8 probe intervals toward 0.1), above it") in d["reason"]
+    state = httpx.get(f"{url}/v1/runs/{run['id']}").json()
+    assert math.isclose(state["controllers"]["kl-lr"]["components"]["setpoint_in_force"], 0.1 * 3 / 8)
+    out = CliRunner().invoke(app, ["decisions", run["id"], "--url", url, "--explain"], env={"COLUMNS": "200"})
+    assert out.exit_code == 0, out.output
+    assert f"setpoint in force (ramp) {0.1 * 3 / 8:.6g}" in out.output

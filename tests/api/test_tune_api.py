@@ -140,3 +140,37 @@ def test_cli_policy_tune_prints_model_gains_prediction_and_policy(sqlite_service
     out = runner.invoke(app, ["policy", "tune", "--run", flat, "--controller", "drift", "--url", url],
                         env={"COLUMNS": "200"})
     assert out.exit_code == 1 and "409" in out.output and "knob moved by 0" in out.output
+
+
+def test_a_proposal_outside_tunes_own_limits_is_marked_with_what_to_change(sqlite_service):
+    """A KL that rises on its own (0.004 a step) against a learning rate held to 0.05 a decision:
+    every setpoint weight's replay overshoots the 0.1 target by ~40% and never settles. The answer
+    and `actuator policy tune` mark the proposal as outside the 15% limit, with the numbers and the
+    changes to try, where before only a bare "does not settle" warning was printed."""
+    from typer.testing import CliRunner
+
+    from actuator.cli import app
+
+    url = sqlite_service.url
+    rng, y, lrs, out = random.Random(0), 0.0, [], []
+    for step in range(41):
+        lr = LR0 * (2.0 if 8 < step <= 24 else 1.0)
+        lrs.append(lr)
+        if step:
+            y += 0.004 + 0.004 * math.log(lrs[max(0, step - 2)] / LR0)  # integrating, 2 steps of dead time
+        if step % 2 == 0:
+            out.append({"seq": step // 2, "step": step, "probes": {"kl_drift": y + rng.gauss(0, 0.0005)},
+                        "knobs": {"learning_rate": lr}})
+    policy = {"name": "tune-limits", "controllers": [{"name": "drift", "probe": "kl_drift", "knob": "learning_rate",
+                                                      "setpoint": 0.1, "kp": 1.0, "ki": 0.1, "max_step": 0.05}]}
+    run_id = record(url, out, policy)
+    answer = httpx.post(f"{url}/v1/policies/tune", json={"run_id": run_id, "controller": "drift"}, timeout=120).json()
+    over = answer["predicted"]["proposed"]["overshoot_pct"]
+    assert over > 15 and answer["within_limits"] is False
+    assert any(f"predicted overshoot {over:.0f}% is past the 15% limit" in m and "--aggressiveness 0.5" in m
+               and "max_step" in m for m in answer["outside_limits"]), answer["outside_limits"]
+    cli = CliRunner().invoke(app, ["policy", "tune", "--run", run_id, "--controller", "drift", "--url", url],
+                             env={"COLUMNS": "200"})
+    assert cli.exit_code == 0, cli.output
+    assert "proposed gains (OUTSIDE limits)" in cli.output
+    assert f"OUTSIDE tune's limits: predicted overshoot {over:.0f}%" in cli.output

@@ -68,7 +68,9 @@ def _outcome(**run_fields):  # type: ignore[no-untyped-def]
                           knobs_in_effect={"learning_rate": 1e-3}, context=context, **run_fields)
     decision = SimpleNamespace(knob="learning_rate", controller="drift")
     breach = GuardrailBreach(step=1, guardrail="ceiling", action="adjust", value=0.6, threshold=0.5, reason="r")
-    return SimpleNamespace(run=run, accepted=1, duplicates=0, created=[decision], events=[breach])
+    # knobs_in_effect: what the store computed for this ingest (observed, or acknowledged since)
+    return SimpleNamespace(run=run, accepted=1, duplicates=0, created=[decision], events=[breach],
+                           knobs_in_effect={"learning_rate": 1e-3})
 
 
 def test_observe_ingest_exports_the_run() -> None:
