@@ -27,6 +27,9 @@ actuator_observations_duplicate_total           counter    -
 actuator_request_duration_seconds               histogram  route (template), method, status
 actuator_requests_rejected_total                counter    reason (the 4xx status code)
 actuator_backend_errors_total                   counter    backend (store|redis)
+actuator_live_unpublished_events_total          counter    -
+actuator_streams_refused_total                  counter    cap (run|client)
+actuator_streams_dropped_total                  counter    -
 =============================================  =========  ==================================
 
 Labels are bounded: run ids (one per registered run), knob and probe names (validated
@@ -179,6 +182,10 @@ class Metrics:
         self.backend_errors = counter("backend_errors", "Store and Redis errors.", ["backend"])
         for backend in BACKENDS:
             self.backend_errors.labels(backend)
+        self.unpublished = counter("live_unpublished_events", "Live events not published: Redis down or slow "
+                                   "(their runs' streams get a gap).")
+        self.streams_refused = counter("streams_refused", "Live streams refused (429), by the cap reached.", ["cap"])
+        self.streams_dropped = counter("streams_dropped", "Live streams ended because their client fell behind.")
 
     def render(self) -> tuple[bytes, str]:
         """The exposition body and its content type, for ``GET /metrics``."""
