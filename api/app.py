@@ -208,11 +208,13 @@ class BodyDeadline:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        complete = False
+        complete = aborted = False
         transport_abort = _abort_of(send)
         if transport_abort is not None:
             def abort() -> None:
+                nonlocal aborted
                 if not complete:
+                    aborted = True
                     transport_abort()
             scope["actuator.abort"] = abort
         headers = Headers(scope=scope)
@@ -257,7 +259,9 @@ class BodyDeadline:
         try:
             await self.app(scope, timed_receive, guarded_send)
         except Exception:
-            if not replied:  # the app's reaction to the cut-off body (a disconnect) is not an error
+            # The app's reaction to a body cut off, or to a connection cut (a disconnect in the
+            # middle of its answer), is not an error of its own.
+            if not (replied or aborted):
                 raise
 
 
