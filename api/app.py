@@ -208,7 +208,7 @@ class BodyDeadline:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        complete = aborted = False
+        complete = aborted = gone = False
         transport_abort = _abort_of(send)
         if transport_abort is not None:
             def abort() -> None:
@@ -224,9 +224,11 @@ class BodyDeadline:
         deadline = asyncio.get_running_loop().time() + self.seconds
 
         async def timed_receive() -> Message:
-            nonlocal body_done, replied
+            nonlocal body_done, replied, gone
             if body_done or replied:
-                return await receive()
+                message = await receive()
+                gone = gone or message["type"] == "http.disconnect"
+                return message
             try:
                 async with asyncio.timeout_at(deadline):
                     message = await receive()
@@ -258,11 +260,14 @@ class BodyDeadline:
 
         try:
             await self.app(scope, timed_receive, guarded_send)
-        except Exception:
-            # The app's reaction to a body cut off, or to a connection cut (a disconnect in the
-            # middle of its answer), is not an error of its own.
-            if not (replied or aborted):
+        except Exception as exc:
+            # The app's reaction to a body cut off, a connection cut, or a client gone in the middle
+            # of a streamed answer (FastAPI's SSE pipeline raises when its reader goes away) is
+            # not an error of its own.
+            if not (replied or aborted or gone):
                 raise
+            log.debug("%s %s ended with %s after its connection ended", scope["method"], scope["path"],
+                      type(exc).__name__)
 
 
 class _EnvelopeTooLarge:

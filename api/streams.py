@@ -82,9 +82,9 @@ def _slots(request: Request, services: Services) -> StreamSlots:
     return slots
 
 
-async def take_stream_slot(run_id: str, request: Request, services: Services) -> AsyncIterator[None]:
-    """For a dependency with ``yield``: a slot for the stream, given back once its response ends;
-    429 naming the cap when none is free."""
+def take_stream_slot(run_id: str, request: Request, services: Services) -> Callable[[], None]:
+    """A slot for a stream, or 429 naming the cap when none is free. Returns what gives it back
+    (call it once the stream's response has ended)."""
     slots = _slots(request, services)
     client = request.client.host if request.client else "-"
     cap = slots.take(run_id, client)
@@ -94,10 +94,7 @@ async def take_stream_slot(run_id: str, request: Request, services: Services) ->
                                  ("ACTUATOR_STREAM_MAX_PER_CLIENT", slots.per_client, f"client {client}"))
         raise ApiError(429, f"{whose} already has {limit} live streams open in this worker ({setting}); close one "
                        f"or retry after {RETRY_AFTER_S} s", headers={"Retry-After": str(RETRY_AFTER_S)})
-    try:
-        yield
-    finally:
-        slots.give(run_id, client)
+    return lambda: slots.give(run_id, client)
 
 
 class _Behind(Exception):

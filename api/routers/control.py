@@ -221,8 +221,11 @@ async def _stream_slot(run_id: Annotated[str, Depends(_streamed_run)], request: 
                        services: ServicesDep) -> AsyncIterator[str]:
     # A dependency too: a 429 must be answered before the stream starts, and the slot is given back
     # once the response has ended.
-    async for _ in take_stream_slot(run_id, request, services):
+    give_back = take_stream_slot(run_id, request, services)
+    try:
         yield run_id
+    finally:
+        give_back()
 
 
 @router.get("/{run_id}/stream", response_class=EventSourceResponse,
