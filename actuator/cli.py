@@ -84,6 +84,12 @@ def serve(
         min=0.1, envvar="ACTUATOR_HEADER_TIMEOUT",
         help="Seconds a client has to send a request's headers; then the connection is closed "
              "(slowloris).")] = 10.0,
+    body_timeout: Annotated[Optional[float], typer.Option(
+        min=0.1, help="Seconds a client has to send a request's body after its headers; then 408 and the "
+             "connection is closed (ACTUATOR_BODY_TIMEOUT, default 30).")] = None,
+    max_connections: Annotated[Optional[int], typer.Option(
+        min=2, help="Connections each worker serves at once; past it 503 (ACTUATOR_MAX_CONNECTIONS; default: "
+             "three quarters of the open-file limit, at most 4096).")] = None,
 ) -> None:
     """Run the controller service (migrations are applied on start)."""
     try:
@@ -97,6 +103,10 @@ def serve(
         os.environ["ACTUATOR_DATABASE_URL"] = database_url
     if redis_url:
         os.environ["ACTUATOR_REDIS_URL"] = redis_url
+    if body_timeout is not None:
+        os.environ["ACTUATOR_BODY_TIMEOUT"] = str(body_timeout)
+    if max_connections is not None:
+        os.environ["ACTUATOR_MAX_CONNECTIONS"] = str(max_connections)
     # The app reads where it listens from its settings (the Host names it answers to).
     os.environ["ACTUATOR_HOST"], os.environ["ACTUATOR_PORT"] = host, str(port)
     from pydantic import ValidationError
@@ -122,7 +132,17 @@ def serve(
     # A live stream (a console tab, a dashboard) ends only at its max_seconds: on SIGTERM, give
     # requests 5 s to finish, then close what is still open and shut down as usual.
     uvicorn.run("actuator.api.app:create_app", factory=True, host=host, port=port, workers=workers,
-                log_level=log_level, http=protocol_class(header_timeout), timeout_graceful_shutdown=5)
+                log_level=log_level, http=protocol_class(header_timeout), timeout_graceful_shutdown=5,
+                limit_concurrency=settings.max_connections or _default_connections())
+
+
+def _default_connections() -> int:
+    """Three quarters of the open-file limit (the rest for the store, Redis, logs), at most 4096:
+    past it a worker answers 503 instead of failing to accept ("Too many open files")."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(2, min(4096, soft * 3 // 4)) if soft != resource.RLIM_INFINITY else 4096
 
 
 def _check_serve(settings: Settings, workers: int) -> None:

@@ -110,6 +110,31 @@ class Settings(BaseSettings):
     public_url: str | None = Field(
         None, description="The service's base URL as people reach it, for the console links of notifications. "
         "Default: http://HOST:PORT.")
+    # Transport bounds (docs/reference/limits.md). Live streams are counted per worker process.
+    body_timeout: float = Field(
+        30.0, gt=0, le=3600, description="Seconds a client has, from the end of a request's headers, to send its "
+        "whole body; then 408 and the connection is closed (slow bodies).")
+    max_connections: int | None = Field(
+        None, ge=2, description="Connections one worker process serves at once (uvicorn's limit_concurrency; "
+        "past it 503). Default: three quarters of the process's open-file limit, at most 4096. Read by "
+        "`actuator serve`.")
+    stream_max_per_run: int = Field(
+        64, ge=1, description="Live event streams (GET /v1/runs/{id}/stream) of one run open at once, per worker "
+        "process; past it 429 with Retry-After.")
+    stream_max_per_client: int = Field(
+        32, ge=1, description="Live event streams one client address holds open at once, per worker process; past "
+        "it 429 with Retry-After.")
+    stream_queue: int = Field(
+        256, ge=1, le=100_000, description="Events queued for one stream's client. A client that takes none of a "
+        "full queue for ACTUATOR_STREAM_DROP_AFTER seconds gets a `gap` (reason `behind`) and its stream ends (it "
+        "reconnects with Last-Event-ID).")
+    stream_drop_after: float = Field(
+        10.0, gt=0, le=3600, description="Seconds a stream's client may take nothing from its full queue before "
+        "it is behind; then as long again to take its `gap`, else its connection is cut.")
+    live_timeout: float = Field(
+        0.5, gt=0, le=30, description="Seconds an ingest (or operator action) waits for Redis to take its live "
+        "events, after its commit; past it, or with Redis down, the answer goes out without them and the "
+        "run's stream gets a `gap` (reason `unpublished`) once Redis answers again.")
     metrics_retire_after: float = Field(
         300.0, ge=0, description="Seconds a finished or halted run's Prometheus series stay exported (so a "
         "scrape sees their final values); then they are removed.")

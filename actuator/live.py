@@ -14,28 +14,39 @@ as one ``gap`` event naming the missing numbers (``"trimmed"``), and an id of an
 ``gap`` telling the client to resync from the durable report (``"restarted"``). A follower costs
 nothing while its run is quiet: it waits to be woken (in process), or on the one blocking
 ``XREAD`` its worker shares among all its followers (Redis).
+
+Publishing is best effort: it comes after the store's commit, so an ingest whose observations and
+decisions are stored answers with them whatever Redis does. :class:`RedisLive` waits at most
+``publish_timeout`` for Redis; once a publish fails it stops trying for a while (0.5 s, doubling to
+5 s while Redis stays away) and counts, per run, the events it did not publish; the run's next
+published events start with one ``gap`` event naming how many were missed (``"unpublished"``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import threading
 import time
 import uuid
 from collections import defaultdict, deque
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, cast
 
 from .schemas import Event, Gap
 
-__all__ = ["EventId", "LiveEvent", "LiveState", "MemoryLive", "RedisLive", "make_live"]
+__all__ = ["EventId", "LiveEvent", "LiveState", "MemoryLive", "RedisLive", "encode_event", "make_live"]
 
 _CHUNK = 500  # events per read while catching up, and per run per shared read
 _BLOCK_MS = 10_000  # the shared XREAD re-arms this often (and then drops runs nobody follows)
 _BACKLOG = 64  # batches queued for one follower before it re-reads from its cursor instead
+_RETRY_FIRST, _RETRY_MAX = 0.5, 5.0  # seconds publishing pauses after a failure (doubling while it fails)
+_FLUSH_RUNS = 50  # other runs' gaps published along with one publish, at most
+
+log = logging.getLogger("actuator.live")
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -80,7 +91,7 @@ class LiveEvent:
     data: str
 
 
-def _encode(event: Event) -> tuple[str, str]:
+def encode_event(event: Event) -> tuple[str, str]:
     """The event's kind and JSON text (``kind`` first; json.dumps' spacing, as the stream always had)."""
     return event.kind, json.dumps({"kind": event.kind, **event.model_dump(by_alias=True)})
 
@@ -92,7 +103,7 @@ def _epoch_now() -> int:
 def _trimmed(epoch: int, first: int, last: int) -> LiveEvent:
     """Events ``first..last`` are no longer kept. Carries the id of ``last``: a client that
     reconnects after it is not told again."""
-    return LiveEvent(EventId(epoch, last), *_encode(Gap.trimmed(first, last)))
+    return LiveEvent(EventId(epoch, last), *encode_event(Gap.trimmed(first, last)))
 
 
 def _restarted(after: EventId, resume: EventId) -> LiveEvent:
@@ -100,7 +111,7 @@ def _restarted(after: EventId, resume: EventId) -> LiveEvent:
     the process restarted, or Redis was flushed): whatever came after it is unknown here, so the
     client resyncs from the durable report. Carries ``resume``, the id just before the events
     that follow (``after`` itself while no event of the new numbering exists yet)."""
-    return LiveEvent(resume, *_encode(Gap.restarted(str(after))))
+    return LiveEvent(resume, *encode_event(Gap.restarted(str(after))))
 
 
 class _Source(Protocol):
@@ -192,7 +203,7 @@ class MemoryLive:
         """``publish`` of each event, in order (and ``touch(run_id, touch)`` first unless None)."""
         if touch is not None:
             self.touch(run_id, touch)
-        encoded = [_encode(e) for e in events]
+        encoded = [encode_event(e) for e in events]
         if not encoded:
             return
         with self._lock:
@@ -308,6 +319,61 @@ return ids
 """
 
 
+class _Unpublished:
+    """What a process could not publish while Redis was unreachable: per run, how many events; and
+    when to try again (a circuit breaker: a hung Redis costs one ``publish_timeout`` per retry
+    interval, not one per request). Thread-safe: publishers run in the thread pool."""
+
+    def __init__(self, on_missed: Callable[[int], None] | None) -> None:
+        self._lock = threading.Lock()
+        self._missed: dict[str, int] = {}
+        self._retry_at = 0.0
+        self._backoff = 0.0
+        self._since: float | None = None  # when the current outage began
+        self._on_missed = on_missed
+
+    def skipping(self) -> bool:
+        return time.monotonic() < self._retry_at
+
+    def add(self, run_id: str, count: int) -> None:
+        if count <= 0:
+            return
+        with self._lock:
+            self._missed[run_id] = self._missed.get(run_id, 0) + count
+        if self._on_missed is not None:
+            self._on_missed(count)
+
+    def take(self, run_id: str) -> tuple[int, dict[str, int]]:
+        """This run's missed count and up to ``_FLUSH_RUNS`` other runs', removed (put them back
+        with :meth:`add` if they cannot be published)."""
+        with self._lock:
+            own = self._missed.pop(run_id, 0)
+            others = {r: self._missed.pop(r) for r in list(self._missed)[:_FLUSH_RUNS]}
+        return own, others
+
+    def failed(self, exc: BaseException) -> None:
+        with self._lock:
+            first = self._since is None
+            if first:
+                self._since = time.monotonic()
+            self._backoff = min(_RETRY_MAX, self._backoff * 2 if self._backoff else _RETRY_FIRST)
+            self._retry_at = time.monotonic() + self._backoff
+        if first:
+            log.warning("live state (Redis) unreachable (%s: %s): live events are not published until it answers "
+                        "again; ingests and decisions go on, and each run's stream gets a gap", type(exc).__name__, exc)
+
+    def recovered(self) -> None:
+        if self._since is None:
+            return
+        with self._lock:
+            since, self._since, self._backoff = self._since, None, 0.0
+            runs, events = len(self._missed), sum(self._missed.values())
+        if since is not None:
+            log.warning("live state (Redis) reachable again after %.1f s; its streams get a gap for the events "
+                        "not published%s", time.monotonic() - since,
+                        f" ({events} events of {runs} runs still to be marked)" if runs else "")
+
+
 class RedisLive:
     """Redis-backed live state: a hash of last-seen times and a capped stream per run.
 
@@ -315,14 +381,19 @@ class RedisLive:
     (streams numbered before epochs existed, ``0-<n>``, go on in their epoch 0), not the earlier
     ``actuator:events:<run>``, whose time-based ids these numbers could not follow."""
 
-    def __init__(self, url: str, keep: int = 1000) -> None:
+    def __init__(self, url: str, keep: int = 1000, *, publish_timeout: float = 0.5,
+                 on_unpublished: Callable[[int], None] | None = None) -> None:
         import redis
 
         self._url = url
         self._r = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
-        self._publish = self._r.register_script(_PUBLISH)
+        # Publishing comes after the store's commit, on the request's path: its own connections with
+        # a short timeout, so a hung Redis holds a request for at most that.
+        self._pub = redis.Redis.from_url(url, socket_timeout=publish_timeout, socket_connect_timeout=publish_timeout)
+        self._publish = self._pub.register_script(_PUBLISH)
         self._keep = keep
         self._hub: _RedisHub | None = None
+        self._unpublished = _Unpublished(on_unpublished)
 
     @staticmethod
     def _key(run_id: str) -> str:
@@ -332,7 +403,7 @@ class RedisLive:
         self._r.ping()
 
     def touch(self, run_id: str, step: int) -> None:
-        self._r.hset("actuator:last_seen", run_id, time.time())
+        self.publish_many(run_id, (), touch=step)
 
     def last_seen(self, run_id: str) -> float | None:
         v = self._r.hget("actuator:last_seen", run_id)
@@ -343,12 +414,32 @@ class RedisLive:
 
     def publish_many(self, run_id: str, events: Iterable[Event], *, touch: int | None = None) -> None:
         """The same stream entries as ``publish`` of each event in order (and the ``touch`` first
-        unless None), in one script call: one round trip for all, and the events contiguous."""
-        fields = [part for event in events for part in _encode(event)]
+        unless None), in one script call: one round trip for all, and the events contiguous.
+        Never raises for Redis: what cannot be published is counted, and the run's next published
+        events start with a gap saying how many were missed."""
+        import redis
+
+        fields = [part for event in events for part in encode_event(event)]
         if touch is None and not fields:
             return
-        self._publish(keys=[self._key(run_id), "actuator:last_seen"],
-                      args=[self._keep, run_id, "" if touch is None else time.time(), *fields])
+        if self._unpublished.skipping():
+            self._unpublished.add(run_id, len(fields) // 2)
+            return
+        own, others = self._unpublished.take(run_id)
+        # This run's publish first (the request's own), then the gaps of runs that missed events
+        # and have published nothing since.
+        calls = [(run_id, [*(encode_event(Gap.unpublished(own)) if own else ()), *fields], touch, own + len(fields) // 2)]
+        calls += [(other, list(encode_event(Gap.unpublished(n))), None, n) for other, n in others.items()]
+        for i, (run, args, touched, _) in enumerate(calls):
+            try:
+                self._publish(keys=[self._key(run), "actuator:last_seen"],
+                              args=[self._keep, run, "" if touched is None else time.time(), *args])
+            except redis.RedisError as exc:
+                for later_run, _, _, later_count in calls[i:]:
+                    self._unpublished.add(later_run, later_count)
+                self._unpublished.failed(exc)
+                return
+        self._unpublished.recovered()
 
     def follow(self, run_id: str, after: EventId | None = None) -> AsyncGenerator[LiveEvent, None]:
         if self._hub is None:  # built on first use, on the serving event loop
@@ -357,6 +448,7 @@ class RedisLive:
 
     def close(self) -> None:
         self._r.close()
+        self._pub.close()
 
     async def aclose(self) -> None:
         if self._hub is not None:
@@ -547,5 +639,10 @@ class _RedisHub:
         await self._reader.aclose()
 
 
-def make_live(redis_url: str | None) -> LiveState:
-    return RedisLive(redis_url) if redis_url else MemoryLive()
+def make_live(redis_url: str | None, *, publish_timeout: float = 0.5,
+              on_unpublished: Callable[[int], None] | None = None) -> LiveState:
+    """Redis live state when a URL is given (``publish_timeout``: seconds a publish may wait for
+    it; ``on_unpublished(n)``: told of every ``n`` events it could not publish), else in-process."""
+    if redis_url:
+        return RedisLive(redis_url, publish_timeout=publish_timeout, on_unpublished=on_unpublished)
+    return MemoryLive()

@@ -29,6 +29,9 @@ actuator_request_duration_seconds               histogram  route (template), met
 actuator_requests_rejected_total                counter    reason (the 4xx status code)
 actuator_backend_errors_total                   counter    backend (store|redis)
 actuator_notifications_total                    counter    outcome (sent|failed|dropped)
+actuator_live_unpublished_events_total          counter    -
+actuator_streams_refused_total                  counter    cap (run|client)
+actuator_streams_dropped_total                  counter    -
 =============================================  =========  ==================================
 
 Labels are bounded: run ids (one per registered run), knob and probe names (validated
@@ -188,6 +191,10 @@ class Metrics:
                                      "sent, failed (after its retries), dropped (queue full).", ["outcome"])
         for outcome in ("sent", "failed", "dropped"):
             self.notifications.labels(outcome)
+        self.unpublished = counter("live_unpublished_events", "Live events not published: Redis down or slow "
+                                   "(their runs' streams get a gap).")
+        self.streams_refused = counter("streams_refused", "Live streams refused (429), by the cap reached.", ["cap"])
+        self.streams_dropped = counter("streams_dropped", "Live streams ended because their client fell behind.")
 
     def render(self) -> tuple[bytes, str]:
         """The exposition body and its content type, for ``GET /metrics``."""

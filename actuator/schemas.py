@@ -672,21 +672,28 @@ class HistoryChanged(_Event):
 class Gap(_Event):
     """Live stream only: what the stream cannot resume. ``trimmed``: events ``first`` .. ``last``
     are no longer kept; ``restarted``: the id ``last_event_id`` belongs to a numbering the live
-    state lost (re-read the run's report)."""
+    state lost (re-read the run's report); ``unpublished``: ``missed`` events of the run were stored
+    but never reached the live state (Redis down or slow; re-read the run's report); ``behind``: the
+    client fell behind the run's events and this connection ends (reconnect after
+    ``last_event_id``, the last event it was sent, if any)."""
 
-    _omit_none = ("first", "last", "last_event_id")
+    _omit_none = ("first", "last", "last_event_id", "missed")
     kind: Literal["gap"] = "gap"
-    reason: Literal["trimmed", "restarted"]
+    reason: Literal["trimmed", "restarted", "unpublished", "behind"]
     first: int | None = None
     last: int | None = None
     last_event_id: str | None = None
+    missed: int | None = None
 
     @model_validator(mode="after")
     def _says_what(self) -> Gap:
-        trimmed = self.first is not None and self.last is not None and self.last_event_id is None
-        restarted = self.first is None and self.last is None and self.last_event_id is not None
-        if not (trimmed if self.reason == "trimmed" else restarted):
-            raise ValueError("a trimmed gap names first and last, a restarted one last_event_id")
+        named = (self.first is not None, self.last is not None, self.last_event_id is not None, self.missed is not None)
+        allowed = {"trimmed": {(True, True, False, False)}, "restarted": {(False, False, True, False)},
+                   "unpublished": {(False, False, False, True)},
+                   "behind": {(False, False, True, False), (False, False, False, False)}}[self.reason]
+        if named not in allowed:
+            raise ValueError("a trimmed gap names first and last, a restarted one last_event_id, an unpublished one "
+                             "missed, a behind one at most last_event_id")
         return self
 
     @classmethod
@@ -696,6 +703,14 @@ class Gap(_Event):
     @classmethod
     def restarted(cls, last_event_id: str) -> Gap:
         return cls(reason="restarted", last_event_id=last_event_id)
+
+    @classmethod
+    def unpublished(cls, missed: int) -> Gap:
+        return cls(reason="unpublished", missed=missed)
+
+    @classmethod
+    def behind(cls, last_event_id: str | None) -> Gap:
+        return cls(reason="behind", last_event_id=last_event_id)
 
 
 Event = Annotated[

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from urllib.parse import urlsplit
 
@@ -175,10 +176,101 @@ class BrowserGuard:
 
 
 class _Service(FastAPI):
-    """FastAPI with one addition: the body limit's own 413 carries the error envelope."""
+    """FastAPI with two additions: the body limit's own 413 carries the error envelope, and the
+    body deadline (outermost)."""
+
+    body_timeout: float = 30.0
 
     def build_middleware_stack(self) -> ASGIApp:
-        return _EnvelopeTooLarge(super().build_middleware_stack(), self.max_body_size)
+        return BodyDeadline(_EnvelopeTooLarge(super().build_middleware_stack(), self.max_body_size),
+                            self.body_timeout)
+
+
+def _abort_of(send: Send) -> Callable[[], None] | None:
+    """The connection's abort, under uvicorn: ``send`` is its request cycle's bound method, which
+    holds the transport. None under another server."""
+    transport = getattr(getattr(send, "__self__", None), "transport", None)
+    abort = getattr(transport, "abort", None)
+    return abort if callable(abort) else None
+
+
+class BodyDeadline:
+    """A request's whole body must arrive within ``seconds`` of its head (the head's own deadline is
+    the server's, api/protocol.py): a body that trickles past it is answered 408 and its connection
+    closed, and the app reads a disconnect. A response that starts before the app read the body (a
+    refusal, a route that takes none) first takes the rest of the body under the same deadline, so
+    no connection stays open on a body nobody reads.
+
+    Outermost, so it also gives the app ``scope["actuator.abort"]``: cut this connection now unless
+    its response has ended (a live stream whose client stopped reading, api/streams.py)."""
+
+    def __init__(self, app: ASGIApp, seconds: float) -> None:
+        self.app, self.seconds = app, seconds
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        complete = aborted = gone = False
+        transport_abort = _abort_of(send)
+        if transport_abort is not None:
+            def abort() -> None:
+                nonlocal aborted
+                if not complete:
+                    aborted = True
+                    transport_abort()
+            scope["actuator.abort"] = abort
+        headers = Headers(scope=scope)
+        body_done = headers.get("content-length", "0") in ("0", "") and "transfer-encoding" not in headers
+        replied = False  # our 408 went out: whatever the app answers after is dropped
+        started = False
+        deadline = asyncio.get_running_loop().time() + self.seconds
+
+        async def timed_receive() -> Message:
+            nonlocal body_done, replied, gone
+            if body_done or replied:
+                message = await receive()
+                gone = gone or message["type"] == "http.disconnect"
+                return message
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                if not started:
+                    replied = True
+                    response = error_response(ApiError(
+                        408, f"request body not received within {self.seconds:g} s of its headers "
+                             "(ACTUATOR_BODY_TIMEOUT)", headers={"Connection": "close"}))
+                    await send({"type": "http.response.start", "status": 408, "headers": response.raw_headers})
+                    await send({"type": "http.response.body", "body": response.body})
+                return {"type": "http.disconnect"}
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                body_done = True
+            return message
+
+        async def guarded_send(message: Message) -> None:
+            nonlocal started, complete
+            if message["type"] == "http.response.start":
+                while not body_done and not replied:  # the body nobody read: take it (or 408) first
+                    if (await timed_receive())["type"] == "http.disconnect":
+                        break
+            if replied:
+                return
+            started = True
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                complete = True
+
+        try:
+            await self.app(scope, timed_receive, guarded_send)
+        except Exception as exc:
+            # The app's reaction to a body cut off, a connection cut, or a client gone in the middle
+            # of a streamed answer (FastAPI's SSE pipeline raises when its reader goes away) is
+            # not an error of its own.
+            if not (replied or aborted or gone):
+                raise
+            log.debug("%s %s ended with %s after its connection ended", scope["method"], scope["path"],
+                      type(exc).__name__)
 
 
 class _EnvelopeTooLarge:
@@ -218,7 +310,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if settings.migrate_on_start:
             upgrade(settings.database_url)
         store = Store(settings.database_url)
-        live = make_live(settings.redis_url)
+        live = make_live(settings.redis_url, publish_timeout=settings.live_timeout,
+                         on_unpublished=app.state.metrics.unpublished.inc)
         metrics = app.state.metrics
         notifier = None if not settings.webhook_url else Notifier(
             settings.webhook_url, console=settings.public_url or f"http://{settings.host}:{settings.port}",
@@ -242,6 +335,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = _Service(title="Actuator", version=__version__, description=DESCRIPTION, lifespan=lifespan,
                    max_body_size=settings.max_body_bytes, openapi_url="/openapi.json" if docs else None,
                    docs_url="/docs" if docs else None, redoc_url="/redoc" if docs else None)
+    app.body_timeout = settings.body_timeout
     app.state.metrics = Metrics(retire_after=settings.metrics_retire_after)
 
     install_error_handlers(app, settings.max_body_bytes)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Path, Query, Response
+from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
 from fastapi.responses import HTMLResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -47,6 +46,7 @@ from ..deps import (
     stream_ticket_valid,
 )
 from ..errors import ApiError, error_responses
+from ..streams import RESPONSES_429, stream_events, take_stream_slot
 from ..views import decision_public, run_state
 
 # Every route here names a run (404, 422 for a malformed id) and reads the store (503).
@@ -269,8 +269,19 @@ LastEventId = Annotated[str | SkipJsonSchema[None],
                                description="Resume after this event id (`<epoch>-<n>`; a plain `<n>` is epoch 0)")]
 
 
+async def _stream_slot(run_id: Annotated[str, Depends(_streamed_run)], request: Request,
+                       services: ServicesDep) -> AsyncIterator[str]:
+    # A dependency too: a 429 must be answered before the stream starts, and the slot is given back
+    # once the response has ended.
+    give_back = take_stream_slot(run_id, request, services)
+    try:
+        yield run_id
+    finally:
+        give_back()
+
+
 @router.get("/{run_id}/stream", response_class=EventSourceResponse,
-            responses=error_responses(401, 403, 404, 422, 503, by_reference=True),
+            responses={**error_responses(401, 403, 404, 422, 503, by_reference=True), **RESPONSES_429},
             summary="Server-Sent Events: the run's observations, decisions and breaches live",
             description="Each event's `id` is `<epoch>-<n>`: its number n in the run (1, 2, 3, ...) within "
                         "the epoch its numbering started in (live state that loses its events, e.g. a Redis "
@@ -281,43 +292,14 @@ LastEventId = Annotated[str | SkipJsonSchema[None],
                         "report. Without it, the stream starts with the kept events. Idle streams get a "
                         "keep-alive comment (`: ping`) every `ACTUATOR_STREAM_KEEPALIVE` seconds (15 by default). "
                         "Token mode: a bearer token that may read the run, or `?ticket=` (see "
-                        "POST /v1/runs/{id}/stream/ticket).")
-async def stream(run_id: Annotated[str, Depends(_streamed_run)], services: ServicesDep,
+                        "POST /v1/runs/{id}/stream/ticket). "
+                        "At most `ACTUATOR_STREAM_MAX_PER_RUN` streams of a run and "
+                        "`ACTUATOR_STREAM_MAX_PER_CLIENT` of a client address are open per worker (429 past "
+                        "them); a client more than `ACTUATOR_STREAM_QUEUE` events behind gets a `gap` with "
+                        "reason `behind` and its stream ends.")
+async def stream(run_id: Annotated[str, Depends(_stream_slot)], request: Request, services: ServicesDep,
                  last_event_id: LastEventId = None,
                  max_seconds: Annotated[float, Query(gt=0, le=86400)] = 3600.0) -> AsyncIterator[ServerSentEvent]:
     after = EventId.parse(last_event_id) if last_event_id is not None else None
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + max_seconds
-    keepalive = services.settings.stream_keepalive
-    yield ServerSentEvent(retry=2000)
-    events = services.live.follow(run_id, after)
-    # The next event is awaited in a task, so a keep-alive comment can be sent while it is
-    # pending without cancelling it (a cancelled __anext__ would end the live generator).
-    pending: asyncio.Task[Any] | None = None
-    try:
-        while True:
-            if pending is None:
-                pending = asyncio.ensure_future(anext(events))
-            left = deadline - loop.time()
-            if left <= 0:
-                return
-            done, _ = await asyncio.wait({pending}, timeout=min(keepalive, left))
-            if not done:
-                if loop.time() < deadline:
-                    yield ServerSentEvent(comment="ping")
-                continue
-            try:
-                ev, pending = pending.result(), None
-            except Exception as exc:  # noqa: BLE001 - the response has started: no 503 possible now
-                # Live state unreachable: end the stream cleanly; the client reconnects after the
-                # retry interval sent above (instead of a traceback and a cut connection).
-                if type(exc).__module__.startswith("redis"):
-                    services.metrics.backend_errors.labels("redis").inc()
-                log.warning("live events unavailable for a stream: %s", type(exc).__name__)
-                return
-            yield ServerSentEvent(id=str(ev.id), event=ev.kind, raw_data=ev.data)
-    finally:
-        if pending is not None:
-            pending.cancel()
-            await asyncio.wait({pending})  # cancelled and finished (its error, if any, is not ours to raise)
-        await events.aclose()
+    async for item in stream_events(request, services, run_id, after, max_seconds):
+        yield item

@@ -2,6 +2,7 @@
 
 While an agent streams observations through the real BackgroundSender, the backend goes away.
 Every request that needs it gets a 503 with Retry-After and a JSON body (never a stack trace);
+an ingest needs only the store (live events are best effort, after the commit);
 the service recovers by itself when the backend is back (no restart of the service); nothing is
 lost: every observation is stored exactly once, and every decision reaches the agent.
 """
@@ -125,11 +126,11 @@ def test_redis_stopped_mid_run(postgres, tmp_path):
         url, rid = svc.url, probe_run["id"]
         auth = bearer(probe_run["token"])
         assert_unavailable(httpx.get(f"{url}/healthz"), "healthz")
-        # the ingest itself is durable (Postgres) but live state failed: 503, so the agent retries;
-        # the retry is a duplicate, and the decisions are sent again until acknowledged
-        assert_unavailable(httpx.post(f"{url}/v1/runs/{rid}/observations", headers=auth,
-                                      json={"observations": [{"seq": 0, "step": 1, "probes": {"kl_drift": 0.5}}]}),
-                           "observations")
+        # the ingest is durable (Postgres) and needs no Redis: 200 with its decisions, live events
+        # skipped (the run's stream gets a gap once Redis is back)
+        r = httpx.post(f"{url}/v1/runs/{rid}/observations", headers=auth,
+                       json={"observations": [{"seq": 0, "step": 1, "probes": {"kl_drift": 0.5}}]})
+        assert r.status_code == 200 and r.json()["accepted"] == 1, r.text
         # reading durable state needs no Redis
         assert httpx.get(f"{url}/v1/runs/{rid}").status_code == 200
         # a live stream ends cleanly (the client reconnects after its retry interval)
@@ -139,7 +140,8 @@ def test_redis_stopped_mid_run(postgres, tmp_path):
             body = "".join(resp.iter_text())
         assert "retry:" in body and time.monotonic() - t0 < 5
         drive(agent, range(31, 61))
-        assert wait_until(lambda: agent.sender.stats.outages >= 1, 10, "the agent sees the outage")
+        assert wait_until(lambda: agent.sender.stats.sent >= 60, 20, "delivery while Redis is down")
+        assert agent.sender.stats.outages == 0  # control never stopped
 
         redis_server = restart_redis_same_port(redis_server)
         wait_until(lambda: httpx.get(f"{url}/healthz").status_code == 200, 30, "healthz after Redis is back")
@@ -154,4 +156,4 @@ def test_redis_stopped_mid_run(postgres, tmp_path):
         redis_server.stop()
     logs = svc.logs()
     assert no_traceback(logs), logs[-3000:]
-    assert "redis error" in logs
+    assert "live state (Redis) unreachable" in logs
