@@ -1,6 +1,7 @@
-"""What the worker processes (:mod:`actuator.api.workers`) run: a policy's validation, a
-simulation, a report's plot. Importable by name and light to import (the core only, no web
-framework): a worker imports this module once.
+"""What the worker processes (:mod:`actuator.api.workers`) run: their loop (:func:`serve`) and
+the jobs, a policy's validation, a simulation, a report's plot. Light to import (the standard
+library here; the core only inside each job, no web framework): a worker starts with this module
+and imports what its jobs need on first use.
 
 A job answers ``(None, value)`` or, for a request the service refuses, ``(status, message,
 errors)``: the refusal crosses the process boundary as plain data and the router raises it.
@@ -9,9 +10,49 @@ Answers leave the worker already serialized and capped, so the serving process o
 
 from __future__ import annotations
 
+import os
+import threading
+import time
+from multiprocessing.connection import Connection
 from typing import Any
 
-__all__ = ["validation", "simulation", "render"]
+__all__ = ["serve", "validation", "simulation", "render"]
+
+PARENT_CHECK_SECONDS = 0.5
+
+
+def _watch_parent(parent: int) -> None:
+    """End this process as soon as its parent is gone (reparented: ``getppid`` changes)."""
+    while True:
+        if os.getppid() != parent:
+            os._exit(0)
+        time.sleep(PARENT_CHECK_SECONDS)
+
+
+def serve(conn: Connection, parent: int) -> None:
+    """A worker process: run the jobs ``(fn, args, kwargs)`` it is sent, answer ``(ok, value)``.
+    Ends on ``None``, on the end of its pipe (the parent closed it or died) and, while a job
+    runs, when its parent is gone (the watchdog thread)."""
+    threading.Thread(target=_watch_parent, args=(parent,), name="parent-watchdog", daemon=True).start()
+    while True:
+        try:
+            job = conn.recv()
+        except (EOFError, OSError):
+            return
+        if job is None:
+            return
+        fn, args, kwargs = job
+        try:
+            answer: tuple[bool, Any] = (True, fn(*args, **kwargs))
+        except Exception as exc:  # noqa: BLE001 - the caller re-raises it
+            answer = (False, exc)
+        try:
+            conn.send(answer)
+        except (EOFError, OSError):
+            return
+        except Exception as exc:  # noqa: BLE001 - an unpicklable result or exception
+            conn.send((False, RuntimeError(f"{type(exc).__name__}: {exc}")))
+        del job, fn, args, kwargs, answer
 
 Refusal = tuple[int, str | None, list[dict[str, Any]]]
 

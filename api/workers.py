@@ -27,13 +27,13 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from multiprocessing.connection import Connection
 from typing import Any, TypeVar
 
 import anyio
 from starlette.requests import Request
 
 from .errors import ApiError
+from .jobs import serve
 
 __all__ = ["WorkerPool", "Abandoned"]
 
@@ -41,54 +41,19 @@ log = logging.getLogger("actuator.api")
 
 T = TypeVar("T")
 
-# How often a waiting job checks its client and its process (s), and a worker its parent.
+# How often a waiting job checks its client and its process (s).
 _POLL = 0.1
-PARENT_CHECK_SECONDS = 0.5
 
 
 class Abandoned(Exception):
     """The client went away: the job was stopped and its process ended."""
 
 
-def _watch_parent(parent: int) -> None:
-    """End this process as soon as its parent is gone (reparented: ``getppid`` changes)."""
-    while True:
-        if os.getppid() != parent:
-            os._exit(0)
-        time.sleep(PARENT_CHECK_SECONDS)
-
-
-def _serve(conn: Connection, parent: int) -> None:
-    """A worker process: run the jobs ``(fn, args, kwargs)`` it is sent, answer ``(ok, value)``.
-    Ends on ``None``, on the end of its pipe (the parent closed it or died) and when its parent is
-    gone while a job runs (the watchdog thread)."""
-    threading.Thread(target=_watch_parent, args=(parent,), name="parent-watchdog", daemon=True).start()
-    while True:
-        try:
-            job = conn.recv()
-        except (EOFError, OSError):
-            return
-        if job is None:
-            return
-        fn, args, kwargs = job
-        try:
-            answer: tuple[bool, Any] = (True, fn(*args, **kwargs))
-        except Exception as exc:  # noqa: BLE001 - the caller re-raises it
-            answer = (False, exc)
-        try:
-            conn.send(answer)
-        except (EOFError, OSError):
-            return
-        except Exception as exc:  # noqa: BLE001 - an unpicklable result or exception
-            conn.send((False, RuntimeError(f"{type(exc).__name__}: {exc}")))
-        del job, fn, args, kwargs, answer
-
-
 class _Worker:
     def __init__(self) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(child, os.getpid()), name="actuator-worker", daemon=True)
+        self.proc = ctx.Process(target=serve, args=(child, os.getpid()), name="actuator-worker", daemon=True)
         self.proc.start()
         child.close()  # the parent keeps only its end: the worker sees EOF when the parent goes
 
