@@ -85,6 +85,9 @@ class Settings(BaseSettings):
     worker_processes: int = Field(
         2, ge=1, le=64, description="Worker processes for costly work (simulate, validate, tune, report plots), "
         "per serving process; started on first use.")
+    worker_nice: int = Field(
+        10, ge=0, le=19, description="Niceness added to the worker processes: on busy cores the processes serving "
+        "requests (every run's ingest) are scheduled first.")
     worker_wait: float = Field(
         30.0, gt=0, le=3600, description="Seconds a costly request waits for a free worker process before a 503 "
         "with Retry-After.")

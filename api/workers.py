@@ -4,7 +4,8 @@ other request (the ingest of every run) would wait for it between switches; here
 processes of its own, off the serving workers, and every use of them is bounded:
 
 * **processes**: at most ``ACTUATOR_WORKER_PROCESSES`` per serving process, started on first use
-  by spawn (the service's threads, locks and connections are not forked), one job at a time each;
+  by spawn (the service's threads, locks and connections are not forked), one job at a time each,
+  at a lower CPU priority (``ACTUATOR_WORKER_NICE``): on busy cores the serving processes go first;
 * **concurrency per kind of work**: at most ``caps[kind]`` requests of one kind in flight (running
   or waiting for a process) per serving process; one more is answered ``429`` with
   ``Retry-After`` at once;
@@ -50,10 +51,10 @@ class Abandoned(Exception):
 
 
 class _Worker:
-    def __init__(self) -> None:
+    def __init__(self, nice: int = 0) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=serve, args=(child, os.getpid()), name="actuator-worker", daemon=True)
+        self.proc = ctx.Process(target=serve, args=(child, os.getpid(), nice), name="actuator-worker", daemon=True)
         self.proc.start()
         child.close()  # the parent keeps only its end: the worker sees EOF when the parent goes
 
@@ -82,8 +83,8 @@ class WorkerPool:
     kind → most requests of that kind in flight; ``setting`` names each cap's setting in answers."""
 
     def __init__(self, processes: int = 1, caps: dict[str, int] | None = None, *, wait: float = 30.0,
-                 timeout: float = 300.0, settings: dict[str, str] | None = None) -> None:
-        self.processes, self.wait, self.timeout = processes, wait, timeout
+                 timeout: float = 300.0, settings: dict[str, str] | None = None, nice: int = 0) -> None:
+        self.processes, self.wait, self.timeout, self.nice = processes, wait, timeout, nice
         self.caps = dict(caps or {})
         self.settings = dict(settings or {})
         self._lock = threading.Lock()
@@ -99,7 +100,7 @@ class WorkerPool:
                 "render": settings.render_concurrency, "tune": settings.tune_concurrency}
         names = {k: f"ACTUATOR_{k.upper()}_CONCURRENCY" for k in caps}
         return cls(settings.worker_processes, caps, wait=settings.worker_wait, timeout=settings.worker_timeout,
-                   settings=names)
+                   settings=names, nice=settings.worker_nice)
 
     # -- admission -----------------------------------------------------------------------------
     def _admit(self, kind: str) -> None:
@@ -144,7 +145,7 @@ class WorkerPool:
             else:
                 worker = None
         try:
-            worker = worker or _Worker()
+            worker = worker or _Worker(self.nice)
         except BaseException:
             self._free.release()
             raise

@@ -47,6 +47,7 @@ from ._harness import (
     write_results,
 )
 
+# A policy costly to replay (8 controllers, 64 guardrails evaluated on every observation) and its knobs.
 KNOBS = [{"name": f"custom.k{i}", "value": 1e-3, "min": 1e-6, "max": 1e-2, "scale": "log", "max_step": 0.5}
          for i in range(8)]
 HEAVY = {"name": "heavy",
@@ -54,6 +55,11 @@ HEAVY = {"name": "heavy",
                           "kp": 1.0, "ki": 0.2} for i in range(8)],
          "guardrails": [{"name": f"g{i}", "probe": f"custom.p{i % 4}", "bound": "upper", "threshold": 0.01,
                          "action": "alert", "consecutive": 1} for i in range(64)]}
+
+
+def probes(i: int) -> dict[str, float]:
+    """The costly run's i-th observation's probes (every guardrail breached, the controllers busy)."""
+    return {f"custom.p{j}": 0.5 + 0.3 * ((i * 7919 + j) % 13) / 13 for j in range(4)}
 
 
 def _rss_mb(svc: Service) -> float:
@@ -71,9 +77,7 @@ def _rss_mb(svc: Service) -> float:
 def _heavy_run(url: str, n: int) -> str:
     run = httpx.post(f"{url}/v1/runs", json={"name": "heavy", "policy": HEAVY, "knobs": KNOBS}, timeout=60).json()
     for start in range(0, n, 1000):
-        obs = [{"seq": i, "step": i + 1,
-                "probes": {f"custom.p{j}": 0.5 + 0.3 * ((i * 7919 + j) % 13) / 13 for j in range(4)}}
-               for i in range(start, min(n, start + 1000))]
+        obs = [{"seq": i, "step": i + 1, "probes": probes(i)} for i in range(start, min(n, start + 1000))]
         r = httpx.post(f"{url}/v1/runs/{run['id']}/observations", json={"observations": obs},
                        headers={"Authorization": f"Bearer {run['token']}"}, timeout=600)
         r.raise_for_status()
@@ -93,7 +97,12 @@ class CostlyClients:
 
     def _abandon(self) -> None:
         body = json.dumps({"policy": HEAVY, "run_id": self.run_id}).encode()
-        s = socket.create_connection(("127.0.0.1", self.svc.port), timeout=30)
+        try:
+            s = socket.create_connection(("127.0.0.1", self.svc.port), timeout=30)
+        except OSError as exc:  # the service does not even accept a connection within 30 s
+            with self._lock:
+                self.statuses[f"connect: {type(exc).__name__}"] += 1
+            return
         s.sendall(f"POST /v1/policies/simulate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                   f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
         time.sleep(0.5)

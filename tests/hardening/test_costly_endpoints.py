@@ -18,24 +18,13 @@ import httpx
 import pytest
 
 from actuator.testing import make_service
+from benchmarks.load.costly import HEAVY, KNOBS, probes
 from harden import bearer, post_obs, register, wait_until
 
 ADMIN = "admin-" + uuid.uuid4().hex
-KNOBS = [{"name": f"custom.k{i}", "value": 1e-3, "min": 1e-6, "max": 1e-2, "scale": "log", "max_step": 0.5}
-         for i in range(8)]
-# Costly to replay: 8 controllers and 64 guardrails evaluated on every observation.
-HEAVY = {"name": "heavy",
-         "controllers": [{"name": f"c{i}", "probe": f"custom.p{i % 4}", "knob": f"custom.k{i}", "setpoint": 0.1,
-                          "kp": 1.0, "ki": 0.2} for i in range(8)],
-         "guardrails": [{"name": f"g{i}", "probe": f"custom.p{i % 4}", "bound": "upper", "threshold": 0.01,
-                         "action": "alert", "consecutive": 1} for i in range(64)]}
 OBSERVATIONS = 5000
 SETTINGS = {"ACTUATOR_SIMULATE_CONCURRENCY": "1", "ACTUATOR_WORKER_PROCESSES": "2",
             "ACTUATOR_SIMULATE_DECISIONS": "50", "ACTUATOR_SIMULATE_TRACE_POINTS": "40"}
-
-
-def _probes(i: int) -> dict[str, float]:
-    return {f"custom.p{j}": 0.5 + 0.3 * ((i * 7919 + j) % 13) / 13 for j in range(4)}
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +35,7 @@ def env(postgres, tmp_path_factory):
     try:
         run = register(svc.url, admin=ADMIN, policy=HEAVY, knobs=KNOBS, name="heavy")
         for start in range(0, OBSERVATIONS, 1000):
-            r = post_obs(svc.url, run, [{"seq": i, "step": i + 1, "probes": _probes(i)}
+            r = post_obs(svc.url, run, [{"seq": i, "step": i + 1, "probes": probes(i)}
                                         for i in range(start, start + 1000)], timeout=300)
             assert r.status_code == 200, r.text
         yield svc, run
@@ -130,8 +119,15 @@ def test_costly_endpoints_need_the_admin_token(env):
         assert r.status_code == 403, (path, r.status_code, r.text)
         r = httpx.request(method, svc.url + path, json=body, **_admin())
         assert r.status_code == 200, (path, r.status_code, r.text[:500])
-    # the work ran in worker processes of the service, not in the process serving requests
+    # the work ran in worker processes of the service, not in the process serving requests, and at
+    # a lower CPU priority than it (niceness +10, ACTUATOR_WORKER_NICE)
     assert workers(svc), descendants(svc.proc.pid)
+    assert {_nice(p) - _nice(svc.proc.pid) for p in workers(svc)} == {10}
+
+
+def _nice(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rindex(")") + 2:].split()[16])
 
 
 def test_a_simulation_answer_is_capped_and_a_request_for_more_is_refused_naming_the_limit(env):

@@ -16,7 +16,8 @@ import httpx
 
 from actuator.testing import make_service
 from harden import bearer, post_obs, register, wait_until
-from test_costly_endpoints import HEAVY, KNOBS, _probes, abandon, alive, descendants, raw_post, workers
+from benchmarks.load.costly import HEAVY, KNOBS, probes
+from test_costly_endpoints import abandon, alive, descendants, raw_post, workers
 
 TESTS = Path(__file__).resolve().parents[1]
 
@@ -45,7 +46,7 @@ def test_the_worker_processes_exit_when_the_service_is_killed_even_mid_job(tmp_p
     try:
         run = register(svc.url, policy=HEAVY, knobs=KNOBS, name="heavy")
         for start in range(0, 5000, 1000):
-            r = post_obs(svc.url, run, [{"seq": i, "step": i + 1, "probes": _probes(i)}
+            r = post_obs(svc.url, run, [{"seq": i, "step": i + 1, "probes": probes(i)}
                                         for i in range(start, start + 1000)], timeout=300)
             assert r.status_code == 200, r.text
         # one worker busy with seconds of simulation, another idle after a validation
