@@ -163,19 +163,6 @@ class WorkerPool:
             worker.end()
         self._free.release()
 
-    def run(self, kind: str, fn: Callable[..., T], *args: Any, cancelled: threading.Event | None = None,
-            admitted: bool = False, **kwargs: Any) -> T:
-        """``fn(*args, **kwargs)`` in a worker process (arguments, result and exceptions pickled;
-        ``fn`` importable by name). Blocks: call it from a thread. ``cancelled`` set: the job is
-        stopped (:class:`Abandoned`). ``admitted``: the caller already holds ``kind``'s turn."""
-        if not admitted:
-            self._admit(kind)
-        try:
-            return self._run(kind, fn, args, kwargs, cancelled)
-        finally:
-            if not admitted:
-                self._leave(kind)
-
     def _run(self, kind: str, fn: Callable[..., T], args: Any, kwargs: Any, cancelled: threading.Event | None) -> T:
         worker = self._take(cancelled)
         healthy = False
@@ -215,8 +202,10 @@ class WorkerPool:
 
     async def call(self, request: Request, kind: str, fn: Callable[..., T], *args: Any, admitted: bool = False,
                    **kwargs: Any) -> T:
-        """:meth:`run` from an ``async`` endpoint, in a thread, while watching ``request``'s client:
-        a client that disconnects stops the job (its process is ended)."""
+        """``fn(*args, **kwargs)`` in a worker process (arguments, result and exceptions pickled;
+        ``fn`` importable by name), waited for in a thread while ``request``'s client is watched: a
+        client that disconnects stops the job (its process is ended). ``admitted``: the caller
+        holds ``kind``'s :meth:`turn` already."""
         if not admitted:
             with self.turn(kind):
                 return await self.call(request, kind, fn, *args, admitted=True, **kwargs)

@@ -192,7 +192,29 @@ def _plain(o: ObservationRow) -> SimpleNamespace:
                          "the probe's noise); nothing is stored. A run of more than ACTUATOR_TUNE_OBSERVATIONS "
                          "observations is identified from every k-th one and the last (a warning says so). "
                          + _COSTLY.format(kind="TUNE"))
-def tune_policy(_: AdminDep, body: TuneCreate, services: ServicesDep) -> dict[str, Any]:
+async def tune_policy(_: AdminDep, body: TuneCreate, request: Request, services: ServicesDep) -> dict[str, Any]:
+    with services.cpu.turn("tune"):  # before the reads: a refused request costs nothing
+        run_id, doc, knobs, observations, total, every, interval = await run_in_threadpool(_tune_inputs, body,
+                                                                                           services)
+        try:
+            result = await services.cpu.call(request, "tune", tune_controller, doc, knobs, body.controller,
+                                             observations, aggressiveness=body.aggressiveness, horizon=body.horizon,
+                                             interval=interval, admitted=True)
+        except UnknownController as exc:
+            raise ApiError(422, f"controller: {exc}", [{"loc": "body.controller", "msg": str(exc)}]) from exc
+        except NotIdentifiable as exc:
+            raise ApiError(409, f"run_id: the run cannot identify controller {body.controller!r}'s plant: {exc}",
+                           [{"loc": "body.run_id", "msg": str(exc), "type": exc.problem}]) from exc
+    if every > 1:
+        limit = services.settings.tune_observations
+        result["warnings"].append(
+            f"identified from every {every}th of the run's {total} observations (ACTUATOR_TUNE_OBSERVATIONS="
+            f"{limit}): a knob move between two of them counts from the next one")
+    return {**result, "run_id": run_id, "observations_total": total}
+
+
+def _tune_inputs(body: TuneCreate, services: Services) -> tuple[Any, ...]:
+    """What a tune fits, read from the store (a read: in the serving process)."""
     run = services.store.get_run(body.run_id)
     if run is None:
         raise run_not_found(body.run_id)
@@ -209,25 +231,13 @@ def tune_policy(_: AdminDep, body: TuneCreate, services: ServicesDep) -> dict[st
     limit = services.settings.tune_observations
     total = services.store.count_for_run(ObservationRow, run.id)
     # Every k-th observation (and the last) so that at most `limit` are fitted: the fit's work
-    # grows with them, and it holds the GIL that the ingest of every other run needs.
+    # grows with them.
     every = max(1, -(-(total - 1) // (limit - 1)))
     observations = services.store.sample_observations(run.id, every, total)
     interval = None
     if every > 1:  # the loop's interval is the run's, not the sample's
         interval = max(1, round((observations[-1].step - observations[0].step) / (total - 1)))
-    try:
-        result = services.cpu.run("tune", tune_controller, doc, knobs, body.controller, [_plain(o) for o in observations],
-                                  aggressiveness=body.aggressiveness, horizon=body.horizon, interval=interval)
-    except UnknownController as exc:
-        raise ApiError(422, f"controller: {exc}", [{"loc": "body.controller", "msg": str(exc)}]) from exc
-    except NotIdentifiable as exc:
-        raise ApiError(409, f"run_id: the run cannot identify controller {body.controller!r}'s plant: {exc}",
-                       [{"loc": "body.run_id", "msg": str(exc), "type": exc.problem}]) from exc
-    if every > 1:
-        result["warnings"].append(
-            f"identified from every {every}th of the run's {total} observations (ACTUATOR_TUNE_OBSERVATIONS="
-            f"{limit}): a knob move between two of them counts from the next one")
-    return {**result, "run_id": run.id, "observations_total": total}
+    return run.id, doc, knobs, [_plain(o) for o in observations], total, every, interval
 
 
 @router.put("/{name}", status_code=201, response_model=PolicyPublic,
