@@ -92,6 +92,36 @@ class Settings(BaseSettings):
         200, ge=10, description="Most observations a tune identifies from (its work grows with them: about 1 "
         "CPU-s per 100): a longer run is downsampled to every k-th observation and the last, and the answer's "
         "warnings say so.")
+    # Work that costs more than a read (simulate, validate, tune, PNG/HTML reports) runs in worker
+    # processes off the serving workers, bounded (api/workers.py; README, "Limits"). Per serving
+    # process: `actuator serve --workers N` has N times these.
+    worker_processes: int = Field(
+        2, ge=1, le=64, description="Worker processes for costly work (simulate, validate, tune, report plots), "
+        "per serving process; started on first use.")
+    worker_nice: int = Field(
+        10, ge=0, le=19, description="Niceness added to the worker processes: on busy cores the processes serving "
+        "requests (every run's ingest) are scheduled first.")
+    worker_wait: float = Field(
+        30.0, gt=0, le=3600, description="Seconds a costly request waits for a free worker process before a 503 "
+        "with Retry-After.")
+    worker_timeout: float = Field(
+        300.0, gt=0, le=86400, description="Seconds a costly request's work may run; then its worker process is "
+        "ended and the answer is 503.")
+    simulate_concurrency: int = Field(
+        2, ge=1, description="Most POST /v1/policies/simulate requests in progress per serving process; one more "
+        "is answered 429 with Retry-After.")
+    validate_concurrency: int = Field(
+        4, ge=1, description="Most POST /v1/policies/validate requests in progress per serving process (429 past it).")
+    render_concurrency: int = Field(
+        2, ge=1, description="Most PNG or HTML reports being drawn per serving process (429 past it).")
+    tune_concurrency: int = Field(
+        1, ge=1, description="Most POST /v1/policies/tune requests in progress per serving process (429 past it).")
+    simulate_decisions: int = Field(
+        1000, ge=1, description="Most decisions (and actions, events: the first ones) a simulation answer lists; "
+        "`decisions_total` and the others count all. A larger `max_decisions` is refused (422).")
+    simulate_trace_points: int = Field(
+        1000, ge=10, description="Most points of a simulation's trace: every k-th replayed observation and the last "
+        "(`trace_every` says k). A larger `trace_points` is refused (422).")
     policy_page_bytes: int = Field(
         4_000_000, ge=1_000_000, description="A page of GET /v1/policies ends before its documents exceed this.")
     stream_keepalive: float = Field(

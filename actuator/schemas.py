@@ -819,10 +819,16 @@ class SimulatedAction(Action):
 class SimulationPublic(_Public):
     """What a policy would have done on a run's recorded observations."""
 
-    decisions: list[Decision]
-    actions: list[SimulatedAction]
-    events: list[Event]
-    trace: list[dict[str, Any]] = Field(description="Knob values after each replayed observation.")
+    decisions: list[Decision] = Field(description="The first `max_decisions` decisions (ACTUATOR_SIMULATE_DECISIONS "
+                                      "at most); `decisions_total` counts all.")
+    actions: list[SimulatedAction] = Field(description="The first actions (as many as decisions at most).")
+    events: list[Event] = Field(description="The first events (as many as decisions at most).")
+    trace: list[dict[str, Any]] = Field(description="Knob values after every `trace_every`-th replayed observation "
+                                        "and the last (at most `trace_points`, ACTUATOR_SIMULATE_TRACE_POINTS).")
+    decisions_total: int = Field(0, description="Decisions the replay took (listed or not).")
+    actions_total: int = Field(0, description="Actions the replay took (listed or not).")
+    events_total: int = Field(0, description="Events the replay raised (listed or not).")
+    trace_every: int = Field(1, description="The trace has every k-th replayed observation (and the last).")
     final_state: RunStateName
     observations: int = Field(description="Observations replayed.")
     observations_total: int = Field(description="Observations the run has (more than replayed: `limit` or "

@@ -23,8 +23,10 @@ from actuator.notify import Notifier
 from actuator.store import Store
 
 from .deps import Services
+from .workers import WorkerPool
 from .errors import ApiError, error_response, install_error_handlers
 from .console import SECURITY_HEADERS
+from . import pages
 from .routers import control, health, policies, runs, ui
 
 __all__ = ["create_app"]
@@ -101,6 +103,30 @@ class ConsoleHeaders:
         async def secured(message: Message) -> None:
             if message["type"] == "http.response.start":
                 message = {**message, "headers": [*message.get("headers", []), *self.headers]}
+            await send(message)
+
+        await self.app(scope, receive, secured)
+
+
+class HtmlHeaders:
+    """Every HTML answer goes out with a Content-Security-Policy and X-Frame-Options: one that sets
+    its own (the console's, the docs', the report's) keeps it, any other gets the console's."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.headers = [(k.lower().encode(), v.encode()) for k, v in SECURITY_HEADERS.items()]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def secured(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = message.get("headers", [])
+                names = {k.lower() for k, _ in headers}
+                if dict(headers).get(b"content-type", b"").startswith(b"text/html"):
+                    message = {**message, "headers": [*headers, *(h for h in self.headers if h[0] not in names)]}
             await send(message)
 
         await self.app(scope, receive, secured)
@@ -317,7 +343,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             settings.webhook_url, console=settings.public_url or f"http://{settings.host}:{settings.port}",
             queue_size=settings.webhook_queue, retries=settings.webhook_retries, backoff=settings.webhook_backoff,
             timeout=settings.webhook_timeout, count=lambda outcome: metrics.notifications.labels(outcome).inc())
-        app.state.services = Services(settings=settings, store=store, live=live, metrics=metrics, notifier=notifier)
+        app.state.services = Services(settings=settings, store=store, live=live, metrics=metrics, notifier=notifier,
+                                      cpu=WorkerPool.from_settings(settings))
         log.info("actuator service ready (store=%s, live=%s)", store.engine.dialect.name,
                  "redis" if settings.redis_url else "memory")
         yield
@@ -334,7 +361,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     docs = settings.docs_open
     app = _Service(title="Actuator", version=__version__, description=DESCRIPTION, lifespan=lifespan,
                    max_body_size=settings.max_body_bytes, openapi_url="/openapi.json" if docs else None,
-                   docs_url="/docs" if docs else None, redoc_url="/redoc" if docs else None)
+                   docs_url=None, redoc_url=None)  # api/pages.py's, when docs are open
     app.body_timeout = settings.body_timeout
     app.state.metrics = Metrics(retire_after=settings.metrics_retire_after)
 
@@ -347,8 +374,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(runs.router)
     app.include_router(control.router)
     app.include_router(ui.router)
+    if docs:  # /docs and /redoc from vendored assets; off in token mode unless ACTUATOR_DOCS_PUBLIC
+        app.include_router(pages.router)
     app.mount("/ui/static", ui.static_files(), name="ui-static")
     app.add_middleware(BrowserGuard, hosts=settings.trusted_hosts(), origins=settings.allowed_origins)
     app.add_middleware(ConsoleHeaders)
+    app.add_middleware(HtmlHeaders)
     app.add_middleware(Timing, metrics=app.state.metrics)
     return app

@@ -1,4 +1,4 @@
-"""FastAPI dependencies: settings, store, live state, metrics, the process for CPU-bound work,
+"""FastAPI dependencies: settings, store, live state, metrics, the worker processes for costly work,
 bearer auth for writes (admin, a run's agent) and for reads (token mode), and stream tickets."""
 
 from __future__ import annotations
@@ -6,15 +6,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import multiprocessing
 import re
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 from fastapi import Depends, Path, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -33,8 +30,9 @@ from actuator.schemas import MAX_INT
 from actuator.store import Store, hash_token, tokens_match
 
 from .errors import ApiError
+from .workers import WorkerPool
 
-__all__ = ["Services", "ServicesDep", "CpuWork", "AdminDep", "RunAuth", "RunAuthDep", "RunOrAdminDep", "get_services",
+__all__ = ["Services", "ServicesDep", "AdminDep", "RunAuth", "RunAuthDep", "RunOrAdminDep", "get_services",
            "Reader", "ReaderDep", "RunReaderDep", "MetricsReaderDep", "HealthReaderDep", "require_reader",
            "require_run_reader", "read_bearer", "stream_ticket", "stream_ticket_valid",
            "STREAM_TICKET_SECONDS", "STREAM_TICKET_PATTERN", "ReadCredentials",
@@ -96,44 +94,6 @@ class VerifiedTokens:
             self._hashes.pop(run_id, None)
 
 
-T = TypeVar("T")
-
-
-class CpuWork:
-    """Seconds of pure-Python computation a request asks for (a tune's plant fit) run in a
-    separate process: in the service's own process it would hold the GIL, and every other request
-    (the ingest of every run) would wait for it between switches. One process, started on first
-    use by spawn (the service's threads, locks and connections are not forked), one job at a
-    time; a request that waits longer than ``wait`` seconds for its turn is told to retry (503)."""
-
-    def __init__(self, wait: float = 30.0) -> None:
-        self.wait = wait
-        self._turn = threading.BoundedSemaphore(1)
-        self._pool: ProcessPoolExecutor | None = None
-
-    def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """``fn(*args, **kwargs)`` in the worker process (arguments, result and exceptions pickled)."""
-        if not self._turn.acquire(timeout=self.wait):
-            raise ApiError(503, "another tune is running in this process; retry in a few seconds",
-                           headers={"Retry-After": "5"})
-        try:
-            if self._pool is None:  # only the holder of the turn gets here
-                self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
-            try:
-                return self._pool.submit(fn, *args, **kwargs).result()
-            except BrokenProcessPool as exc:  # the worker died (killed, out of memory): a new one next time
-                self._pool = None
-                raise ApiError(503, "the worker process for tuning ended; retry",
-                               headers={"Retry-After": "1"}) from exc
-        finally:
-            self._turn.release()
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
-
-
 @dataclass
 class Services:
     settings: Settings
@@ -141,7 +101,7 @@ class Services:
     live: LiveState
     metrics: Metrics
     tokens: VerifiedTokens = field(default_factory=VerifiedTokens)
-    cpu: CpuWork = field(default_factory=CpuWork)
+    cpu: WorkerPool = field(default_factory=WorkerPool)  # costly work, off the serving workers
     notifier: Notifier | None = None  # ACTUATOR_WEBHOOK_URL: guardrail firings POSTed there
 
     def engine_for(self, policy_id: int) -> Engine:

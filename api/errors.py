@@ -34,6 +34,7 @@ _DESCRIPTIONS = {
     409: "The request conflicts with the run's state or its stored observations",
     413: "Request body over ACTUATOR_MAX_BODY_BYTES",
     422: "Invalid request: every problem with its field",
+    429: "Too many requests of this kind in progress (a concurrency cap): retry after Retry-After seconds",
     503: "Store or live state unavailable: retry after Retry-After seconds",
 }
 

@@ -10,6 +10,13 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))  # tests/folder_names.py
 
 from folder_names import forbid_folder_names  # noqa: E402
+# The session fails if a process it started is still running at its end (tests/no_orphans.py).
+from no_orphans import (  # noqa: E402, F401
+    pytest_sessionfinish,
+    pytest_sessionstart,
+    pytest_terminal_summary,
+    pytest_testnodedown,
+)
 from actuator.testing import Postgres, Redis, Service, make_service, start_postgres, start_redis  # noqa: E402
 
 forbid_folder_names(Path(__file__).resolve().parents[1])  # `import controllers` fails: actuator.controllers

@@ -27,6 +27,10 @@ from actuator.schemas import (
     RunState,
 )
 
+from actuator.report import RendererBusy
+
+from .. import jobs
+from ..pages import REPORT_HEADERS
 from ..deps import (
     MAX_INT,
     AdminDep,
@@ -41,6 +45,8 @@ from ..deps import (
     ServicesDep,
     policy_ref,
     require_run_reader,
+    admin_bearer,
+    require_admin,
     run_not_found,
     stream_ticket,
     stream_ticket_valid,
@@ -188,17 +194,38 @@ def events(run_id: RunId, _: RunReaderDep, services: ServicesDep,
                         "ACTUATOR_REPORT_POINTS points (every k-th observation and the last; `sampling` says "
                         "which), only the latest ACTUATOR_REPORT_DECISIONS decisions and "
                         "ACTUATOR_REPORT_EVENTS events are listed (`decisions_omitted`, `events_omitted` "
-                        "count the rest), a plot draws at most ACTUATOR_REPORT_PANELS panels.",
+                        "count the rest), a plot draws at most ACTUATOR_REPORT_PANELS panels. A plot (png, html) is drawn "
+                        "in a worker process, off the serving workers (at most ACTUATOR_RENDER_CONCURRENCY in "
+                        "progress per serving process: 429 with Retry-After past it), and needs the admin token "
+                        "when one is set.",
             responses={**_READ_ERRORS,
                        200: {"content": {"image/png": {"schema": {"type": "string", "format": "binary"}},
                                          "text/html": {"schema": {"type": "string"}}}},
+                       **error_responses(401, 403, 429),
                        503: {"model": ErrorPublic,
-                             "description": "Store or live state unavailable, or another plot is being drawn in "
-                                            "this process: retry after Retry-After seconds"}})
-def report(run_id: RunId, _: RunReaderDep, services: ServicesDep,
-           format: Annotated[str, Query(pattern="^(json|png|html)$")] = "json") -> Any:
+                             "description": "Store or live state unavailable, or every worker process stayed busy: "
+                                            "retry after Retry-After seconds"}})
+async def report(run_id: RunId, _: RunReaderDep, request: Request, services: ServicesDep,
+                 format: Annotated[str, Query(pattern="^(json|png|html)$")] = "json") -> Any:
+    if format != "json":  # a plot costs more than a read: the admin's, when a token is set
+        await require_admin(await admin_bearer(request), services)
+    if format == "json":
+        return await run_in_threadpool(_report_data, run_id, services)
+    with services.cpu.turn("render"):  # before the reads: a refused request costs nothing
+        data = await run_in_threadpool(_report_data, run_id, services)
+        try:
+            _, drawn = await services.cpu.call(request, "render", jobs.render, data, format,
+                                               services.settings.report_panels, admitted=True)
+        except RendererBusy as exc:
+            raise ApiError(503, str(exc), headers={"Retry-After": "5"}) from exc
+    if format == "png":
+        return Response(drawn, media_type="image/png")
+    return HTMLResponse(drawn, headers=REPORT_HEADERS)
+
+
+def _report_data(run_id: str, services: Services) -> dict[str, Any]:
     from actuator.models import EventRow, ObservationRow
-    from actuator.report import RendererBusy, build_report, render_html, render_png
+    from actuator.report import build_report
 
     settings = services.settings
     run = _run(services, run_id)
@@ -208,20 +235,12 @@ def report(run_id: RunId, _: RunReaderDep, services: ServicesDep,
     series = max(1, len(run.latest_probes) + len(run.latest_metrics) + len(run.knobs))
     rows = max(10, min(settings.report_points, settings.report_total_points // series))
     every = max(1, -(-total // rows))
-    data = build_report(run, store.sample_observations(run_id, every, total),
+    return build_report(run, store.sample_observations(run_id, every, total),
                         store.latest_decisions(run_id, settings.report_decisions),
                         store.list_events(run_id, limit=settings.report_events, latest=True), _policy(services, run),
                         sampling={"observations": total, "every": every, "max_points": rows},
                         decisions_total=run.decision_count,
                         events_total=store.count_for_run(EventRow, run_id))
-    try:
-        if format == "png":
-            return Response(render_png(data, max_panels=settings.report_panels), media_type="image/png")
-        if format == "html":
-            return HTMLResponse(render_html(data, max_panels=settings.report_panels))
-    except RendererBusy as exc:
-        raise ApiError(503, str(exc), headers={"Retry-After": "5"}) from exc
-    return data
 
 
 class StreamTicket(BaseModel):

@@ -5,28 +5,27 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Path, Query
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from fastapi import APIRouter, Body, Path, Query, Request, Response
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
 
 from actuator._exceptions import PolicyError
-from actuator.engine import Engine
 from actuator.models import ObservationRow, PolicyRow
-from actuator.policy import PolicyDocument, list_presets, load_policy, load_preset, policy_errors
+from actuator.policy import PolicyDocument, list_presets, load_policy, load_preset
 from actuator.schemas import (
     PolicyArchived,
     PolicyPublic,
     PolicyValidation,
     PositiveWireInt,
-    RunCreate,
     SimulationPublic,
     TuneCreate,
     TunePublic,
 )
-from actuator.simulate import simulate
 from actuator.store import PolicyVersionConflict
 from actuator.tune import NotIdentifiable, UnknownController, tune_controller
 
 from ..deps import AdminDep, Offset, PageSize, ReaderDep, Services, ServicesDep, Version, policy_ref, run_not_found
+from .. import jobs
 from ..errors import ApiError, error_responses
 from ..views import policy_public
 
@@ -86,28 +85,25 @@ def _stored_policy(services: Any, ref: str, loc: str) -> PolicyDocument:
     return PolicyDocument.model_validate(row.document)
 
 
-def _knobs(raw: Any) -> dict[str, dict[str, Any]]:
-    """A ``knobs`` list as registration takes it (each a knob spec, names unique), by name."""
-    try:
-        knobs = RunCreate.model_validate({"policy": "-", "knobs": raw}).knobs
-    except ValidationError as exc:
-        errors = [{"loc": f"body.{e['loc']}", "msg": e["msg"]} for e in policy_errors(exc)]
-        raise ApiError(422, None, errors) from exc
-    return {k.name: k.model_dump(mode="json") for k in knobs}
+def _answer(out: tuple[Any, ...]) -> Any:
+    """A worker job's answer (:mod:`actuator.api.jobs`): its value, or the refusal it names, raised."""
+    if out[0] is None:
+        return out[1]
+    status, message, errors = out
+    raise ApiError(status, message, errors)
 
 
-@router.post("/validate", response_model=PolicyValidation, responses=error_responses(400, 413, 422),
+_COSTLY = ("Runs in a worker process, off the serving workers (at most ACTUATOR_{kind}_CONCURRENCY in progress "
+           "per serving process: 429 with Retry-After past it); admin token when one is set.")
+
+
+@router.post("/validate", response_model=PolicyValidation, responses=error_responses(400, 401, 403, 413, 422, 429, 503),
              summary="Dry-run validation: every error with its JSON path; with `knobs` (a list as at "
-             "registration, beside the document's fields), also against the knobs it will drive")
-def validate_policy(doc: dict[str, Any] = Body(..., examples=[_EXAMPLE])) -> dict[str, Any]:
-    doc = dict(doc)
-    knobs = _knobs(doc.pop("knobs")) if "knobs" in doc else None  # a policy document has no 'knobs' field
-    try:
-        parsed = load_policy(doc)
-    except PolicyError as exc:
-        return {"valid": False, "errors": exc.errors or [{"loc": "(document)", "msg": str(exc)}]}
-    errors = Engine(parsed).knob_errors(knobs) if knobs is not None else []
-    return {"valid": not errors, "errors": errors}
+             "registration, beside the document's fields), also against the knobs it will drive",
+             description=_COSTLY.format(kind="VALIDATE"))
+async def validate_policy(_: AdminDep, request: Request, services: ServicesDep,
+                          doc: dict[str, Any] = Body(..., examples=[_EXAMPLE])) -> dict[str, Any]:
+    return _answer(await services.cpu.call(request, "validate", jobs.validation, doc))
 
 
 class SimulateBody(BaseModel):
@@ -118,22 +114,46 @@ class SimulateBody(BaseModel):
     limit: PositiveWireInt | None = Field(None, description="Replay only the run's first `limit` "
                                           "observations (at most ACTUATOR_SIMULATE_OBSERVATIONS). Without it, "
                                           "a run with more observations than that is refused (422).")
+    max_decisions: PositiveWireInt | None = Field(
+        None, description="List at most this many decisions (and actions, events): the first ones. At most "
+        "ACTUATOR_SIMULATE_DECISIONS (its default); more is refused (422).")
+    trace_points: PositiveWireInt | None = Field(
+        None, description="At most this many trace points (every k-th replayed observation and the last). At "
+        "least 10 and at most ACTUATOR_SIMULATE_TRACE_POINTS (its default); outside is refused (422).")
 
 
-@router.post("/simulate", response_model=SimulationPublic, responses=error_responses(400, 404, 413, 422, 503),
-             summary="Replay a run's observations through a policy: the decisions it would take")
-def simulate_policy(body: SimulateBody, services: ServicesDep) -> dict[str, Any]:
+def _at_most(value: int | None, cap: int, field: str, setting: str, least: int = 1) -> int:
+    if value is None:
+        return cap
+    if not least <= value <= cap:
+        msg = f"between {least} and {cap} ({setting})" if least > 1 else f"at most {cap} ({setting})"
+        raise ApiError(422, f"{field}: {msg}", [{"loc": f"body.{field}", "msg": msg}])
+    return value
+
+
+def _simulation_inputs(body: SimulateBody, services: Services) -> tuple[Any, ...]:
+    """What a simulation replays, read from the store (a read: in the serving process)."""
+    settings = services.settings
+    stored = isinstance(body.policy, str)
     if isinstance(body.policy, str):
-        doc = _stored_policy(services, body.policy, "body.policy")
+        name, version, ok = policy_ref(body.policy)
+        row = services.store.get_policy(name, version) if ok else None
+        if row is None:
+            raise ApiError(422, f"policy: {body.policy!r} not found", [{"loc": "body.policy", "msg": "not found"}])
+        doc = row.document
     else:
-        doc = _parse(body.policy)
+        doc = body.policy
     run = services.store.get_run(body.run_id)
     if run is None:
         raise run_not_found(body.run_id)
-    cap = services.settings.simulate_observations
+    cap = settings.simulate_observations
     if body.limit is not None and body.limit > cap:
         raise ApiError(422, f"limit: a simulation replays at most {cap} observations",
                        [{"loc": "body.limit", "msg": f"at most {cap} (ACTUATOR_SIMULATE_OBSERVATIONS)"}])
+    decisions = _at_most(body.max_decisions, settings.simulate_decisions, "max_decisions",
+                         "ACTUATOR_SIMULATE_DECISIONS")
+    points = _at_most(body.trace_points, settings.simulate_trace_points, "trace_points",
+                      "ACTUATOR_SIMULATE_TRACE_POINTS", least=10)
     total = services.store.count_for_run(ObservationRow, run.id)
     if body.limit is None and total > cap:
         message = (f"run_id: the run has {total} observations; a simulation replays at most {cap} "
@@ -141,11 +161,21 @@ def simulate_policy(body: SimulateBody, services: ServicesDep) -> dict[str, Any]
         raise ApiError(422, message, [{"loc": "body.run_id", "msg": message}])
     registered = services.store.first_event(run.id, "run_registered")
     knobs = (registered.payload.get("knobs") if registered else None) or run.knobs
-    errors = [{"loc": f"body.policy.{e['loc']}", "msg": e["msg"]} for e in Engine(doc).knob_errors(knobs)]
-    if errors:
-        raise ApiError(422, None, errors)
-    observations = services.store.list_observations(run.id, limit=min(body.limit or cap, cap))
-    return {**simulate(doc, knobs, observations), "observations_total": total}
+    observations = [_plain(o) for o in services.store.list_observations(run.id, limit=min(body.limit or cap, cap))]
+    return doc, stored, knobs, observations, total, decisions, points
+
+
+@router.post("/simulate", response_model=SimulationPublic,
+             responses=error_responses(400, 401, 403, 404, 413, 422, 429, 503),
+             summary="Replay a run's observations through a policy: the decisions it would take",
+             description=_COSTLY.format(kind="SIMULATE") + " The answer lists at most ACTUATOR_SIMULATE_DECISIONS "
+             "decisions, actions and events each (the first; `*_total` count all) and a trace of at most "
+             "ACTUATOR_SIMULATE_TRACE_POINTS points (every `trace_every`-th observation and the last).")
+async def simulate_policy(_: AdminDep, body: SimulateBody, request: Request, services: ServicesDep) -> Response:
+    with services.cpu.turn("simulate"):  # before the reads: a refused request costs nothing
+        inputs = await run_in_threadpool(_simulation_inputs, body, services)
+        answer = _answer(await services.cpu.call(request, "simulate", jobs.simulation, *inputs, admitted=True))
+    return Response(answer, media_type="application/json")
 
 
 def _plain(o: ObservationRow) -> SimpleNamespace:
@@ -153,15 +183,39 @@ def _plain(o: ObservationRow) -> SimpleNamespace:
     return SimpleNamespace(seq=o.seq, step=o.step, probes=o.probes, metrics=o.metrics, knobs=o.knobs)
 
 
-@router.post("/tune", response_model=TunePublic, responses=error_responses(400, 401, 403, 404, 409, 413, 422, 503),
+@router.post("/tune", response_model=TunePublic,
+             responses=error_responses(400, 401, 403, 404, 409, 413, 422, 429, 503),
              summary="Identify a run's plant for one controller and propose tuned gains, validated by replay",
              description="Fits a FOPDT or integrating model of the controller's probe against the knob values in "
                          "effect in the run's observations (knob in its scale), applies the SIMC rules (Skogestad "
                          "2003) and replays the proposed and the current gains closed loop against the model. "
                          "409 when the run cannot identify anything (the knob never moved, or its effect is lost in "
                          "the probe's noise); nothing is stored. A run of more than ACTUATOR_TUNE_OBSERVATIONS "
-                         "observations is identified from every k-th one and the last (a warning says so).")
-def tune_policy(_: AdminDep, body: TuneCreate, services: ServicesDep) -> dict[str, Any]:
+                         "observations is identified from every k-th one and the last (a warning says so). "
+                         + _COSTLY.format(kind="TUNE"))
+async def tune_policy(_: AdminDep, body: TuneCreate, request: Request, services: ServicesDep) -> dict[str, Any]:
+    with services.cpu.turn("tune"):  # before the reads: a refused request costs nothing
+        run_id, doc, knobs, observations, total, every, interval = await run_in_threadpool(_tune_inputs, body,
+                                                                                           services)
+        try:
+            result = await services.cpu.call(request, "tune", tune_controller, doc, knobs, body.controller,
+                                             observations, aggressiveness=body.aggressiveness, horizon=body.horizon,
+                                             interval=interval, admitted=True)
+        except UnknownController as exc:
+            raise ApiError(422, f"controller: {exc}", [{"loc": "body.controller", "msg": str(exc)}]) from exc
+        except NotIdentifiable as exc:
+            raise ApiError(409, f"run_id: the run cannot identify controller {body.controller!r}'s plant: {exc}",
+                           [{"loc": "body.run_id", "msg": str(exc), "type": exc.problem}]) from exc
+    if every > 1:
+        limit = services.settings.tune_observations
+        result["warnings"].append(
+            f"identified from every {every}th of the run's {total} observations (ACTUATOR_TUNE_OBSERVATIONS="
+            f"{limit}): a knob move between two of them counts from the next one")
+    return {**result, "run_id": run_id, "observations_total": total}
+
+
+def _tune_inputs(body: TuneCreate, services: Services) -> tuple[Any, ...]:
+    """What a tune fits, read from the store (a read: in the serving process)."""
     run = services.store.get_run(body.run_id)
     if run is None:
         raise run_not_found(body.run_id)
@@ -178,25 +232,13 @@ def tune_policy(_: AdminDep, body: TuneCreate, services: ServicesDep) -> dict[st
     limit = services.settings.tune_observations
     total = services.store.count_for_run(ObservationRow, run.id)
     # Every k-th observation (and the last) so that at most `limit` are fitted: the fit's work
-    # grows with them, and it holds the GIL that the ingest of every other run needs.
+    # grows with them.
     every = max(1, -(-(total - 1) // (limit - 1)))
     observations = services.store.sample_observations(run.id, every, total)
     interval = None
     if every > 1:  # the loop's interval is the run's, not the sample's
         interval = max(1, round((observations[-1].step - observations[0].step) / (total - 1)))
-    try:
-        result = services.cpu.run(tune_controller, doc, knobs, body.controller, [_plain(o) for o in observations],
-                                  aggressiveness=body.aggressiveness, horizon=body.horizon, interval=interval)
-    except UnknownController as exc:
-        raise ApiError(422, f"controller: {exc}", [{"loc": "body.controller", "msg": str(exc)}]) from exc
-    except NotIdentifiable as exc:
-        raise ApiError(409, f"run_id: the run cannot identify controller {body.controller!r}'s plant: {exc}",
-                       [{"loc": "body.run_id", "msg": str(exc), "type": exc.problem}]) from exc
-    if every > 1:
-        result["warnings"].append(
-            f"identified from every {every}th of the run's {total} observations (ACTUATOR_TUNE_OBSERVATIONS="
-            f"{limit}): a knob move between two of them counts from the next one")
-    return {**result, "run_id": run.id, "observations_total": total}
+    return run.id, doc, knobs, [_plain(o) for o in observations], total, every, interval
 
 
 @router.put("/{name}", status_code=201, response_model=PolicyPublic,

@@ -88,7 +88,7 @@ def test_bearer_security_is_declared(spec):
             assert security == [{"AdminToken": []}, {"AgentToken": []}], (method, path, security)
         elif method == "GET" or path.endswith("/stream/ticket"):  # reads: a token in token mode
             assert security == [{"ReadToken": []}], (method, path, security)
-        elif path not in ("/v1/policies/validate", "/v1/policies/simulate"):
+        elif method != "GET":
             assert security == [{"AdminToken": []}], (method, path, security)
         else:
             assert security is None, (method, path, security)
@@ -172,7 +172,8 @@ def test_real_answers_of_every_read_validate(svc, spec, run):
         resp = httpx.get(svc.url + path.format(run_id=rid, name="contract"), headers=_auth(ADMIN), timeout=30)
         assert resp.status_code == 200, (path, resp.text[:300])
         _assert_conforms(spec, "GET", path, resp)
-    sim = httpx.post(f"{svc.url}/v1/policies/simulate", json={"policy": "contract", "run_id": rid, "limit": 2})
+    sim = httpx.post(f"{svc.url}/v1/policies/simulate", json={"policy": "contract", "run_id": rid, "limit": 2},
+                     headers=_auth(ADMIN))
     _assert_conforms(spec, "POST", "/v1/policies/simulate", sim)
     assert (sim.json()["observations"], sim.json()["observations_total"]) == (2, 3)
     report = httpx.get(f"{svc.url}/v1/runs/{rid}/report", headers=_auth(ADMIN), timeout=30).json()

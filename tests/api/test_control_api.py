@@ -168,9 +168,9 @@ def test_report_json_png_html(sqlite_service):
     assert [p[1] for p in rep["probes"]["kl_drift"]] == [0.1, 0.6, 0.7, 0.4]
     assert rep["setpoints"]["kl_drift"] == 0.1 and rep["thresholds"]["kl_drift"] == 0.5
     assert rep["decisions"] and any(e["kind"] == "guardrail_breach" for e in rep["events"])
-    png = httpx.get(base, params={"format": "png"})
+    png = httpx.get(base, params={"format": "png"}, timeout=60)  # drawn in a worker process
     assert png.headers["content-type"] == "image/png" and png.content[:8] == b"\x89PNG\r\n\x1a\n"
-    page = httpx.get(base, params={"format": "html"})
+    page = httpx.get(base, params={"format": "html"}, timeout=60)
     assert page.headers["content-type"].startswith("text/html") and "data:image/png;base64," in page.text
     assert "manual" not in page.text and "kl_drift" in page.text
 
