@@ -214,8 +214,8 @@ async def report(run_id: RunId, _: RunReaderDep, request: Request, services: Ser
     with services.cpu.turn("render"):  # before the reads: a refused request costs nothing
         data = await run_in_threadpool(_report_data, run_id, services)
         try:
-            _, drawn = await services.cpu.call(request, "render", jobs.render, data, format,
-                                               services.settings.report_panels, admitted=True)
+            _none, drawn = await services.cpu.call(request, "render", jobs.render, data, format,
+                                                   services.settings.report_panels, admitted=True)
         except RendererBusy as exc:
             raise ApiError(503, str(exc), headers={"Retry-After": "5"}) from exc
     if format == "png":
