@@ -65,6 +65,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.control.contract import Arm, Declared, Metric
 from benchmarks.control.data import blocks, stdlib_text
 from benchmarks.control.harness import (
     RESULTS, command_line, console, arm_progress, figure, fmt_ms, for_each_seed, judged, machine, read_seeds, scenario_args,
@@ -75,6 +76,20 @@ import torch  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 SCENARIO = "compress-rank"
+WIDTH_PID = "Actuator PID on channel τ"
+
+# The contract (benchmarks/control/contract.py) of the width claim (README "compress"): the PID on
+# the channel threshold against the budget of +10% perplexity over dense.
+SPEC = Declared(
+    name=SCENARIO, task="MLP-width pruning of SmolLM2-135M-Instruct with distillation, 100 steps; the PID on "
+                        "the channel threshold holds perplexity within +10% of dense",
+    arm_list=[Arm(WIDTH_PID, "width-actuator")], quick=(WIDTH_PID,),
+    metrics=[Metric("size_pct", "min", "% of dense parameters", target=85.0, judge=(WIDTH_PID,),
+                    read=lambda r: 100 * r["param_ratio"], label="at most 85% of dense"),
+             Metric("within_budget", "max", "final perplexity within budget (1) or not (0)", target=1.0,
+                    read=lambda r: float(r["final_within_budget"])),
+             Metric("steps_over_budget", "min", "steps"), Metric("perplexity_increase_pct", "min", "%")],
+    plots=("perplexity", "params"))
 RANK_SWEEP = (576, 560, 544, 528, 512, 496, 480, 448, 419, 384, 320, 256)
 SHARE_SWEEP = (1.0, 0.99, 0.98, 0.97, 0.96, 0.95, 0.94, 0.92, 0.9, 0.875, 0.85, 0.8, 0.75)
 WIDTH_SHARES = (0.99, 0.98, 0.97, 0.96, 0.95, 0.94, 0.92, 0.9, 0.875, 0.85)

@@ -66,6 +66,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.control.contract import Arm, Declared, Metric, Pick
 from benchmarks.control.data import prompt_text
 from benchmarks.control.harness import identify_and_tune as _identify_and_tune
 from benchmarks.control.harness import (
@@ -82,6 +83,41 @@ from actuator.agents.general import PROBE_TEXTS as GENERAL_TEXT  # noqa: E402
 from actuator.agents.precision import native_precision, precision_args  # noqa: E402
 
 SCENARIO = "dpo-kl"
+PRESET, BEFORE_RAMP = "Actuator lr + anchor (ramp 8)", "Actuator lr + anchor"
+FIXED_LRS = ("fixed lr 1e-06", "fixed lr 1.5e-06", "fixed lr 2e-06")
+
+
+def _with_variant(part: Any, r: dict[str, Any]) -> dict[str, Any]:
+    """An older file's restoring arm, named with its issue-40 variant from the policy its file
+    records (as :func:`aggregate` names it)."""
+    restoring = part.get("configs", {}).get(r.get("loss_type"), {}).get("restoring", {})
+    suffix = variant(restoring[r["kind"]][0]) if r["kind"] in restoring else ""
+    return {**r, "arm": r["arm"] + suffix} if not r["arm"].endswith(suffix) else r
+
+
+def _settled(r: Any) -> float:
+    return float(r.get("settling_step") is not None)
+
+
+# The contract (benchmarks/control/contract.py): the arms of the claims (the preset, the preset
+# before the ramp, the fixed-lr sweep whose pick on seed 0 it is compared with, the published
+# baselines) and the metrics with the targets issue 40 set (target KL 0.1).
+SPEC = Declared(
+    name=SCENARIO, task="DPO of SmolLM2-135M-Instruct on 72 preference pairs, lr 1e-5, beta 0.1, 40 steps; "
+                        "KL to the reference held at 0.1",
+    arm_list=[Arm(PRESET, "lr+anchor", {"ramp": 8}), Arm(BEFORE_RAMP, "lr+anchor"),
+              *(Arm(n, "fixed-lr", {"lr": float(n.split()[-1])}) for n in FIXED_LRS),
+              Arm("TorchRL KLAdaptiveLR", "kl-adaptive-lr"), Arm("Ziegler adaptive KL", "ziegler"),
+              Arm("fixed beta 0.1", "fixed")],
+    quick=(PRESET, "fixed beta 0.1"),
+    metrics=[Metric("overshoot_pct", "min", "%", target=15.0, judge=(PRESET,), label="overshoot at most 15%"),
+             Metric("settled", "max", "settled (1) or not (0) by the run's end", target=1.0, judge=(PRESET,),
+                    read=_settled, label="settled within the run"),
+             Metric("abs_error", "min", "KL", target=1.0, relative_to="pick:fixed lr", judge=(PRESET,),
+                    read=lambda r: abs(r["final_kl"] - 0.1), label="|final KL - target| at most the fixed lr pick's"),
+             Metric("final_kl", "min", "KL"), Metric("settling_step", "min", "step"),
+             Metric("reward_margin", "max", "nats")],
+    picks=[Pick("fixed lr", "abs_error", FIXED_LRS)], plots=("kl_drift",), normalize=_with_variant)
 
 FACTS = [
     ("What is the capital of France?", "Paris."),

@@ -62,6 +62,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.control.contract import Arm, Declared, Metric, Pick
 from benchmarks.control.data import blocks, stdlib_text
 from benchmarks.control.harness import (
     RESULTS, add_flags, command_line, console, figure, for_each_seed, judged, machine, mean_sd, pick_on_seed0, read_seeds,
@@ -142,6 +143,26 @@ DEFAULT_ARMS = ("lambda1-T2", "fkl-T1", "tv", "neglogacc", "follow-hybrid", "act
 # The relative α gain over the fixed pick the issue asks for (Actuator's +7.8% on its draft
 # training), and the share of the pick's CPU seconds in which the pick's α must be reached instead.
 ALPHA_GAIN, TIME_SHARE = 0.078, 0.6
+
+
+def _kind_is_key(part: Any, r: dict[str, Any]) -> dict[str, Any]:
+    """An arm's kind is its ``key`` (the ``--arms`` name it ran under)."""
+    return {**r, "kind": r.get("kind") or r.get("key", "")}
+
+
+# The contract (benchmarks/control/contract.py): the arms by their --arms key and the acceptance
+# claim (α at least 1.078 × the fixed setting picked on seed 0, at equal steps).
+SPEC = Declared(
+    name=SCENARIO, task="distillation of a 15-layer SmolLM2 draft from the 30-layer model on stdlib text; "
+                        "acceptance α of the draft's greedy tokens at γ = 4",
+    arm_list=[Arm(ARMS[k]["name"], k) for k in DEFAULT_ARMS], quick=(ARMS["lambda1-T2"]["name"],),
+    metrics=[Metric("acceptance", "max", "α", target=1 + ALPHA_GAIN, relative_to="pick:fixed",
+                    judge=(ARMS["follow-hybrid"]["name"], ARMS["actuator-T"]["name"]),
+                    read=lambda r: r["final"]["acceptance"], label="α at least 1.078 x the fixed pick's"),
+             Metric("tokens_per_call", "max", "tokens", read=lambda r: r["final"]["tokens_per_call"]),
+             Metric("heldout_ce", "min", "nats/token", read=lambda r: r["final"]["heldout_ce"])],
+    picks=[Pick("fixed", "acceptance", tuple(ARMS[k]["name"] for k in FIXED))], plots=("acceptance",),
+    normalize=_kind_is_key)
 
 
 def lk_schedule(eta: float) -> list[list[float]]:

@@ -47,6 +47,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.control.contract import Arm, Declared, Metric, Pick
 from benchmarks.control.data import collator
 from benchmarks.control.harness import (
     RESULTS, command_line, console, figure, for_each_seed, identification_args, judged, machine, mean_sd, pick_on_seed0,
@@ -60,6 +61,30 @@ import torch  # noqa: E402
 from actuator.agents.general import ANCHOR_PROMPTS, ANCHOR_TEXTS, anchor_set, word_prompts  # noqa: E402
 
 SCENARIO = "forgetting"
+OPEN, ACTUATOR = "open loop 9e-05", "Actuator kp 0.5 ki 0.05 (answer_kl ≤ 0.1)"
+
+
+def _final(key: str) -> Any:
+    return lambda r: r["final"][key]
+
+
+# The contract (benchmarks/control/contract.py) for the demo's configuration (answers only, an
+# answer-KL budget of 0.1; README "forgetting, answers only"): the Actuator against the open loop
+# at the same rate and the fixed anchor weight picked on seed 0.
+SPEC = Declared(
+    name=SCENARIO, task="SFT of SmolLM2-135M-Instruct on spelling words backwards (answers only), lr 9e-5, "
+                        "40 steps; the KL anchor's weight holds answer KL on general prompts at 0.1",
+    arm_list=[Arm(OPEN, "open", {"lr": 9e-5}), Arm(ACTUATOR, "actuator"), Arm("fixed w=0.5", "fixed", {"w": 0.5}),
+              Arm("fixed w=1", "fixed", {"w": 1.0})],
+    quick=(OPEN, ACTUATOR),
+    metrics=[Metric("task_accuracy", "max", "share of 35 words", target=1.0, relative_to=OPEN, judge=(ACTUATOR,),
+                    read=_final("task_accuracy"), label="task accuracy no lower than the open loop"),
+             Metric("embedding_drift", "min", "cosine distance", target=1 / 3, relative_to=OPEN, judge=(ACTUATOR,),
+                    read=_final("embedding_drift"), label="answer drift at most a third of the open loop's"),
+             Metric("answer_kl", "min", "nats", target=0.1, judge=(ACTUATOR,), read=_final("answer_kl"),
+                    label="the answer-KL budget held"),
+             Metric("ppl_rise_pct", "min", "%", read=lambda r: (r.get("metrics") or {}).get("ppl_rise_pct"))],
+    picks=[Pick("fixed w", "task_accuracy", ("fixed w=0.5", "fixed w=1"))], plots=("answer_kl", "w"))
 
 
 class ForgettingSetup(Setup):

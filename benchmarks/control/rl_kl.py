@@ -66,6 +66,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchmarks.control.contract import Arm, Declared, Metric, Pick
 from benchmarks.control.data import prompt_text
 from benchmarks.control.harness import (
     arm_progress, command_line, console, control_quality, figure, judged, mean_sd, record_targets, save_results,
@@ -78,6 +79,23 @@ from rich.table import Table  # noqa: E402
 from actuator.agents.general import PROBE_TEXTS as GENERAL_TEXT  # noqa: E402
 
 SCENARIO = "rl-kl"
+PREDICT = "actuator PID (predict 2)"
+FIXED_BETAS = ("fixed β 0.1", "fixed β 0.5", "fixed β 1", "fixed β 2")
+
+# The contract (benchmarks/control/contract.py) of the GRPO claim (README "rl-kl", `preset:rl-kl`):
+# the PID with prediction against the fixed β picked on seed 0 and the published baselines.
+SPEC = Declared(
+    name=SCENARIO, task="GRPO of SmolLM2-135M-Instruct, 24 steps; the β PID holds KL(policy || start) at "
+                        "its target",
+    arm_list=[Arm(PREDICT, "actuator", {"horizon": 2}), Arm("actuator PID", "actuator"),
+              *(Arm(n, "fixed", {"beta": float(n.split()[-1])}) for n in FIXED_BETAS),
+              Arm("Ziegler adaptive KL", "ziegler"), Arm("TorchRL KLAdaptiveLR", "kl-adaptive-lr")],
+    quick=(PREDICT, "fixed β 0.1"),
+    metrics=[Metric("overshoot_pct", "min", "%", target=15.0, judge=(PREDICT,), label="overshoot at most 15%"),
+             Metric("abs_error", "min", "KL", target=1.0, relative_to="pick:fixed β", judge=(PREDICT,),
+                    label="|final KL - target| at most the fixed β pick's"),
+             Metric("final_kl", "min", "KL"), Metric("reward", "max", "reward")],
+    picks=[Pick("fixed β", "abs_error", FIXED_BETAS)], plots=("policy_kl", "beta"))
 
 FACTS = [
     ("What is the capital of France?", "Paris"), ("How many legs does a spider have?", "8|eight"),

@@ -40,11 +40,36 @@ from benchmarks.control.harness import (
     RESULTS, scenario_args, identification_args, tune_summary, start, judged, read_tagged, spread, arm_label,
     figure, arm_progress, command_line, console, save_results,
 )
+from benchmarks.control.contract import Arm, Declared, Metric
 from benchmarks.control.word_task import Setup, make_trainer
 
 from rich.table import Table  # noqa: E402
 
 SCENARIO = "sft-drift"
+OPEN, PID = "open loop 3.0e-05", "actuator PID"
+
+
+def _peak(r: Any) -> float | None:
+    return max((t["kl_drift"] for t in r.get("trace") or ()), default=None)
+
+
+# The contract (benchmarks/control/contract.py): the task, the arms at the default --lr and the
+# metrics with the claims made on them (the Actuator PID against the open loop at the same start).
+SPEC = Declared(
+    name=SCENARIO, task="SFT of SmolLM2-135M-Instruct on spelling words backwards, lr 3e-5, 40 steps; "
+                        "the lr PID holds KL drift from the start model at 1.5 nats",
+    arm_list=[Arm("open loop 1.0e-05", "open", {"lr": 1e-5}), Arm(OPEN, "open", {"lr": 3e-5}),
+              Arm("open loop 9.0e-05", "open", {"lr": 9e-5}), Arm("ReduceLROnPlateau", "plateau", {"lr": 3e-5}),
+              Arm(PID, "actuator", {"lr": 3e-5}), Arm("actuator PID (tuned)", "tuned", {"lr": 3e-5}),
+              Arm("actuator PID (gains auto)", "auto", {"lr": 3e-5})],
+    quick=(OPEN, "ReduceLROnPlateau", PID),
+    metrics=[Metric("final_kl_drift", "min", "nats", target=1 / 3, relative_to=OPEN, judge=(PID,),
+                    label="drift at most a third of the open loop's"),
+             Metric("task_gain", "max", "nats (held-out loss start - end)", target=1.0, relative_to=OPEN,
+                    judge=(PID,), label="task gain no worse than the open loop"),
+             Metric("task_accuracy", "max", "share of 35 words", read=lambda r: r["final"]["task_accuracy"]),
+             Metric("peak_kl_drift", "min", "nats", read=_peak)],
+    plots=("kl_drift", "lr"))
 
 
 
