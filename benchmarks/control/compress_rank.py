@@ -510,81 +510,114 @@ def _row_text(r: dict[str, Any], dense: int) -> str:
             f"{r['export']['file_bytes'] / 1e6:.0f} MB, {r['seconds']:.0f} s")
 
 
-def aggregate(tag: str = "", results: Path = RESULTS) -> dict[str, Any]:
-    found = read_seeds(results, f"{SCENARIO}-seed*.json", keep=lambda f: f.stem.endswith(tag) or not tag)
-    files, runs = [f for f, _ in found], [run for _, run in found]
-    # The low-rank and the width arms may come from separate runs (tags): each sweep from a run that has it.
-    head = dict(next((r for r in runs if r.get("rank_sweep") or r.get("tau_sweep")), runs[0]))
-    head["width_sweep"] = next((r["width_sweep"] for r in runs if r.get("width_sweep")), {})
-    arms = [r for run in runs for r in run["arms"]]
-    by_kind: dict[str, list[dict[str, Any]]] = {}
-    for r in arms:
-        by_kind.setdefault(r["kind"], []).append(r)
-    dense = head["dense_params"]
+def _summary_of(rs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One arm kind's runs, a list per figure (one value a seed)."""
+    return {
+        "arm": rs[0]["arm"], "matched_on": rs[0]["matched_on"], "seeds": [r["seed"] for r in rs],
+        "params": [r["final_params"] for r in rs], "param_ratio": [r["param_ratio"] for r in rs],
+        "ppl_increase_pct": [r["perplexity_increase_pct"] for r in rs],
+        "steps_over_budget": [r["steps_over_budget"] for r in rs], "dense_layers": [r["dense_layers"] for r in rs],
+        "hotpot_em": [r["hotpotqa"]["em"] for r in rs], "gold_logprob": [r["hotpotqa"]["gold_logprob"] for r in rs],
+        "reload_ppl": [r["export"]["perplexity"] for r in rs], "file_mb": [r["export"]["file_bytes"] / 1e6 for r in rs],
+        "reload_params": [r["export"]["params"] for r in rs],
+        "within_budget": [r["final_within_budget"] for r in rs],
+    }
+
+
+def _summary_table(head: dict[str, Any], summary: dict[str, Any]) -> Table:
     table = Table(title=f"{SCENARIO} — SmolLM2-135M-Instruct MLPs, {head['steps']} steps, budget +{head['budget_pct']:g}%"
                         f" ({head['budget_perplexity']:.2f}); mean ± sd over seeds")
     cols = ("arm", "matched on", "seeds", "params (M)", "vs dense", "final ppl Δ%", "steps over budget",
             "dense layers", "HotpotQA EM", "gold log-prob", "reload ppl", "file MB")
     for c in cols:
         table.add_column(c, justify="right")
+
     def ms(values: list[float], spec: str = ".2f") -> str:
         return fmt_ms(values, spec, bare_single=True)
 
-    summary = {}
-    for kind, rs in by_kind.items():
-        s = {
-            "arm": rs[0]["arm"], "matched_on": rs[0]["matched_on"], "seeds": [r["seed"] for r in rs],
-            "params": [r["final_params"] for r in rs], "param_ratio": [r["param_ratio"] for r in rs],
-            "ppl_increase_pct": [r["perplexity_increase_pct"] for r in rs],
-            "steps_over_budget": [r["steps_over_budget"] for r in rs], "dense_layers": [r["dense_layers"] for r in rs],
-            "hotpot_em": [r["hotpotqa"]["em"] for r in rs], "gold_logprob": [r["hotpotqa"]["gold_logprob"] for r in rs],
-            "reload_ppl": [r["export"]["perplexity"] for r in rs], "file_mb": [r["export"]["file_bytes"] / 1e6 for r in rs],
-            "reload_params": [r["export"]["params"] for r in rs],
-            "within_budget": [r["final_within_budget"] for r in rs],
-        }
-        summary[kind] = s
+    for s in summary.values():
         table.add_row(s["arm"], s["matched_on"], ",".join(map(str, s["seeds"])),
                       ms([p / 1e6 for p in s["params"]]), ms(s["param_ratio"], ".1%"),
                       ms(s["ppl_increase_pct"], "+.1f"), ms(s["steps_over_budget"], ".1f"),
                       ms(s["dense_layers"], ".1f"), ms(s["hotpot_em"], ".3f"), ms(s["gold_logprob"], ".3f"),
                       ms(s["reload_ppl"]), ms(s["file_mb"], ".0f"))
-    console.print(table)
-    console.print(f"dense: {dense / 1e6:.2f}M params, ppl {head['dense_perplexity']:.2f}, HotpotQA "
-                  f"{head['dense_hotpotqa']}")
-    targets: dict[str, Any] = {}
+    return table
+
+
+# Open-loop arms at the same perplexity budget (the matched-size arms are matched on size instead).
+OPEN_LOOP_KINDS = ("uniform", "oneshot", "cubic", "width-oneshot")
+
+
+def _size_targets(act_kind: str, act: dict[str, Any], run: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """At most 85% of dense (stretch: 75%) within the perplexity budget, on the means and the seeds."""
     mean = statistics.mean
-    # Open-loop arms at the same perplexity budget (the matched-size arms are matched on size instead).
-    open_loop = {k: s for k, s in summary.items() if k in ("uniform", "oneshot", "cubic", "width-oneshot")}
+    within = all(act["within_budget"])
+    return {
+        "params_le_85pct_within_budget": judged(
+            {"met": within and mean(act["param_ratio"]) <= 0.85, "ratio": mean(act["param_ratio"]),
+             "all_within_budget": within},
+            {seed: r["final_within_budget"] and r["param_ratio"] <= 0.85 for seed, r in run.items()}),
+        "stretch_params_le_75pct": judged(
+            {"met": within and mean(act["param_ratio"]) <= 0.75},
+            {seed: r["final_within_budget"] and r["param_ratio"] <= 0.75 for seed, r in run.items()})}
+
+
+def _open_loop_targets(act_kind: str, act: dict[str, Any], run: dict[int, dict[str, Any]],
+                       open_loop: dict[str, Any], loop_runs: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
+    """Fewer parameters than every open-loop arm and no more steps over budget than the best; per
+    seed against the open-loop arms' runs on the same seed."""
+    mean = statistics.mean
+    both = [seed for seed in run if all(seed in runs for runs in loop_runs.values())]
+    best_over = min(mean(s["steps_over_budget"]) for s in open_loop.values())
+    return {
+        "fewer_params_than_every_open_loop_arm": judged({
+            "met": all(mean(act["params"]) < mean(s["params"]) for s in open_loop.values()),
+            act_kind: mean(act["params"]), **{k: mean(s["params"]) for k, s in open_loop.items()}},
+            {seed: all(run[seed]["final_params"] < runs[seed]["final_params"] for runs in loop_runs.values())
+             for seed in both}),
+        "no_more_steps_over_budget_than_best_open_loop": judged({
+            "met": mean(act["steps_over_budget"]) <= best_over, act_kind: mean(act["steps_over_budget"]),
+            "best_open_loop": best_over},
+            {seed: run[seed]["steps_over_budget"] <= min(runs[seed]["steps_over_budget"]
+                                                         for runs in loop_runs.values()) for seed in both})}
+
+
+def _targets(summary: dict[str, Any], by_kind: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    targets: dict[str, Any] = {}
+    open_loop = {k: s for k, s in summary.items() if k in OPEN_LOOP_KINDS}
+    loop_runs = {k: {r["seed"]: r for r in by_kind[k]} for k in open_loop}
     for act_kind in ("actuator", "width-actuator"):
         act = summary.get(act_kind)
         if not act:
             continue
-        t: dict[str, Any] = {}
-        within = all(act["within_budget"])
-        # per seed: the arm's run on that seed against the open-loop arms' runs on the same seed
         run = {r["seed"]: r for r in by_kind[act_kind]}
-        loop_runs = {k: {r["seed"]: r for r in by_kind[k]} for k in open_loop}
-        both = [seed for seed in run if all(seed in runs for runs in loop_runs.values())]
-        t["params_le_85pct_within_budget"] = judged(
-            {"met": within and mean(act["param_ratio"]) <= 0.85, "ratio": mean(act["param_ratio"]),
-             "all_within_budget": within},
-            {seed: r["final_within_budget"] and r["param_ratio"] <= 0.85 for seed, r in run.items()})
-        t["stretch_params_le_75pct"] = judged(
-            {"met": within and mean(act["param_ratio"]) <= 0.75},
-            {seed: r["final_within_budget"] and r["param_ratio"] <= 0.75 for seed, r in run.items()})
+        targets[act_kind] = _size_targets(act_kind, act, run)
         if open_loop:
-            best_over = min(mean(s["steps_over_budget"]) for s in open_loop.values())
-            t["fewer_params_than_every_open_loop_arm"] = judged({
-                "met": all(mean(act["params"]) < mean(s["params"]) for s in open_loop.values()),
-                act_kind: mean(act["params"]), **{k: mean(s["params"]) for k, s in open_loop.items()}},
-                {seed: all(run[seed]["final_params"] < runs[seed]["final_params"] for runs in loop_runs.values())
-                 for seed in both})
-            t["no_more_steps_over_budget_than_best_open_loop"] = judged({
-                "met": mean(act["steps_over_budget"]) <= best_over, act_kind: mean(act["steps_over_budget"]),
-                "best_open_loop": best_over},
-                {seed: run[seed]["steps_over_budget"] <= min(runs[seed]["steps_over_budget"]
-                                                             for runs in loop_runs.values()) for seed in both})
-        targets[act_kind] = t
+            targets[act_kind].update(_open_loop_targets(act_kind, act, run, open_loop, loop_runs))
+    return targets
+
+
+def _read(results: Path, tag: str) -> tuple[list[Path], dict[str, Any], list[dict[str, Any]]]:
+    """The per-seed files of ``tag``, the run settings (``head``) and every arm's run. The low-rank
+    and the width arms may come from separate runs (tags): each sweep from a run that has it."""
+    found = read_seeds(results, f"{SCENARIO}-seed*.json", keep=lambda f: f.stem.endswith(tag) or not tag)
+    files, runs = [f for f, _ in found], [run for _, run in found]
+    head = dict(next((r for r in runs if r.get("rank_sweep") or r.get("tau_sweep")), runs[0]))
+    head["width_sweep"] = next((r["width_sweep"] for r in runs if r.get("width_sweep")), {})
+    return files, head, [r for run in runs for r in run["arms"]]
+
+
+def aggregate(tag: str = "", results: Path = RESULTS) -> dict[str, Any]:
+    files, head, arms = _read(results, tag)
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for r in arms:
+        by_kind.setdefault(r["kind"], []).append(r)
+    dense = head["dense_params"]
+    summary = {kind: _summary_of(rs) for kind, rs in by_kind.items()}
+    console.print(_summary_table(head, summary))
+    console.print(f"dense: {dense / 1e6:.2f}M params, ppl {head['dense_perplexity']:.2f}, HotpotQA "
+                  f"{head['dense_hotpotqa']}")
+    targets = _targets(summary, by_kind)
     console.print(f"targets: {targets}")
     out = {**{k: v for k, v in head.items() if k not in ("arms", "seed", "machine")},
            "seeds": sorted({r["seed"] for r in arms}), "arms": arms, "summary": summary, "targets": targets,
