@@ -343,13 +343,67 @@ def export_and_reload(setup: Setup, model: Any, path: Path) -> dict[str, Any]:
     return out
 
 
+def _arm_knob(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, model: Any, width_knob: Any) -> tuple[Any, Any]:
+    """The arm's knob set to its start (``width_knob``: the width arms' channel knob) and, for a
+    cubic arm, its open-loop schedule (Zhu & Gupta's cubic in ln τ, to a size fixed before the run)."""
+    from actuator.agents.compression import RankKnob, ThresholdKnob
+    from actuator.controllers import FixedSchedule
+
+    kind, knob, schedule = arm["kind"], width_knob, None
+    t_final = max(a.t_init + 1, round(a.steps * a.t_final))
+    if width_knob is not None:
+        if "tau" not in arm:  # matched on parameter count: the threshold that leaves arm["params"]
+            arm["tau"] = knob.threshold_for_params(arm["params"])
+        knob.apply(arm["tau"])  # the one-shot τ, or the Actuator's / the cubic schedule's starting point
+        if kind == "width-cubic":
+            arm["tau_final"] = knob.threshold_for_params(arm["params"])
+            schedule = FixedSchedule.cubic(math.log(arm["tau"]), math.log(arm["tau_final"]), a.t_init, t_final)
+    elif kind == "uniform":
+        knob = RankKnob(model)
+        knob.apply(arm["rank"])
+    else:
+        knob = ThresholdKnob(model, setup.calib, refresh_every=a.refresh_every if kind == "actuator" else None,
+                             normalize=a.allocation == "relative")
+        if kind in ("oneshot", "matched"):
+            knob.apply(arm["tau"])
+        elif kind == "cubic":
+            schedule = FixedSchedule.cubic(math.log(knob.bounds[0]), math.log(arm["tau"]), a.t_init, t_final)
+    return knob, schedule
+
+
+def _arm_callback(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, seed: int, probe: Any,
+                  knob: Any, knob_name: str) -> Any:
+    """The Actuator arms' callback: the PID on the rank threshold, or on the channel threshold."""
+    from actuator.agents.callback import ActuatorCallback
+
+    if arm["kind"] == "actuator":
+        return ActuatorCallback(pid_policy(a, setup.dense_ppl), connection=url, probes=[probe],
+                                reporting={"budget_share": 1.0}, run=f"bench-{SCENARIO}-{seed}", setters=[knob],
+                                knobs={"compression_threshold": {"min": knob.bounds[0], "max": knob.bounds[1],
+                                                                 "max_step": a.max_step}})
+    span = arm["span"]
+    return ActuatorCallback(width_policy(a, setup.dense_ppl, span), connection=url, probes=[probe],
+                            reporting={"budget_share": 1.0}, run=f"bench-{SCENARIO}-width-{seed}", setters=[knob],
+                            knobs={knob_name: {"min": arm["tau"], "max": knob.bounds[1],
+                                               "max_step": span / a.width_moves}})
+
+
+def _layers(knob: Any, model: Any, width: bool) -> tuple[dict[str, Any], int]:
+    """Each layer's kept rank (width arms: MLP channels) and how many layers stayed dense."""
+    from actuator.agents.compression import compression_stats
+
+    if width:  # layers here are MLPs; "dense" ones kept every channel
+        widths = knob.widths
+        return widths, sum(1 for w in widths.values() if w == model.config.intermediate_size)
+    stats = compression_stats(model)
+    return ({n: s["active_rank"] for n, s in stats["layers"].items()},
+            sum(1 for s in stats["layers"].values() if s["export_dense"]))
+
+
 def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, seed: int) -> dict[str, Any]:
     from transformers import TrainerCallback
 
-    from actuator.agents.callback import ActuatorCallback
-    from actuator.agents.compression import RankKnob, ThresholdKnob
     from actuator.agents.probes import ProbeSuite
-    from actuator.controllers import FixedSchedule
 
     kind = arm["kind"]
     width = is_width(kind)
@@ -367,40 +421,10 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
     probe = setup.ppl_probe(a.probe_every)
     budget = setup.dense_ppl * (1 + a.budget / 100)
     trace: list[dict[str, Any]] = []
-    cb = suite = schedule = None
-    if width:
-        if "tau" not in arm:  # matched on parameter count: the threshold that leaves arm["params"]
-            arm["tau"] = knob.threshold_for_params(arm["params"])
-        knob.apply(arm["tau"])  # the one-shot τ, or the Actuator's / the cubic schedule's starting point
-        if kind == "width-cubic":
-            # Open-loop gradual pruning to a size fixed before the run (Zhu & Gupta's cubic in ln τ).
-            arm["tau_final"] = knob.threshold_for_params(arm["params"])
-            t_final = max(a.t_init + 1, round(a.steps * a.t_final))
-            schedule = FixedSchedule.cubic(math.log(arm["tau"]), math.log(arm["tau_final"]), a.t_init, t_final)
-    elif kind == "uniform":
-        knob = RankKnob(model)
-        knob.apply(arm["rank"])
-    else:
-        knob = ThresholdKnob(model, setup.calib, refresh_every=a.refresh_every if kind == "actuator" else None,
-                             normalize=a.allocation == "relative")
-        if kind in ("oneshot", "matched"):
-            knob.apply(arm["tau"])
-        elif kind == "cubic":
-            t_final = max(a.t_init + 1, round(a.steps * a.t_final))
-            schedule = FixedSchedule.cubic(math.log(knob.bounds[0]), math.log(arm["tau"]), a.t_init, t_final)
-    if kind == "actuator":
-        cb = ActuatorCallback(pid_policy(a, setup.dense_ppl), connection=url, probes=[probe], reporting={"budget_share": 1.0},
-                              run=f"bench-{SCENARIO}-{seed}", setters=[knob],
-                              knobs={"compression_threshold": {"min": knob.bounds[0], "max": knob.bounds[1],
-                                                               "max_step": a.max_step}})
-        cb.attach(trainer)
-    elif kind == "width-actuator":
-        span = arm["span"]
-        cb = ActuatorCallback(width_policy(a, setup.dense_ppl, span), connection=url, probes=[probe], reporting={"budget_share": 1.0},
-                              run=f"bench-{SCENARIO}-width-{seed}", setters=[knob],
-                              knobs={knob_name: {"min": arm["tau"], "max": knob.bounds[1],
-                                                 "max_step": span / a.width_moves}})
-        cb.attach(trainer)
+    cb = suite = None
+    knob, schedule = _arm_knob(setup, arm, a, model, knob if width else None)
+    if kind in ("actuator", "width-actuator"):
+        cb = _arm_callback(setup, arm, a, url, seed, probe, knob, knob_name).attach(trainer)
     else:
         suite = ProbeSuite([probe], budget_share=1.0)
 
@@ -442,16 +466,7 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
     final_ppl = setup.perplexity(model)
     hotpot = setup.hotpot_values(model)
     over = sum(int(cur["step"] - prev["step"]) for prev, cur in zip(trace, trace[1:]) if cur["perplexity"] > budget)
-    from actuator.agents.compression import compression_stats
-
-    if width:
-        # Layers here are MLPs; "dense" ones kept every channel.
-        layer_ranks = knob.widths
-        dense_layers = sum(1 for w in layer_ranks.values() if w == model.config.intermediate_size)
-    else:
-        stats = compression_stats(model)
-        layer_ranks = {n: s["active_rank"] for n, s in stats["layers"].items()}
-        dense_layers = sum(1 for s in stats["layers"].values() if s["export_dense"])
+    layer_ranks, dense_layers = _layers(knob, model, width)
     export = export_and_reload(setup, model, a.out / f"export-{kind}-{seed}")
     final_params = size(model)
     r = {"arm": arm["name"], "kind": kind, "seed": seed, "matched_on": arm["matched_on"], "trace": trace,
@@ -628,20 +643,41 @@ def aggregate(tag: str = "", results: Path = RESULTS) -> dict[str, Any]:
     return out
 
 
+def _plot_arm(ax1: Any, ax2: Any, ax3: Any, arm: dict[str, Any], colors: dict[str, Any]) -> None:
+    """One arm's perplexity, parameters and threshold (one colour a kind)."""
+    label = arm["arm"] if arm["kind"] not in colors else None
+    steps = [t["step"] for t in arm["trace"]]
+    kw = {"color": colors.get(arm["kind"]), "alpha": 0.8}
+    line, = ax1.plot(steps, [t["perplexity"] for t in arm["trace"]], marker=".", label=label, **kw)
+    colors.setdefault(arm["kind"], line.get_color())
+    kw["color"] = colors[arm["kind"]]
+    ax2.plot(steps, [t["params"] / 1e6 for t in arm["trace"]], label=label, **kw)
+    if arm["kind"] != "uniform" and all("knob" in t for t in arm["trace"]):
+        ax3.plot(steps, [t["knob"] for t in arm["trace"]], label=label, **kw)
+
+
+def _plot_sweeps(ax4: Any, result: dict[str, Any]) -> None:
+    """Offline: perplexity against size before fine-tuning, uniform rank vs global threshold."""
+    dense_pt = [(result["dense_params"] / 1e6, result["dense_perplexity"])]
+    for sweep, marker, label in ((result.get("rank_sweep") or [], "o", "uniform rank"),
+                                 (result.get("tau_sweep") or [], "s", "global τ (ranks)"),
+                                 ((result.get("width_sweep") or {}).get("sweep") or [], "^", "global τ (channels)")):
+        if sweep:
+            pts = dense_pt + [(s["params"] / 1e6, s["perplexity"]) for s in sweep]
+            ax4.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, label=label)
+    ax4.axhline(result["budget_perplexity"], ls="--", color="black")
+    ax4.set_ylim(result["dense_perplexity"] * 0.95, result["dense_perplexity"] * 2.0)
+    ax4.set_xlabel("parameters (M)")
+    ax4.set_title("before fine-tuning (offline sweep)")
+    ax4.legend(fontsize=7)
+
+
 def plot(result: dict[str, Any], path: Path) -> None:
     with figure(path, ncols=4, size=(20, 4.3)) as (fig, axes):
         ax1, ax2, ax3, ax4 = axes[0]
         colors: dict[str, Any] = {}
         for arm in result["arms"]:
-            label = arm["arm"] if arm["kind"] not in colors else None
-            steps = [t["step"] for t in arm["trace"]]
-            kw = {"color": colors.get(arm["kind"]), "alpha": 0.8}
-            line, = ax1.plot(steps, [t["perplexity"] for t in arm["trace"]], marker=".", label=label, **kw)
-            colors.setdefault(arm["kind"], line.get_color())
-            kw["color"] = colors[arm["kind"]]
-            ax2.plot(steps, [t["params"] / 1e6 for t in arm["trace"]], label=label, **kw)
-            if arm["kind"] != "uniform" and all("knob" in t for t in arm["trace"]):
-                ax3.plot(steps, [t["knob"] for t in arm["trace"]], label=label, **kw)
+            _plot_arm(ax1, ax2, ax3, arm, colors)
         ax1.axhline(result["budget_perplexity"], ls="--", color="black", label=f"budget (+{result['budget_pct']:g}%)")
         ax1.axhline(result["dense_perplexity"], ls=":", color="grey", label="dense")
         ax1.set_title("held-out perplexity")
@@ -654,19 +690,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
         for ax in (ax1, ax2, ax3):
             ax.set_xlabel("step")
             ax.legend(fontsize=7)
-        # Offline: perplexity against size before fine-tuning, uniform rank vs global threshold.
-        dense_pt = [(result["dense_params"] / 1e6, result["dense_perplexity"])]
-        for sweep, marker, label in ((result.get("rank_sweep") or [], "o", "uniform rank"),
-                                     (result.get("tau_sweep") or [], "s", "global τ (ranks)"),
-                                     ((result.get("width_sweep") or {}).get("sweep") or [], "^", "global τ (channels)")):
-            if sweep:
-                pts = dense_pt + [(s["params"] / 1e6, s["perplexity"]) for s in sweep]
-                ax4.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, label=label)
-        ax4.axhline(result["budget_perplexity"], ls="--", color="black")
-        ax4.set_ylim(result["dense_perplexity"] * 0.95, result["dense_perplexity"] * 2.0)
-        ax4.set_xlabel("parameters (M)")
-        ax4.set_title("before fine-tuning (offline sweep)")
-        ax4.legend(fontsize=7)
+        _plot_sweeps(ax4, result)
         fig.suptitle(f"compress-rank — SmolLM2-135M-Instruct MLPs, {result['steps']} steps, lr {result['lr']:g}, "
                      f"seeds {result.get('seeds')}", fontsize=10)
 

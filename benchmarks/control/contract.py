@@ -273,24 +273,40 @@ class Figure:
     disagreement: list[str] = field(default_factory=list)
 
 
+def _worst(m: Metric, mine: Mapping[int, float]) -> int | None:
+    return max(mine, key=lambda s: mine[s] if m.direction == "min" else -mine[s]) if mine else None
+
+
+def _sd(vals: Sequence[float]) -> float | None:
+    return statistics.stdev(vals) if len(vals) > 1 else (0.0 if vals else None)
+
+
+def _on(mine: Mapping[int, float], seeds: Sequence[int]) -> list[float]:
+    return [mine[s] for s in seeds if s in mine]
+
+
 def figure(m: Metric, arm: str, values: Mapping[int, float], refs: Mapping[int, float | None],
            seeds: Sequence[int]) -> Figure:
     """``m`` of ``arm`` over ``seeds`` (those it ran), with its verdict when it has a target."""
     mine = {s: values[s] for s in seeds if s in values}
     vals = list(mine.values())
-    worst = max(mine, key=lambda s: mine[s] if m.direction == "min" else -mine[s]) if mine else None
+    worst = _worst(m, mine)
     f = Figure(arm=arm, metric=m.name, unit=m.unit, direction=m.direction, seeds=sorted(mine), per_seed=mine,
-               mean=_mean(vals), sd=statistics.stdev(vals) if len(vals) > 1 else (0.0 if vals else None),
-               low=min(vals, default=None), high=max(vals, default=None), worst_seed=worst,
-               worst=None if worst is None else mine[worst],
-               tuning_mean=_mean([mine[s] for s in TUNING_SEEDS if s in mine]),
-               fresh_mean=_mean([mine[s] for s in FRESH_SEEDS if s in mine]))
+               mean=_mean(vals), sd=_sd(vals), low=min(vals, default=None), high=max(vals, default=None),
+               worst_seed=worst, worst=None if worst is None else mine[worst],
+               tuning_mean=_mean(_on(mine, TUNING_SEEDS)), fresh_mean=_mean(_on(mine, FRESH_SEEDS)))
     if m.target is not None and (not m.judge or arm in m.judge) and arm != m.relative_to:
-        held, n, on_mean = _holds_share(m, mine, refs, seeds)
-        f.target, f.relative_to, f.seeds_met, f.seeds_needed = m.target, m.relative_to, held, _need(n)
-        f.met_on_mean, f.met, f.provisional = on_mean, _verdict(held, n, on_mean), n < OF
-        f.disagreement = _disagreement(m, mine, refs)
+        _judge(f, m, mine, refs, seeds)
     return f
+
+
+def _judge(f: Figure, m: Metric, mine: Mapping[int, float], refs: Mapping[int, float | None],
+           seeds: Sequence[int]) -> None:
+    """``f``'s verdict on ``m``'s target over ``seeds``, and where seeds 5-9 disagree with 1-4."""
+    held, n, on_mean = _holds_share(m, mine, refs, seeds)
+    f.target, f.relative_to, f.seeds_met, f.seeds_needed = m.target, m.relative_to, held, _need(n)
+    f.met_on_mean, f.met, f.provisional = on_mean, _verdict(held, n, on_mean), n < OF
+    f.disagreement = _disagreement(m, mine, refs)
 
 
 @dataclass
