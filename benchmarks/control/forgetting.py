@@ -259,7 +259,6 @@ def _quiet(trainer: Any) -> None:
 def run_arm(setup: ForgettingSetup, arm: dict[str, Any], a: argparse.Namespace, url: str, seed: int) -> dict[str, Any]:
     from transformers import TrainerCallback
 
-    from actuator.agents.callback import ActuatorCallback
     from actuator.agents.knobs import LearningRateKnob
     from actuator.agents.probes import ProbeSuite
     from actuator.controllers import ReduceLROnPlateau
@@ -275,11 +274,7 @@ def run_arm(setup: ForgettingSetup, arm: dict[str, Any], a: argparse.Namespace, 
     trace: list[dict[str, float]] = []
     cb, suite = None, None
     if kind in ("actuator", "tuned", "identify", "lr-pid"):
-        policy = lr_pid_policy(a) if kind == "lr-pid" else arm.get("policy") or constraint_policy(a)
-        knobs = ({"learning_rate": {"min": arm["lr"] / 100, "max": arm["lr"], "max_step": 1.5}} if kind == "lr-pid"
-                 else {"kl_weight": {"min": 0.0, "max": a.w_max, "max_step": a.w_step}})
-        cb = ActuatorCallback(policy, connection=url, probes=[drift], reporting={"budget_share": 1.0}, knobs=knobs,
-                              run=f"bench-{SCENARIO}-{kind}-{seed}", identify=arm.get("identify")).attach(trainer)
+        cb = _callback(arm, a, url, seed, drift).attach(trainer)
     elif probed:
         suite = ProbeSuite([drift], budget_share=1.0)
         suite.setup(setup.model)
@@ -325,15 +320,32 @@ def run_arm(setup: ForgettingSetup, arm: dict[str, Any], a: argparse.Namespace, 
         setup.model.requires_grad_(True)  # PEFT froze the base weights; the next arm trains them all
     final = setup.capability(trainer) if kind != "identify" else {}  # a pre-run's end is not a result
     steps_run = trainer.state.global_step
-    result = {"arm": arm["name"], "kind": kind, "constraint": {"probe": key, "budget": a.budget, "ceiling": ceiling}, "lr": arm["lr"], "w": arm.get("w"), "seed": seed, "trace": trace,
-              "final": final, "seconds": seconds, "seconds_per_step": seconds / max(1, steps_run), "steps": steps_run,
-              "decisions": len(cb.applied) if cb is not None else None,
-              "run_id": cb.run_id if cb is not None else None,
-              "anchor_forwards": anc.forwards if anc is not None else None,
-              "final_w": anc.weight if anc is not None else None,
-              "decision_log": [{k: d[k] for k in ("step", "knob", "applied", "reason")} for d in cb.applied][:60]
-              if cb is not None else None}
-    return result
+    return {"arm": arm["name"], "kind": kind, "constraint": {"probe": key, "budget": a.budget, "ceiling": ceiling},
+            "lr": arm["lr"], "w": arm.get("w"), "seed": seed, "trace": trace, "final": final, "seconds": seconds,
+            "seconds_per_step": seconds / max(1, steps_run), "steps": steps_run, **_agent_fields(cb, anc)}
+
+
+def _agent_fields(cb: Any, anc: Any) -> dict[str, Any]:
+    """What the agent and the anchor did in a run (None where the arm has neither)."""
+    return {"decisions": len(cb.applied) if cb is not None else None,
+            "run_id": cb.run_id if cb is not None else None,
+            "anchor_forwards": anc.forwards if anc is not None else None,
+            "final_w": anc.weight if anc is not None else None,
+            "decision_log": [{k: d[k] for k in ("step", "knob", "applied", "reason")} for d in cb.applied][:60]
+            if cb is not None else None}
+
+
+def _callback(arm: dict[str, Any], a: argparse.Namespace, url: str, seed: int, drift: Any) -> Any:
+    """The controlled arms' agent: the constraint on the anchor weight (its tuned policy, or the
+    identification pre-run), or the lr PID."""
+    from actuator.agents.callback import ActuatorCallback
+
+    kind = arm["kind"]
+    policy = lr_pid_policy(a) if kind == "lr-pid" else arm.get("policy") or constraint_policy(a)
+    knobs = ({"learning_rate": {"min": arm["lr"] / 100, "max": arm["lr"], "max_step": 1.5}} if kind == "lr-pid"
+             else {"kl_weight": {"min": 0.0, "max": a.w_max, "max_step": a.w_step}})
+    return ActuatorCallback(policy, connection=url, probes=[drift], reporting={"budget_share": 1.0}, knobs=knobs,
+                            run=f"bench-{SCENARIO}-{kind}-{seed}", identify=arm.get("identify"))
 
 
 def identify_and_tune(setup: ForgettingSetup, a: argparse.Namespace, url: str, seed: int) -> dict[str, Any]:

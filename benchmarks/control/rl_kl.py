@@ -659,12 +659,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = parser()
     a = ap.parse_args(argv)
-    if a.auto_samples < 2:
-        ap.error("--auto-samples must be >= 2 (a variance needs two answers per prompt)")
-    if not 0 < a.beta_bounds[0] <= 1 <= a.beta_bounds[1]:
-        ap.error("--beta-bounds LO HI must satisfy 0 < LO <= 1 <= HI")
-    if isinstance(a.early_stop_beta, float) and "fixed" in a.arms and a.early_stop_beta not in a.betas:
-        ap.error(f"--early-stop-beta {a.early_stop_beta:g} is not among --betas {a.betas}: no fixed arm to cut it from")
+    check(ap, a)
     if a.aggregate:
         return aggregate(a, argv)
     if a.quick:
@@ -683,27 +678,47 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for seed in a.seeds:
             t_start = time.time()
             results = []
-            sa = copy.copy(a)
-            if a.beta == "auto":
-                with console.status(f"seed {seed}: feedforward beta from the starting model's samples…"):
-                    sa.feedforward = setup.start_beta(a, seed, kind)
-                sa.beta = sa.feedforward["beta"]
-                console.print(f"seed {seed}: feedforward beta {sa.beta:.4g} (reward variance "
-                              f"{sa.feedforward['reward_variance']:.4f}, mean answer length "
-                              f"{sa.feedforward['mean_length']:.1f} tokens, {sa.feedforward['prompts']} prompts)")
+            sa = seed_args(a, setup, seed, kind)
             for arm_kind in a.arms:
-                arms = ([{"name": f"fixed β {b:g}", "kind": "fixed", "beta": b} for b in a.betas]
-                        if arm_kind == "fixed" else
-                        [{"name": {"ziegler": "Ziegler adaptive KL", "actuator": "actuator PID" + variant(
-                                       pid_policy(sa)["controllers"][0]),
-                                   "kl-adaptive-lr": "TorchRL KLAdaptiveLR"}[arm_kind],
-                          "kind": arm_kind}])
-                for arm in arms:
+                for arm in arms_of(arm_kind, sa):
                     r = run_arm(setup, kind, arm, sa, url, seed)
                     r["perplexity_increase_pct"] = 100 * (r["final_perplexity"] / base_ppl - 1)
                     results.append(r)
                     out = save_seed(kind, seed, results, sa, argv, base_ppl, t_start)  # each arm as it ends
     return out
+
+
+def check(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """The flags that depend on each other (argparse's error names the flag)."""
+    if a.auto_samples < 2:
+        ap.error("--auto-samples must be >= 2 (a variance needs two answers per prompt)")
+    if not 0 < a.beta_bounds[0] <= 1 <= a.beta_bounds[1]:
+        ap.error("--beta-bounds LO HI must satisfy 0 < LO <= 1 <= HI")
+    if isinstance(a.early_stop_beta, float) and "fixed" in a.arms and a.early_stop_beta not in a.betas:
+        ap.error(f"--early-stop-beta {a.early_stop_beta:g} is not among --betas {a.betas}: no fixed arm to cut it from")
+
+
+def seed_args(a: argparse.Namespace, setup: Any, seed: int, kind: str) -> argparse.Namespace:
+    """The arguments of one seed: with ``--beta auto``, the feedforward beta from the starting
+    model's samples on that seed."""
+    sa = copy.copy(a)
+    if a.beta == "auto":
+        with console.status(f"seed {seed}: feedforward beta from the starting model's samples…"):
+            sa.feedforward = setup.start_beta(a, seed, kind)
+        sa.beta = sa.feedforward["beta"]
+        console.print(f"seed {seed}: feedforward beta {sa.beta:.4g} (reward variance "
+                      f"{sa.feedforward['reward_variance']:.4f}, mean answer length "
+                      f"{sa.feedforward['mean_length']:.1f} tokens, {sa.feedforward['prompts']} prompts)")
+    return sa
+
+
+def arms_of(arm_kind: str, sa: argparse.Namespace) -> list[dict[str, Any]]:
+    """The arms of one ``--arms`` kind (fixed: one per ``--betas``)."""
+    if arm_kind == "fixed":
+        return [{"name": f"fixed β {b:g}", "kind": "fixed", "beta": b} for b in sa.betas]
+    names = {"ziegler": "Ziegler adaptive KL", "actuator": "actuator PID" + variant(pid_policy(sa)["controllers"][0]),
+             "kl-adaptive-lr": "TorchRL KLAdaptiveLR"}
+    return [{"name": names[arm_kind], "kind": arm_kind}]
 
 
 def save_seed(kind: str, seed: int, results: list[dict[str, Any]], a: argparse.Namespace, argv: list[str] | None,
