@@ -128,3 +128,19 @@ def test_a_dpo_kl_per_seed_file_names_its_restoring_arm_with_the_variant_its_pol
     f = v.get("Actuator lr + anchor (ramp 8)", "overshoot_pct")
     assert f.seeds == [1, 2, 3, 4, 5] and f.per_seed[5] == 10.0 and f.worst_seed == 5
     assert f.disagreement and f.disagreement[0].startswith("mean 10 on seeds 5-9 outside 2.995 ± 2×0.91 of seeds 1-4")
+
+
+def test_the_validation_file_keeps_its_runs_and_re_aggregates_alone(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """The per-seed files of seeds 5–9 are not tracked: the validation file they give is enough to
+    quote the figures again, and gives the same ones (dpo-kl: the restoring arm keeps its name)."""
+    first = main(["dpo-kl", "--from", str(RESULTS / "dpo-kl-aggregate-issue40.json"), "--results", str(tmp_path),
+                  "--name", "t"])
+    out = tmp_path / "dpo-kl-validation-t.json"
+    assert out.exists() and (tmp_path / "dpo-kl-validation-t.png").read_bytes()[:4] == b"\x89PNG"
+    again = main(["dpo-kl", "--from", str(out), "--no-write"])
+    capsys.readouterr()
+    assert [(f.arm, f.metric, f.mean, f.seeds_met) for f in again.figures] == \
+        [(f.arm, f.metric, f.mean, f.seeds_met) for f in first.figures]
+    assert again.get("Actuator lr + anchor (ramp 8)", "overshoot_pct").per_seed == \
+        first.get("Actuator lr + anchor (ramp 8)", "overshoot_pct").per_seed
