@@ -266,6 +266,7 @@ class Figure:
     target: float | None = None
     relative_to: str | None = None
     seeds_met: int | None = None
+    seeds_judged: int | None = None
     seeds_needed: int | None = None
     met_on_mean: bool | None = None
     met: bool | None = None
@@ -304,7 +305,7 @@ def _judge(f: Figure, m: Metric, mine: Mapping[int, float], refs: Mapping[int, f
            seeds: Sequence[int]) -> None:
     """``f``'s verdict on ``m``'s target over ``seeds``, and where seeds 5-9 disagree with 1-4."""
     held, n, on_mean = _holds_share(m, mine, refs, seeds)
-    f.target, f.relative_to, f.seeds_met, f.seeds_needed = m.target, m.relative_to, held, _need(n)
+    f.target, f.relative_to, f.seeds_met, f.seeds_judged, f.seeds_needed = m.target, m.relative_to, held, n, _need(n)
     f.met_on_mean, f.met, f.provisional = on_mean, _verdict(held, n, on_mean), n < OF
     f.disagreement = _disagreement(m, mine, refs)
 
@@ -405,8 +406,7 @@ def verdict_text(f: Figure) -> str:
     """"met (9 of 9)", "missed (6 of 9)", "met (4 of 4, provisional)" or "" without a target."""
     if f.met is None:
         return "" if f.target is None else "not judged"
-    n = len([s for s in f.seeds if s in f.per_seed])
-    return (f"{'met' if f.met else 'missed'} ({f.seeds_met} of {n}" + (", provisional" if f.provisional else "")
+    return (f"{'met' if f.met else 'missed'} ({f.seeds_met} of {f.seeds_judged}" + (", provisional" if f.provisional else "")
             + ("" if f.met_on_mean else ", not on the mean") + ")")
 
 

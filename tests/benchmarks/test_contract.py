@@ -170,3 +170,11 @@ def test_tagged_files_take_prefix_and_suffix_tags_and_leave_aggregates_out(tmp_p
         (tmp_path / name).write_text("{}")
     got = contract.tagged_files(tmp_path, "s", ["ramp", "-co", "-"])
     assert [p.name for p in got] == ["s-ramp-s5.json", "s-ramp-s6.json", "s-seed5-co.json", "s.json"]
+
+
+def test_a_relative_target_is_judged_only_on_the_seeds_its_reference_ran(tmp_path: Path) -> None:
+    s = toy()
+    runs = [r for r in contract.run(s, range(10), tmp_path) if (r.arm, r.seed) != ("fixed a", 7)]
+    f = validate(s, runs).get("preset", "vs_pick")
+    assert (f.seeds_judged, f.seeds_met, f.seeds_needed, f.provisional) == (8, 7, 8, True)
+    assert contract.verdict_text(f) == "missed (7 of 8, provisional)"
