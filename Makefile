@@ -52,6 +52,7 @@ system-deps:
 lint: setup
 	$(PY) -m ruff check .
 	$(PY) -m mypy
+	$(PY) -m pytest -q -p no:cacheprovider tests/benchmarks/test_complexity.py  # radon: benchmarks/ at most 15
 
 # The docs site (MkDocs Material, offline: no fonts or scripts from the network). The reference pages
 # for the policy language, REST, CLI and metrics are generated from the code by scripts/docs_reference.py.

@@ -65,6 +65,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.control.contract import Arm, Declared, Metric
 from benchmarks.control.data import blocks, stdlib_text
 from benchmarks.control.harness import (
     RESULTS, command_line, console, arm_progress, figure, fmt_ms, for_each_seed, judged, machine, read_seeds, scenario_args,
@@ -75,6 +76,20 @@ import torch  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 SCENARIO = "compress-rank"
+WIDTH_PID = "Actuator PID on channel τ"
+
+# The contract (benchmarks/control/contract.py) of the width claim (README "compress"): the PID on
+# the channel threshold against the budget of +10% perplexity over dense.
+SPEC = Declared(
+    name=SCENARIO, task="MLP-width pruning of SmolLM2-135M-Instruct with distillation, 100 steps; the PID on "
+                        "the channel threshold holds perplexity within +10% of dense",
+    arm_list=[Arm(WIDTH_PID, "width-actuator")], quick=(WIDTH_PID,),
+    metrics=[Metric("size_pct", "min", "% of dense parameters", target=85.0, judge=(WIDTH_PID,),
+                    read=lambda r: 100 * r["param_ratio"], label="at most 85% of dense"),
+             Metric("within_budget", "max", "final perplexity within budget (1) or not (0)", target=1.0,
+                    read=lambda r: float(r["final_within_budget"])),
+             Metric("steps_over_budget", "min", "steps"), Metric("perplexity_increase_pct", "min", "%")],
+    plots=("perplexity", "params"))
 RANK_SWEEP = (576, 560, 544, 528, 512, 496, 480, 448, 419, 384, 320, 256)
 SHARE_SWEEP = (1.0, 0.99, 0.98, 0.97, 0.96, 0.95, 0.94, 0.92, 0.9, 0.875, 0.85, 0.8, 0.75)
 WIDTH_SHARES = (0.99, 0.98, 0.97, 0.96, 0.95, 0.94, 0.92, 0.9, 0.875, 0.85)
@@ -328,13 +343,67 @@ def export_and_reload(setup: Setup, model: Any, path: Path) -> dict[str, Any]:
     return out
 
 
+def _arm_knob(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, model: Any, width_knob: Any) -> tuple[Any, Any]:
+    """The arm's knob set to its start (``width_knob``: the width arms' channel knob) and, for a
+    cubic arm, its open-loop schedule (Zhu & Gupta's cubic in ln τ, to a size fixed before the run)."""
+    from actuator.agents.compression import RankKnob, ThresholdKnob
+    from actuator.controllers import FixedSchedule
+
+    kind, knob, schedule = arm["kind"], width_knob, None
+    t_final = max(a.t_init + 1, round(a.steps * a.t_final))
+    if width_knob is not None:
+        if "tau" not in arm:  # matched on parameter count: the threshold that leaves arm["params"]
+            arm["tau"] = knob.threshold_for_params(arm["params"])
+        knob.apply(arm["tau"])  # the one-shot τ, or the Actuator's / the cubic schedule's starting point
+        if kind == "width-cubic":
+            arm["tau_final"] = knob.threshold_for_params(arm["params"])
+            schedule = FixedSchedule.cubic(math.log(arm["tau"]), math.log(arm["tau_final"]), a.t_init, t_final)
+    elif kind == "uniform":
+        knob = RankKnob(model)
+        knob.apply(arm["rank"])
+    else:
+        knob = ThresholdKnob(model, setup.calib, refresh_every=a.refresh_every if kind == "actuator" else None,
+                             normalize=a.allocation == "relative")
+        if kind in ("oneshot", "matched"):
+            knob.apply(arm["tau"])
+        elif kind == "cubic":
+            schedule = FixedSchedule.cubic(math.log(knob.bounds[0]), math.log(arm["tau"]), a.t_init, t_final)
+    return knob, schedule
+
+
+def _arm_callback(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, seed: int, probe: Any,
+                  knob: Any, knob_name: str) -> Any:
+    """The Actuator arms' callback: the PID on the rank threshold, or on the channel threshold."""
+    from actuator.agents.callback import ActuatorCallback
+
+    if arm["kind"] == "actuator":
+        return ActuatorCallback(pid_policy(a, setup.dense_ppl), connection=url, probes=[probe],
+                                reporting={"budget_share": 1.0}, run=f"bench-{SCENARIO}-{seed}", setters=[knob],
+                                knobs={"compression_threshold": {"min": knob.bounds[0], "max": knob.bounds[1],
+                                                                 "max_step": a.max_step}})
+    span = arm["span"]
+    return ActuatorCallback(width_policy(a, setup.dense_ppl, span), connection=url, probes=[probe],
+                            reporting={"budget_share": 1.0}, run=f"bench-{SCENARIO}-width-{seed}", setters=[knob],
+                            knobs={knob_name: {"min": arm["tau"], "max": knob.bounds[1],
+                                               "max_step": span / a.width_moves}})
+
+
+def _layers(knob: Any, model: Any, width: bool) -> tuple[dict[str, Any], int]:
+    """Each layer's kept rank (width arms: MLP channels) and how many layers stayed dense."""
+    from actuator.agents.compression import compression_stats
+
+    if width:  # layers here are MLPs; "dense" ones kept every channel
+        widths = knob.widths
+        return widths, sum(1 for w in widths.values() if w == model.config.intermediate_size)
+    stats = compression_stats(model)
+    return ({n: s["active_rank"] for n, s in stats["layers"].items()},
+            sum(1 for s in stats["layers"].values() if s["export_dense"]))
+
+
 def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, seed: int) -> dict[str, Any]:
     from transformers import TrainerCallback
 
-    from actuator.agents.callback import ActuatorCallback
-    from actuator.agents.compression import RankKnob, ThresholdKnob
     from actuator.agents.probes import ProbeSuite
-    from actuator.controllers import FixedSchedule
 
     kind = arm["kind"]
     width = is_width(kind)
@@ -352,40 +421,10 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
     probe = setup.ppl_probe(a.probe_every)
     budget = setup.dense_ppl * (1 + a.budget / 100)
     trace: list[dict[str, Any]] = []
-    cb = suite = schedule = None
-    if width:
-        if "tau" not in arm:  # matched on parameter count: the threshold that leaves arm["params"]
-            arm["tau"] = knob.threshold_for_params(arm["params"])
-        knob.apply(arm["tau"])  # the one-shot τ, or the Actuator's / the cubic schedule's starting point
-        if kind == "width-cubic":
-            # Open-loop gradual pruning to a size fixed before the run (Zhu & Gupta's cubic in ln τ).
-            arm["tau_final"] = knob.threshold_for_params(arm["params"])
-            t_final = max(a.t_init + 1, round(a.steps * a.t_final))
-            schedule = FixedSchedule.cubic(math.log(arm["tau"]), math.log(arm["tau_final"]), a.t_init, t_final)
-    elif kind == "uniform":
-        knob = RankKnob(model)
-        knob.apply(arm["rank"])
-    else:
-        knob = ThresholdKnob(model, setup.calib, refresh_every=a.refresh_every if kind == "actuator" else None,
-                             normalize=a.allocation == "relative")
-        if kind in ("oneshot", "matched"):
-            knob.apply(arm["tau"])
-        elif kind == "cubic":
-            t_final = max(a.t_init + 1, round(a.steps * a.t_final))
-            schedule = FixedSchedule.cubic(math.log(knob.bounds[0]), math.log(arm["tau"]), a.t_init, t_final)
-    if kind == "actuator":
-        cb = ActuatorCallback(pid_policy(a, setup.dense_ppl), connection=url, probes=[probe], reporting={"budget_share": 1.0},
-                              run=f"bench-{SCENARIO}-{seed}", setters=[knob],
-                              knobs={"compression_threshold": {"min": knob.bounds[0], "max": knob.bounds[1],
-                                                               "max_step": a.max_step}})
-        cb.attach(trainer)
-    elif kind == "width-actuator":
-        span = arm["span"]
-        cb = ActuatorCallback(width_policy(a, setup.dense_ppl, span), connection=url, probes=[probe], reporting={"budget_share": 1.0},
-                              run=f"bench-{SCENARIO}-width-{seed}", setters=[knob],
-                              knobs={knob_name: {"min": arm["tau"], "max": knob.bounds[1],
-                                                 "max_step": span / a.width_moves}})
-        cb.attach(trainer)
+    cb = suite = None
+    knob, schedule = _arm_knob(setup, arm, a, model, knob if width else None)
+    if kind in ("actuator", "width-actuator"):
+        cb = _arm_callback(setup, arm, a, url, seed, probe, knob, knob_name).attach(trainer)
     else:
         suite = ProbeSuite([probe], budget_share=1.0)
 
@@ -427,16 +466,7 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
     final_ppl = setup.perplexity(model)
     hotpot = setup.hotpot_values(model)
     over = sum(int(cur["step"] - prev["step"]) for prev, cur in zip(trace, trace[1:]) if cur["perplexity"] > budget)
-    from actuator.agents.compression import compression_stats
-
-    if width:
-        # Layers here are MLPs; "dense" ones kept every channel.
-        layer_ranks = knob.widths
-        dense_layers = sum(1 for w in layer_ranks.values() if w == model.config.intermediate_size)
-    else:
-        stats = compression_stats(model)
-        layer_ranks = {n: s["active_rank"] for n, s in stats["layers"].items()}
-        dense_layers = sum(1 for s in stats["layers"].values() if s["export_dense"])
+    layer_ranks, dense_layers = _layers(knob, model, width)
     export = export_and_reload(setup, model, a.out / f"export-{kind}-{seed}")
     final_params = size(model)
     r = {"arm": arm["name"], "kind": kind, "seed": seed, "matched_on": arm["matched_on"], "trace": trace,
@@ -495,81 +525,114 @@ def _row_text(r: dict[str, Any], dense: int) -> str:
             f"{r['export']['file_bytes'] / 1e6:.0f} MB, {r['seconds']:.0f} s")
 
 
-def aggregate(tag: str = "", results: Path = RESULTS) -> dict[str, Any]:
-    found = read_seeds(results, f"{SCENARIO}-seed*.json", keep=lambda f: f.stem.endswith(tag) or not tag)
-    files, runs = [f for f, _ in found], [run for _, run in found]
-    # The low-rank and the width arms may come from separate runs (tags): each sweep from a run that has it.
-    head = dict(next((r for r in runs if r.get("rank_sweep") or r.get("tau_sweep")), runs[0]))
-    head["width_sweep"] = next((r["width_sweep"] for r in runs if r.get("width_sweep")), {})
-    arms = [r for run in runs for r in run["arms"]]
-    by_kind: dict[str, list[dict[str, Any]]] = {}
-    for r in arms:
-        by_kind.setdefault(r["kind"], []).append(r)
-    dense = head["dense_params"]
+def _summary_of(rs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One arm kind's runs, a list per figure (one value a seed)."""
+    return {
+        "arm": rs[0]["arm"], "matched_on": rs[0]["matched_on"], "seeds": [r["seed"] for r in rs],
+        "params": [r["final_params"] for r in rs], "param_ratio": [r["param_ratio"] for r in rs],
+        "ppl_increase_pct": [r["perplexity_increase_pct"] for r in rs],
+        "steps_over_budget": [r["steps_over_budget"] for r in rs], "dense_layers": [r["dense_layers"] for r in rs],
+        "hotpot_em": [r["hotpotqa"]["em"] for r in rs], "gold_logprob": [r["hotpotqa"]["gold_logprob"] for r in rs],
+        "reload_ppl": [r["export"]["perplexity"] for r in rs], "file_mb": [r["export"]["file_bytes"] / 1e6 for r in rs],
+        "reload_params": [r["export"]["params"] for r in rs],
+        "within_budget": [r["final_within_budget"] for r in rs],
+    }
+
+
+def _summary_table(head: dict[str, Any], summary: dict[str, Any]) -> Table:
     table = Table(title=f"{SCENARIO} — SmolLM2-135M-Instruct MLPs, {head['steps']} steps, budget +{head['budget_pct']:g}%"
                         f" ({head['budget_perplexity']:.2f}); mean ± sd over seeds")
     cols = ("arm", "matched on", "seeds", "params (M)", "vs dense", "final ppl Δ%", "steps over budget",
             "dense layers", "HotpotQA EM", "gold log-prob", "reload ppl", "file MB")
     for c in cols:
         table.add_column(c, justify="right")
+
     def ms(values: list[float], spec: str = ".2f") -> str:
         return fmt_ms(values, spec, bare_single=True)
 
-    summary = {}
-    for kind, rs in by_kind.items():
-        s = {
-            "arm": rs[0]["arm"], "matched_on": rs[0]["matched_on"], "seeds": [r["seed"] for r in rs],
-            "params": [r["final_params"] for r in rs], "param_ratio": [r["param_ratio"] for r in rs],
-            "ppl_increase_pct": [r["perplexity_increase_pct"] for r in rs],
-            "steps_over_budget": [r["steps_over_budget"] for r in rs], "dense_layers": [r["dense_layers"] for r in rs],
-            "hotpot_em": [r["hotpotqa"]["em"] for r in rs], "gold_logprob": [r["hotpotqa"]["gold_logprob"] for r in rs],
-            "reload_ppl": [r["export"]["perplexity"] for r in rs], "file_mb": [r["export"]["file_bytes"] / 1e6 for r in rs],
-            "reload_params": [r["export"]["params"] for r in rs],
-            "within_budget": [r["final_within_budget"] for r in rs],
-        }
-        summary[kind] = s
+    for s in summary.values():
         table.add_row(s["arm"], s["matched_on"], ",".join(map(str, s["seeds"])),
                       ms([p / 1e6 for p in s["params"]]), ms(s["param_ratio"], ".1%"),
                       ms(s["ppl_increase_pct"], "+.1f"), ms(s["steps_over_budget"], ".1f"),
                       ms(s["dense_layers"], ".1f"), ms(s["hotpot_em"], ".3f"), ms(s["gold_logprob"], ".3f"),
                       ms(s["reload_ppl"]), ms(s["file_mb"], ".0f"))
-    console.print(table)
-    console.print(f"dense: {dense / 1e6:.2f}M params, ppl {head['dense_perplexity']:.2f}, HotpotQA "
-                  f"{head['dense_hotpotqa']}")
-    targets: dict[str, Any] = {}
+    return table
+
+
+# Open-loop arms at the same perplexity budget (the matched-size arms are matched on size instead).
+OPEN_LOOP_KINDS = ("uniform", "oneshot", "cubic", "width-oneshot")
+
+
+def _size_targets(act_kind: str, act: dict[str, Any], run: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """At most 85% of dense (stretch: 75%) within the perplexity budget, on the means and the seeds."""
     mean = statistics.mean
-    # Open-loop arms at the same perplexity budget (the matched-size arms are matched on size instead).
-    open_loop = {k: s for k, s in summary.items() if k in ("uniform", "oneshot", "cubic", "width-oneshot")}
+    within = all(act["within_budget"])
+    return {
+        "params_le_85pct_within_budget": judged(
+            {"met": within and mean(act["param_ratio"]) <= 0.85, "ratio": mean(act["param_ratio"]),
+             "all_within_budget": within},
+            {seed: r["final_within_budget"] and r["param_ratio"] <= 0.85 for seed, r in run.items()}),
+        "stretch_params_le_75pct": judged(
+            {"met": within and mean(act["param_ratio"]) <= 0.75},
+            {seed: r["final_within_budget"] and r["param_ratio"] <= 0.75 for seed, r in run.items()})}
+
+
+def _open_loop_targets(act_kind: str, act: dict[str, Any], run: dict[int, dict[str, Any]],
+                       open_loop: dict[str, Any], loop_runs: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
+    """Fewer parameters than every open-loop arm and no more steps over budget than the best; per
+    seed against the open-loop arms' runs on the same seed."""
+    mean = statistics.mean
+    both = [seed for seed in run if all(seed in runs for runs in loop_runs.values())]
+    best_over = min(mean(s["steps_over_budget"]) for s in open_loop.values())
+    return {
+        "fewer_params_than_every_open_loop_arm": judged({
+            "met": all(mean(act["params"]) < mean(s["params"]) for s in open_loop.values()),
+            act_kind: mean(act["params"]), **{k: mean(s["params"]) for k, s in open_loop.items()}},
+            {seed: all(run[seed]["final_params"] < runs[seed]["final_params"] for runs in loop_runs.values())
+             for seed in both}),
+        "no_more_steps_over_budget_than_best_open_loop": judged({
+            "met": mean(act["steps_over_budget"]) <= best_over, act_kind: mean(act["steps_over_budget"]),
+            "best_open_loop": best_over},
+            {seed: run[seed]["steps_over_budget"] <= min(runs[seed]["steps_over_budget"]
+                                                         for runs in loop_runs.values()) for seed in both})}
+
+
+def _targets(summary: dict[str, Any], by_kind: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    targets: dict[str, Any] = {}
+    open_loop = {k: s for k, s in summary.items() if k in OPEN_LOOP_KINDS}
+    loop_runs = {k: {r["seed"]: r for r in by_kind[k]} for k in open_loop}
     for act_kind in ("actuator", "width-actuator"):
         act = summary.get(act_kind)
         if not act:
             continue
-        t: dict[str, Any] = {}
-        within = all(act["within_budget"])
-        # per seed: the arm's run on that seed against the open-loop arms' runs on the same seed
         run = {r["seed"]: r for r in by_kind[act_kind]}
-        loop_runs = {k: {r["seed"]: r for r in by_kind[k]} for k in open_loop}
-        both = [seed for seed in run if all(seed in runs for runs in loop_runs.values())]
-        t["params_le_85pct_within_budget"] = judged(
-            {"met": within and mean(act["param_ratio"]) <= 0.85, "ratio": mean(act["param_ratio"]),
-             "all_within_budget": within},
-            {seed: r["final_within_budget"] and r["param_ratio"] <= 0.85 for seed, r in run.items()})
-        t["stretch_params_le_75pct"] = judged(
-            {"met": within and mean(act["param_ratio"]) <= 0.75},
-            {seed: r["final_within_budget"] and r["param_ratio"] <= 0.75 for seed, r in run.items()})
+        targets[act_kind] = _size_targets(act_kind, act, run)
         if open_loop:
-            best_over = min(mean(s["steps_over_budget"]) for s in open_loop.values())
-            t["fewer_params_than_every_open_loop_arm"] = judged({
-                "met": all(mean(act["params"]) < mean(s["params"]) for s in open_loop.values()),
-                act_kind: mean(act["params"]), **{k: mean(s["params"]) for k, s in open_loop.items()}},
-                {seed: all(run[seed]["final_params"] < runs[seed]["final_params"] for runs in loop_runs.values())
-                 for seed in both})
-            t["no_more_steps_over_budget_than_best_open_loop"] = judged({
-                "met": mean(act["steps_over_budget"]) <= best_over, act_kind: mean(act["steps_over_budget"]),
-                "best_open_loop": best_over},
-                {seed: run[seed]["steps_over_budget"] <= min(runs[seed]["steps_over_budget"]
-                                                             for runs in loop_runs.values()) for seed in both})
-        targets[act_kind] = t
+            targets[act_kind].update(_open_loop_targets(act_kind, act, run, open_loop, loop_runs))
+    return targets
+
+
+def _read(results: Path, tag: str) -> tuple[list[Path], dict[str, Any], list[dict[str, Any]]]:
+    """The per-seed files of ``tag``, the run settings (``head``) and every arm's run. The low-rank
+    and the width arms may come from separate runs (tags): each sweep from a run that has it."""
+    found = read_seeds(results, f"{SCENARIO}-seed*.json", keep=lambda f: f.stem.endswith(tag) or not tag)
+    files, runs = [f for f, _ in found], [run for _, run in found]
+    head = dict(next((r for r in runs if r.get("rank_sweep") or r.get("tau_sweep")), runs[0]))
+    head["width_sweep"] = next((r["width_sweep"] for r in runs if r.get("width_sweep")), {})
+    return files, head, [r for run in runs for r in run["arms"]]
+
+
+def aggregate(tag: str = "", results: Path = RESULTS) -> dict[str, Any]:
+    files, head, arms = _read(results, tag)
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for r in arms:
+        by_kind.setdefault(r["kind"], []).append(r)
+    dense = head["dense_params"]
+    summary = {kind: _summary_of(rs) for kind, rs in by_kind.items()}
+    console.print(_summary_table(head, summary))
+    console.print(f"dense: {dense / 1e6:.2f}M params, ppl {head['dense_perplexity']:.2f}, HotpotQA "
+                  f"{head['dense_hotpotqa']}")
+    targets = _targets(summary, by_kind)
     console.print(f"targets: {targets}")
     out = {**{k: v for k, v in head.items() if k not in ("arms", "seed", "machine")},
            "seeds": sorted({r["seed"] for r in arms}), "arms": arms, "summary": summary, "targets": targets,
@@ -580,20 +643,41 @@ def aggregate(tag: str = "", results: Path = RESULTS) -> dict[str, Any]:
     return out
 
 
+def _plot_arm(ax1: Any, ax2: Any, ax3: Any, arm: dict[str, Any], colors: dict[str, Any]) -> None:
+    """One arm's perplexity, parameters and threshold (one colour a kind)."""
+    label = arm["arm"] if arm["kind"] not in colors else None
+    steps = [t["step"] for t in arm["trace"]]
+    kw = {"color": colors.get(arm["kind"]), "alpha": 0.8}
+    line, = ax1.plot(steps, [t["perplexity"] for t in arm["trace"]], marker=".", label=label, **kw)
+    colors.setdefault(arm["kind"], line.get_color())
+    kw["color"] = colors[arm["kind"]]
+    ax2.plot(steps, [t["params"] / 1e6 for t in arm["trace"]], label=label, **kw)
+    if arm["kind"] != "uniform" and all("knob" in t for t in arm["trace"]):
+        ax3.plot(steps, [t["knob"] for t in arm["trace"]], label=label, **kw)
+
+
+def _plot_sweeps(ax4: Any, result: dict[str, Any]) -> None:
+    """Offline: perplexity against size before fine-tuning, uniform rank vs global threshold."""
+    dense_pt = [(result["dense_params"] / 1e6, result["dense_perplexity"])]
+    for sweep, marker, label in ((result.get("rank_sweep") or [], "o", "uniform rank"),
+                                 (result.get("tau_sweep") or [], "s", "global τ (ranks)"),
+                                 ((result.get("width_sweep") or {}).get("sweep") or [], "^", "global τ (channels)")):
+        if sweep:
+            pts = dense_pt + [(s["params"] / 1e6, s["perplexity"]) for s in sweep]
+            ax4.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, label=label)
+    ax4.axhline(result["budget_perplexity"], ls="--", color="black")
+    ax4.set_ylim(result["dense_perplexity"] * 0.95, result["dense_perplexity"] * 2.0)
+    ax4.set_xlabel("parameters (M)")
+    ax4.set_title("before fine-tuning (offline sweep)")
+    ax4.legend(fontsize=7)
+
+
 def plot(result: dict[str, Any], path: Path) -> None:
     with figure(path, ncols=4, size=(20, 4.3)) as (fig, axes):
         ax1, ax2, ax3, ax4 = axes[0]
         colors: dict[str, Any] = {}
         for arm in result["arms"]:
-            label = arm["arm"] if arm["kind"] not in colors else None
-            steps = [t["step"] for t in arm["trace"]]
-            kw = {"color": colors.get(arm["kind"]), "alpha": 0.8}
-            line, = ax1.plot(steps, [t["perplexity"] for t in arm["trace"]], marker=".", label=label, **kw)
-            colors.setdefault(arm["kind"], line.get_color())
-            kw["color"] = colors[arm["kind"]]
-            ax2.plot(steps, [t["params"] / 1e6 for t in arm["trace"]], label=label, **kw)
-            if arm["kind"] != "uniform" and all("knob" in t for t in arm["trace"]):
-                ax3.plot(steps, [t["knob"] for t in arm["trace"]], label=label, **kw)
+            _plot_arm(ax1, ax2, ax3, arm, colors)
         ax1.axhline(result["budget_perplexity"], ls="--", color="black", label=f"budget (+{result['budget_pct']:g}%)")
         ax1.axhline(result["dense_perplexity"], ls=":", color="grey", label="dense")
         ax1.set_title("held-out perplexity")
@@ -606,19 +690,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
         for ax in (ax1, ax2, ax3):
             ax.set_xlabel("step")
             ax.legend(fontsize=7)
-        # Offline: perplexity against size before fine-tuning, uniform rank vs global threshold.
-        dense_pt = [(result["dense_params"] / 1e6, result["dense_perplexity"])]
-        for sweep, marker, label in ((result.get("rank_sweep") or [], "o", "uniform rank"),
-                                     (result.get("tau_sweep") or [], "s", "global τ (ranks)"),
-                                     ((result.get("width_sweep") or {}).get("sweep") or [], "^", "global τ (channels)")):
-            if sweep:
-                pts = dense_pt + [(s["params"] / 1e6, s["perplexity"]) for s in sweep]
-                ax4.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, label=label)
-        ax4.axhline(result["budget_perplexity"], ls="--", color="black")
-        ax4.set_ylim(result["dense_perplexity"] * 0.95, result["dense_perplexity"] * 2.0)
-        ax4.set_xlabel("parameters (M)")
-        ax4.set_title("before fine-tuning (offline sweep)")
-        ax4.legend(fontsize=7)
+        _plot_sweeps(ax4, result)
         fig.suptitle(f"compress-rank — SmolLM2-135M-Instruct MLPs, {result['steps']} steps, lr {result['lr']:g}, "
                      f"seeds {result.get('seeds')}", fontsize=10)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from typing import Any
 
 import torch
 
@@ -30,21 +31,9 @@ SHARES = (0.97, 0.95, 0.92, 0.90, 0.875, 0.85, 0.80, 0.75)
 MIN_CHANNELS = 64
 
 
-def main() -> dict:
-    from actuator.agents.models import load_smollm2
-    from actuator.agents.probes import Perplexity
-
-    torch.set_num_threads(1)
-    model, tok = load_smollm2()
-    model.eval()
-    data = blocks(tok, stdlib_text(), 64)
-    probe = Perplexity([tok.decode(b) for b in data[:8]], tok, every=None, max_length=72, batch_size=8)
-    calib = [torch.stack(data[8:][i:i + 4]) for i in range(0, 16, 4)]
-    dense_params = sum(p.numel() for p in model.parameters())
-    t0 = time.time()
-    dense = probe.measure(model, step=0)["perplexity"]
-    mlps = [layer.mlp for layer in model.model.layers]
-    width, hidden = mlps[0].down_proj.in_features, mlps[0].down_proj.out_features
+def channel_stats(model: Any, mlps: list[Any], calib: list[Any], width: int) -> tuple[list[Any], list[Any], int]:
+    """Per MLP: the sum and the sum of squares of each channel's input to down_proj over the
+    calibration batches, and the number of tokens."""
     s1 = [torch.zeros(width, dtype=torch.float64) for _ in mlps]
     s2 = [torch.zeros(width, dtype=torch.float64) for _ in mlps]
     tokens = [0]
@@ -63,51 +52,87 @@ def main() -> dict:
             model(b)
     for h in handles:
         h.remove()
-    n = tokens[0]
+    return s1, s2, tokens[0]
+
+
+class Pruning:
+    """Channel masks on every MLP's down_proj input, with an optional bias compensation (the mean
+    of the pruned channels' contribution)."""
+
+    def __init__(self, mlps: list[Any], width: int, hidden: int) -> None:
+        self.mlps = mlps
+        self.masks = [torch.ones(width) for _ in mlps]
+        self.comp = [torch.zeros(hidden) for _ in mlps]
+        self.use_comp = False
+        for i, m in enumerate(mlps):
+            m.down_proj.register_forward_pre_hook(self._mask_hook(i))
+            m.down_proj.register_forward_hook(self._comp_hook(i))
+
+    def _mask_hook(self, i: int):  # noqa: ANN202
+        return lambda module, args: (args[0] * self.masks[i],)
+
+    def _comp_hook(self, i: int):  # noqa: ANN202
+        return lambda module, args, out: out + self.comp[i] if self.use_comp else out
+
+    def cut(self, scores: list[Any], tau: float, mean: list[Any], bias: bool) -> None:
+        """Keep the channels scoring above ``tau`` (at least ``MIN_CHANNELS`` a layer)."""
+        for i, mlp in enumerate(self.mlps):
+            keep = scores[i].log() > tau
+            if keep.sum() < MIN_CHANNELS:
+                keep[torch.topk(scores[i], MIN_CHANNELS).indices] = True
+            self.masks[i] = keep.float()
+            self.comp[i] = (mlp.down_proj.weight.detach().double() @ ((1 - keep.double()) * mean[i])).float()
+        self.use_comp = bias
+
+
+def curve(kind: str, bias: bool, scores: list[Any], mean: list[Any], pruning: Pruning, probe: Any, model: Any,
+          dense: float, dense_params: int, per_channel: int, width: int) -> list[dict[str, Any]]:
+    """Perplexity against the kept share of parameters, one point per ``SHARES``."""
+    ordered = torch.sort(torch.cat(scores).log()).values
+    points = []
+    for share in SHARES:
+        cut = int(math.ceil((dense_params - share * dense_params) / per_channel))
+        pruning.cut(scores, ordered[cut - 1].item(), mean, bias)
+        params = dense_params - (len(pruning.mlps) * width - sum(int(m.sum()) for m in pruning.masks)) * per_channel
+        ppl = probe.measure(model, step=0)["perplexity"]
+        widths = [int(m.sum()) for m in pruning.masks]
+        points.append({"share": params / dense_params, "perplexity": ppl, "rise_pct": 100 * (ppl / dense - 1),
+                       "width_min": min(widths), "width_max": max(widths)})
+        console.print(f"{kind}{' +bias' if bias else ''} {params / dense_params:.3f}: ppl {ppl:.2f} "
+                      f"({100 * (ppl / dense - 1):+.1f}%), widths {min(widths)}-{max(widths)}")
+    return points
+
+
+def main() -> dict:
+    from actuator.agents.models import load_smollm2
+    from actuator.agents.probes import Perplexity
+
+    torch.set_num_threads(1)
+    model, tok = load_smollm2()
+    model.eval()
+    data = blocks(tok, stdlib_text(), 64)
+    probe = Perplexity([tok.decode(b) for b in data[:8]], tok, every=None, max_length=72, batch_size=8)
+    calib = [torch.stack(data[8:][i:i + 4]) for i in range(0, 16, 4)]
+    dense_params = sum(p.numel() for p in model.parameters())
+    t0 = time.time()
+    dense = probe.measure(model, step=0)["perplexity"]
+    mlps = [layer.mlp for layer in model.model.layers]
+    width, hidden = mlps[0].down_proj.in_features, mlps[0].down_proj.out_features
+    s1, s2, n = channel_stats(model, mlps, calib, width)
     col = [m.down_proj.weight.detach().double().pow(2).sum(0) for m in mlps]
     mean = [s / n for s in s1]
     var = [s2[i] / n - mean[i] ** 2 for i in range(len(mlps))]
     scores = {"wanda": [s2[i].sqrt() * col[i].sqrt() for i in range(len(mlps))],
               "flap": [var[i] * col[i] for i in range(len(mlps))],
               "energy": [s2[i] * col[i] for i in range(len(mlps))]}
-    masks = [torch.ones(width) for _ in mlps]
-    comp = [torch.zeros(hidden) for _ in mlps]
-    use_comp = [False]
-
-    def mask_hook(i: int):  # noqa: ANN202
-        return lambda module, args: (args[0] * masks[i],)
-
-    def comp_hook(i: int):  # noqa: ANN202
-        return lambda module, args, out: out + comp[i] if use_comp[0] else out
-
-    for i, m in enumerate(mlps):
-        m.down_proj.register_forward_pre_hook(mask_hook(i))
-        m.down_proj.register_forward_hook(comp_hook(i))
+    pruning = Pruning(mlps, width, hidden)
     per_channel = 3 * hidden
     out: dict = {"dense_perplexity": dense, "dense_params": dense_params, "min_channels": MIN_CHANNELS,
                  "curves": {}, "machine": machine()}
     for kind in ("wanda", "flap", "energy"):
         for bias in ((False, True) if kind == "flap" else (False,)):
-            ordered = torch.sort(torch.cat(scores[kind]).log()).values
-            curve = []
-            for share in SHARES:
-                cut = int(math.ceil((dense_params - share * dense_params) / per_channel))
-                tau = ordered[cut - 1].item()
-                for i in range(len(mlps)):
-                    keep = scores[kind][i].log() > tau
-                    if keep.sum() < MIN_CHANNELS:
-                        keep[torch.topk(scores[kind][i], MIN_CHANNELS).indices] = True
-                    masks[i] = keep.float()
-                    comp[i] = (mlps[i].down_proj.weight.detach().double() @ ((1 - keep.double()) * mean[i])).float()
-                use_comp[0] = bias
-                params = dense_params - (len(mlps) * width - sum(int(m.sum()) for m in masks)) * per_channel
-                ppl = probe.measure(model, step=0)["perplexity"]
-                widths = [int(m.sum()) for m in masks]
-                curve.append({"share": params / dense_params, "perplexity": ppl, "rise_pct": 100 * (ppl / dense - 1),
-                              "width_min": min(widths), "width_max": max(widths)})
-                console.print(f"{kind}{' +bias' if bias else ''} {params / dense_params:.3f}: ppl {ppl:.2f} "
-                              f"({100 * (ppl / dense - 1):+.1f}%), widths {min(widths)}-{max(widths)}")
-            out["curves"][kind + ("+bias" if bias else "")] = curve
+            out["curves"][kind + ("+bias" if bias else "")] = curve(
+                kind, bias, scores[kind], mean, pruning, probe, model, dense, dense_params, per_channel, width)
     out["seconds"] = time.time() - t0
     (RESULTS / "compress-width-offline.json").write_text(json.dumps(out, indent=1))
     return out

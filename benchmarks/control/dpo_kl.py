@@ -66,6 +66,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.control.contract import Arm, Declared, Metric, Pick
 from benchmarks.control.data import prompt_text
 from benchmarks.control.harness import identify_and_tune as _identify_and_tune
 from benchmarks.control.harness import (
@@ -82,6 +83,41 @@ from actuator.agents.general import PROBE_TEXTS as GENERAL_TEXT  # noqa: E402
 from actuator.agents.precision import native_precision, precision_args  # noqa: E402
 
 SCENARIO = "dpo-kl"
+PRESET, BEFORE_RAMP = "Actuator lr + anchor (ramp 8)", "Actuator lr + anchor"
+FIXED_LRS = ("fixed lr 1e-06", "fixed lr 1.5e-06", "fixed lr 2e-06")
+
+
+def _with_variant(part: Any, r: dict[str, Any]) -> dict[str, Any]:
+    """An older file's restoring arm, named with its issue-40 variant from the policy its file
+    records (as :func:`aggregate` names it)."""
+    restoring = part.get("configs", {}).get(r.get("loss_type"), {}).get("restoring", {})
+    suffix = variant(restoring[r["kind"]][0]) if r["kind"] in restoring else ""
+    return {**r, "arm": r["arm"] + suffix} if not r["arm"].endswith(suffix) else r
+
+
+def _settled(r: Any) -> float:
+    return float(r.get("settling_step") is not None)
+
+
+# The contract (benchmarks/control/contract.py): the arms of the claims (the preset, the preset
+# before the ramp, the fixed-lr sweep whose pick on seed 0 it is compared with, the published
+# baselines) and the metrics with the targets issue 40 set (target KL 0.1).
+SPEC = Declared(
+    name=SCENARIO, task="DPO of SmolLM2-135M-Instruct on 72 preference pairs, lr 1e-5, beta 0.1, 40 steps; "
+                        "KL to the reference held at 0.1",
+    arm_list=[Arm(PRESET, "lr+anchor", {"ramp": 8}), Arm(BEFORE_RAMP, "lr+anchor"),
+              *(Arm(n, "fixed-lr", {"lr": float(n.split()[-1])}) for n in FIXED_LRS),
+              Arm("TorchRL KLAdaptiveLR", "kl-adaptive-lr"), Arm("Ziegler adaptive KL", "ziegler"),
+              Arm("fixed beta 0.1", "fixed")],
+    quick=(PRESET, "fixed beta 0.1"),
+    metrics=[Metric("overshoot_pct", "min", "%", target=15.0, judge=(PRESET,), label="overshoot at most 15%"),
+             Metric("settled", "max", "settled (1) or not (0) by the run's end", target=1.0, judge=(PRESET,),
+                    read=_settled, label="settled within the run"),
+             Metric("abs_error", "min", "KL", target=1.0, relative_to="pick:fixed lr", judge=(PRESET,),
+                    read=lambda r: abs(r["final_kl"] - 0.1), label="|final KL - target| at most the fixed lr pick's"),
+             Metric("final_kl", "min", "KL"), Metric("settling_step", "min", "step"),
+             Metric("reward_margin", "max", "nats")],
+    picks=[Pick("fixed lr", "abs_error", FIXED_LRS)], plots=("kl_drift",), normalize=_with_variant)
 
 FACTS = [
     ("What is the capital of France?", "Paris."),
@@ -423,11 +459,7 @@ def aggregate(tag: str = "", results: Path = RESULTS, tags: list[str] | None = N
     for _, part in found:
         configs.update(part.get("configs", {}))
         for r in part["arms"]:
-            restoring = part.get("configs", {}).get(r["loss_type"], {}).get("restoring", {})
-            if r["kind"] in restoring:
-                suffix = variant(restoring[r["kind"]][0])
-                if not r["arm"].endswith(suffix):
-                    r = {**r, "arm": r["arm"] + suffix}
+            r = _with_variant(part, r)
             runs[(r["loss_type"], r["arm"], r["seed"])] = r  # a later file's run replaces it
     first = found[0][1]
     steps = first["steps"]
@@ -436,39 +468,17 @@ def aggregate(tag: str = "", results: Path = RESULTS, tags: list[str] | None = N
     targets: dict[str, Any] = {}
     laws: dict[str, Any] = {}
     for loss in sorted({lo for lo, *_ in runs}):
+        by_arm: dict[str, dict[int, dict[str, Any]]] = {}
         by_kind: dict[str, dict[int, dict[str, Any]]] = {}
-        rows[loss] = {}
         for (lo, arm, seed), r in runs.items():
-            if lo != loss:
-                continue
-            by_kind.setdefault(r["kind"], {})[seed] = r
-            row = rows[loss].setdefault(arm, {"kind": r["kind"], "runs": {}})
-            row["runs"][seed] = r
-        for row in rows[loss].values():
-            mine = row.pop("runs")
-            row.update(seeds=sorted(mine), settled=sum(r["settling_step"] is not None for r in mine.values()),
-                       settling_step=spread({s: r["settling_step"] if r["settling_step"] is not None else steps + 1
-                                             for s, r in mine.items()}, higher_is_better=False),
-                       overshoot_pct=spread({s: r["overshoot_pct"] for s, r in mine.items()}, higher_is_better=False),
-                       final_kl=spread({s: r["final_kl"] for s, r in mine.items()}))
-        laws[loss] = law_targets({arm: {s: r for (lo, a_, s), r in runs.items() if lo == loss and a_ == arm}
-                                  for arm in rows[loss]}, steps, first["target"])
-        pids, zies = by_kind.get("actuator", {}), by_kind.get("ziegler", {})
-        both = [s for s in seeds if s in pids and s in zies]
-        if not both:
-            continue
-
-        def mean_run(kind_runs: dict[int, dict[str, Any]], pid: bool, both: list[int] = both) -> dict[str, Any]:
-            settles = [r["settling_step"] for s, r in kind_runs.items() if s in both]
-            unsettled = math.inf if pid else float(steps + 1)  # as targets_of reads one run
-            settling = [float(x) if x is not None else unsettled for x in settles]
-            return {"settling_step": sum(settling) / len(settling),
-                    "overshoot_pct": mean_sd([r["overshoot_pct"] for s, r in kind_runs.items() if s in both])[0]}
-
-        on_mean = targets_of(mean_run(pids, True), mean_run(zies, False), steps)
-        per_seed = {s: targets_of(pids[s], zies[s], steps) for s in both}
-        targets[loss] = {k: judged({"met": v}, {s: t[k] for s, t in per_seed.items()})
-                         for k, v in on_mean.items() if isinstance(v, bool)}
+            if lo == loss:
+                by_arm.setdefault(arm, {})[seed] = r
+                by_kind.setdefault(r["kind"], {})[seed] = r
+        rows[loss] = {arm: _row(mine, steps) for arm, mine in by_arm.items()}
+        laws[loss] = law_targets(by_arm, steps, first["target"])
+        judged_pid = _pid_against_ziegler(by_kind, seeds, steps)
+        if judged_pid is not None:
+            targets[loss] = judged_pid
     out = {"scenario": SCENARIO, "aggregate": True, "seeds": seeds, "steps": steps, "target": first["target"],
            "band": first["band"], "lr": first["lr"], "configs": configs, "rows": rows, "targets": targets,
            "law_targets": laws, "arms": list(runs.values()), "files": [f.name for f, _ in found]}
@@ -477,6 +487,38 @@ def aggregate(tag: str = "", results: Path = RESULTS, tags: list[str] | None = N
         print_law_targets(loss, judged_laws)
     save_results(name, out, plot, results=results)
     return out
+
+
+def _row(mine: dict[int, dict[str, Any]], steps: int) -> dict[str, Any]:
+    """One arm's row: its kind, seeds, how many settled, and the spread of the settling step (not
+    settled: the run's steps + 1), overshoot and final KL."""
+    kind = next(iter(mine.values()))["kind"]
+    return {"kind": kind, "seeds": sorted(mine), "settled": sum(r["settling_step"] is not None for r in mine.values()),
+            "settling_step": spread({s: r["settling_step"] if r["settling_step"] is not None else steps + 1
+                                     for s, r in mine.items()}, higher_is_better=False),
+            "overshoot_pct": spread({s: r["overshoot_pct"] for s, r in mine.items()}, higher_is_better=False),
+            "final_kl": spread({s: r["final_kl"] for s, r in mine.items()})}
+
+
+def _pid_against_ziegler(by_kind: dict[str, dict[int, dict[str, Any]]], seeds: list[int],
+                         steps: int) -> dict[str, Any] | None:
+    """The PID on beta against Ziegler, on the means and per seed (None without both)."""
+    pids, zies = by_kind.get("actuator", {}), by_kind.get("ziegler", {})
+    both = [s for s in seeds if s in pids and s in zies]
+    if not both:
+        return None
+
+    def mean_run(kind_runs: dict[int, dict[str, Any]], pid: bool) -> dict[str, Any]:
+        settles = [r["settling_step"] for s, r in kind_runs.items() if s in both]
+        unsettled = math.inf if pid else float(steps + 1)  # as targets_of reads one run
+        settling = [float(x) if x is not None else unsettled for x in settles]
+        return {"settling_step": sum(settling) / len(settling),
+                "overshoot_pct": mean_sd([r["overshoot_pct"] for s, r in kind_runs.items() if s in both])[0]}
+
+    on_mean = targets_of(mean_run(pids, True), mean_run(zies, False), steps)
+    per_seed = {s: targets_of(pids[s], zies[s], steps) for s in both}
+    return {k: judged({"met": v}, {s: t[k] for s, t in per_seed.items()}) for k, v in on_mean.items()
+            if isinstance(v, bool)}
 
 
 LAW_KINDS = (*RESTORING, "actuator", "tuned", "kl-adaptive-lr")
@@ -501,46 +543,73 @@ def law_targets(by_arm: dict[str, dict[int, dict[str, Any]]], steps: int, target
     Ziegler's without Ziegler runs)."""
     kinds = {arm: next(iter(rs.values()))["kind"] for arm, rs in by_arm.items() if rs}
     seeds = sorted({s for rs in by_arm.values() for s in rs})
-
-    def err(r: dict[str, Any]) -> float:
-        return abs(r["final_kl"] - target)
-
-    fixed = [arm for arm, k in kinds.items() if k == "fixed-lr"]
-    pick = pick_on_seed0(fixed, lambda c, s: -err(by_arm[c][s]) if s in by_arm[c] else None, seeds) if fixed else {}
-    picked = by_arm.get(pick.get("picked_on_seed0") or "", {})
-    judged_on = [s for s in pick.get("judged_on", []) if s in picked]
+    law = _Law(steps, target)
+    pick, picked, judged_on = law.pick(by_arm, [arm for arm, k in kinds.items() if k == "fixed-lr"], seeds)
     margin_sd = mean_sd([picked[s]["reward_margin"] for s in judged_on])[1] if len(judged_on) > 1 else 0.0
     zie = next((by_arm[arm] for arm, k in kinds.items() if k == "ziegler"), {})
-
-    def settle(r: dict[str, Any]) -> float:
-        return float(steps + 1) if r["settling_step"] is None else float(r["settling_step"])
-
     out: dict[str, Any] = {}
     for arm, rs in by_arm.items():
-        if kinds.get(arm) not in LAW_KINDS:
-            continue
-        verdicts: dict[str, Any] = {}
-        over = {s: r["overshoot_pct"] for s, r in rs.items()}
-        verdicts["overshoot_at_most_15pct"] = judged({"met": mean_sd(list(over.values()))[0] <= 15.0},
-                                                     {s: v <= 15.0 for s, v in over.items()})
-        zs = [s for s in rs if s in zie]
-        if zs:
-            per_seed = {s: settles_against_ziegler(rs[s]["settling_step"], zie[s]["settling_step"]) for s in zs}
-            never = all(zie[s]["settling_step"] is None for s in zs)
-            limit = float(steps) if never else mean_sd([settle(zie[s]) for s in zs])[0] / 2
-            verdicts["settles_in_half_ziegler_steps"] = judged(
-                {"met": mean_sd([settle(rs[s]) for s in zs])[0] <= limit, "limit_on_mean": limit}, per_seed)
-        js = [s for s in judged_on if s in rs]
-        if js:
-            verdicts["final_error_no_worse_than_fixed_pick"] = judged(
-                {"met": mean_sd([err(rs[s]) for s in js])[0] <= mean_sd([err(picked[s]) for s in js])[0]},
-                {s: err(rs[s]) <= err(picked[s]) for s in js})
-            verdicts["reward_margin_within_one_sd_of_fixed_pick"] = judged(
-                {"met": mean_sd([rs[s]["reward_margin"] for s in js])[0]
-                 >= mean_sd([picked[s]["reward_margin"] for s in js])[0] - margin_sd, "pick_margin_sd": margin_sd},
-                {s: rs[s]["reward_margin"] >= picked[s]["reward_margin"] - margin_sd for s in js})
-        out[arm] = verdicts
+        if kinds.get(arm) in LAW_KINDS:
+            out[arm] = {**law.overshoot(rs), **law.against_ziegler(rs, zie),
+                        **law.against_pick(rs, picked, [s for s in judged_on if s in rs], margin_sd)}
     return {"fixed_pick": pick, "arms": out}
+
+
+class _Law:
+    """Issue 40's targets of one closed-loop arm's runs (``rs``: seed -> run), each judged per seed
+    and on the mean (:func:`law_targets`)."""
+
+    def __init__(self, steps: int, target: float) -> None:
+        self.steps, self.target = steps, target
+
+    def err(self, r: dict[str, Any]) -> float:
+        return abs(r["final_kl"] - self.target)
+
+    def pick(self, by_arm: dict[str, dict[int, dict[str, Any]]], fixed: list[str],
+             seeds: list[int]) -> tuple[dict[str, Any], dict[int, dict[str, Any]], list[int]]:
+        """The fixed-lr rate nearest the target on seed 0, its runs and the later seeds it ran."""
+        if not fixed:
+            return {}, {}, []
+        pick = pick_on_seed0(fixed, lambda c, s: -self.err(by_arm[c][s]) if s in by_arm[c] else None, seeds)
+        picked = by_arm.get(pick.get("picked_on_seed0") or "", {})
+        return pick, picked, [s for s in pick.get("judged_on", []) if s in picked]
+
+    def settle(self, r: dict[str, Any]) -> float:
+        return float(self.steps + 1) if r["settling_step"] is None else float(r["settling_step"])
+
+    def overshoot(self, rs: dict[int, dict[str, Any]]) -> dict[str, Any]:
+        over = {s: r["overshoot_pct"] for s, r in rs.items()}
+        return {"overshoot_at_most_15pct": judged({"met": mean_sd(list(over.values()))[0] <= 15.0},
+                                                  {s: v <= 15.0 for s, v in over.items()})}
+
+    def against_ziegler(self, rs: dict[int, dict[str, Any]], zie: dict[int, dict[str, Any]]) -> dict[str, Any]:
+        zs = [s for s in rs if s in zie]
+        if not zs:
+            return {}
+        per_seed = {s: settles_against_ziegler(rs[s]["settling_step"], zie[s]["settling_step"]) for s in zs}
+        never = all(zie[s]["settling_step"] is None for s in zs)
+        limit = float(self.steps) if never else mean_sd([self.settle(zie[s]) for s in zs])[0] / 2
+        return {"settles_in_half_ziegler_steps": judged(
+            {"met": mean_sd([self.settle(rs[s]) for s in zs])[0] <= limit, "limit_on_mean": limit}, per_seed)}
+
+    def against_pick(self, rs: dict[int, dict[str, Any]], picked: dict[int, dict[str, Any]], js: list[int],
+                     margin_sd: float) -> dict[str, Any]:
+        if not js:
+            return {}
+
+        def mean_of(runs: dict[int, dict[str, Any]], f: Any) -> float:
+            return mean_sd([f(runs[s]) for s in js])[0]
+
+        def margin(r: dict[str, Any]) -> float:
+            return float(r["reward_margin"])
+
+        return {
+            "final_error_no_worse_than_fixed_pick": judged(
+                {"met": mean_of(rs, self.err) <= mean_of(picked, self.err)},
+                {s: self.err(rs[s]) <= self.err(picked[s]) for s in js}),
+            "reward_margin_within_one_sd_of_fixed_pick": judged(
+                {"met": mean_of(rs, margin) >= mean_of(picked, margin) - margin_sd, "pick_margin_sd": margin_sd},
+                {s: rs[s]["reward_margin"] >= picked[s]["reward_margin"] - margin_sd for s in js})}
 
 
 def print_law_targets(loss: str, laws: dict[str, Any]) -> None:
@@ -561,6 +630,27 @@ def print_law_targets(loss: str, laws: dict[str, Any]) -> None:
     console.print(table)
 
 
+def _plot_arm(ax1: Any, ax2: Any, ax3: Any, arm: dict[str, Any], result: dict[str, Any]) -> None:
+    """One arm: its KL, the knob in effect (beta; or the knobs that moved: lr / lr0 dashed, w
+    dotted) and its reward margin."""
+    steps = [t["step"] for t in arm["trace"]]
+    label = arm_label(arm, result)
+    line, = ax1.plot(steps, [t["kl_drift"] for t in arm["trace"]], marker=".", label=label)
+    color = line.get_color()
+    if arm["kind"] in (*RESTORING, "tuned", "kl-adaptive-lr"):
+        lr0 = arm["trace"][0].get("lr") or result["lr"]
+        if arm["kind"] != "anchor":
+            ax2.step(steps, [t.get("lr", lr0) / lr0 for t in arm["trace"]], where="post", ls="--",
+                     label=f"{label}: lr / lr0", color=color)
+        if arm["kind"] not in ("lr", "kl-adaptive-lr"):
+            ax2.step(steps, [t.get("w", 0.0) for t in arm["trace"]], where="post", ls=":", label=f"{label}: w",
+                     color=color)
+    else:
+        ax2.step(steps, [t["beta"] for t in arm["trace"]], where="post", label=label, color=color)
+    ax3.plot([m["step"] for m in arm["margins"]], [m["margin"] for m in arm["margins"]], label=label, color=color,
+             alpha=0.8)
+
+
 def plot(result: dict[str, Any], path: Path) -> None:
     target, band = result["target"], result["band"]
     losses = list(result["configs"])
@@ -572,22 +662,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
                 shown = 1 if any(r["seed"] == 1 for r in arms) else min(r["seed"] for r in arms)
                 arms = [r for r in arms if r["seed"] == shown]
             for arm in arms:
-                steps = [t["step"] for t in arm["trace"]]
-                label = arm_label(arm, result)
-                line, = ax1.plot(steps, [t["kl_drift"] for t in arm["trace"]], marker=".", label=label)
-                if arm["kind"] in (*RESTORING, "tuned", "kl-adaptive-lr"):  # the knobs that moved: lr / lr0 (dashed), w (dotted)
-                    lr0 = arm["trace"][0].get("lr") or result["lr"]
-                    if arm["kind"] != "anchor":
-                        ax2.step(steps, [t.get("lr", lr0) / lr0 for t in arm["trace"]], where="post", ls="--",
-                                 label=f"{label}: lr / lr0", color=line.get_color())
-                    if arm["kind"] not in ("lr", "kl-adaptive-lr"):
-                        ax2.step(steps, [t.get("w", 0.0) for t in arm["trace"]], where="post", ls=":",
-                                 label=f"{label}: w", color=line.get_color())
-                else:
-                    ax2.step(steps, [t["beta"] for t in arm["trace"]], where="post", label=label,
-                             color=line.get_color())
-                ax3.plot([m["step"] for m in arm["margins"]], [m["margin"] for m in arm["margins"]], label=label,
-                         color=line.get_color(), alpha=0.8)
+                _plot_arm(ax1, ax2, ax3, arm, result)
             ax1.axhline(target, ls="--", color="black", label="target")
             ax1.axhspan(target * (1 - band), target * (1 + band), color="grey", alpha=0.15, label=f"±{band:.0%}")
             ax1.set_title(f"[{loss}] KL(reference ‖ policy), held-out conversations")
@@ -670,6 +745,42 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def loss_configs(a: argparse.Namespace) -> dict[str, argparse.Namespace]:
+    """Per loss type of ``--loss-type``: the arguments with that loss's defaults where a flag was
+    not given."""
+    configs: dict[str, argparse.Namespace] = {}
+    for loss in a.loss_type:
+        la = copy.copy(a)
+        la.loss_type = loss
+        for key, value in LOSS_DEFAULTS[loss].items():
+            if getattr(a, key) is None:
+                setattr(la, key, value)
+        configs[loss] = la
+    return configs
+
+
+def arm_names(la: argparse.Namespace) -> dict[str, str]:
+    """Each arm kind's name (a restoring arm's with its issue-40 variant)."""
+    names = {"fixed": f"fixed beta {la.beta:g}", "ziegler": "Ziegler adaptive KL",
+             "kl-adaptive-lr": "TorchRL KLAdaptiveLR", "actuator": "actuator PID",
+             "lr": "Actuator lr PID", "anchor": "Actuator KL anchor (w)", "lr+anchor": "Actuator lr + anchor",
+             "split": "Actuator split range (lr | anchor)"}
+    names["tuned"] = "Actuator lr (tuned) + anchor"
+    for kind in RESTORING:
+        names[kind] += variant(restoring_policy(la, kind)[0])
+    return names
+
+
+def run_fixed_lr(setup: Setup, la: argparse.Namespace, lr: float, url: str, seed: int,
+                 base_ppl: float) -> dict[str, Any]:
+    """One rate of the fixed-lr sweep."""
+    fa = copy.copy(la)
+    fa.lr = lr
+    r = run_arm(setup, {"name": f"fixed lr {lr:g}", "kind": "fixed-lr"}, fa, url, seed)
+    r.update(lr=lr, perplexity_increase_pct=100 * (r["final_perplexity"] / base_ppl - 1))
+    return r
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = parser()
     a = ap.parse_args(argv)
@@ -688,14 +799,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     console.print(f"start: general-text perplexity {base_ppl:.2f}; {len(setup.train)} preference pairs, "
                   f"{len(setup.kl_texts)} held-out KL texts; KL target {a.target}, lr {a.lr:g}, "
                   f"Ziegler horizon {a.horizon:g} samples")
-    configs: dict[str, argparse.Namespace] = {}
-    for loss in a.loss_type:
-        la = copy.copy(a)
-        la.loss_type = loss
-        for key, value in LOSS_DEFAULTS[loss].items():
-            if getattr(a, key) is None:
-                setattr(la, key, value)
-        configs[loss] = la
+    configs = loss_configs(a)
 
     def report(results: list[dict[str, Any]]) -> dict[str, Any]:
         """Table, targets and the results file with the arms so far (written after every arm)."""
@@ -741,22 +845,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     refusals: list[dict[str, Any]] = []
     out: dict[str, Any] = {}
     for la in configs.values():
-        names = {"fixed": f"fixed beta {la.beta:g}", "ziegler": "Ziegler adaptive KL",
-                 "kl-adaptive-lr": "TorchRL KLAdaptiveLR", "actuator": "actuator PID",
-                 "lr": "Actuator lr PID", "anchor": "Actuator KL anchor (w)", "lr+anchor": "Actuator lr + anchor",
-                 "split": "Actuator split range (lr | anchor)"}
-        names["tuned"] = "Actuator lr (tuned) + anchor"
-        for kind in RESTORING:
-            names[kind] += variant(restoring_policy(la, kind)[0])
+        names = arm_names(la)
         for seed in a.seeds:
             for kind in a.arms:
                 if kind == "fixed-lr":  # the sweep: one run per rate
                     for lr in a.fixed_lrs:
-                        fa = copy.copy(la)
-                        fa.lr = lr
-                        r = run_arm(setup, {"name": f"fixed lr {lr:g}", "kind": kind}, fa, url, seed)
-                        r.update(lr=lr, perplexity_increase_pct=100 * (r["final_perplexity"] / base_ppl - 1))
-                        results.append(r)
+                        results.append(run_fixed_lr(setup, la, lr, url, seed, base_ppl))
                         out = report(results)
                     continue
                 arm: dict[str, Any] = {"name": names[kind], "kind": kind}

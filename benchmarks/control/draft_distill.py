@@ -62,6 +62,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.control.contract import Arm, Declared, Metric, Pick
 from benchmarks.control.data import blocks, stdlib_text
 from benchmarks.control.harness import (
     RESULTS, add_flags, command_line, console, figure, for_each_seed, judged, machine, mean_sd, pick_on_seed0, read_seeds,
@@ -142,6 +143,26 @@ DEFAULT_ARMS = ("lambda1-T2", "fkl-T1", "tv", "neglogacc", "follow-hybrid", "act
 # The relative α gain over the fixed pick the issue asks for (Actuator's +7.8% on its draft
 # training), and the share of the pick's CPU seconds in which the pick's α must be reached instead.
 ALPHA_GAIN, TIME_SHARE = 0.078, 0.6
+
+
+def _kind_is_key(part: Any, r: dict[str, Any]) -> dict[str, Any]:
+    """An arm's kind is its ``key`` (the ``--arms`` name it ran under)."""
+    return {**r, "kind": r.get("kind") or r.get("key", "")}
+
+
+# The contract (benchmarks/control/contract.py): the arms by their --arms key and the acceptance
+# claim (α at least 1.078 × the fixed setting picked on seed 0, at equal steps).
+SPEC = Declared(
+    name=SCENARIO, task="distillation of a 15-layer SmolLM2 draft from the 30-layer model on stdlib text; "
+                        "acceptance α of the draft's greedy tokens at γ = 4",
+    arm_list=[Arm(ARMS[k]["name"], k) for k in DEFAULT_ARMS], quick=(ARMS["lambda1-T2"]["name"],),
+    metrics=[Metric("acceptance", "max", "α", target=1 + ALPHA_GAIN, relative_to="pick:fixed",
+                    judge=(ARMS["follow-hybrid"]["name"], ARMS["actuator-T"]["name"]),
+                    read=lambda r: r["final"]["acceptance"], label="α at least 1.078 x the fixed pick's"),
+             Metric("tokens_per_call", "max", "tokens", read=lambda r: r["final"]["tokens_per_call"]),
+             Metric("heldout_ce", "min", "nats/token", read=lambda r: r["final"]["heldout_ce"])],
+    picks=[Pick("fixed", "acceptance", tuple(ARMS[k]["name"] for k in FIXED))], plots=("acceptance",),
+    normalize=_kind_is_key)
 
 
 def lk_schedule(eta: float) -> list[list[float]]:
@@ -362,6 +383,37 @@ def run_arm(setup: Setup, key: str, a: argparse.Namespace, url: str, seed: int) 
     return r
 
 
+def _plot_arm(ax1: Any, ax2: Any, ax2t: Any, arm: dict[str, Any], x: str, colors: dict[str, Any]) -> Any:
+    """One arm's traces: α, the on-policy fraction and its controller's knob (λ dashed, T dotted
+    on a twin axis, made at the first arm that needs it and returned)."""
+    label = arm["arm"] if arm["key"] not in colors else None
+    kw = {"color": colors[arm["key"]]} if arm["key"] in colors else {}
+    xs = [t[x] for t in arm["trace"]]
+    line, = ax1.plot(xs, [t["acceptance"] for t in arm["trace"]], marker=".", ms=3, lw=1, alpha=0.8, label=label, **kw)
+    colors.setdefault(arm["key"], line.get_color())
+    color = colors[arm["key"]]
+    ax2.plot(xs, [t["onpolicy_fraction"] for t in arm["trace"]], color=color, lw=1, alpha=0.8)
+    controller = ARMS[arm["key"]].get("controller")
+    if controller == "divergence_mix":
+        ax2.plot(xs, [t.get("divergence_mix", math.nan) for t in arm["trace"]], color=color, lw=1, ls="--", alpha=0.8)
+    if controller == "distill_temperature":
+        ax2t = ax2t if ax2t is not None else ax2.twinx()
+        ax2t.plot(xs, [t.get("temperature", math.nan) for t in arm["trace"]], color=color, lw=1, ls=":", alpha=0.8)
+        ax2t.set_ylabel("T (dotted)")
+    return ax2t
+
+
+def _plot_final_alpha(ax3: Any, summary: dict[str, Any], colors: dict[str, Any]) -> None:
+    keys = list(colors)
+    means = [summary.get(k, {}).get("alpha_mean", float("nan")) for k in keys]
+    sds = [summary.get(k, {}).get("alpha_sd", 0.0) for k in keys]
+    ax3.barh(range(len(keys)), means, xerr=sds, color=[colors[k] for k in keys])
+    ax3.set_yticks(range(len(keys)), [ARMS[k]["name"] for k in keys], fontsize=7)
+    finite = [m for m in means if not math.isnan(m)]
+    ax3.set_xlim(min(finite, default=0.0) - 0.02, max(finite, default=1.0) + 0.01)
+    ax3.set_title("final α, evaluation set (mean ± sd over seeds)")
+
+
 def plot(result: dict[str, Any], path: Path) -> None:
     with figure(path) as (fig, axes):
         ax1, ax2, ax3 = axes[0]
@@ -369,37 +421,14 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax2t: Any = None
         x = "step" if result.get("budget_steps") else "cpu_seconds"
         for arm in result["arms"]:
-            label = arm["arm"] if arm["key"] not in colors else None
-            kw = {"color": colors[arm["key"]]} if arm["key"] in colors else {}
-            line, = ax1.plot([t[x] for t in arm["trace"]], [t["acceptance"] for t in arm["trace"]],
-                             marker=".", ms=3, lw=1, alpha=0.8, label=label, **kw)
-            colors.setdefault(arm["key"], line.get_color())
-            ax2.plot([t[x] for t in arm["trace"]], [t["onpolicy_fraction"] for t in arm["trace"]],
-                     color=colors[arm["key"]], lw=1, alpha=0.8)
-            if ARMS[arm["key"]].get("controller") == "divergence_mix":
-                ax2.plot([t[x] for t in arm["trace"]], [t.get("divergence_mix", math.nan) for t in arm["trace"]],
-                         color=colors[arm["key"]], lw=1, ls="--", alpha=0.8)
-            if ARMS[arm["key"]].get("controller") == "distill_temperature":
-                if ax2t is None:
-                    ax2t = ax2.twinx()
-                ax2t.plot([t[x] for t in arm["trace"]], [t.get("temperature", math.nan) for t in arm["trace"]],
-                          color=colors[arm["key"]], lw=1, ls=":", alpha=0.8)
-                ax2t.set_ylabel("T (dotted)")
-        keys = list(colors)
-        summary = result.get("summary", {})
-        means = [summary.get(k, {}).get("alpha_mean", float("nan")) for k in keys]
-        sds = [summary.get(k, {}).get("alpha_sd", 0.0) for k in keys]
-        ax3.barh(range(len(keys)), means, xerr=sds, color=[colors[k] for k in keys])
-        ax3.set_yticks(range(len(keys)), [ARMS[k]["name"] for k in keys], fontsize=7)
-        lo = min((m for m in means if not math.isnan(m)), default=0.0)
-        ax3.set_xlim(lo - 0.02, max((m for m in means if not math.isnan(m)), default=1.0) + 0.01)
+            ax2t = _plot_arm(ax1, ax2, ax2t, arm, x, colors)
+        _plot_final_alpha(ax3, result.get("summary", {}), colors)
         ax1.set_title("α on teacher samples (control probe, γ = 4)")
         ax1.set_xlabel("step" if x == "step" else "CPU seconds")
         ax1.legend(fontsize=7)
         ax2.set_title("on-policy fraction (solid), λ of KL + λ·TV (dashed), T (dotted)", fontsize=9)
         ax2.set_xlabel("step" if x == "step" else "CPU seconds")
         ax2.set_ylim(-0.05, 1.05)
-        ax3.set_title("final α, evaluation set (mean ± sd over seeds)")
         fig.suptitle(f"draft-distill — SmolLM2-135M-Instruct → {result['draft_layers']}-layer draft, "
                      + (f"{result['budget_steps']} steps" if result.get("budget_steps") else f"{result['budget']:.0f} CPU-s")
                      + f" per arm, seeds {result['seeds']}", fontsize=10)
@@ -408,6 +437,35 @@ def plot(result: dict[str, Any], path: Path) -> None:
 def _time_to(trace: list[dict[str, float]], alpha: float, unit: str = "cpu_seconds") -> float | None:
     """The first ``unit`` ("cpu_seconds" or "step") at which the trace's α reaches ``alpha``."""
     return next((t[unit] for t in trace if t["acceptance"] >= alpha), None)
+
+
+def _time_share(arms: dict[tuple[str, int], dict[str, Any]], pick: str, act: str, eval_seeds: list[int],
+                unit: str) -> dict[str, Any]:
+    """The ``unit``s ``act`` takes to reach the α the pick ends at on the control probe, as a share of
+    the pick's own, at most ``TIME_SHARE``: on the mean and per seed (:func:`judged`)."""
+    times = []
+    for s in eval_seeds:
+        fx, ac = arms[(pick, s)], arms[(act, s)]
+        goal = fx["trace"][-1]["acceptance"]
+        t_fx, t_ac = _time_to(fx["trace"], goal, unit), _time_to(ac["trace"], goal, unit)
+        times.append(None if t_ac is None or not t_fx else t_ac / t_fx)
+    time_on_mean = all(r is not None for r in times) and statistics.fmean(times) <= TIME_SHARE  # type: ignore[arg-type]
+    return judged({"arm": act, "seeds": eval_seeds, "ratio": times, "target": TIME_SHARE, "met": time_on_mean},
+                  {s: r is not None and r <= TIME_SHARE for s, r in zip(eval_seeds, times)})
+
+
+def _alpha_gain(arms: dict[tuple[str, int], dict[str, Any]], pick: str, act: str,
+                eval_seeds: list[int]) -> dict[str, Any]:
+    """α of ``act`` at least 1 + ``ALPHA_GAIN`` times the pick's: on the mean and per seed."""
+    alpha = {s: (arms[(act, s)]["final"]["acceptance"], arms[(pick, s)]["final"]["acceptance"]) for s in eval_seeds}
+    fixed_alpha = statistics.fmean(f for _, f in alpha.values())
+    act_alpha = statistics.fmean(x for x, _ in alpha.values())
+    rel = act_alpha / fixed_alpha - 1
+    ratio = {s: x / f for s, (x, f) in alpha.items()}
+    return judged({"arm": act, "seeds": eval_seeds, "actuator": act_alpha, "picked_fixed": fixed_alpha,
+                   "relative": rel, "target": ALPHA_GAIN, "met": rel >= ALPHA_GAIN,
+                   "alpha_ratio_per_seed": {str(s): r for s, r in ratio.items()}},
+                  {s: r - 1 >= ALPHA_GAIN for s, r in ratio.items()})
 
 
 def judge_against_pick(arms: dict[tuple[str, int], dict[str, Any]], pick: str, act: str,
@@ -421,24 +479,9 @@ def judge_against_pick(arms: dict[tuple[str, int], dict[str, Any]], pick: str, a
     eval_seeds = [s for s in seeds if s != 0 and (pick, s) in arms and (act, s) in arms]
     if not eval_seeds:
         return {}
-    alpha = {s: (arms[(act, s)]["final"]["acceptance"], arms[(pick, s)]["final"]["acceptance"]) for s in eval_seeds}
-    fixed_alpha = statistics.fmean(f for _, f in alpha.values())
-    act_alpha = statistics.fmean(x for x, _ in alpha.values())
-    rel = act_alpha / fixed_alpha - 1
-    ratio = {s: x / f for s, (x, f) in alpha.items()}
-    gain = judged({"arm": act, "seeds": eval_seeds, "actuator": act_alpha, "picked_fixed": fixed_alpha,
-                   "relative": rel, "target": ALPHA_GAIN, "met": rel >= ALPHA_GAIN,
-                   "alpha_ratio_per_seed": {str(s): r for s, r in ratio.items()}},
-                  {s: r - 1 >= ALPHA_GAIN for s, r in ratio.items()})
-    times = []
-    for s in eval_seeds:
-        fx, ac = arms[(pick, s)], arms[(act, s)]
-        goal = fx["trace"][-1]["acceptance"]
-        t_fx, t_ac = _time_to(fx["trace"], goal, unit), _time_to(ac["trace"], goal, unit)
-        times.append(None if t_ac is None or not t_fx else t_ac / t_fx)
-    time_on_mean = all(r is not None for r in times) and statistics.fmean(times) <= TIME_SHARE  # type: ignore[arg-type]
-    time = judged({"arm": act, "seeds": eval_seeds, "ratio": times, "target": TIME_SHARE, "met": time_on_mean},
-                  {s: r is not None and r <= TIME_SHARE for s, r in zip(eval_seeds, times)})
+    gain = _alpha_gain(arms, pick, act, eval_seeds)
+    time = _time_share(arms, pick, act, eval_seeds, unit)
+    time_on_mean = time["met_on_mean"]
     either = judged({"arm": act, "seeds": eval_seeds, "rule": f"alpha >= {1 + ALPHA_GAIN:g} x the fixed pick, or "
                      f"the pick's final alpha reached in <= {TIME_SHARE:.0%} of its "
                      f"{'steps' if unit == 'step' else 'CPU seconds'}",
@@ -448,59 +491,69 @@ def judge_against_pick(arms: dict[tuple[str, int], dict[str, Any]], pick: str, a
     return {"alpha_gain_vs_picked": gain, "time_to_fixed_final_alpha": time, "verdict": either}
 
 
-def aggregate(tag: str = "", results: Path = RESULTS) -> dict[str, Any]:
-    """Merge the per-seed files (and their parts), pick fixed settings on seed 0, evaluate on the
-    other seeds, and write ``draft-distill.json`` / ``.png``."""
+def _read(results: Path, tag: str) -> tuple[dict[tuple[str, int], dict[str, Any]], dict[str, Any]]:
+    """Every run by (arm key, seed), the per-seed files (and their parts) merged, and the run
+    settings of the first file. Without a tag, a tagged run (another budget) is left out: it is
+    aggregated with its --tag."""
     arms: dict[tuple[str, int], dict[str, Any]] = {}
     meta: dict[str, Any] = {}
     pattern = f"{SCENARIO}-seed*{tag}*.json" if tag else f"{SCENARIO}-seed*.json"
-    # without a tag, a tagged run (another budget) is left out: it is aggregated with its --tag
     for _, d in read_seeds(results, pattern,
                            keep=lambda f: bool(tag) or f.stem.removeprefix(f"{SCENARIO}-seed").isdigit()):
         meta = meta or {k: v for k, v in d.items() if k != "arms"}
         for r in d["arms"]:
             arms[(r["key"], r["seed"])] = r
-    seeds = sorted({s for _, s in arms})
-    keys = [k for k in ARMS if any(k == kk for kk, _ in arms)]
-    summary: dict[str, Any] = {}
-    for k in keys:
-        rs = [arms[(k, s)] for s in seeds if (k, s) in arms]
-        al = [r["final"]["acceptance"] for r in rs]
-        tp = [r["final"]["tokens_per_call"] for r in rs]
-        eval_al = [r["final"]["acceptance"] for r in rs if r["seed"] != 0]
-        alpha_mean, alpha_sd = mean_sd(al)
-        tokens_mean, tokens_sd = mean_sd(tp)
-        summary[k] = {"name": ARMS[k]["name"], "seeds": [r["seed"] for r in rs], "alpha": al,
-                      "alpha_mean": alpha_mean, "alpha_sd": alpha_sd,
-                      "tokens_per_call_mean": tokens_mean, "tokens_per_call_sd": tokens_sd,
-                      "alpha_worst": spread({r["seed"]: r["final"]["acceptance"] for r in rs}),
-                      "alpha_eval_mean": statistics.fmean(eval_al) if eval_al else None,
-                      "steps_mean": statistics.fmean(r["steps"] for r in rs),
-                      "onpolicy_steps_mean": statistics.fmean(r["onpolicy_steps"] for r in rs),
-                      "cpu_seconds_mean": statistics.fmean(r["cpu_seconds"] for r in rs)}
+    return arms, meta
+
+
+def _summary_of(k: str, rs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One arm's final α and tokens per call over its seeds (α's mean over the seeds after 0 too)."""
+    al = [r["final"]["acceptance"] for r in rs]
+    eval_al = [r["final"]["acceptance"] for r in rs if r["seed"] != 0]
+    alpha_mean, alpha_sd = mean_sd(al)
+    tokens_mean, tokens_sd = mean_sd([r["final"]["tokens_per_call"] for r in rs])
+    return {"name": ARMS[k]["name"], "seeds": [r["seed"] for r in rs], "alpha": al,
+            "alpha_mean": alpha_mean, "alpha_sd": alpha_sd,
+            "tokens_per_call_mean": tokens_mean, "tokens_per_call_sd": tokens_sd,
+            "alpha_worst": spread({r["seed"]: r["final"]["acceptance"] for r in rs}),
+            "alpha_eval_mean": statistics.fmean(eval_al) if eval_al else None,
+            "steps_mean": statistics.fmean(r["steps"] for r in rs),
+            "onpolicy_steps_mean": statistics.fmean(r["onpolicy_steps"] for r in rs),
+            "cpu_seconds_mean": statistics.fmean(r["cpu_seconds"] for r in rs)}
+
+
+def _targets(arms: dict[tuple[str, int], dict[str, Any]], summary: dict[str, Any], seeds: list[int],
+             meta: dict[str, Any]) -> dict[str, Any]:
+    """The fixed setting picked on seed 0 (with the best in hindsight) and each Actuator arm judged
+    against it (:func:`judge_against_pick`); every other arm's α ratio to the pick per seed is
+    added to ``summary``."""
     targets: dict[str, Any] = {}
-    fixed0 = [k for k in FIXED if (k, 0) in arms]
-    if fixed0 and any(k in summary for k in ACTUATORS):
-        choice = pick_on_seed0(FIXED, lambda k, s: arms[(k, s)]["final"]["acceptance"] if (k, s) in arms else None,
-                               seeds)
-        pick = choice["picked_on_seed0"]
-        targets["picked_on_seed_0"] = pick
-        targets["best_in_hindsight"] = choice["best_in_hindsight"]
-        targets["judged_on"] = choice["judged_on"]
-        # the name of the 3-seed runs (kept: the aggregates of seeds 0-2 are read by it)
-        targets["best_in_hindsight_seeds_1_2"] = choice["best_in_hindsight"]
-        for act in (k for k in ACTUATORS if k in summary):
-            suffix = "" if act == "actuator" else f"_{act.removeprefix('actuator-')}"
-            unit = "step" if meta.get("budget_steps") else "cpu_seconds"
-            targets.update({f"{name}{suffix}": v
-                            for name, v in judge_against_pick(arms, pick, act, seeds, unit).items()})
-        for k in summary:
-            if k != pick:
-                summary[k]["alpha_ratio_to_pick"] = {str(s): arms[(k, s)]["final"]["acceptance"]
-                                                     / arms[(pick, s)]["final"]["acceptance"]
-                                                     for s in seeds if s != 0 and (k, s) in arms and (pick, s) in arms}
-    out = {**meta, "scenario": SCENARIO, "seeds": seeds, "arms": list(arms.values()), "summary": summary}
-    record_targets(out, targets)
+    if not ([k for k in FIXED if (k, 0) in arms] and any(k in summary for k in ACTUATORS)):
+        return targets
+    choice = pick_on_seed0(FIXED, lambda k, s: arms[(k, s)]["final"]["acceptance"] if (k, s) in arms else None, seeds)
+    pick = choice["picked_on_seed0"]
+    targets["picked_on_seed_0"] = pick
+    targets["best_in_hindsight"] = choice["best_in_hindsight"]
+    targets["judged_on"] = choice["judged_on"]
+    # the name of the 3-seed runs (kept: the aggregates of seeds 0-2 are read by it)
+    targets["best_in_hindsight_seeds_1_2"] = choice["best_in_hindsight"]
+    unit = "step" if meta.get("budget_steps") else "cpu_seconds"
+    for act in (k for k in ACTUATORS if k in summary):
+        suffix = "" if act == "actuator" else f"_{act.removeprefix('actuator-')}"
+        targets.update({f"{name}{suffix}": v for name, v in judge_against_pick(arms, pick, act, seeds, unit).items()})
+    for k in summary:
+        if k != pick:
+            summary[k]["alpha_ratio_to_pick"] = _ratio_to_pick(arms, k, pick, seeds)
+    return targets
+
+
+def _ratio_to_pick(arms: dict[tuple[str, int], dict[str, Any]], k: str, pick: str, seeds: list[int]) -> dict[str, float]:
+    """Arm ``k``'s final α over the pick's, on each seed after 0 where both ran."""
+    both = [s for s in seeds if s != 0 and (k, s) in arms and (pick, s) in arms]
+    return {str(s): arms[(k, s)]["final"]["acceptance"] / arms[(pick, s)]["final"]["acceptance"] for s in both}
+
+
+def _print_summary(summary: dict[str, Any], targets: dict[str, Any], meta: dict[str, Any]) -> None:
     budget = f"{meta['budget_steps']} steps" if meta.get("budget_steps") else f"{meta.get('budget')} CPU-s"
     table = Table(title=f"{SCENARIO}: final α on held-out teacher samples, {budget} per arm; "
                         f"fixed pick (seed 0): {targets.get('picked_on_seed_0')}, best in hindsight: "
@@ -522,6 +575,19 @@ def aggregate(tag: str = "", results: Path = RESULTS) -> dict[str, Any]:
         if name.startswith("verdict"):
             console.print(f"{v['arm']} vs the fixed pick on seeds {v['seeds']}: {v['outcome'].upper()} "
                           f"({v['seeds_held']} of {len(v['seeds'])} seeds, on the mean {v['met_on_mean']}; {v['rule']})")
+
+
+def aggregate(tag: str = "", results: Path = RESULTS) -> dict[str, Any]:
+    """Merge the per-seed files (and their parts), pick fixed settings on seed 0, evaluate on the
+    other seeds, and write ``draft-distill.json`` / ``.png``."""
+    arms, meta = _read(results, tag)
+    seeds = sorted({s for _, s in arms})
+    keys = [k for k in ARMS if any(k == kk for kk, _ in arms)]
+    summary = {k: _summary_of(k, [arms[(k, s)] for s in seeds if (k, s) in arms]) for k in keys}
+    targets = _targets(arms, summary, seeds, meta)
+    out = {**meta, "scenario": SCENARIO, "seeds": seeds, "arms": list(arms.values()), "summary": summary}
+    record_targets(out, targets)
+    _print_summary(summary, targets, meta)
     results.mkdir(parents=True, exist_ok=True)
     (results / f"{SCENARIO}{tag}.json").write_text(json.dumps(out, indent=2, default=str))
     plot(out, results / f"{SCENARIO}{tag}.png")

@@ -15,6 +15,11 @@ keeps only its task, its arms and its metrics.
   (:func:`save_results`) with the machine they were measured on (:func:`machine`);
 - the tuned arm's identification pre-run (:func:`identify_and_tune`).
 
+The scenario contract and the validation split (choices on seed 0, figures over seeds 1–9, met on
+at least 8 of 9 and the mean, fresh seeds 5–9 flagged where they disagree with 1–4) are in
+:mod:`benchmarks.control.contract`; ``python -m benchmarks.control.validate`` applies them to the
+stored runs of a scenario.
+
 Importing this module sets the offline switches (``HF_HUB_OFFLINE``) before transformers loads:
 the scenarios never download anything.
 """

@@ -891,10 +891,8 @@ def plot(chosen: list[tuple[str, Scenario, float | None]], seed: int, path: Any)
             top.legend(fontsize=7)
 
 
-def _main(argv: Sequence[str] | None = None) -> None:
+def _args(argv: Sequence[str] | None) -> Any:
     import argparse
-    import json
-    import sys
     from pathlib import Path
 
     ap = argparse.ArgumentParser(prog="python -m benchmarks.control.plants", description=__doc__.split("\n")[0])
@@ -908,6 +906,24 @@ def _main(argv: Sequence[str] | None = None) -> None:
     a = ap.parse_args(argv)
     if a.steps is not None and a.steps < 1:
         ap.error("--steps must be at least 1")
+    return a
+
+
+def _print_figures(figures: dict[str, Any]) -> None:
+    """Each arm's figures, one line: every key with its value per seed."""
+    for arm, rows in figures.items():
+        cells = []
+        for key in rows[0]:
+            vals = [r[key] for r in rows]
+            cells.append(f"{key}=" + ",".join("-" if v is None else f"{v:.3g}" for v in vals))
+        print(f"  {arm:18s} " + "  ".join(cells))
+
+
+def _main(argv: Sequence[str] | None = None) -> None:
+    import json
+    import sys
+
+    a = _args(argv)
     seeds = a.seeds if a.seeds is not None else list(QUICK_SEEDS if a.quick else SEEDS)
     chosen = scenarios(a.steps)
     if a.quick and a.steps is None:
@@ -920,14 +936,8 @@ def _main(argv: Sequence[str] | None = None) -> None:
         out["steps"] = {title: scenario.steps for title, scenario, _ in chosen}
     for title, scenario, budget in chosen:
         print(f"== {title}, seeds {seeds}")
-        figures = compare(scenario, seeds, budget)
-        out[title] = figures
-        for arm, rows in figures.items():
-            cells = []
-            for key in rows[0]:
-                vals = [r[key] for r in rows]
-                cells.append(f"{key}=" + ",".join("-" if v is None else f"{v:.3g}" for v in vals))
-            print(f"  {arm:18s} " + "  ".join(cells))
+        out[title] = figures = compare(scenario, seeds, budget)
+        _print_figures(figures)
     a.results.mkdir(parents=True, exist_ok=True)
     (a.results / f"{SCENARIO}.json").write_text(json.dumps(out, indent=2))
     plot(chosen, seeds[0], a.results / f"{SCENARIO}.png")

@@ -66,6 +66,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchmarks.control.contract import Arm, Declared, Metric, Pick
 from benchmarks.control.data import prompt_text
 from benchmarks.control.harness import (
     arm_progress, command_line, console, control_quality, figure, judged, mean_sd, record_targets, save_results,
@@ -78,6 +79,28 @@ from rich.table import Table  # noqa: E402
 from actuator.agents.general import PROBE_TEXTS as GENERAL_TEXT  # noqa: E402
 
 SCENARIO = "rl-kl"
+PREDICT = "actuator PID (predict 2)"
+FIXED_BETAS = ("fixed β 0.1", "fixed β 0.5", "fixed β 1", "fixed β 2")
+
+def _named(part: Any, r: dict[str, Any]) -> dict[str, Any]:
+    """An older file's run, a PID arm named with the variant its file's policy records."""
+    return _with_variant({**part, "arms": [r]})[0]
+
+
+# The contract (benchmarks/control/contract.py) of the GRPO claim (README "rl-kl", `preset:rl-kl`):
+# the PID with prediction against the fixed β picked on seed 0 and the published baselines.
+SPEC = Declared(
+    name=SCENARIO, task="GRPO of SmolLM2-135M-Instruct, 24 steps; the β PID holds KL(policy || start) at "
+                        "its target",
+    arm_list=[Arm(PREDICT, "actuator", {"horizon": 2}), Arm("actuator PID", "actuator"),
+              *(Arm(n, "fixed", {"beta": float(n.split()[-1])}) for n in FIXED_BETAS),
+              Arm("Ziegler adaptive KL", "ziegler"), Arm("TorchRL KLAdaptiveLR", "kl-adaptive-lr")],
+    quick=(PREDICT, "fixed β 0.1"),
+    metrics=[Metric("overshoot_pct", "min", "%", target=15.0, judge=(PREDICT,), label="overshoot at most 15%"),
+             Metric("abs_error", "min", "KL", target=1.0, relative_to="pick:fixed β", judge=(PREDICT,),
+                    label="|final KL - target| at most the fixed β pick's"),
+             Metric("final_kl", "min", "KL"), Metric("reward", "max", "reward")],
+    picks=[Pick("fixed β", "abs_error", FIXED_BETAS)], plots=("policy_kl", "beta"), normalize=_named)
 
 FACTS = [
     ("What is the capital of France?", "Paris"), ("How many legs does a spider have?", "8|eight"),
@@ -364,54 +387,87 @@ def plot(result: dict[str, Any], path: Path) -> None:
                      f"target {target}", fontsize=10)
 
 
+def _arm_row(sel: list[dict[str, Any]], a: argparse.Namespace) -> dict[str, Any]:
+    """One arm's runs on the seeds: mean ± sd of each figure (settling: a run that never settles
+    counts the run's steps + 1). The smoothed figures are derived from the stored trace (also for
+    files written before them)."""
+    def settled_at(step: Any) -> Any:
+        return step if step is not None else a.steps + 1
+
+    settle = [settled_at(r["settling_step"]) for r in sel]
+    settle3 = [settled_at(r.get("settling_step_ma3")) for r in sel if r["kind"] != "early_stop"]
+    return {
+        "settling_step_ma3": mean_sd(settle3), "settled_ma3": sum(r.get("settling_step_ma3") is not None for r in sel),
+        "overshoot_pct_ma3": mean_sd([r.get("overshoot_pct_ma3") for r in sel]),
+        "seeds": [r["seed"] for r in sel], "settling_step": mean_sd(settle),
+        "settled": sum(r["settling_step"] is not None for r in sel),
+        "overshoot_pct": mean_sd([r["overshoot_pct"] for r in sel]),
+        "abs_error": mean_sd([r["abs_error"] for r in sel]), "final_kl": mean_sd([r["final_kl"] for r in sel]),
+        "reward": mean_sd([r["reward"] for r in sel]), "accuracy": mean_sd([r["accuracy"] for r in sel]),
+        "perplexity": mean_sd([r["final_perplexity"] for r in sel]),
+    }
+
+
+def _fixed_pick(rs: list[dict[str, Any]], fixed: list[str], seeds: list[int],
+                a: argparse.Namespace) -> tuple[str | None, int]:
+    """The fixed β closest to the target on the first seed (or ``--fixed-picked``, picked on seed 0
+    of an earlier sweep), and the seed it was picked on."""
+    pick_seed = seeds[0]
+    on_pick_seed = [n for n in fixed if any(r["arm"] == n and r["seed"] == pick_seed for r in rs)]
+    picked = min(on_pick_seed, key=lambda n: next(r["abs_error"] for r in rs if r["arm"] == n and r["seed"] == pick_seed),
+                 default=None)
+    if getattr(a, "fixed_picked", None) is not None:
+        picked = f"fixed β {a.fixed_picked:g}"
+        pick_seed = 0
+        if picked not in fixed:
+            raise SystemExit(f"--fixed-picked {a.fixed_picked:g}: no '{picked}' arm in the results")
+    return picked, pick_seed
+
+
 def summarise(results: list[dict[str, Any]], a: argparse.Namespace) -> dict[str, Any]:
     """Per trainer: mean ± sd per arm over seeds; the fixed β picked on the first seed (closest
     final KL to the target) evaluated on the others, the best in hindsight; the targets."""
     seeds = sorted({r["seed"] for r in results})
     summary: dict[str, Any] = {}
     targets: dict[str, Any] = {}
+    for r in results:  # derived from the stored trace (also for files written before these figures)
+        if r["kind"] != "early_stop":
+            r.update(smoothed_quality(r["trace"], a))
     for kind in sorted({r["trainer"] for r in results}):
-        rs = [r for r in results if r["trainer"] == kind]
-        arms = sorted({r["arm"] for r in rs}, key=lambda n: [x["arm"] for x in rs].index(n))
-        table = {}
-        for name in arms:
-            sel = [r for r in rs if r["arm"] == name]
-            for r in sel:  # derived from the stored trace (also for files written before these figures)
-                if r["kind"] != "early_stop":
-                    r.update(smoothed_quality(r["trace"], a))
-            settle = [(r["settling_step"] if r["settling_step"] is not None else a.steps + 1) for r in sel]
-            settle3 = [(r.get("settling_step_ma3") if r.get("settling_step_ma3") is not None else a.steps + 1)
-                       for r in sel if r["kind"] != "early_stop"]
-            table[name] = {
-                "settling_step_ma3": mean_sd(settle3), "settled_ma3": sum(
-                    r.get("settling_step_ma3") is not None for r in sel),
-                "overshoot_pct_ma3": mean_sd([r.get("overshoot_pct_ma3") for r in sel]),
-                "seeds": [r["seed"] for r in sel], "settling_step": mean_sd(settle), "settled": sum(
-                    r["settling_step"] is not None for r in sel),
-                "overshoot_pct": mean_sd([r["overshoot_pct"] for r in sel]),
-                "abs_error": mean_sd([r["abs_error"] for r in sel]), "final_kl": mean_sd([r["final_kl"] for r in sel]),
-                "reward": mean_sd([r["reward"] for r in sel]), "accuracy": mean_sd([r["accuracy"] for r in sel]),
-                "perplexity": mean_sd([r["final_perplexity"] for r in sel]),
-            }
-        fixed = [n for n in arms if n.startswith("fixed")]
-        pick_seed = seeds[0]
-        on_pick_seed = [n for n in fixed if any(r["arm"] == n and r["seed"] == pick_seed for r in rs)]
-        picked = min(on_pick_seed, key=lambda n: next(r["abs_error"] for r in rs if r["arm"] == n and r["seed"] == pick_seed),
-                     default=None)
-        if getattr(a, "fixed_picked", None) is not None:  # picked on seed 0 of an earlier sweep (--fixed-picked)
-            picked = f"fixed β {a.fixed_picked:g}"
-            pick_seed = 0
-            if picked not in fixed:
-                raise SystemExit(f"--fixed-picked {a.fixed_picked:g}: no '{picked}' arm in the results")
-        hindsight = min(fixed, key=lambda n: table[n]["abs_error"][0], default=None)
-        summary[kind] = {"arms": table, "fixed_picked_on_seed": pick_seed, "fixed_picked": picked,
-                         "fixed_best_in_hindsight": hindsight}
-        for pid_name in [n for n in arms if any(r["arm"] == n and r["kind"] == "actuator" for r in rs)]:
-            key = kind if pid_name == "actuator PID" else f"{kind}: {pid_name}"  # the preset's law keeps its key
-            judged_pid = pid_targets(pid_name, table, rs, fixed, picked, pick_seed, seeds, a.steps)
-            if judged_pid is not None:
-                targets[key] = judged_pid
+        summary[kind] = _summarise_trainer(kind, [r for r in results if r["trainer"] == kind], seeds, a, targets)
     return {"summary": summary, "targets": targets}
+
+
+def _summarise_trainer(kind: str, rs: list[dict[str, Any]], seeds: list[int], a: argparse.Namespace,
+                       targets: dict[str, Any]) -> dict[str, Any]:
+    """One trainer's rows, its fixed pick and hindsight; each PID arm's targets go to ``targets``."""
+    arms = sorted({r["arm"] for r in rs}, key=lambda n: [x["arm"] for x in rs].index(n))
+    table = {name: _arm_row([r for r in rs if r["arm"] == name], a) for name in arms}
+    fixed = [n for n in arms if n.startswith("fixed")]
+    picked, pick_seed = _fixed_pick(rs, fixed, seeds, a)
+    hindsight = min(fixed, key=lambda n: table[n]["abs_error"][0], default=None)
+    for pid_name in [n for n in arms if any(r["arm"] == n and r["kind"] == "actuator" for r in rs)]:
+        key = kind if pid_name == "actuator PID" else f"{kind}: {pid_name}"  # the preset's law keeps its key
+        judged_pid = pid_targets(pid_name, table, rs, fixed, picked, pick_seed, seeds, a.steps)
+        if judged_pid is not None:
+            targets[key] = judged_pid
+    return {"arms": table, "fixed_picked_on_seed": pick_seed, "fixed_picked": picked,
+            "fixed_best_in_hindsight": hindsight}
+
+
+def _pid_per_seed(pid_runs: dict[int, dict[str, Any]], zie_runs: dict[int, dict[str, Any]] | None,
+                  fixed_runs: dict[int, dict[str, Any]], later: list[int]) -> dict[str, dict[int, bool]]:
+    """A PID arm's targets seed by seed (against Ziegler's run and the fixed pick's on that seed)."""
+    per_seed = {
+        "overshoot_at_most_15pct": {s: r["overshoot_pct"] <= 15.0 for s, r in pid_runs.items()},
+        "abs_error_at_most_picked_fixed": {s: pid_runs[s]["abs_error"] <= fixed_runs[s]["abs_error"]
+                                           for s in later if s in pid_runs and s in fixed_runs},
+    }
+    if zie_runs is not None:
+        per_seed["settles_in_half_ziegler_steps"] = {
+            s: settles_against_ziegler(r["settling_step"], zie_runs[s]["settling_step"])
+            for s, r in pid_runs.items() if s in zie_runs}
+    return per_seed
 
 
 def pid_targets(name: str, table: dict[str, Any], rs: list[dict[str, Any]], fixed: list[str], picked: str | None,
@@ -449,15 +505,7 @@ def pid_targets(name: str, table: dict[str, Any], rs: list[dict[str, Any]], fixe
         - max(table[closest]["reward"][1], 1e-9),
         "closest_fixed": closest, "pid_reward": pid["reward"], "closest_fixed_reward": table[closest]["reward"],
     }
-    per_seed = {
-        "overshoot_at_most_15pct": {s: r["overshoot_pct"] <= 15.0 for s, r in pid_runs.items()},
-        "abs_error_at_most_picked_fixed": {s: pid_runs[s]["abs_error"] <= fixed_runs[s]["abs_error"]
-                                           for s in later if s in pid_runs and s in fixed_runs},
-    }
-    if zie:
-        per_seed["settles_in_half_ziegler_steps"] = {
-            s: settles_against_ziegler(r["settling_step"], zie_runs[s]["settling_step"])
-            for s, r in pid_runs.items() if s in zie_runs}
+    per_seed = _pid_per_seed(pid_runs, zie_runs if zie else None, fixed_runs, later)
     verdicts = {k: judged({"met": out[k]}, v) for k, v in per_seed.items()}
     out.update({k: v["met"] for k, v in verdicts.items()}, verdicts=verdicts)
     return out
@@ -494,22 +542,34 @@ def print_tables(results: list[dict[str, Any]], summary: dict[str, Any], a: argp
         console.print(t)
 
 
-def aggregate(a: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
+def _with_variant(part: dict[str, Any]) -> list[dict[str, Any]]:
+    """A file's runs, its PID arms named with the variant its policy records."""
+    suffix = variant(part.get("pid"))
+    return [{**r, "arm": r["arm"] + suffix} if r["kind"] == "actuator" and suffix and not r["arm"].endswith(suffix)
+            else r for r in part["arms"]]
+
+
+def _read(a: argparse.Namespace) -> tuple[list[Path], list[dict[str, Any]], dict[str, Any]]:
+    """The per-seed files (of ``--tag``, else the untagged ones), every run in them (a PID arm named
+    with the variant its file's policy records; early stopping derived from fixed arms at several
+    betas: one row per beta) and the last file's settings."""
     results: list[dict[str, Any]] = []
     meta: dict[str, Any] = {}
     paths = (sorted(a.results.glob(f"{SCENARIO}-x-{a.tag}-*-seed*.json")) if a.tag else
              sorted(p for p in a.results.glob(f"{SCENARIO}-*-seed*.json") if f"{SCENARIO}-x-" not in p.name))
     for path in paths:
         part = json.loads(path.read_text())
-        suffix = variant(part.get("pid"))
-        results.extend({**r, "arm": r["arm"] + suffix} if r["kind"] == "actuator" and suffix
-                       and not r["arm"].endswith(suffix) else r for r in part["arms"])
+        results.extend(_with_variant(part))
         meta = {k: v for k, v in part.items() if k != "arms"}
     stops = {r["start_beta"] for r in results if r["kind"] == "early_stop"}
-    if len(stops) > 1:  # early stopping derived from fixed arms at different betas: one row per beta
-        for r in results:
-            if r["kind"] == "early_stop":
-                r["arm"] = f"early stopping (β {r['start_beta']:g})"
+    for r in results if len(stops) > 1 else []:
+        if r["kind"] == "early_stop":
+            r["arm"] = f"early stopping (β {r['start_beta']:g})"
+    return paths, results, meta
+
+
+def aggregate(a: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
+    paths, results, meta = _read(a)
     if not results:
         raise SystemExit(f"no {SCENARIO}-*-seed*.json in {a.results}: run the seeds first")
     ns = copy.copy(a)
@@ -599,12 +659,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = parser()
     a = ap.parse_args(argv)
-    if a.auto_samples < 2:
-        ap.error("--auto-samples must be >= 2 (a variance needs two answers per prompt)")
-    if not 0 < a.beta_bounds[0] <= 1 <= a.beta_bounds[1]:
-        ap.error("--beta-bounds LO HI must satisfy 0 < LO <= 1 <= HI")
-    if isinstance(a.early_stop_beta, float) and "fixed" in a.arms and a.early_stop_beta not in a.betas:
-        ap.error(f"--early-stop-beta {a.early_stop_beta:g} is not among --betas {a.betas}: no fixed arm to cut it from")
+    check(ap, a)
     if a.aggregate:
         return aggregate(a, argv)
     if a.quick:
@@ -623,27 +678,47 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for seed in a.seeds:
             t_start = time.time()
             results = []
-            sa = copy.copy(a)
-            if a.beta == "auto":
-                with console.status(f"seed {seed}: feedforward beta from the starting model's samples…"):
-                    sa.feedforward = setup.start_beta(a, seed, kind)
-                sa.beta = sa.feedforward["beta"]
-                console.print(f"seed {seed}: feedforward beta {sa.beta:.4g} (reward variance "
-                              f"{sa.feedforward['reward_variance']:.4f}, mean answer length "
-                              f"{sa.feedforward['mean_length']:.1f} tokens, {sa.feedforward['prompts']} prompts)")
+            sa = seed_args(a, setup, seed, kind)
             for arm_kind in a.arms:
-                arms = ([{"name": f"fixed β {b:g}", "kind": "fixed", "beta": b} for b in a.betas]
-                        if arm_kind == "fixed" else
-                        [{"name": {"ziegler": "Ziegler adaptive KL", "actuator": "actuator PID" + variant(
-                                       pid_policy(sa)["controllers"][0]),
-                                   "kl-adaptive-lr": "TorchRL KLAdaptiveLR"}[arm_kind],
-                          "kind": arm_kind}])
-                for arm in arms:
+                for arm in arms_of(arm_kind, sa):
                     r = run_arm(setup, kind, arm, sa, url, seed)
                     r["perplexity_increase_pct"] = 100 * (r["final_perplexity"] / base_ppl - 1)
                     results.append(r)
                     out = save_seed(kind, seed, results, sa, argv, base_ppl, t_start)  # each arm as it ends
     return out
+
+
+def check(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """The flags that depend on each other (argparse's error names the flag)."""
+    if a.auto_samples < 2:
+        ap.error("--auto-samples must be >= 2 (a variance needs two answers per prompt)")
+    if not 0 < a.beta_bounds[0] <= 1 <= a.beta_bounds[1]:
+        ap.error("--beta-bounds LO HI must satisfy 0 < LO <= 1 <= HI")
+    if isinstance(a.early_stop_beta, float) and "fixed" in a.arms and a.early_stop_beta not in a.betas:
+        ap.error(f"--early-stop-beta {a.early_stop_beta:g} is not among --betas {a.betas}: no fixed arm to cut it from")
+
+
+def seed_args(a: argparse.Namespace, setup: Any, seed: int, kind: str) -> argparse.Namespace:
+    """The arguments of one seed: with ``--beta auto``, the feedforward beta from the starting
+    model's samples on that seed."""
+    sa = copy.copy(a)
+    if a.beta == "auto":
+        with console.status(f"seed {seed}: feedforward beta from the starting model's samples…"):
+            sa.feedforward = setup.start_beta(a, seed, kind)
+        sa.beta = sa.feedforward["beta"]
+        console.print(f"seed {seed}: feedforward beta {sa.beta:.4g} (reward variance "
+                      f"{sa.feedforward['reward_variance']:.4f}, mean answer length "
+                      f"{sa.feedforward['mean_length']:.1f} tokens, {sa.feedforward['prompts']} prompts)")
+    return sa
+
+
+def arms_of(arm_kind: str, sa: argparse.Namespace) -> list[dict[str, Any]]:
+    """The arms of one ``--arms`` kind (fixed: one per ``--betas``)."""
+    if arm_kind == "fixed":
+        return [{"name": f"fixed β {b:g}", "kind": "fixed", "beta": b} for b in sa.betas]
+    names = {"ziegler": "Ziegler adaptive KL", "actuator": "actuator PID" + variant(pid_policy(sa)["controllers"][0]),
+             "kl-adaptive-lr": "TorchRL KLAdaptiveLR"}
+    return [{"name": names[arm_kind], "kind": arm_kind}]
 
 
 def save_seed(kind: str, seed: int, results: list[dict[str, Any]], a: argparse.Namespace, argv: list[str] | None,

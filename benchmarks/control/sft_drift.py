@@ -40,11 +40,36 @@ from benchmarks.control.harness import (
     RESULTS, scenario_args, identification_args, tune_summary, start, judged, read_tagged, spread, arm_label,
     figure, arm_progress, command_line, console, save_results,
 )
+from benchmarks.control.contract import Arm, Declared, Metric
 from benchmarks.control.word_task import Setup, make_trainer
 
 from rich.table import Table  # noqa: E402
 
 SCENARIO = "sft-drift"
+OPEN, PID = "open loop 3.0e-05", "actuator PID"
+
+
+def _peak(r: Any) -> float | None:
+    return max((t["kl_drift"] for t in r.get("trace") or ()), default=None)
+
+
+# The contract (benchmarks/control/contract.py): the task, the arms at the default --lr and the
+# metrics with the claims made on them (the Actuator PID against the open loop at the same start).
+SPEC = Declared(
+    name=SCENARIO, task="SFT of SmolLM2-135M-Instruct on spelling words backwards, lr 3e-5, 40 steps; "
+                        "the lr PID holds KL drift from the start model at 1.5 nats",
+    arm_list=[Arm("open loop 1.0e-05", "open", {"lr": 1e-5}), Arm(OPEN, "open", {"lr": 3e-5}),
+              Arm("open loop 9.0e-05", "open", {"lr": 9e-5}), Arm("ReduceLROnPlateau", "plateau", {"lr": 3e-5}),
+              Arm(PID, "actuator", {"lr": 3e-5}), Arm("actuator PID (tuned)", "tuned", {"lr": 3e-5}),
+              Arm("actuator PID (gains auto)", "auto", {"lr": 3e-5})],
+    quick=(OPEN, "ReduceLROnPlateau", PID),
+    metrics=[Metric("final_kl_drift", "min", "nats", target=1 / 3, relative_to=OPEN, judge=(PID,),
+                    label="drift at most a third of the open loop's"),
+             Metric("task_gain", "max", "nats (held-out loss start - end)", target=1.0, relative_to=OPEN,
+                    judge=(PID,), label="task gain no worse than the open loop"),
+             Metric("task_accuracy", "max", "share of 35 words", read=lambda r: r["final"]["task_accuracy"]),
+             Metric("peak_kl_drift", "min", "nats", read=_peak)],
+    plots=("kl_drift", "lr"))
 
 
 
@@ -185,6 +210,55 @@ def targets_of(pid: dict[str, Any], ref: dict[str, Any], front: set[str]) -> dic
     }
 
 
+def _arm_row(n: str, mine: dict[int, dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One arm's row (mean ± sd and worst seed of each figure) and its means as one run. Files
+    written before a field existed lack it: those seeds are left out of its spread."""
+    any_run = next(iter(mine.values()))
+    peak = {s: max(t["kl_drift"] for t in r["trace"]) for s, r in mine.items() if r.get("trace")}
+    over = {s: float(r["steps_over_setpoint"]) for s, r in mine.items() if "steps_over_setpoint" in r}
+    row = {"kind": any_run["kind"], "seeds": sorted(mine), "task_gain": spread({s: r["task_gain"] for s, r in mine.items()}),
+           "task_accuracy": spread({s: r["final"]["task_accuracy"] for s, r in mine.items()}),
+           "final_kl_drift": spread({s: r["final_kl_drift"] for s, r in mine.items()}, higher_is_better=False),
+           "peak_kl_drift": spread(peak, higher_is_better=False),
+           "probes_over_setpoint": spread(over, higher_is_better=False)}
+    mean = {"arm": n, "kind": any_run["kind"], "start_lr": any_run["start_lr"],
+            "task_gain": row["task_gain"]["mean"], "final_kl_drift": row["final_kl_drift"]["mean"],
+            "final": {"task_accuracy": row["task_accuracy"]["mean"]}}
+    return row, mean
+
+
+def _front_of(arms: list[dict[str, Any]]) -> set[str]:
+    return pareto([(r["arm"], r["task_gain"], r["final_kl_drift"]) for r in arms
+                   if r["kind"] in ("open", "actuator", "tuned", "auto")])
+
+
+def _pair(arms: list[dict[str, Any]], kind: str, lr: float) -> tuple[Any, Any]:
+    """The arm of ``kind`` and the open loop at the same start ``lr`` among ``arms``."""
+    ref = next((r for r in arms if r["kind"] == "open" and r["start_lr"] == lr), None)
+    return next((r for r in arms if r["kind"] == kind), None), ref
+
+
+def _targets(runs: dict[tuple[str, int], dict[str, Any]], means: dict[str, dict[str, Any]], seeds: list[int],
+             lr: float) -> dict[str, Any]:
+    """Each PID arm's targets on the means and per seed (harness rule)."""
+    targets: dict[str, Any] = {}
+    for kind in ("actuator", "tuned", "auto"):
+        pid, ref = _pair(list(means.values()), kind, lr)
+        if pid is None or ref is None:
+            continue
+        on_mean = targets_of(pid, ref, _front_of(list(means.values())))
+        per_seed: dict[int, dict[str, Any]] = {}
+        for seed in seeds:
+            mine = [r for (_, s), r in runs.items() if s == seed]
+            p, q = _pair(mine, kind, lr)
+            if p is not None and q is not None:
+                per_seed[seed] = targets_of(p, q, _front_of(mine))
+        targets[kind] = {k: judged({"met": v}, {s: t[k] for s, t in per_seed.items()})
+                         for k, v in on_mean.items() if isinstance(v, bool)}
+        targets[kind]["drift_ratio_of_means"] = on_mean["drift_ratio"]
+    return targets
+
+
 def aggregate(tag: str = "", results: Path = RESULTS, tags: list[str] | None = None) -> dict[str, Any]:
     """Combine the result files of separate runs (``sft-drift.json``, ``sft-drift-TAG.json``, one
     seed or several each; with ``tag``, the files ``sft-drift-TAG*.json``; with ``tags``, those of
@@ -200,49 +274,11 @@ def aggregate(tag: str = "", results: Path = RESULTS, tags: list[str] | None = N
     first = found[0][1]
     lr = first["lr"]
     seeds = sorted({s for _, s in runs})
-    names = list(dict.fromkeys(n for n, _ in runs))
     rows: dict[str, Any] = {}
     means: dict[str, dict[str, Any]] = {}
-    for n in names:
-        mine = {s: runs[(n, s)] for s in seeds if (n, s) in runs}
-        any_run = next(iter(mine.values()))
-        gain = {s: r["task_gain"] for s, r in mine.items()}
-        acc = {s: r["final"]["task_accuracy"] for s, r in mine.items()}
-        drift = {s: r["final_kl_drift"] for s, r in mine.items()}
-        # (files written before a field existed lack it: those seeds are left out of its spread)
-        peak = {s: max(t["kl_drift"] for t in r["trace"]) for s, r in mine.items() if r.get("trace")}
-        over = {s: float(r["steps_over_setpoint"]) for s, r in mine.items() if "steps_over_setpoint" in r}
-        rows[n] = {"kind": any_run["kind"], "seeds": sorted(mine), "task_gain": spread(gain),
-                   "task_accuracy": spread(acc), "final_kl_drift": spread(drift, higher_is_better=False),
-                   "peak_kl_drift": spread(peak, higher_is_better=False),
-                   "probes_over_setpoint": spread(over, higher_is_better=False)}
-        means[n] = {"arm": n, "kind": any_run["kind"], "start_lr": any_run["start_lr"],
-                    "task_gain": rows[n]["task_gain"]["mean"], "final_kl_drift": rows[n]["final_kl_drift"]["mean"],
-                    "final": {"task_accuracy": rows[n]["task_accuracy"]["mean"]}}
-
-    def front_of(arms: list[dict[str, Any]]) -> set[str]:
-        return pareto([(r["arm"], r["task_gain"], r["final_kl_drift"]) for r in arms
-                       if r["kind"] in ("open", "actuator", "tuned", "auto")])
-
-    def pair(arms: list[dict[str, Any]], kind: str) -> tuple[Any, Any]:
-        ref = next((r for r in arms if r["kind"] == "open" and r["start_lr"] == lr), None)
-        return next((r for r in arms if r["kind"] == kind), None), ref
-
-    targets: dict[str, Any] = {}
-    for kind in ("actuator", "tuned", "auto"):
-        pid, ref = pair(list(means.values()), kind)
-        if pid is None or ref is None:
-            continue
-        on_mean = targets_of(pid, ref, front_of(list(means.values())))
-        per_seed: dict[int, dict[str, Any]] = {}
-        for seed in seeds:
-            mine = [r for (_, s), r in runs.items() if s == seed]
-            p, q = pair(mine, kind)
-            if p is not None and q is not None:
-                per_seed[seed] = targets_of(p, q, front_of(mine))
-        targets[kind] = {k: judged({"met": v}, {s: t[k] for s, t in per_seed.items()})
-                         for k, v in on_mean.items() if isinstance(v, bool)}
-        targets[kind]["drift_ratio_of_means"] = on_mean["drift_ratio"]
+    for n in dict.fromkeys(n for n, _ in runs):
+        rows[n], means[n] = _arm_row(n, {s: runs[(n, s)] for s in seeds if (n, s) in runs})
+    targets = _targets(runs, means, seeds, lr)
     auto = auto_against_hand(runs, first["setpoint"])
     if auto:
         targets["auto_vs_hand"] = auto
@@ -306,7 +342,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax3.set_title("(task gain, drift)")
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     scenario_args(ap, SCENARIO, steps=40, quick="16 steps, three arms, fewer HotpotQA records",
                   arms=["sweep", "open", "plateau", "actuator", "tuned", "auto"], arms_default=["sweep", "plateau", "actuator"],
@@ -331,17 +367,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     a = ap.parse_args(argv)
     if a.auto_window < 0:
         ap.error(f"--auto-window must be >= 0, got {a.auto_window}")
-    if a.aggregate:
-        return aggregate(a.tag, a.results, tags=a.aggregate_tags)
-    if a.quick:
-        a.steps = min(a.steps, 16)
-    url = start(a)
-    t_start = time.time()
-    setup = Setup(a.seeds[0], hotpot_records=4 if a.quick else 8)
-    base_trainer = make_trainer(setup, "base", a.lr, 1, a.seeds[0], a.out)
-    base = setup.final_metrics(base_trainer)
-    console.print(f"start: held-out task loss {base['task_loss']:.3f}, accuracy {base['task_accuracy']:.2f}, "
-                  f"perplexity {base['perplexity']:.2f}, HotpotQA gold log-prob {base['gold_logprob']:.3f}")
+    return a
+
+
+KEEP = {"sweep": ("open",), "open": ("open",), "plateau": ("plateau",), "actuator": ("actuator",),
+        "tuned": ("tuned",), "auto": ("auto",)}
+
+
+def arms_for(a: argparse.Namespace) -> list[dict[str, Any]]:
+    """The arms ``--arms`` asks for (``--quick``: the open loop at --lr, plateau and the PID)."""
     arms = [
         {"name": f"open loop {a.lr / 3:.1e}", "kind": "open", "lr": a.lr / 3},
         {"name": f"open loop {a.lr:.1e}", "kind": "open", "lr": a.lr},
@@ -353,57 +387,85 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ]
     if a.quick:
         arms = [arms[1], arms[3], arms[4]]
-    keep = {"sweep": ("open",), "open": ("open",), "plateau": ("plateau",), "actuator": ("actuator",),
-            "tuned": ("tuned",), "auto": ("auto",)}
-    arms = [arm for arm in arms if any(arm["kind"] in keep[k] for k in a.arms)]
+    arms = [arm for arm in arms if any(arm["kind"] in KEEP[k] for k in a.arms)]
     if "sweep" not in a.arms:
         arms = [arm for arm in arms if arm["kind"] != "open" or arm["lr"] == a.lr]
-    results = []
-    for seed in a.seeds:
-        for arm in arms:
-            prep = None
-            if arm["kind"] == "tuned":
-                prep = identify_and_tune(setup, a, url, seed)
-                arm = {**arm, "policy": prep["tune"]["policy"]}
-                console.print(tune_summary(seed, prep))
-            r = run_arm(setup, arm, a, url, seed)
-            if prep is not None:
-                r["tuning"] = prep
-            f = r["final"]
-            r["task_gain"] = base["task_loss"] - f["task_loss"]
-            r["accuracy_gain"] = f["task_accuracy"] - base["task_accuracy"]
-            r["perplexity_increase_pct"] = 100 * (f["perplexity"] / base["perplexity"] - 1)
-            r["gold_logprob_change"] = f["gold_logprob"] - base["gold_logprob"]
-            results.append(r)
+    return arms
+
+
+def run_one(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, seed: int,
+            base: dict[str, Any]) -> dict[str, Any]:
+    """One arm on one seed (the tuned arm after its identification pre-run), with its gains over
+    the start model ``base``."""
+    prep = None
+    if arm["kind"] == "tuned":
+        prep = identify_and_tune(setup, a, url, seed)
+        arm = {**arm, "policy": prep["tune"]["policy"]}
+        console.print(tune_summary(seed, prep))
+    r = run_arm(setup, arm, a, url, seed)
+    if prep is not None:
+        r["tuning"] = prep
+    f = r["final"]
+    r["task_gain"] = base["task_loss"] - f["task_loss"]
+    r["accuracy_gain"] = f["task_accuracy"] - base["task_accuracy"]
+    r["perplexity_increase_pct"] = 100 * (f["perplexity"] / base["perplexity"] - 1)
+    r["gold_logprob_change"] = f["gold_logprob"] - base["gold_logprob"]
+    return r
+
+
+def report(out: dict[str, Any], results: list[dict[str, Any]], a: argparse.Namespace) -> None:
+    """The table of every run, and per seed the Pareto front and each PID arm's targets (in ``out``)."""
     table = Table(title=f"{SCENARIO} — SmolLM2-135M-Instruct, {a.steps} steps, setpoint KL {a.setpoint}")
     for col in ("arm", "seed", "task gain (loss)", "task accuracy", "final KL drift", "ppl +%", "gold log-prob Δ",
                 "steps > setpoint+10%", "final lr", "decisions", "Pareto", "s"):
         table.add_column(col, justify="right")
+    for seed in a.seeds:
+        _report_seed(table, out, [r for r in results if r["seed"] == seed], seed, a.lr)
+    console.print(table)
+    console.print(f"targets: {out['targets']}")
+
+
+def _report_seed(table: Table, out: dict[str, Any], mine: list[dict[str, Any]], seed: int, lr: float) -> None:
+    """One seed's rows, its Pareto front and each PID arm's targets against the open loop at ``lr``."""
+    points = [(r["arm"], r["task_gain"], r["final_kl_drift"]) for r in mine
+              if r["kind"] in ("open", "actuator", "tuned", "auto")]
+    front = pareto(points)
+    out["pareto_front"][f"seed {seed}"] = sorted(front)
+    for r in mine:
+        f = r["final"]
+        table.add_row(r["arm"], str(seed), f"{r['task_gain']:.3f}", f"{f['task_accuracy']:.2f}",
+                      f"{r['final_kl_drift']:.3f}", f"{r['perplexity_increase_pct']:+.1f}",
+                      f"{r['gold_logprob_change']:+.3f}", str(r["steps_over_setpoint"]), f"{r['final_lr']:.1e}",
+                      "-" if r["decisions"] is None else str(r["decisions"]), "yes" if r["arm"] in front else "",
+                      f"{r['seconds']:.0f}")
+    ref = next((r for r in mine if r["kind"] == "open" and r["start_lr"] == lr), None)
+    for kind in ("actuator", "tuned", "auto"):
+        pid = next((r for r in mine if r["kind"] == kind), None)
+        if ref and pid:
+            out["targets"][f"seed {seed}" + ("" if kind == "actuator" else f" {kind}")] = targets_of(pid, ref, front)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    a = parse(argv)
+    if a.aggregate:
+        return aggregate(a.tag, a.results, tags=a.aggregate_tags)
+    if a.quick:
+        a.steps = min(a.steps, 16)
+    url = start(a)
+    t_start = time.time()
+    setup = Setup(a.seeds[0], hotpot_records=4 if a.quick else 8)
+    base_trainer = make_trainer(setup, "base", a.lr, 1, a.seeds[0], a.out)
+    base = setup.final_metrics(base_trainer)
+    console.print(f"start: held-out task loss {base['task_loss']:.3f}, accuracy {base['task_accuracy']:.2f}, "
+                  f"perplexity {base['perplexity']:.2f}, HotpotQA gold log-prob {base['gold_logprob']:.3f}")
+    arms = arms_for(a)
+    results = [run_one(setup, arm, a, url, seed, base) for seed in a.seeds for arm in arms]
     out: dict[str, Any] = {
         "scenario": SCENARIO, "steps": a.steps, "seeds": a.seeds, "setpoint": a.setpoint, "lr": a.lr,
         "probe_every": a.probe_every, "pid": pid_policy(a)["controllers"][0], "start": base, "arms": results,
         "command": command_line("sft_drift", argv), "targets": {}, "pareto_front": {},
     }
-    for seed in a.seeds:
-        mine = [r for r in results if r["seed"] == seed]
-        points = [(r["arm"], r["task_gain"], r["final_kl_drift"]) for r in mine
-                  if r["kind"] in ("open", "actuator", "tuned", "auto")]
-        front = pareto(points)
-        out["pareto_front"][f"seed {seed}"] = sorted(front)
-        for r in mine:
-            f = r["final"]
-            table.add_row(r["arm"], str(seed), f"{r['task_gain']:.3f}", f"{f['task_accuracy']:.2f}",
-                          f"{r['final_kl_drift']:.3f}", f"{r['perplexity_increase_pct']:+.1f}",
-                          f"{r['gold_logprob_change']:+.3f}", str(r["steps_over_setpoint"]), f"{r['final_lr']:.1e}",
-                          "-" if r["decisions"] is None else str(r["decisions"]), "yes" if r["arm"] in front else "",
-                          f"{r['seconds']:.0f}")
-        ref = next((r for r in mine if r["kind"] == "open" and r["start_lr"] == a.lr), None)
-        for kind in ("actuator", "tuned", "auto"):
-            pid = next((r for r in mine if r["kind"] == kind), None)
-            if ref and pid:
-                out["targets"][f"seed {seed}" + ("" if kind == "actuator" else f" {kind}")] = targets_of(pid, ref, front)
-    console.print(table)
-    console.print(f"targets: {out['targets']}")
+    report(out, results, a)
     save_results(f"{SCENARIO}-{a.tag}" if a.tag else SCENARIO, out, plot, t_start, a.results)
     return out
 

@@ -130,6 +130,35 @@ def bench_backend(backend: str, args: argparse.Namespace, pg: Any, redis_url: st
             "redis": bool(redis_url) and backend == "postgres", **rows}
 
 
+def _bench_all(backends: list[str], args: argparse.Namespace) -> list[dict]:
+    """Each backend in turn, over one Postgres (when asked for) and one Redis (``--redis``)."""
+    pg = start_postgres_durable(fsync=not args.no_fsync) if "postgres" in backends else None
+    redis = start_redis() if args.redis else None
+    results = []
+    try:
+        for backend in backends:
+            print(f"== {backend} ...", flush=True)
+            results.append(bench_backend(backend, args, pg, redis.url if redis else None))
+    finally:
+        if pg:
+            pg.stop()
+        if redis:
+            redis.stop()
+    return results
+
+
+def _row(r: dict, phase: str) -> dict:
+    """One backend's phase as a table row."""
+    p = r[phase]
+    return {"database": r["database"] + (f" x{r['workers']}w" if r["workers"] > 1 else "")
+            + (" +redis" if r["redis"] else ""), "phase": phase, "agents": p["agents"],
+            "batch": p["batch"], "obs/s": p["obs_per_s"], "req/s": p["requests_per_s"],
+            "p50 ms": p["latency_p50_ms"], "p99 ms": p["latency_p99_ms"],
+            "max ms": p["latency_max_ms"], "errors": p["errors"], "decisions": p["decisions"],
+            "cpu ms/obs (svc+db)": "%.2f+%.2f" % (p["cpu_ms_per_obs"].get("service", 0),
+                                                 p["cpu_ms_per_obs"].get("postgres", 0))}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backends", default="postgres,sqlite")
@@ -147,32 +176,9 @@ def main() -> None:
 
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     info = machine()
-    pg = start_postgres_durable(fsync=not args.no_fsync) if "postgres" in backends else None
-    redis = start_redis() if args.redis else None
-    results = []
-    try:
-        for backend in backends:
-            print(f"== {backend} ...", flush=True)
-            results.append(bench_backend(backend, args, pg, redis.url if redis else None))
-    finally:
-        if pg:
-            pg.stop()
-        if redis:
-            redis.stop()
+    results = _bench_all(backends, args)
 
-    rows = []
-    for r in results:
-        for phase in ("unbatched", "batched", "paced"):
-            if phase not in r:
-                continue
-            p = r[phase]
-            rows.append({"database": r["database"] + (f" x{r['workers']}w" if r["workers"] > 1 else "")
-                         + (" +redis" if r["redis"] else ""), "phase": phase, "agents": p["agents"],
-                         "batch": p["batch"], "obs/s": p["obs_per_s"], "req/s": p["requests_per_s"],
-                         "p50 ms": p["latency_p50_ms"], "p99 ms": p["latency_p99_ms"],
-                         "max ms": p["latency_max_ms"], "errors": p["errors"], "decisions": p["decisions"],
-                         "cpu ms/obs (svc+db)": "%.2f+%.2f" % (p["cpu_ms_per_obs"].get("service", 0),
-                                                              p["cpu_ms_per_obs"].get("postgres", 0))})
+    rows = [_row(r, phase) for r in results for phase in ("unbatched", "batched", "paced") if phase in r]
     print()
     print(table(rows, ["database", "phase", "agents", "batch", "obs/s", "req/s", "p50 ms", "p99 ms", "max ms",
                        "errors", "decisions", "cpu ms/obs (svc+db)"]))

@@ -108,6 +108,22 @@ def _timed_hooks(cb: Any) -> dict[str, float]:
     return spent
 
 
+def _round_row(r: int, res: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One round: each callback arm's median step against the arm without the callback."""
+    base = res["without"]["median_step_s"]
+    row: dict[str, Any] = {"round": r + 1, "step_ms_without": round(base * 1e3, 3)}
+    for name in ("with", "with_every_step"):
+        x = res[name]
+        tag = "" if name == "with" else "_every_step"
+        row[f"step_ms{tag}"] = round(x["median_step_s"] * 1e3, 3)
+        row[f"overhead_pct{tag}"] = round(100 * (x["median_step_s"] / base - 1), 2)
+        row[f"hooks_us{tag}"] = round(x["hook_s_per_step"] * 1e6, 1)
+        row[f"hooks_pct{tag}"] = round(100 * x["hook_s_per_step"] / base, 3)
+        row[f"by_hook{tag}"] = x["hook_us_per_step_by_hook"]
+        row[f"observations{tag}"] = x["observations"]
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", choices=["tiny", "small", "smollm2"], default="small")
@@ -176,18 +192,7 @@ def main() -> None:
         names = list(arms)
         for r in range(args.rounds):
             order = names[r % 3:] + names[:r % 3]  # rotate, so drift in machine load hits every arm
-            res = {name: arm(steps=args.steps, **arms[name]) for name in order}
-            base = res["without"]["median_step_s"]
-            row: dict[str, Any] = {"round": r + 1, "step_ms_without": round(base * 1e3, 3)}
-            for name in ("with", "with_every_step"):
-                x = res[name]
-                tag = "" if name == "with" else "_every_step"
-                row[f"step_ms{tag}"] = round(x["median_step_s"] * 1e3, 3)
-                row[f"overhead_pct{tag}"] = round(100 * (x["median_step_s"] / base - 1), 2)
-                row[f"hooks_us{tag}"] = round(x["hook_s_per_step"] * 1e6, 1)
-                row[f"hooks_pct{tag}"] = round(100 * x["hook_s_per_step"] / base, 3)
-                row[f"by_hook{tag}"] = x["hook_us_per_step_by_hook"]
-                row[f"observations{tag}"] = x["observations"]
+            row = _round_row(r, {name: arm(steps=args.steps, **arms[name]) for name in order})
             rounds.append(row)
             print(f"round {r + 1}: {row}", flush=True)
         base_probe = with_probe = None
@@ -197,11 +202,8 @@ def main() -> None:
     finally:
         svc.stop()
 
-    summary = {}
-    for tag in ("", "_every_step"):
-        summary[f"overhead_pct{tag}"] = statistics.median(x[f"overhead_pct{tag}"] for x in rounds)
-        summary[f"hooks_pct{tag}"] = statistics.median(x[f"hooks_pct{tag}"] for x in rounds)
-        summary[f"hooks_us{tag}"] = statistics.median(x[f"hooks_us{tag}"] for x in rounds)
+    summary = {f"{key}{tag}": statistics.median(x[f"{key}{tag}"] for x in rounds)
+               for tag in ("", "_every_step") for key in ("overhead_pct", "hooks_pct", "hooks_us")}
     probe_wall_share = 1 - base_probe["wall_s"] / with_probe["wall_s"] if with_probe else None
     print()
     print(table(rounds, ["round", "step_ms_without", "step_ms", "overhead_pct", "hooks_us", "step_ms_every_step",
