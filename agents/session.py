@@ -628,8 +628,10 @@ class ControlSession:
         if self.main:
             self._warn_if_too_short(step)
         probing = self.suite is not None and model is not None
+        started = time.perf_counter()
         if probing:
             self.suite.setup(model)  # under DDP only rank 0 probes: other ranks take no reference copy
+        set_up = time.perf_counter() - started
         if not self.main:
             if probing:
                 self.suite.run(model, step, baseline=True)
@@ -640,7 +642,20 @@ class ControlSession:
         if self.unreachable is not None:
             self.sender.report_outage(self.unreachable)
         if probing:
+            read = time.perf_counter()
             self.observe(step, model, baseline=True)  # the baseline at the start
+            self._log_start_up(step, set_up, time.perf_counter() - read)
+
+    def _log_start_up(self, step: int, set_up: float, baseline: float) -> None:
+        """What the run paid before its first step, said at train() start: on a short run the
+        probes' set-up (the drift reference copy) and the baseline readings can cost more than
+        the steps themselves (issue 57: a HotpotQA baseline of 11-29 s on a 10-step run)."""
+        metrics = self.history[-1]["metrics"] if self.history and self.history[-1]["step"] == step else {}
+        each = ", ".join(f"{k.removeprefix('probe_seconds.')} {v:.2f} s" for k, v in sorted(metrics.items())
+                         if k.startswith("probe_seconds."))
+        log.info("actuator: start-up before the first step: %.2f s (probe set-up, the drift reference included, "
+                 "%.2f s; baseline readings %.2f s%s)", set_up + baseline, set_up, baseline,
+                 f": {each}" if each else "")
 
     def apply_probe_schedule(self) -> None:
         """The policy names probes and how often they run. A policy's word wins over the
