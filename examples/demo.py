@@ -19,7 +19,7 @@ in-process live state). Nothing is downloaded.
 
     python examples/demo.py                 # open loop, then Actuator (about 10 minutes on 2 idle cores)
     python examples/demo.py --no-compare    # Actuator only
-    python examples/demo.py --steps 20      # shorter
+    python examples/demo.py --steps 20      # shorter, but not what the tables measured (see --steps)
 """
 
 from __future__ import annotations
@@ -353,7 +353,11 @@ def summary(job: Job, start: dict[str, float], results: list[dict[str, Any]]) ->
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--steps", type=int, default=40,
+                    help="training steps per arm. Every figure the README and benchmarks quote is for 40 steps; a "
+                         "shorter run is mostly start-up (baseline readings) and the controller's first readings: at "
+                         "--steps 20 (seed 0) Actuator ended at task accuracy 0.00 against the open loop's 0.09, at "
+                         "2.2x its step time. Fewer than 10 steps is refused")
     ap.add_argument("--lr", type=float, default=9e-5, help="a learning rate at which the open loop forgets")
     ap.add_argument("--loss", choices=["completion", "full"], default=DEFAULTS["loss"],
                     help="what the task loss counts: the answers only (TRL's prompt-completion default), or every "
@@ -382,6 +386,9 @@ def main() -> None:
                     help="after the runs, keep the controller (and its run console) up until Ctrl-C; without it the "
                     "demo waits for Enter on a terminal and ends at once otherwise")
     args = ap.parse_args()
+    if args.steps < 10:
+        ap.error(f"--steps must be >= 10, got {args.steps}: the controller reads every --probe-every steps after a "
+                 "baseline, and a shorter run ends before it has acted (the tables are for 40 steps)")
     if args.anchor_batch < 1:
         ap.error(f"--anchor-batch must be >= 1, got {args.anchor_batch}")
     if args.anchor_reading < 0:
@@ -393,6 +400,10 @@ def main() -> None:
     if args.budget <= 0:
         ap.error(f"--budget must be > 0, got {args.budget:g}")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if args.steps != 40:
+        console.print(f"[yellow]--steps {args.steps}: the README's figures are for 40 steps; this run is not "
+                      "what they measured (at 20 steps, seed 0: task accuracy 0.00 under Actuator against 0.09 open "
+                      "loop, at 2.2x the step time)[/yellow]")
     torch.manual_seed(args.seed)
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     args.output.mkdir(parents=True, exist_ok=True)

@@ -45,6 +45,7 @@ def test_completion_only_examples_count_the_answer_and_its_end_only() -> None:
     (["--constraint", "kl_drift"], "--budget: give the KL drift budget"),
     (["--budget", "0"], "--budget must be > 0"),
     (["--anchor-reading", "-1"], "--anchor-reading must be >= 0"),
+    (["--steps", "5"], "--steps must be >= 10"),  # issue 57: a step count the configuration cannot serve
 ])
 def test_a_budget_the_demo_cannot_use_is_refused_naming_the_flag(args: list[str], message: str) -> None:
     out = subprocess.run([sys.executable, str(DEMO), *args], capture_output=True, text=True, timeout=120)
