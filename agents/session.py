@@ -917,6 +917,35 @@ class ControlSession:
             if name and isinstance(v, (int, float)) and math.isfinite(v) and name != "epoch":
                 self.metrics[name] = float(v)
 
+    def train_inputs(self) -> list[str]:
+        """The ``train.<metric>`` inputs the policy's controllers and guardrails read."""
+        doc = self.policy_doc
+        if doc is None:
+            return []
+        names = [getattr(c, "probe", None) for c in doc.controllers] + [getattr(c, "cost", None) for c in doc.controllers]
+        names += [g.probe for g in doc.guardrails]
+        return sorted({n for n in names if isinstance(n, str) and n.startswith("train.")})
+
+    def train_step_logged(self, step: int, logs: Mapping[str, Any]) -> None:
+        """The trainer logged optimizer step ``step`` (``logs`` has its ``loss``). When the policy reads
+        ``train.<metric>`` inputs, this step's metrics go to the service at once, as an observation
+        of the step without a probe run (so a controller on them can decide at every logged step).
+        An input the trainer did not log at its first step is said loudly, once: the run is not
+        controlled on it (the service records a ``controller_unusable`` event too)."""
+        names = self.train_inputs()
+        if not names or not self.main or "loss" not in logs:
+            return
+        if not getattr(self, "train_checked", False):
+            self.train_checked = True
+            logged = sorted(f"train.{n}" for n in (metric_name(k) for k in logs) if n)
+            for name in names:
+                if name not in logged:
+                    log.error("actuator: the policy reads %s, but the trainer did not log %r at step %d (it logged: "
+                              "%s): the run is NOT controlled on %s. Check the metric's name and that the trainer "
+                              "computes it (GRPO logs kl only when beta > 0)", name, name.removeprefix("train."), step,
+                              ", ".join(logged), name)
+        self.submit(step, {})
+
     def knob_values(self) -> dict[str, float]:
         return {name: float(s.read()) for name, s in self.setters.items()}
 
