@@ -944,7 +944,7 @@ class ControlSession:
                               "%s): the run is NOT controlled on %s. Check the metric's name and that the trainer "
                               "computes it (GRPO logs kl only when beta > 0)", name, name.removeprefix("train."), step,
                               ", ".join(logged), name)
-        self.submit(step, {})
+        self.submit(step, {}, logged_step=True)
 
     def knob_values(self) -> dict[str, float]:
         return {name: float(s.read()) for name, s in self.setters.items()}
@@ -965,9 +965,16 @@ class ControlSession:
         self.submit(step, probes, costs)
         return True
 
-    def submit(self, step: int, probes: dict[str, float], extra_metrics: dict[str, float] | None = None) -> None:
-        """Hand one observation (probes, metrics, knob values in effect) to the sender."""
+    def submit(self, step: int, probes: dict[str, float], extra_metrics: dict[str, float] | None = None,
+               *, logged_step: bool = False) -> None:
+        """Hand one observation (probes, metrics, knob values in effect) to the sender. The policy's
+        ``train.<metric>`` inputs travel only with the trainer's log of their own step
+        (``logged_step``): a probe reading at step N holds step N − 1's log, on which a controller
+        would act once and then skip step N's own value."""
         metrics = {**self.metrics, **self.setter_summaries(), **(extra_metrics or {})}
+        if not logged_step:
+            for name in self.train_inputs():
+                metrics.pop(name.removeprefix("train."), None)
         knobs = self.knob_values()
         try:
             obs = ObservationCreate(seq=self.seq, step=step, probes=probes, metrics=metrics, knobs=knobs,

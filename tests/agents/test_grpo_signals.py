@@ -12,11 +12,12 @@ import pytest
 
 from actuator.agents.callback import ActuatorCallback, Reporting
 from actuator.agents.knobs import KnobNotSupported
+from actuator.agents.probes import Perplexity
 from actuator.agents.trl_knobs import EntropyCoefKnob, KLBetaKnob
 from actuator.catalogue import KNOBS, TRAIN_SIGNALS
 from actuator.policy import load_policy, load_preset
 
-from agent_helpers import SlowSteps
+from agent_helpers import HELD_OUT, SlowSteps
 
 trl = pytest.importorskip("trl")
 datasets = pytest.importorskip("datasets")
@@ -85,10 +86,13 @@ POLICY = {
 def test_train_entropy_and_kl_control_grpo_at_every_step(tmp_path, char_tokenizer, tiny_model_dir, sqlite_service):
     steps = 6
     trainer, used = make_grpo(tmp_path, char_tokenizer, tiny_model_dir, steps=steps, beta=0.05)
+    # a probe beside them, every 2 steps: its readings (taken before the step's log) must not carry
+    # the previous step's entropy and kl for the controllers to act on
+    probe = Perplexity(HELD_OUT[:2], char_tokenizer, every=2, max_length=16)
     cb = ActuatorCallback(POLICY, connection=sqlite_service.url,
                           setters=[EntropyCoefKnob(trainer), KLBetaKnob(trainer)],
                           knobs={"entropy_coef": {}, "kl_beta": {"min": 0.01, "max": 5.0, "max_step": 0.5}},
-                          reporting=Reporting(budget_share=1.0)).attach(trainer)
+                          probes=[probe], reporting=Reporting(budget_share=1.0)).attach(trainer)
     trainer.add_callback(SlowSteps(0.2))
     trainer.train()
 
@@ -96,8 +100,10 @@ def test_train_entropy_and_kl_control_grpo_at_every_step(tmp_path, char_tokenize
     assert used[1] == {"entropy_coef": pytest.approx(1e-4), "beta": pytest.approx(0.05)}
     # one observation per optimizer step, no probe run, carrying the step's logged entropy and kl
     sent = [h for h in cb.history if "entropy" in h["metrics"]]
-    assert [h["step"] for h in sent][:steps] == list(range(1, steps + 1)), [h["step"] for h in cb.history]
+    assert [h["step"] for h in sent] == list(range(1, steps + 1)), [h["step"] for h in cb.history]
     assert all(h["probes"] == {} and not any(k.startswith("probe_") for k in h["metrics"]) for h in sent)
+    probed = [h for h in cb.history if "perplexity" in h["probes"]]
+    assert probed and all("entropy" not in h["metrics"] and "kl" not in h["metrics"] for h in probed)
     assert all(h["metrics"]["kl"] >= 0 for h in sent)
 
     decisions = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}/decisions",
@@ -114,13 +120,12 @@ def test_train_entropy_and_kl_control_grpo_at_every_step(tmp_path, char_tokenize
     # the KL controller decided at consecutive steps, on the logged kl of each
     kl_steps = sorted({d["step"] for d in decisions if d["knob"] == "kl_beta"})
     assert any(b == a + 1 for a, b in zip(kl_steps, kl_steps[1:])), kl_steps
-    # each decision read the value the trainer logged at one step (no probe, no stale copy)
-    logged = {name: [h["metrics"][name] for h in sent] for name in ("kl", "entropy")}
+    # each decision read the value the trainer logged at its own step (no stale copy from a probe reading)
+    logged = {h["step"]: h["metrics"] for h in sent}
     for d in decisions:
         name = {"kl_beta": "kl", "entropy_coef": "entropy"}[d["knob"]]
         assert d["inputs"]["probe"] == f"train.{name}"
-        assert any(d["inputs"]["raw"] == pytest.approx(v, rel=1e-9) for v in logged[name]), (d, logged)
-    assert len({d["inputs"]["raw"] for d in decisions if d["knob"] == "kl_beta"}) == len(kl_steps)
+        assert d["inputs"]["raw"] == pytest.approx(logged[d["step"] - 1][name], rel=1e-9), (d, logged)
 
 
 def test_a_metric_the_trainer_never_logs_stops_control_loudly(tmp_path, char_tokenizer, tiny_model_dir, sqlite_service,
