@@ -30,7 +30,9 @@ __all__ = [
     "Rel",
     "Knob",
     "Probe",
+    "TrainSignal",
     "KNOBS",
+    "TRAIN_SIGNALS",
     "PROBES",
     "register_knob",
     "register_probe",
@@ -106,10 +108,28 @@ class Probe:
     what: str = ""
 
 
+@dataclass(frozen=True)
+class TrainSignal:
+    """A metric the trainer itself logs at every optimizer step, named ``train.<metric>`` in a
+    policy (TRL's ``/`` becomes ``.``: ``clip_ratio/high_mean`` -> ``train.clip_ratio.high_mean``).
+    It costs no probe run: the agent sends it with each step's log. ``per`` says what it averages
+    over (``token``, ``sequence`` or ``batch``); ``trainers`` which TRL trainers log it; ``filter``
+    the filter a controller on it should use against every-step noise (a policy ``filter:``)."""
+
+    name: str
+    range: tuple[float, float]
+    higher_is_better: bool
+    per: Literal["token", "sequence", "batch"]
+    trainers: tuple[str, ...]
+    filter: str
+    what: str = ""
+
+
 _LOG2 = math.log(2.0)
 
 KNOBS: dict[str, Knob] = {}
 PROBES: dict[str, Probe] = {}
+TRAIN_SIGNALS: dict[str, TrainSignal] = {}
 
 
 def register_knob(knob: Knob) -> Knob:
@@ -155,6 +175,10 @@ for _knob in (
     # A Lagrange multiplier: 0 is "anchor off"; at 2 the anchor already outweighs a typical task
     # loss (forgetting benchmark: w = 3 costs a third of the task); 0.25 per decision.
     Knob("kl_weight", 0.0, 2.0, "linear", 0.25, "weight of the KL anchor's restoring term"),
+    # TRL GRPO's entropy bonus (loss - coef * entropy). TRL's adaptive law moves it by 0.005 a
+    # step inside [0, 1]; 0.01 a decision here, up to 0.1 (past that the bonus outweighs a
+    # normalised advantage and the policy walks to uniform).
+    Knob("entropy_coef", 0.0, 0.1, "linear", 0.01, "TRL GRPO `trainer.entropy_coef` (the entropy bonus)"),
     Knob("rank", 1.0, Rel(1.0), "integer", None, "active rank of factorised layers or LoRA adapters"),
     # A threshold on sensitivities, which span decades: log scale, at most x2 per decision.
     # ThresholdKnob's own bounds (the sensitivities' range) replace min and max.
@@ -187,6 +211,36 @@ for _probe in (
           "parameters of the model in effect (reported by the compression knobs' setters)"),
 ):
     register_probe(_probe)
+
+
+# What TRL 1.16 logs at each optimizer step (trl/trainer/grpo_trainer.py, rloo_trainer.py,
+# dpo_trainer.py `_metrics`), already reduced over micro-batches and ranks for that step. EMA 0.3:
+# on GRPO's logged kl at lr 3e-5 (0.30-1.48 over nine steps) it keeps a third of a step's jump.
+_RL = ("GRPOTrainer", "RLOOTrainer")
+for _signal in (
+    TrainSignal("train.entropy", (0.0, _INF), True, "token", _RL, "ema 0.3",
+                "mean per-token entropy of the policy on its own completions (nats)"),
+    TrainSignal("train.kl", (0.0, _INF), False, "token", _RL, "ema 0.3",
+                "mean per-token KL(policy ‖ reference) on the completions (logged only when beta > 0)"),
+    TrainSignal("train.clip_ratio.low_mean", (0.0, 1.0), False, "token", _RL, "ema 0.3",
+                "share of tokens clipped at 1 − epsilon with a negative advantage"),
+    TrainSignal("train.clip_ratio.high_mean", (0.0, 1.0), False, "token", _RL, "ema 0.3",
+                "share of tokens clipped at 1 + epsilon_high with a positive advantage"),
+    TrainSignal("train.clip_ratio.region_mean", (0.0, 1.0), False, "token", _RL, "ema 0.3",
+                "share of tokens in the clipped region"),
+    TrainSignal("train.reward", (-_INF, _INF), True, "sequence", _RL, "ema 0.3",
+                "mean reward of the step's completions"),
+    TrainSignal("train.reward_std", (0.0, _INF), True, "sequence", _RL, "ema 0.3",
+                "standard deviation of the step's rewards (0: nothing left to learn from)"),
+    TrainSignal("train.completions.mean_length", (0.0, _INF), False, "sequence", _RL, "ema 0.3",
+                "mean completion length (tokens)"),
+    TrainSignal("train.rewards.margins", (-_INF, _INF), True, "sequence", ("DPOTrainer",), "ema 0.3",
+                "DPO's mean implicit reward margin, beta × (chosen − rejected log-ratio)"),
+    TrainSignal("train.loss", (-_INF, _INF), False, "batch",
+                ("Trainer", "SFTTrainer", "DPOTrainer", "GRPOTrainer", "RLOOTrainer"), "ema 0.3",
+                "the training loss logged for the step"),
+):
+    TRAIN_SIGNALS[_signal.name] = _signal
 
 
 def default_knob_spec(name: str, value: float) -> dict[str, Any]:

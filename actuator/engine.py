@@ -539,6 +539,11 @@ class Engine:
                 continue
             knob = ctx.knobs.get(spec.knob)
             raw = values.get(spec.probe)
+            if raw is None and knob is not None and spec.probe.startswith("train.") and "loss" in obs.metrics:
+                # the trainer logs its step (a loss) without this input: never a silent idle controller
+                self._unusable(ctx.controllers.setdefault(spec.name, ControllerState()), spec, obs.step,
+                               f"{spec.probe} is not among the metrics the trainer logs "
+                               f"({', '.join(sorted(obs.metrics))}): the run is not controlled on it", result)
             if knob is None or raw is None or not math.isfinite(raw):
                 continue
             st = ctx.controllers.setdefault(spec.name, ControllerState())

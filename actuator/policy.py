@@ -23,7 +23,7 @@ from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from ._exceptions import PolicyError
-from .catalogue import KNOBS, PROBES
+from .catalogue import KNOBS, PROBES, TRAIN_SIGNALS
 from .controllers import Leg, ParameterError, PIDConfig, SplitRangeConfig, SplitRangeError, check_schedule
 from .schemas import MAX_INT, MAX_SETPOINT_POINTS, FiniteFloat, Name, PositiveFinite, Scale
 
@@ -55,7 +55,7 @@ KNOWN_KNOBS = KNOBS.keys()
 
 def _check_in_range(probe: str | None, value: float, what: str) -> None:
     # The values a probe can take: a setpoint or threshold outside them can never be met.
-    known = PROBES.get(probe or "")
+    known = PROBES.get(probe or "") or TRAIN_SIGNALS.get(probe or "")
     lo, hi = known.range if known is not None else (-math.inf, math.inf)
     if not lo <= value <= hi:
         raise ValueError(f"{what} {value} is outside the range of {probe} [{lo}, {hi}]")

@@ -494,6 +494,8 @@ class ActuatorCallback(TrainerCallback, ExportableState):
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kwargs: Any) -> None:
         session = self.session
         session.keep_metrics(logs)
+        if logs is not None and self._is_main:
+            session.train_step_logged(state.global_step, logs)  # train.<metric> inputs: every logged step
         if logs is None or not self.setters:
             return
         # Knob values in effect (and decisions applied since the last log) go into the trainer's

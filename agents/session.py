@@ -932,6 +932,35 @@ class ControlSession:
             if name and isinstance(v, (int, float)) and math.isfinite(v) and name != "epoch":
                 self.metrics[name] = float(v)
 
+    def train_inputs(self) -> list[str]:
+        """The ``train.<metric>`` inputs the policy's controllers and guardrails read."""
+        doc = self.policy_doc
+        if doc is None:
+            return []
+        names = [getattr(c, "probe", None) for c in doc.controllers] + [getattr(c, "cost", None) for c in doc.controllers]
+        names += [g.probe for g in doc.guardrails]
+        return sorted({n for n in names if isinstance(n, str) and n.startswith("train.")})
+
+    def train_step_logged(self, step: int, logs: Mapping[str, Any]) -> None:
+        """The trainer logged optimizer step ``step`` (``logs`` has its ``loss``). When the policy reads
+        ``train.<metric>`` inputs, this step's metrics go to the service at once, as an observation
+        of the step without a probe run (so a controller on them can decide at every logged step).
+        An input the trainer did not log at its first step is said loudly, once: the run is not
+        controlled on it (the service records a ``controller_unusable`` event too)."""
+        names = self.train_inputs()
+        if not names or not self.main or "loss" not in logs:
+            return
+        if not getattr(self, "train_checked", False):
+            self.train_checked = True
+            logged = sorted(f"train.{n}" for n in (metric_name(k) for k in logs) if n)
+            for name in names:
+                if name not in logged:
+                    log.error("actuator: the policy reads %s, but the trainer did not log %r at step %d (it logged: "
+                              "%s): the run is NOT controlled on %s. Check the metric's name and that the trainer "
+                              "computes it (GRPO logs kl only when beta > 0)", name, name.removeprefix("train."), step,
+                              ", ".join(logged), name)
+        self.submit(step, {}, logged_step=True)
+
     def knob_values(self) -> dict[str, float]:
         return {name: float(s.read()) for name, s in self.setters.items()}
 
@@ -951,9 +980,16 @@ class ControlSession:
         self.submit(step, probes, costs)
         return True
 
-    def submit(self, step: int, probes: dict[str, float], extra_metrics: dict[str, float] | None = None) -> None:
-        """Hand one observation (probes, metrics, knob values in effect) to the sender."""
+    def submit(self, step: int, probes: dict[str, float], extra_metrics: dict[str, float] | None = None,
+               *, logged_step: bool = False) -> None:
+        """Hand one observation (probes, metrics, knob values in effect) to the sender. The policy's
+        ``train.<metric>`` inputs travel only with the trainer's log of their own step
+        (``logged_step``): a probe reading at step N holds step N − 1's log, on which a controller
+        would act once and then skip step N's own value."""
         metrics = {**self.metrics, **self.setter_summaries(), **(extra_metrics or {})}
+        if not logged_step:
+            for name in self.train_inputs():
+                metrics.pop(name.removeprefix("train."), None)
         knobs = self.knob_values()
         try:
             obs = ObservationCreate(seq=self.seq, step=step, probes=probes, metrics=metrics, knobs=knobs,

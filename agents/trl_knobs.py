@@ -45,7 +45,7 @@ from typing import Any
 
 from .knobs import KnobNotSupported, knob_setter
 
-__all__ = ["KLBetaKnob", "VERIFIED_TRAINERS", "feedforward_kl_beta", "KL_BETA_START"]
+__all__ = ["KLBetaKnob", "EntropyCoefKnob", "VERIFIED_TRAINERS", "feedforward_kl_beta", "KL_BETA_START"]
 
 # Where preset:rl-kl starts beta when no feedforward start was computed (the same number in the
 # preset, the README and the error below). Feedforward starts measured on SmolLM2 for 0.04-0.05
@@ -281,3 +281,70 @@ def feedforward_kl_beta(model: Any, tokenizer: Any, prompts: Sequence[str], rewa
     finally:
         model.train(was_training)
     return kl_coefficient_for_target(groups, lengths, target, scale=scale)
+
+
+# -- entropy_coef ------------------------------------------------------------------------------
+# Facts (trl 1.16.0, trl/trainer/grpo_trainer.py): ``__init__`` copies ``self.entropy_coef =
+# args.entropy_coef`` (846) and fixes ``self._entropy_bonus_enabled = entropy_coef != 0 or
+# use_adaptive_entropy`` for the run (850); only then does ``_compute_loss`` compute the entropy
+# term and subtract ``self.entropy_coef * entropy_loss``, reading the attribute at every loss
+# computation (3195-3211). With ``use_adaptive_entropy=True`` TRL moves the same attribute itself
+# every optimizer step (3216-3240). RLOOTrainer in 1.16 has no entropy bonus. ``epsilon_high`` is
+# read by the loss at every step too (3110-3113) but is left out: its effect on entropy is through
+# the clipped share only, and no scenario has measured it yet.
+
+class EntropyCoefKnob:
+    """``entropy_coef`` (linear, >= 0): ``trainer.entropy_coef`` of a TRL ``GRPOTrainer``, the
+    entropy bonus its loss subtracts (``loss - entropy_coef * entropy``) at every step.
+
+    Raises :class:`~actuator.agents.knobs.KnobNotSupported` at construction when a change would
+    be ignored or fought: not a GRPOTrainer; the run started with ``entropy_coef=0`` (TRL then
+    never computes the term: start it at a tiny value, ``GRPOConfig(entropy_coef=1e-4)``);
+    ``use_adaptive_entropy=True`` (TRL's own law moves the same attribute every step); a Liger
+    fused loss or ``use_liger_kernel`` (the loss is computed elsewhere)."""
+
+    name = "entropy_coef"
+
+    def __init__(self, trainer: Any) -> None:
+        cls = type(trainer).__name__
+        try:
+            from trl import GRPOTrainer
+        except ImportError:  # no TRL: the trainer cannot be one
+            GRPOTrainer = None  # noqa: N806
+        if GRPOTrainer is None or not isinstance(trainer, GRPOTrainer) or not hasattr(trainer, "entropy_coef"):
+            raise KnobNotSupported(
+                f"entropy_coef: {cls} is not a TRL GRPOTrainer with an entropy bonus (trl >= 1.8); "
+                "RLOOTrainer in trl 1.16 has none. Steer kl_beta or learning_rate instead.")
+        args = getattr(trainer, "args", None)
+        if getattr(trainer, "use_adaptive_entropy", False) or getattr(args, "use_adaptive_entropy", False):
+            raise KnobNotSupported(
+                "entropy_coef: this GRPOTrainer runs TRL's own adaptive entropy law (use_adaptive_entropy=True), "
+                "which moves trainer.entropy_coef by entropy_coef_delta every step and would fight the controller. "
+                "Start it with use_adaptive_entropy=False and a small entropy_coef (e.g. GRPOConfig(entropy_coef=1e-4)).")
+        liger = _liger_losses(trainer)
+        if liger or getattr(args, "use_liger_kernel", False):
+            raise KnobNotSupported(
+                f"entropy_coef: this GRPOTrainer uses Liger kernels ({', '.join(liger) or 'use_liger_kernel=True'}), "
+                "whose loss takes its coefficients at init; disable them to steer entropy_coef mid-run.")
+        if not getattr(trainer, "_entropy_bonus_enabled", float(trainer.entropy_coef) != 0.0):
+            raise KnobNotSupported(
+                f"entropy_coef: the GRPOTrainer was started with entropy_coef={float(trainer.entropy_coef)}, so TRL "
+                "decided at init never to compute the entropy term and a later coefficient would be ignored. Start it "
+                "with a tiny non-zero coefficient, GRPOConfig(entropy_coef=1e-4) (--entropy_coef 1e-4 on TRL's "
+                "scripts), and let the controller move it from there.")
+        self.trainer = trainer
+
+    def read(self) -> float:
+        return float(self.trainer.entropy_coef)
+
+    def apply(self, value: float) -> float:
+        value = float(value)
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"entropy_coef must be finite and >= 0, got {value}")
+        self.trainer.entropy_coef = value
+        return self.read()
+
+
+@knob_setter("entropy_coef", hint="actuator.agents.trl_knobs.EntropyCoefKnob(trainer)")
+def _entropy_coef(*, trainer: Any, **_: Any) -> EntropyCoefKnob:
+    return EntropyCoefKnob(trainer)

@@ -86,10 +86,11 @@ def test_setpoint_schedules():
 
 def test_presets_load_and_cover_the_four_tasks():
     assert set(list_presets()) == {"sft-capability", "dpo-kl", "rl-kl", "draft-distill", "compress-ppl",
-                                   "compress-threshold", "compress-width", "protect-capability"}
+                                   "compress-threshold", "compress-width", "protect-capability", "rl-kl-fast",
+                                   "rl-entropy"}
     knobs = {load_preset(n).controllers[0].knob for n in list_presets()}
     assert knobs == {"learning_rate", "kl_beta", "distill_lambda", "rank", "compression_threshold",
-                     "mlp_channel_threshold", "kl_weight"}
+                     "mlp_channel_threshold", "kl_weight", "entropy_coef"}
     assert load_preset("rl-kl").controllers[0].direction == "reverse"
     # DPO: the learning rate (direct: a higher rate drifts faster) and the KL-anchor weight
     # (a constraint, reverse: more weight, less KL); beta alone cannot hold DPO's KL.

@@ -197,6 +197,10 @@ OPERATING_POINTS: dict[str, dict[str, tuple[float, float | None, float, float]]]
     "dpo-kl": {"kl-lr": (0.1, None, 40.0, 2.0), "kl-anchor": (0.1, None, 20.0, 2.0)},
     # rl-kl: kp 1/target, ki 0.1/target; at the preset's 0.05: 20 and 2 per unit of KL
     "rl-kl": {"kl-beta": (0.05, None, 20.0, 2.0)},
+    # rl-kl-fast: rl-kl's law on train.kl (not benchmarked yet); rl-entropy: kp 0.02, ki 0.002 of
+    # entropy_coef per unit of relative error at its 0.8-nat setpoint (sized to the knob, not benchmarked)
+    "rl-kl-fast": {"kl-beta": (0.05, None, 20.0, 2.0)},
+    "rl-entropy": {"entropy-coef": (0.8, None, 0.02 / 0.8, 0.002 / 0.8)},
     # forgetting benchmark: start perplexity 43.8, margin 4.38, kp 0.5 and ki 0.05 per margin
     # (the preset's old 0.11 / 0.011 was that rounded down)
     "protect-capability": {"perplexity-budget": (48.18, 43.8, 0.5 / 4.38, 0.05 / 4.38)},

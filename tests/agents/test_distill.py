@@ -235,7 +235,8 @@ def test_a_gkd_trainer_brings_its_knobs_to_the_callback(tmp_path, monkeypatch, s
     import httpx
 
     knobs = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}").json()["knobs"]
-    assert knobs["distill_lambda"]["value"] == 0.0 and knobs["gkd_beta"]["value"] == 0.5
+    # the starting values (train.loss reaches the controllers at every logged step, so a first tiny trim may be in)
+    assert knobs["distill_lambda"]["value"] == 0.0 and knobs["gkd_beta"]["value"] == pytest.approx(0.5, abs=1e-3)
 
 
 # -- the LK losses (issue 41) on toy distributions, numbers by hand ---------------------------------

@@ -231,15 +231,6 @@ def test_dpo_refusals(tmp_path, char_tokenizer):
 
 
 # -- GRPO / RLOO -------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory, char_tokenizer):
-    """GRPO/RLOO build their reference model from the policy's path (no ref_model argument)."""
-    path = tmp_path_factory.mktemp("tiny-llama")
-    tiny_llama(seed=0).save_pretrained(path)
-    char_tokenizer.save_pretrained(path)
-    return str(path)
-
-
 def _reward(completions, **kwargs):
     return [float(len(c)) for c in completions]
 
