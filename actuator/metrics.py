@@ -194,6 +194,8 @@ class Metrics:
         self.unpublished = counter("live_unpublished_events", "Live events not published: Redis down or slow "
                                    "(their runs' streams get a gap).")
         self.streams_refused = counter("streams_refused", "Live streams refused (429), by the cap reached.", ["cap"])
+        for cap in ("run", "client"):
+            self.streams_refused.labels(cap)
         self.streams_dropped = counter("streams_dropped", "Live streams ended because their client fell behind.")
 
     def render(self) -> tuple[bytes, str]:

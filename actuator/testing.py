@@ -26,6 +26,7 @@ data directory is temporary.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import json
@@ -37,6 +38,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -44,8 +46,25 @@ from pathlib import Path
 
 import httpx
 
-__all__ = ["Postgres", "Redis", "Service", "free_port", "make_service", "need_binary", "postgres", "redis",
-           "service", "start_postgres", "start_redis", "wait_until"]
+__all__ = ["HEAVY_KNOBS", "HEAVY_POLICY", "Postgres", "Redis", "Service", "SlowProxy", "free_port", "heavy_probes",
+           "make_service", "need_binary", "postgres", "redis", "service", "start_postgres", "start_redis",
+           "wait_until"]
+
+# A policy that costs the service real work per observation (8 controllers, 64 guardrails all
+# breached): what tests/hardening and benchmarks/load/costly.py replay through simulate, validate
+# and reports to bound the cost an anonymous client can cause.
+HEAVY_KNOBS = [{"name": f"custom.k{i}", "value": 1e-3, "min": 1e-6, "max": 1e-2, "scale": "log", "max_step": 0.5}
+               for i in range(8)]
+HEAVY_POLICY = {"name": "heavy",
+                "controllers": [{"name": f"c{i}", "probe": f"custom.p{i % 4}", "knob": f"custom.k{i}",
+                                 "setpoint": 0.1, "kp": 1.0, "ki": 0.2} for i in range(8)],
+                "guardrails": [{"name": f"g{i}", "probe": f"custom.p{i % 4}", "bound": "upper", "threshold": 0.01,
+                                "action": "alert", "consecutive": 1} for i in range(64)]}
+
+
+def heavy_probes(i: int) -> dict[str, float]:
+    """The heavy run's i-th observation's probes (every guardrail breached, the controllers busy)."""
+    return {f"custom.p{j}": 0.5 + 0.3 * ((i * 7919 + j) % 13) / 13 for j in range(4)}
 
 PG_BIN_DIRS = sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)
 GRACEFUL_SHUTDOWN_S = 1  # uvicorn --timeout-graceful-shutdown of the services started here
@@ -415,3 +434,65 @@ def service(database_url: str | None = None, *, redis_url: str | None = None, ad
             yield svc.url
         finally:
             svc.stop()
+
+
+# A slow network in front of a real service (tests/hardening, benchmarks/overhead/slow_network.py).
+class SlowProxy:
+    def __init__(self, upstream_port: int, delay: float) -> None:
+        self.upstream_port, self.delay = upstream_port, delay
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.connections = 0
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="slow-proxy", daemon=True)
+
+    def __enter__(self) -> SlowProxy:
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("slow proxy did not start")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        async def shutdown() -> None:  # close the connections still open (keep-alive)
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        server = self._loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", self.port))
+        self._ready.set()
+        try:
+            self._loop.run_forever()
+        finally:
+            server.close()
+
+    async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            up_r, up_w = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        except OSError:
+            client_w.close()
+            return
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, delay: float) -> None:
+            try:
+                while data := await src.read(65536):
+                    if delay:
+                        await asyncio.sleep(delay)
+                    dst.write(data)
+                    await dst.drain()
+            except (ConnectionError, asyncio.CancelledError):
+                pass
+            finally:
+                dst.close()
+
+        await asyncio.gather(pipe(client_r, up_w, 0.0), pipe(up_r, client_w, self.delay))

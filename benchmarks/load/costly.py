@@ -35,6 +35,8 @@ from typing import Any
 
 import httpx
 
+from actuator.testing import HEAVY_KNOBS, HEAVY_POLICY, heavy_probes
+
 from ._harness import (
     Service,
     machine,
@@ -48,18 +50,7 @@ from ._harness import (
 )
 
 # A policy costly to replay (8 controllers, 64 guardrails evaluated on every observation) and its knobs.
-KNOBS = [{"name": f"custom.k{i}", "value": 1e-3, "min": 1e-6, "max": 1e-2, "scale": "log", "max_step": 0.5}
-         for i in range(8)]
-HEAVY = {"name": "heavy",
-         "controllers": [{"name": f"c{i}", "probe": f"custom.p{i % 4}", "knob": f"custom.k{i}", "setpoint": 0.1,
-                          "kp": 1.0, "ki": 0.2} for i in range(8)],
-         "guardrails": [{"name": f"g{i}", "probe": f"custom.p{i % 4}", "bound": "upper", "threshold": 0.01,
-                         "action": "alert", "consecutive": 1} for i in range(64)]}
-
-
-def probes(i: int) -> dict[str, float]:
-    """The costly run's i-th observation's probes (every guardrail breached, the controllers busy)."""
-    return {f"custom.p{j}": 0.5 + 0.3 * ((i * 7919 + j) % 13) / 13 for j in range(4)}
+KNOBS, HEAVY, probes = HEAVY_KNOBS, HEAVY_POLICY, heavy_probes  # shared with tests/hardening
 
 
 def _rss_mb(svc: Service) -> float:

@@ -5,7 +5,7 @@
 The same tiny ``Trainer`` run (``tiny_llama``, KL drift probe every 2 steps, a 20 ms pause per
 step so that several slow round trips happen mid-run) under ActuatorCallback, talking to the
 controller service (SQLite, its own process) directly and through a proxy on loopback that delays
-every response chunk by ``--delay`` seconds (tests/hardening/slowproxy.py). The two arms are
+every response chunk by ``--delay`` seconds (actuator.testing.SlowProxy). The two arms are
 rotated round by round so machine noise hits both alike. Reported per arm: median and worst step
 time (the first step of each run left out: warm-up), the median request latency the sender saw,
 and what training paid to hand an observation over (``BackgroundSender.submit``: median and
@@ -23,10 +23,8 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -42,9 +40,8 @@ KNOBS = {"learning_rate": {"min": 1e-7, "max": 1e-2, "max_step": 0.2}}
 
 
 def _slow_proxy() -> Any:
-    """The tests' delaying proxy (one implementation of it)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "hardening"))
-    from slowproxy import SlowProxy
+    """The tests' delaying proxy (one implementation of it: actuator.testing.SlowProxy)."""
+    from actuator.testing import SlowProxy
 
     return SlowProxy
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE))  # harden.py, slowproxy.py
+sys.path.insert(0, str(HERE))  # harden.py
 sys.path.insert(0, str(HERE.parent / "agents"))  # agent_helpers (tiny Trainer helpers)
 
 

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from actuator.testing import make_service
-from benchmarks.load.costly import HEAVY, KNOBS, probes
+from actuator.testing import HEAVY_KNOBS as KNOBS, HEAVY_POLICY as HEAVY, heavy_probes as probes
 from harden import bearer, post_obs, register, wait_until
 
 ADMIN = "admin-" + uuid.uuid4().hex

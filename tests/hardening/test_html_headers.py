@@ -24,7 +24,8 @@ VENDOR = Path(__file__).resolve().parents[2] / "api" / "static" / "vendor"
 @pytest.fixture(scope="module")
 def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     tmp = tmp_path_factory.mktemp("html-headers")
-    service = make_service(f"sqlite:///{tmp / 'a.db'}", admin_token=ADMIN, log_dir=str(tmp)).start()
+    service = make_service(f"sqlite:///{tmp / 'a.db'}", admin_token=ADMIN, log_dir=str(tmp),
+                           extra_env={"ACTUATOR_DOCS_PUBLIC": "true"}).start()  # token mode closes /docs otherwise
     yield service
     service.stop()
 
@@ -36,11 +37,12 @@ def _directives(csp: str) -> dict[str, list[str]]:
 def test_every_html_answer_has_a_csp_and_x_frame_options(svc):
     run = register(svc.url, admin=ADMIN)
     assert post_obs(svc.url, run, [{"seq": 0, "step": 1, "probes": {"kl_drift": 0.3}}]).status_code == 200
-    pages = {"/docs": None, "/redoc": None, "/ui": None, f"/ui/runs/{run['id']}": None,
-             f"/v1/runs/{run['id']}/report?format=html": ADMIN}
-    for path, token in pages.items():
+    # Token mode: the console's pages need a token to read (anonymous: the page that asks for one, 401).
+    pages = [("/docs", None, 200), ("/redoc", None, 200), ("/ui", ADMIN, 200), (f"/ui/runs/{run['id']}", ADMIN, 200),
+             ("/ui", None, 401), (f"/v1/runs/{run['id']}/report?format=html", ADMIN, 200)]
+    for path, token, status in pages:
         r = httpx.get(svc.url + path, headers=bearer(token), timeout=120)
-        assert r.status_code == 200 and r.headers["content-type"].startswith("text/html"), (path, r.status_code)
+        assert r.status_code == status and r.headers["content-type"].startswith("text/html"), (path, r.status_code)
         assert r.headers.get("x-frame-options") == "DENY", (path, dict(r.headers))
         csp = _directives(r.headers.get("content-security-policy", ""))
         assert csp.get("frame-ancestors") == ["'none'"] and csp.get("default-src") == ["'none'"], (path, csp)

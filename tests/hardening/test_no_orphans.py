@@ -16,7 +16,7 @@ import httpx
 
 from actuator.testing import make_service
 from harden import bearer, post_obs, register, wait_until
-from benchmarks.load.costly import HEAVY, KNOBS, probes
+from actuator.testing import HEAVY_KNOBS as KNOBS, HEAVY_POLICY as HEAVY, heavy_probes as probes
 from test_costly_endpoints import abandon, alive, descendants, raw_post, workers
 
 TESTS = Path(__file__).resolve().parents[1]

@@ -12,7 +12,7 @@ import pytest
 from actuator.agents.callback import ActuatorCallback, Connection, Reporting
 from actuator.agents.probes import KLDrift
 from agent_helpers import HELD_OUT, NetworkCalls, SlowSteps, make_trainer
-from slowproxy import SlowProxy
+from actuator.testing import SlowProxy
 
 DELAY = 0.5  # seconds added to every response chunk
 POLICY = {"name": "slow-net", "controllers": [{"name": "drift", "probe": "kl_drift", "knob": "learning_rate",
