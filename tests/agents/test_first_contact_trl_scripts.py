@@ -11,7 +11,6 @@ import importlib.util
 import json
 import os
 import re
-import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +21,8 @@ import pytest
 from actuator.testing import make_service
 
 from agent_helpers import make_char_tokenizer
+
+from benchmarks.overhead.stock_scripts import readme_command, readme_line  # noqa: E402 - one reading of the README
 
 import trl  # noqa: E402,F401 - the [train] extra, installed by make setup: a missing TRL fails here
 
@@ -45,29 +46,6 @@ COMMON = ["--learning_rate", "1e-2", "--gradient_accumulation_steps", "4", "--re
           "--dataloader_num_workers", "0", "--seed", "0"]
 CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
                  "{% if add_generation_prompt %}assistant: {% endif %}")
-
-
-def readme_section() -> str:
-    text = (ROOT / "README.md").read_text()
-    start = text.index("## With TRL's scripts")
-    return text[start:text.index("\n## ", start + 1)]
-
-
-def readme_line(script: str) -> str:
-    """The README's line for ``script`` (the one whose trailing comment names it)."""
-    block = re.search(r"```python\n(.*?)```", readme_section(), re.S)
-    assert block, "README's 'With TRL's scripts' has no python block"
-    lines = [ln for ln in block.group(1).splitlines() if re.search(rf"#.*\b{script}\.py\b", ln)]
-    assert len(lines) == 1, (script, lines)
-    return lines[0]
-
-
-def readme_command(script: str) -> list[str]:
-    block = re.search(r"```bash\n(.*?)```", readme_section(), re.S)
-    assert block, "README's 'With TRL's scripts' has no bash block"
-    lines = [ln for ln in block.group(1).splitlines() if ln.startswith(f"python {script}.py ")]
-    assert len(lines) == 1, (script, lines)
-    return shlex.split(lines[0])[2:]
 
 
 def with_the_line(script: str, dest: Path) -> Path:
