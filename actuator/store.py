@@ -54,6 +54,7 @@ from sqlalchemy.engine import Engine as SAEngine
 from sqlalchemy.exc import DBAPIError, DisconnectionError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from ._exceptions import ActuatorError
 from .engine import Engine
 from .models import Base, DecisionRow, EventRow, ObservationRow, PolicyRow, RunRow, new_epoch, utcnow
 from .policy import PolicyDocument
@@ -146,12 +147,12 @@ def _json(value: Any) -> str:
     return pydantic_core.to_json(value, inf_nan_mode="constants").decode()
 
 
-class RunTokenRefused(PermissionError):
+class RunTokenRefused(ActuatorError, PermissionError):
     """The token does not grant the run (checked on the locked row: a cached verification of the
     token never outlives a change of the run's token)."""
 
 
-class ObservationRefused(ValueError):
+class ObservationRefused(ActuatorError, ValueError):
     """A batch contradicts itself or what is stored for its run; nothing of it is stored.
     ``loc`` names the field (``observations.3.step``); ``status`` is 422 (the request alone is
     wrong) or 409 (it conflicts with stored observations)."""
@@ -161,7 +162,7 @@ class ObservationRefused(ValueError):
         self.loc, self.message, self.status = loc, message, status
 
 
-class PolicyVersionConflict(RuntimeError):
+class PolicyVersionConflict(ActuatorError, RuntimeError):
     """Other writers kept taking the next version of this policy name (see ``create_policy``)."""
 
 
