@@ -1,4 +1,4 @@
-"""One exception hierarchy for everything Actuator raises on purpose.
+r"""One exception hierarchy for everything Actuator raises on purpose.
 
     ActuatorError
     ├── ConfigError            bad settings or arguments given to a library call
@@ -12,6 +12,23 @@
             ├── Unauthorized   401: no or malformed token
             ├── Forbidden      403: token valid but not for this run / not admin
             └── NotFound       404
+
+The other errors Actuator raises on purpose are ``ActuatorError``\ s where they are defined (each
+also keeps the built-in base it had, so ``except ValueError`` still catches it):
+
+    ActuatorError
+    ├── agents:  KnobNotSupported (RuntimeError), ProbeError
+    │            ├── ProbeSetupError, ProbeDataError (ValueError)
+    │            │   ├── ProbeDataNotFoundError (FileNotFoundError), HotpotQAFormatError
+    ├── store:   RunTokenRefused (PermissionError), ObservationRefused (ValueError),
+    │            PolicyVersionConflict (RuntimeError)
+    ├── tune:    WrongDirection (controllers' NotIdentifiable); UnknownController is a PolicyError
+    ├── report:  RendererBusy (RuntimeError)
+    └── api:     ApiError (an HTTP answer), Abandoned (a worker job given up)
+
+``controllers/`` imports nothing of ours (its errors, ``ParameterError`` and ``NotIdentifiable``,
+are ``ValueError``\ s): tests/actuator/test_exceptions.py checks every other public exception is in
+this tree.
 """
 
 from __future__ import annotations

@@ -9,10 +9,19 @@ Everything else is derived from here: the policy's known knobs and probes and th
 (``actuator.policy``), the bounds a knob named without bounds gets (:func:`default_knob_spec`),
 and the docs tables (docs/reference/knobs-and-probes.md, checked by
 tests/actuator/test_catalogue.py). The agent's setters register by knob name beside their code
-(``actuator.agents.knobs.knob_setter``).
+(``actuator.agents.knobs.knob_setter``); the agent's probes register their class, the keys it
+produces and how a preset builds it (``actuator.agents.probes.register``).
 
-:func:`limit` is the one clamp a knob value goes through before it is applied or ordered: bounds,
-rate limit in the knob's scale, integer rounding (controllers/limits.py, shared with the PID).
+**Entries beyond the shipped ones travel.** A knob or probe key registered in the agent's process
+only (a ``@knob_setter(Knob(...))``, a probe of your own) is unknown to a service in another
+process. :func:`travelling` lists them; the agent sends them with the run's registration
+(``RunCreate.catalogue``) and the service validates that run's policy with them beside its own
+entries (:func:`declared`, for the block that validates).
+
+:class:`Bounds` is a knob's bounds, scale and rate limit: what a knob's defaults give around a
+starting value (:meth:`Knob.bounds`) and what :func:`limit` reads. :func:`limit` is the one clamp a
+knob value goes through before it is applied or ordered: bounds, rate limit in the knob's scale,
+integer rounding (controllers/limits.py, shared with the PID).
 
 Standard library only (and ``controllers``): the service, the agent and the docs read it alike.
 """
@@ -20,14 +29,19 @@ Standard library only (and ``controllers``): the service, the agent and the docs
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import asdict, dataclass
+from types import MappingProxyType
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from .controllers.limits import KnobLimits
 
 __all__ = [
     "Rel",
+    "Bounds",
+    "Bounded",
     "Knob",
     "Probe",
     "TrainSignal",
@@ -37,7 +51,8 @@ __all__ = [
     "register_knob",
     "register_probe",
     "default_knob_spec",
-    "LimitSpec",
+    "declared",
+    "travelling",
     "limit",
 ]
 
@@ -66,6 +81,37 @@ def _num(x: float) -> str:
 
 
 @dataclass(frozen=True)
+class Bounds:
+    """A knob's bounds ``[min, max]`` (knob units), its ``scale`` and ``max_step``, the largest
+    change per decision in that scale (log units for ``log``; None: unlimited). The one form bounds
+    take from the catalogue to the agent: :meth:`Knob.bounds` gives it, :func:`limit` reads it (or
+    the same four fields of a run's knob: the wire's ``KnobSpec``, the engine's ``KnobState``)."""
+
+    min: float
+    max: float
+    scale: ScaleName = "linear"
+    max_step: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The four fields by name, as ``KnobSpec`` takes them beside ``name`` and ``value``."""
+        return asdict(self)
+
+
+class Bounded(Protocol):
+    """What :func:`limit` reads: :class:`Bounds`' four fields (a ``Bounds``, a ``KnobSpec``, a
+    ``KnobState``: each has them as attributes)."""
+
+    @property
+    def min(self) -> float: ...
+    @property
+    def max(self) -> float: ...
+    @property
+    def scale(self) -> str: ...
+    @property
+    def max_step(self) -> float | None: ...
+
+
+@dataclass(frozen=True)
 class Knob:
     """A knob's defaults. ``min`` / ``max`` are absolute or :class:`Rel` to the starting value (a
     relative ``max`` is never below ``min``: rank 1..max(1, value)). A log-scale knob needs a
@@ -82,7 +128,7 @@ class Knob:
     def integer(self) -> bool:
         return self.scale == "integer"
 
-    def spec(self, value: float) -> dict[str, Any]:
+    def bounds(self, value: float) -> Bounds:
         """The bounds a run gets for this knob when it starts at ``value``."""
         if self.scale == "log" and not value > 0:
             return _pinned(value)
@@ -90,7 +136,11 @@ class Knob:
         hi = self.max.at(value) if isinstance(self.max, Rel) else float(self.max)
         if isinstance(self.max, Rel):
             hi = max(lo, hi)
-        return {"min": lo, "max": hi, "scale": self.scale, "max_step": self.max_step}
+        return Bounds(lo, hi, self.scale, self.max_step)
+
+    def spec(self, value: float) -> dict[str, Any]:
+        """:meth:`bounds` as the fields a ``KnobSpec`` takes."""
+        return self.bounds(value).as_dict()
 
 
 @dataclass(frozen=True)
@@ -127,8 +177,49 @@ class TrainSignal:
 
 _LOG2 = math.log(2.0)
 
-KNOBS: dict[str, Knob] = {}
-PROBES: dict[str, Probe] = {}
+_E = TypeVar("_E")
+
+
+class _Entries(MutableMapping[str, _E], Generic[_E]):
+    """The process's entries (registered here), then the entries a run declared for the block that
+    validates its policy (:func:`declared`): a name the process knows keeps its own definition."""
+
+    def __init__(self, overlay: ContextVar[Mapping[str, _E]]) -> None:
+        self._own: dict[str, _E] = {}
+        self._overlay = overlay
+
+    def __getitem__(self, name: str) -> _E:
+        try:
+            return self._own[name]
+        except KeyError:
+            return self._overlay.get()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._own
+        yield from (name for name in self._overlay.get() if name not in self._own)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __setitem__(self, name: str, entry: _E) -> None:
+        self._own[name] = entry
+
+    def __delitem__(self, name: str) -> None:
+        del self._own[name]
+
+    def own(self) -> dict[str, _E]:
+        """The process's entries only."""
+        return dict(self._own)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({sorted(self)})"
+
+
+_NONE: Mapping[str, Any] = MappingProxyType({})
+_DECLARED_KNOBS: ContextVar[Mapping[str, Knob]] = ContextVar("declared_knobs", default=_NONE)
+_DECLARED_PROBES: ContextVar[Mapping[str, Probe]] = ContextVar("declared_probes", default=_NONE)
+KNOBS: _Entries[Knob] = _Entries(_DECLARED_KNOBS)
+PROBES: _Entries[Probe] = _Entries(_DECLARED_PROBES)
 TRAIN_SIGNALS: dict[str, TrainSignal] = {}
 
 
@@ -242,39 +333,50 @@ for _signal in (
 ):
     TRAIN_SIGNALS[_signal.name] = _signal
 
+# What this version ships: the rest was registered in this process and travels with a run.
+_SHIPPED_KNOBS = dict(KNOBS.own())
+_SHIPPED_PROBES = dict(PROBES.own())
+
+
+def travelling() -> tuple[list[Knob], list[Probe]]:
+    """The knobs and probe keys registered in this process beyond the shipped ones (or shipped
+    under another definition): what a run must declare for a service that only ships the rest."""
+    return ([k for name, k in KNOBS.own().items() if _SHIPPED_KNOBS.get(name) != k],
+            [p for name, p in PROBES.own().items() if _SHIPPED_PROBES.get(name) != p])
+
+
+@contextmanager
+def declared(knobs: Iterable[Knob] = (), probes: Iterable[Probe] = ()) -> Iterator[None]:
+    """Inside the block (this thread or task only), :data:`KNOBS` and :data:`PROBES` also hold
+    these entries: a run's declared catalogue while its policy is validated. A name the process
+    has keeps the process's definition (the service checks a run's declarations against it)."""
+    tokens = (_DECLARED_KNOBS.set({**_DECLARED_KNOBS.get(), **{k.name: k for k in knobs}}),
+              _DECLARED_PROBES.set({**_DECLARED_PROBES.get(), **{p.name: p for p in probes}}))
+    try:
+        yield
+    finally:
+        _DECLARED_PROBES.reset(tokens[1])
+        _DECLARED_KNOBS.reset(tokens[0])
+
 
 def default_knob_spec(name: str, value: float) -> dict[str, Any]:
-    """Bounds a user gets when they name a knob without bounds: ``{"min", "max", "scale",
-    "max_step"}``. A knob the catalogue does not know (or a log-scale knob starting at 0 or below)
-    is pinned at ``value``."""
+    """Bounds a user gets when they name a knob without bounds, as a ``KnobSpec``'s fields
+    (:meth:`Bounds.as_dict`). A knob the catalogue does not know (or a log-scale knob starting at 0
+    or below) is pinned at ``value``."""
     knob = KNOBS.get(name)
-    return knob.spec(value) if knob is not None else _pinned(value)
+    return (knob.bounds(value) if knob is not None else _pinned(value)).as_dict()
 
 
-def _pinned(value: float) -> dict[str, Any]:
-    return {"min": value, "max": value, "scale": "linear", "max_step": None}
+def _pinned(value: float) -> Bounds:
+    return Bounds(value, value, "linear", None)
 
 
-class LimitSpec(Protocol):
-    """What :func:`limit` reads of a knob: ``KnobSpec`` (wire), ``KnobState`` (the engine's)."""
-
-    min: float
-    max: float
-    scale: str
-    max_step: float | None
-
-
-def limit(spec: LimitSpec | Mapping[str, Any], current: float | None, ordered: float,
-          limits: set[str] | None = None) -> float:
+def limit(spec: Bounded, current: float | None, ordered: float, limits: set[str] | None = None) -> float:
     """``ordered`` made safe to apply to a knob now at ``current``: inside ``[spec.min, spec.max]``,
     within ``spec.max_step`` of ``current`` in the knob's scale (``current=None``: no rate window;
     none either when ``current`` is not finite or, on a log scale, not > 0), inside the bounds
     again (bounds win), then rounded to the nearest integer (halves up, kept inside the bounds and
     the rate window) for an integer knob. The limits that acted (``"bounds"``, ``"rate"``,
     ``"integer"``) are added to ``limits``. The PID clamps its output with the same code."""
-    if isinstance(spec, Mapping):
-        lo, hi, scale, step = spec["min"], spec["max"], spec.get("scale", "linear"), spec.get("max_step")
-    else:
-        lo, hi, scale, step = spec.min, spec.max, spec.scale, spec.max_step
-    lim = KnobLimits(float(lo), float(hi), str(scale), step)
+    lim = KnobLimits(float(spec.min), float(spec.max), str(spec.scale), spec.max_step)
     return lim.limit(current, float(ordered), limits)

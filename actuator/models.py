@@ -36,6 +36,9 @@ class PolicyRow(Base):
     name: Mapped[str] = mapped_column(String(64), index=True)
     version: Mapped[int] = mapped_column(Integer)
     document: Mapped[dict[str, Any]]
+    # The knobs and probe keys the document was accepted with beyond the service's catalogue (0005):
+    # a registration's CatalogueSpec, as JSON; NULL when it needed none.
+    catalogue: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     archived: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 

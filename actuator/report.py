@@ -19,6 +19,7 @@ import html
 import io
 import threading
 from typing import Any
+from ._exceptions import ActuatorError
 
 __all__ = ["build_report", "render_png", "render_html", "RendererBusy", "PLOT_LIMIT"]
 
@@ -27,7 +28,7 @@ _RENDER = threading.BoundedSemaphore(1)
 RENDER_WAIT_SECONDS = 10.0
 
 
-class RendererBusy(RuntimeError):
+class RendererBusy(ActuatorError, RuntimeError):
     """Another report is being drawn in this process; retry shortly."""
 
 

@@ -8,6 +8,7 @@ service's answers ignoring them, so an agent keeps working with a newer service.
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from typing import Annotated, Any, ClassVar, Literal, get_args
 
@@ -19,11 +20,14 @@ from pydantic import (
     SerializerFunctionWrapHandler,
     StringConstraints,
     TypeAdapter,
+    ValidationInfo,
     field_validator,
     model_serializer,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
+
+from . import catalogue
 
 __all__ = [
     "DecisionAck",
@@ -40,6 +44,10 @@ __all__ = [
     "RunStateName",
     "KnobSpec",
     "IdentificationWindow",
+    "RelBound",
+    "CatalogueKnob",
+    "CatalogueProbe",
+    "CatalogueSpec",
     "RunCreate",
     "RunCreated",
     "RunPublic",
@@ -192,6 +200,143 @@ class IdentificationWindow(_Model):
         return self
 
 
+class RelBound(_Model):
+    """A bound relative to the knob's starting value: ``value * rel``."""
+
+    rel: PositiveFinite
+
+
+_What = Annotated[str, StringConstraints(max_length=500)]
+
+
+class CatalogueKnob(_Model):
+    """A knob's catalogue entry (``actuator.catalogue.Knob``): its default bounds around the value a
+    run starts with (absolute, or ``{"rel": f}``: the starting value times f), scale and largest
+    change per decision."""
+
+    name: Name
+    scale: Scale
+    min: FiniteFloat | RelBound
+    max: FiniteFloat | RelBound
+    max_step: PositiveFinite | None = None
+    what: _What = ""
+
+    @field_validator("min")
+    @classmethod
+    def _log_above_zero(cls, v: float | RelBound, info: ValidationInfo) -> float | RelBound:
+        if info.data.get("scale") == "log" and isinstance(v, float) and v <= 0:
+            raise ValueError(f"a log-scale knob needs min > 0 (or relative), got {v}")
+        return v
+
+    @field_validator("max")
+    @classmethod
+    def _above_min(cls, v: float | RelBound, info: ValidationInfo) -> float | RelBound:
+        lo = info.data.get("min")
+        if isinstance(v, float) and isinstance(lo, float) and lo > v:
+            raise ValueError(f"max ({v}) is below min ({lo})")
+        return v
+
+    @classmethod
+    def of(cls, knob: catalogue.Knob) -> CatalogueKnob:
+        def bound(b: float | catalogue.Rel) -> float | RelBound:
+            return RelBound(rel=b.factor) if isinstance(b, catalogue.Rel) else float(b)
+        return cls(name=knob.name, scale=knob.scale, min=bound(knob.min), max=bound(knob.max),
+                   max_step=knob.max_step, what=knob.what)
+
+    def entry(self) -> catalogue.Knob:
+        def bound(b: float | RelBound) -> float | catalogue.Rel:
+            return catalogue.Rel(b.rel) if isinstance(b, RelBound) else b
+        return catalogue.Knob(self.name, bound(self.min), bound(self.max), self.scale, self.max_step, self.what)
+
+
+class CatalogueProbe(_Model):
+    """An observation key's catalogue entry (``actuator.catalogue.Probe``): the values it can take
+    (``null``: unbounded on that side), whether higher is better, whether it measures drift, and the
+    probe (``probes[].name``) that produces it."""
+
+    name: Name
+    range: tuple[FiniteFloat | None, FiniteFloat | None] = (None, None)
+    higher_is_better: bool
+    drift: bool = False
+    source: Name | None = None
+    what: _What = ""
+
+    @field_validator("range")
+    @classmethod
+    def _ordered(cls, v: tuple[float | None, float | None]) -> tuple[float | None, float | None]:
+        if v[0] is not None and v[1] is not None and v[0] > v[1]:
+            raise ValueError(f"range [{v[0]}, {v[1]}] is empty: its low end is above its high end")
+        return v
+
+    @classmethod
+    def of(cls, probe: catalogue.Probe) -> CatalogueProbe:
+        lo, hi = probe.range
+        return cls(name=probe.name, range=(lo if math.isfinite(lo) else None, hi if math.isfinite(hi) else None),
+                   higher_is_better=probe.higher_is_better, drift=probe.drift, source=probe.source, what=probe.what)
+
+    def entry(self) -> catalogue.Probe:
+        lo, hi = self.range
+        return catalogue.Probe(self.name, (-math.inf if lo is None else float(lo), math.inf if hi is None else float(hi)),
+                               self.higher_is_better, self.drift, self.source, self.what)
+
+
+class CatalogueSpec(_Model):
+    """Knobs and probe keys a run's agent registered beyond what the service may ship (its own
+    ``@knob_setter(Knob(...))``, a probe of its own): the service validates the run's policy with
+    them beside its catalogue. A name the service ships must be declared as the service has it."""
+
+    knobs: list[CatalogueKnob] = Field(default_factory=list, max_length=32)
+    probes: list[CatalogueProbe] = Field(default_factory=list, max_length=64)
+
+    @classmethod
+    def travelling(cls) -> CatalogueSpec | None:
+        """What this process registered beyond the shipped catalogue; None when nothing."""
+        knobs, probes = catalogue.travelling()
+        if not knobs and not probes:
+            return None
+        return cls(knobs=[CatalogueKnob.of(k) for k in knobs], probes=[CatalogueProbe.of(p) for p in probes])
+
+    @field_validator("knobs", "probes")
+    @classmethod
+    def _unique(cls, entries: list[Any]) -> list[Any]:
+        names = [e.name for e in entries]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"names must be unique, repeated: {dup}")
+        return entries
+
+    def conflicts(self) -> list[dict[str, str]]:
+        """Entries this process's catalogue has under another definition, as errors at
+        ``catalogue.<knobs|probes>.<i>``."""
+        ours: list[tuple[str, int, str, object, object]] = [
+            *(("knobs", i, k.name, catalogue.KNOBS.own().get(k.name), k.entry()) for i, k in enumerate(self.knobs)),
+            *(("probes", i, p.name, catalogue.PROBES.own().get(p.name), p.entry()) for i, p in enumerate(self.probes))]
+        return [{"loc": f"catalogue.{field}.{i}",
+                 "msg": f"{name!r} is in this service's catalogue as {known}; the run declares {entry}"}
+                for field, i, name, known, entry in ours if known is not None and known != entry]
+
+    def declared(self) -> Any:
+        """:func:`actuator.catalogue.declared` with these entries (a context manager)."""
+        return catalogue.declared([k.entry() for k in self.knobs], [p.entry() for p in self.probes])
+
+    def merged(self, other: CatalogueSpec | None) -> CatalogueSpec:
+        """These entries and ``other``'s not named here."""
+        if other is None:
+            return self
+        knobs = {k.name for k in self.knobs}
+        probes = {p.name for p in self.probes}
+        return CatalogueSpec(knobs=[*self.knobs, *(k for k in other.knobs if k.name not in knobs)],
+                             probes=[*self.probes, *(p for p in other.probes if p.name not in probes)])
+
+
+def declared_catalogue(stored: dict[str, Any] | None) -> Any:
+    """A stored :class:`CatalogueSpec` (a policy version's, as JSON) declared for the ``with`` block
+    (:func:`actuator.catalogue.declared`); nothing declared for an empty one."""
+    if not stored:
+        return catalogue.declared()
+    return CatalogueSpec.model_validate(stored).declared()
+
+
 class RunCreate(_Model):
     """Register a run. ``policy`` is a stored policy's name (latest version, or ``name@version``),
     or an inline policy document that is stored as a new policy version."""
@@ -203,12 +348,17 @@ class RunCreate(_Model):
     identification: list[IdentificationWindow] = Field(
         default_factory=list, max_length=1, description="The warm-up step test of the policy's gains-auto "
         "controller, as the agent runs it (left out of the request when there is none).")
+    catalogue: CatalogueSpec | None = Field(
+        None, description="Knobs and probe keys the agent registered beyond its shipped catalogue: the policy "
+        "is validated with them (left out of the request when there are none).")
 
     @model_serializer(mode="wrap")
     def _without_empty(self, handler: SerializerFunctionWrapHandler):  # no return type: the schema stays the model's
         data = handler(self)
-        if isinstance(data, dict) and not data.get("identification"):
-            data.pop("identification", None)  # a service that predates the field would refuse it
+        if isinstance(data, dict):
+            for field in ("identification", "catalogue"):
+                if not data.get(field):
+                    data.pop(field, None)  # a service that predates the field would refuse it
         return data
 
     @field_validator("knobs")

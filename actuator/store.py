@@ -54,6 +54,7 @@ from sqlalchemy.engine import Engine as SAEngine
 from sqlalchemy.exc import DBAPIError, DisconnectionError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from ._exceptions import ActuatorError
 from .engine import Engine
 from .models import Base, DecisionRow, EventRow, ObservationRow, PolicyRow, RunRow, new_epoch, utcnow
 from .policy import PolicyDocument
@@ -62,6 +63,7 @@ from .schemas import (
     FINAL_STATES,
     MAX_SEQ_GAP,
     Action,
+    CatalogueSpec,
     Decision,
     DecisionPublic,
     Event,
@@ -73,10 +75,11 @@ from .schemas import (
     RunRegistered,
     RunStateName,
     StateChanged,
+    declared_catalogue,
 )
 
 __all__ = ["Store", "IngestOutcome", "ObservationRefused", "RunTokenRefused", "PolicyVersionConflict", "RunSnapshot",
-           "hash_token", "new_token", "make_engine", "MAX_NAMES"]
+           "hash_token", "new_token", "make_engine", "stored_policy", "MAX_NAMES"]
 
 # Distinct probe, metric and knob names one run may report over its life: each becomes a key of
 # the run's row (read and written on every ingest) and a Prometheus label value.
@@ -144,12 +147,12 @@ def _json(value: Any) -> str:
     return pydantic_core.to_json(value, inf_nan_mode="constants").decode()
 
 
-class RunTokenRefused(PermissionError):
+class RunTokenRefused(ActuatorError, PermissionError):
     """The token does not grant the run (checked on the locked row: a cached verification of the
     token never outlives a change of the run's token)."""
 
 
-class ObservationRefused(ValueError):
+class ObservationRefused(ActuatorError, ValueError):
     """A batch contradicts itself or what is stored for its run; nothing of it is stored.
     ``loc`` names the field (``observations.3.step``); ``status`` is 422 (the request alone is
     wrong) or 409 (it conflicts with stored observations)."""
@@ -159,8 +162,15 @@ class ObservationRefused(ValueError):
         self.loc, self.message, self.status = loc, message, status
 
 
-class PolicyVersionConflict(RuntimeError):
+class PolicyVersionConflict(ActuatorError, RuntimeError):
     """Other writers kept taking the next version of this policy name (see ``create_policy``)."""
+
+
+def stored_policy(row: Any) -> PolicyDocument:
+    """A stored policy version's document (a ``PolicyRow``, or a row with its ``document`` and
+    ``catalogue``), validated with the catalogue entries it was accepted with."""
+    with declared_catalogue(row.catalogue):
+        return PolicyDocument.model_validate(row.document)
 
 
 def new_token() -> str:
@@ -307,10 +317,13 @@ class Store:
             conn.exec_driver_sql("SELECT 1")
 
     # -- policies ----------------------------------------------------------------------------
-    def create_policy(self, doc: PolicyDocument, *, reuse_identical: bool = False) -> PolicyRow:
+    def create_policy(self, doc: PolicyDocument, *, reuse_identical: bool = False,
+                      catalogue: CatalogueSpec | None = None) -> PolicyRow:
         """Store ``doc`` as the next version of its name. ``reuse_identical``: return the latest
         version instead when it holds the same document and is not archived (a registration
         carrying a policy inline stores it once, however many carry it at the same time).
+        ``catalogue``: the entries ``doc`` was validated with beyond the service's own (a
+        registration's), kept with the version so that it reads again as it was accepted.
 
         The next number is read without a lock, so two writers (threads here, other workers) can
         read the same one: the unique key (name, version) lets one of them store it, and the other
@@ -328,7 +341,8 @@ class Store:
                                 and latest.document == document:
                             return latest
                         row = PolicyRow(name=doc.name, version=(latest.version if latest else 0) + 1,
-                                        document=document)
+                                        document=document,
+                                        catalogue=catalogue.model_dump(mode="json") if catalogue else None)
                         s.add(row)
                     return row
                 except IntegrityError:
@@ -380,10 +394,11 @@ class Store:
             if conn is None:
                 with self.engine.connect() as own:
                     return self.policy_engine(policy_id, own)
-            row = conn.execute(select(_POL.c.document, _POL.c.version).where(_POL.c.id == policy_id)).first()
+            row = conn.execute(select(_POL.c.document, _POL.c.version, _POL.c.catalogue)
+                               .where(_POL.c.id == policy_id)).first()
             if row is None:  # pragma: no cover - the foreign key guarantees it
                 raise LookupError(f"policy {policy_id} not found")
-            engine = Engine(PolicyDocument.model_validate(row.document), row.version)
+            engine = Engine(stored_policy(row), row.version)
             self._policy_engines[policy_id] = engine
         return engine
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from ._exceptions import PolicyError
+from ._exceptions import ActuatorError, PolicyError
 from .controllers.identify import FittedModel, NotIdentifiable, identify
 from .controllers.tuning import Tuning, noise_jitter, simc
 from .policy import ControllerSpec, PolicyDocument, load_policy
@@ -53,7 +53,7 @@ class UnknownController(PolicyError):
     """The policy has no setpoint controller of that name."""
 
 
-class WrongDirection(NotIdentifiable):
+class WrongDirection(ActuatorError, NotIdentifiable):
     """A constraint's knob moved the probe the way its bound does not limit."""
 
     problem = "wrong_direction"

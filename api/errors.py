@@ -20,6 +20,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from actuator.schemas import ErrorDetail, ErrorItem, ErrorPublic
+from actuator._exceptions import ActuatorError
 
 __all__ = ["ApiError", "error_response", "error_responses", "install_error_handlers"]
 
@@ -39,7 +40,7 @@ _DESCRIPTIONS = {
 }
 
 
-class ApiError(StarletteHTTPException):
+class ApiError(ActuatorError, StarletteHTTPException):
     """An error answer. ``errors`` are ``{"loc", "msg"[, "type"]}`` mappings; the message defaults
     to all of them on one line."""
 

@@ -32,6 +32,7 @@ from actuator.schemas import Gap
 
 from .deps import Services
 from .errors import ApiError
+from actuator._exceptions import ActuatorError
 
 __all__ = ["StreamSlots", "stream_events", "take_stream_slot", "RESPONSES_429"]
 
@@ -97,7 +98,7 @@ def take_stream_slot(run_id: str, request: Request, services: Services) -> Calla
     return lambda: slots.give(run_id, client)
 
 
-class _Behind(Exception):
+class _Behind(ActuatorError):
     """The client fell ``stream_queue`` events behind."""
 
 

@@ -35,6 +35,7 @@ from starlette.requests import Request
 
 from .errors import ApiError
 from .jobs import serve
+from actuator._exceptions import ActuatorError
 
 __all__ = ["WorkerPool", "Abandoned"]
 
@@ -46,7 +47,7 @@ T = TypeVar("T")
 _POLL = 0.1
 
 
-class Abandoned(Exception):
+class Abandoned(ActuatorError):
     """The client went away: the job was stopped and its process ended."""
 
 

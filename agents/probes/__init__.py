@@ -5,34 +5,8 @@ that can be subsampled (``num_examples``) and ``measure(model, *, step, max_exam
 dict[str, float]`` whose keys are fully qualified observation names. A ``ProbeSuite`` runs the
 probes that are due, inside a safety wrapper, within a wall-time budget.
 
-Probes, cheapest first. Cost per example measured on SmolLM2-135M-Instruct, float32, one torch
-thread on 2 shared CPU cores (the slow test); a full run is that times ``num_examples``:
-
-=====================  ==============================================  ===========================
-probe (``name``)       keys                                            cost per example
-=====================  ==============================================  ===========================
-Perplexity             ``perplexity``: exp(mean token NLL),            1 forward pass;
-(``perplexity``)       token-weighted, padding excluded, sliding       0.19 s / 40-token text
-                       window past ``max_length``
-KLDrift                ``kl_drift``: mean token KL(ref ‖ current)      2 forward passes;
-(``kl_drift``)         over the prompts' non-padding positions         0.28 s / prompt
-AnswerKL               ``answer_kl``: mean token KL(ref ‖ current)     2 forward passes over
-(``answer_kl``)        over the first k tokens of the reference's own  prompt + k tokens (the
-                       greedy answers (where a format takeover shows)  answers made once)
-PolicyKL               ``policy_kl``: mean token KL(current ‖ ref)     sampling + 2 forward
-(``policy_kl``)        over the current model's own sampled answers    passes (online RL's KL)
-DraftAcceptance        ``draft.acceptance`` α = E Σ_v min(p, q) on     teacher samples drawn once,
-(``draft``)            the teacher's own T = 1 samples, with           then 1 draft forward pass
-                       ``draft.tokens_per_call`` (1−α^(γ+1))/(1−α)
-EmbeddingDrift         ``embedding_drift``: 1 − cosine of MiniLM       greedy generation + MiniLM;
-(``embedding_drift``)  embeddings of current vs reference greedy       0.7 s / prompt at 24 new
-                       answers; ``answer_agreement``: exact matches    tokens (reference cached)
-HotpotQA               ``hotpotqa.em``, ``hotpotqa.f1`` (official      1 prefill of ~830 tokens
-(``hotpotqa``)         normalisation of extracted short answers),      (~610 + ~220 of worked
-                       ``hotpotqa.gold_logprob`` (mean log-prob per    examples) + 16 decode steps
-                       gold-answer token)                              4.2 s / record before the
-                                                                       examples (builtin set)
-=====================  ==============================================  ===========================
+The shipped probes, their keys and what each costs: docs/reference/probes.md (its table is checked
+against the registered probes by tests/actuator/test_catalogue.py).
 
 The reference of the drift probes is a frozen copy of the weights at ``setup`` (shared by the
 drift probes of one suite), a ``reference=`` model, or, for a PEFT model, the same model inside
@@ -51,7 +25,10 @@ the share by subsampling (an evenly spaced, fixed subset) or skipping probes; se
 
 Writing a probe: subclass ``Probe``, set ``name`` and the schedule, implement
 ``_measure(model, *, max_examples)`` (the public ``measure`` wraps it in ``probe_mode``), and
-give ``num_examples`` if it can be subsampled.
+give ``num_examples`` if it can be subsampled. Decorate it with ``@register(Key(...), ...)`` (the
+catalogue entries of the keys it produces): presets can then name it (``for_preset`` builds it),
+policies read its keys, and in this package a module of its own is all it takes (every module here
+is imported, and its class is exported as ``actuator.agents.<Class>``).
 
 Errors: ``ProbeError`` and subclasses (``ProbeDataError`` for empty or malformed data,
 ``ProbeDataNotFoundError`` for a missing file, ``HotpotQAFormatError`` naming the record and
@@ -87,6 +64,7 @@ from ._hotpotqa import (
     validate_hotpotqa_record,
 )
 from ._perplexity import Perplexity, sliding_windows
+from ._registry import Key, register, registered
 from ._suite import ProbeReport, ProbeSuite
 
 
@@ -100,6 +78,9 @@ def __getattr__(name: str):  # noqa: ANN202 - module attribute hook
 
 __all__ = [
     "Probe",
+    "register",
+    "registered",
+    "Key",
     "ProbeSuite",
     "ProbeReport",
     "probe_mode",
@@ -130,3 +111,9 @@ __all__ = [
     "ProbeDataNotFoundError",
     "HotpotQAFormatError",
 ]
+
+# A probe module of this package that no line above imports (a new one) is found and exported here.
+for _cls in sorted({r.cls for r in registered().values()}, key=lambda c: c.__name__):
+    if _cls.__module__.startswith(__name__ + ".") and _cls.__name__ not in __all__:
+        globals()[_cls.__name__] = _cls
+        __all__.append(_cls.__name__)

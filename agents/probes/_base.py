@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 from ._common import probe_mode, subsample
+from ._errors import ProbeSetupError
 
 __all__ = ["Probe", "DefaultEvery"]
 
@@ -45,6 +46,8 @@ class Probe(ABC):
     min_examples: int = 1
     # A probe that never called _init_schedule set its schedule itself: treat it as chosen.
     every_given: bool = True
+    # for_preset builds it from the trainer's tokenizer: a trainer without one is told so first.
+    preset_needs_tokenizer: bool = True
 
     def _init_schedule(self, every: int | None, on_evaluate: bool) -> None:
         if every is not None and (not isinstance(every, int) or isinstance(every, bool) or every < 1):
@@ -52,6 +55,14 @@ class Probe(ABC):
         self.every_given = not isinstance(every, DefaultEvery)
         self.every = None if every is None else int(every)
         self.on_evaluate = bool(on_evaluate)
+
+    @classmethod
+    def for_preset(cls, tokenizer: Any, *, reference: Any = None, teacher: Any = None) -> Probe:
+        """This probe built from shipped held-out data and the trainer's ``tokenizer``, sized for the
+        probe budget, for a preset that names it and a run that did not pass it (``reference``: the
+        trainer's reference model, ``teacher``: its teacher, either may be None). Raises
+        ``ProbeSetupError`` saying what to pass when it cannot be built here; by default it cannot."""
+        raise ProbeSetupError(f"{cls.name}: no shipped data to build it from; pass probes=[{cls.__name__}(...)]")
 
     def setup(self, model: Any) -> None:  # noqa: B027 - an optional hook, not abstract
         """Called once at train begin with the model being trained. Default: nothing."""

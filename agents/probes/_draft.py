@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import torch
 
+from ..general import PROBE_TEXTS
 from ._base import DefaultEvery, Probe
 from ._common import (
     check_texts,
@@ -28,7 +29,8 @@ from ._common import (
     observe_precision,
     pad_batch,
 )
-from ._errors import ProbeDataError
+from ._errors import ProbeDataError, ProbeSetupError
+from ._registry import register
 
 __all__ = ["DraftAcceptance", "acceptance_rate", "expected_tokens_per_call", "sample_continuations"]
 
@@ -75,6 +77,7 @@ def sample_continuations(model: Any, prompt: torch.Tensor, new_tokens: int) -> t
     return seqs
 
 
+@register()
 class DraftAcceptance(Probe):
     """Keys ``draft.acceptance`` (α) and ``draft.tokens_per_call``.
 
@@ -97,6 +100,14 @@ class DraftAcceptance(Probe):
     name = "draft"
     cost_rank = 2
     min_examples = 2
+
+    @classmethod
+    def for_preset(cls, tokenizer: Any, *, reference: Any = None, teacher: Any = None) -> DraftAcceptance:
+        if teacher is None:
+            raise ProbeSetupError("draft: draft acceptance is measured against the teacher (verifier) model, which "
+                                  "this trainer does not hold (a distillation trainer's teacher_model is taken); "
+                                  "pass probes=[DraftAcceptance(teacher, texts, tokenizer)]")
+        return cls(teacher, PROBE_TEXTS, tokenizer)
 
     def __init__(
         self,

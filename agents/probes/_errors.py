@@ -13,6 +13,7 @@ rather than at the first probe step.
 """
 
 from __future__ import annotations
+from actuator._exceptions import ActuatorError
 
 __all__ = [
     "ProbeError",
@@ -23,7 +24,7 @@ __all__ = [
 ]
 
 
-class ProbeError(Exception):
+class ProbeError(ActuatorError):
     """Base class of every error raised by ``actuator.agents.probes``."""
 
 

@@ -26,8 +26,9 @@ import torch
 import torch.nn.functional as F
 
 from ._base import DefaultEvery, Probe
-from ._common import context_length, encode, eos_token_ids, logger, model_device
+from ._common import context_length, encode, eos_token_ids, logger, model_device, subsample
 from ._errors import HotpotQAFormatError, ProbeDataError, ProbeDataNotFoundError, ProbeError
+from ._registry import register
 
 __all__ = [
     "HotpotQA",
@@ -485,6 +486,7 @@ def extract_answer(generation: str, question: str | None = None) -> str:
     return ""
 
 
+@register()
 class HotpotQA(Probe):
     """Multi-hop QA; keys ``hotpotqa.em``, ``hotpotqa.f1``, ``hotpotqa.gold_logprob``.
 
@@ -508,6 +510,13 @@ class HotpotQA(Probe):
     name = "hotpotqa"
     cost_rank = 6
     min_examples = 4
+
+    @classmethod
+    def for_preset(cls, tokenizer: Any, *, reference: Any = None, teacher: Any = None) -> HotpotQA:
+        # Its fewest examples (min_examples): 4 evenly spaced records of the shipped synthetic set.
+        records = load_hotpotqa(None)
+        few = [records[i] for i in subsample(len(records), cls.min_examples)]
+        return cls(few, tokenizer, max_examples=len(few))
 
     def __init__(
         self,

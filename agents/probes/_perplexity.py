@@ -12,9 +12,11 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
+from ..general import PROBE_TEXTS
 from ._base import DefaultEvery, Probe
 from ._common import chunks, context_length, encode, forward_logits, logger, model_device, pad_batch
 from ._errors import ProbeDataError, ProbeDataNotFoundError
+from ._registry import register
 
 __all__ = ["Perplexity", "load_texts", "sliding_windows", "DEFAULT_MAX_WINDOW"]
 
@@ -91,6 +93,7 @@ def sliding_windows(n_tokens: int, max_length: int, stride: int) -> list[tuple[i
     return windows
 
 
+@register()
 class Perplexity(Probe):
     """``exp(mean token NLL)`` over held-out text; key ``"perplexity"``. Cost: one forward pass.
 
@@ -108,6 +111,10 @@ class Perplexity(Probe):
     name = "perplexity"
     cost_rank = 1
     min_examples = 2
+
+    @classmethod
+    def for_preset(cls, tokenizer: Any, *, reference: Any = None, teacher: Any = None) -> Perplexity:
+        return cls(PROBE_TEXTS, tokenizer)  # 8 held-out sentences, one forward pass each
 
     def __init__(
         self,

@@ -13,6 +13,7 @@ from actuator._exceptions import PolicyError
 from actuator.models import ObservationRow, PolicyRow
 from actuator.policy import PolicyDocument, list_presets, load_policy, load_preset
 from actuator.schemas import (
+    CatalogueSpec,
     PolicyArchived,
     PolicyPublic,
     PolicyValidation,
@@ -21,7 +22,7 @@ from actuator.schemas import (
     TuneCreate,
     TunePublic,
 )
-from actuator.store import PolicyVersionConflict
+from actuator.store import PolicyVersionConflict, stored_policy
 from actuator.tune import NotIdentifiable, UnknownController, tune_controller
 
 from ..deps import AdminDep, Offset, PageSize, ReaderDep, Services, ServicesDep, Version, policy_ref, run_not_found
@@ -48,11 +49,12 @@ def _parse(doc: dict[str, Any]) -> PolicyDocument:
     return parsed
 
 
-def publish_policy(services: Services, doc: PolicyDocument, *, reuse_identical: bool = False) -> PolicyRow:
-    """Store ``doc`` as its name's next version (``reuse_identical``: see ``Store.create_policy``);
-    409 if other writers kept taking the next version."""
+def publish_policy(services: Services, doc: PolicyDocument, *, reuse_identical: bool = False,
+                   catalogue: CatalogueSpec | None = None) -> PolicyRow:
+    """Store ``doc`` as its name's next version (``reuse_identical``, ``catalogue``: see
+    ``Store.create_policy``); 409 if other writers kept taking the next version."""
     try:
-        return services.store.create_policy(doc, reuse_identical=reuse_identical)
+        return services.store.create_policy(doc, reuse_identical=reuse_identical, catalogue=catalogue)
     except PolicyVersionConflict as exc:
         raise ApiError(409, f"name: {exc}", [{"loc": "body.name", "msg": str(exc)}]) from exc
 
@@ -82,7 +84,7 @@ def _stored_policy(services: Any, ref: str, loc: str) -> PolicyDocument:
     row = services.store.get_policy(name, version) if ok else None
     if row is None:
         raise ApiError(422, f"{loc.removeprefix('body.')}: {ref!r} not found", [{"loc": loc, "msg": "not found"}])
-    return PolicyDocument.model_validate(row.document)
+    return stored_policy(row)
 
 
 def _answer(out: tuple[Any, ...]) -> Any:
@@ -222,7 +224,7 @@ def _tune_inputs(body: TuneCreate, services: Services) -> tuple[Any, ...]:
     if body.policy is None:
         row = services.store.get_policy_by_id(run.policy_id)
         assert row is not None  # a run's policy is never deleted, only archived
-        doc = PolicyDocument.model_validate(row.document)
+        doc = stored_policy(row)
     elif isinstance(body.policy, str):
         doc = _stored_policy(services, body.policy, "body.policy")
     else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from contextlib import nullcontext
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Response
@@ -33,7 +34,7 @@ from actuator.schemas import (
     RunStateName,
     StateChanged,
 )
-from actuator.store import IngestOutcome, ObservationRefused, RunTokenRefused
+from actuator.store import IngestOutcome, ObservationRefused, RunTokenRefused, stored_policy
 
 from ..deps import (
     AdminDep,
@@ -75,7 +76,7 @@ def _resolve_policy(services: Services, body: RunCreate) -> tuple[PolicyRow | No
         if row is None or row.archived:
             raise _unprocessable(f"policy: no policy named {body.policy!r}",
                                  [{"loc": "body.policy", "msg": f"policy {body.policy!r} not found"}])
-        return row, PolicyDocument.model_validate(row.document)
+        return row, stored_policy(row)
     try:
         doc = load_policy(body.policy)
     except PolicyError as exc:
@@ -106,6 +107,14 @@ def _check_identification(doc: PolicyDocument, body: RunCreate) -> None:
         elif window.knob != spec.knob:
             errors.append({"loc": f"body.identification.{i}.knob",
                            "msg": f"controller {spec.name!r} drives {spec.knob!r}, not {window.knob!r}"})
+    if errors:
+        raise ApiError(422, None, errors)
+
+
+def _check_catalogue(body: RunCreate) -> None:
+    """The run's declared catalogue entries (already valid as entries) against the service's own:
+    a name the service has must be declared as the service has it."""
+    errors = [{**e, "loc": f"body.{e['loc']}"} for e in body.catalogue.conflicts()] if body.catalogue else []
     if errors:
         raise ApiError(422, None, errors)
 
@@ -147,11 +156,14 @@ def starved(services: Services, runs: Sequence[RunRow]) -> dict[str, list[str]]:
              responses=error_responses(400, 401, 403, 409, 413, 422, 503), summary="Register a run")
 def register_run(body: RunCreate, _: AdminDep, services: ServicesDep) -> RunCreated:
     _check_storable(body)
-    row, doc = _resolve_policy(services, body)
-    _check_knobs(doc, body)  # before storing anything
-    _check_identification(doc, body)
+    _check_catalogue(body)
+    # the policy is read with the knobs and probes the run declares beside the service's own
+    with body.catalogue.declared() if body.catalogue else nullcontext():
+        row, doc = _resolve_policy(services, body)
+        _check_knobs(doc, body)  # before storing anything
+        _check_identification(doc, body)
     if row is None:
-        row = publish_policy(services, doc, reuse_identical=True)
+        row = publish_policy(services, doc, reuse_identical=True, catalogue=body.catalogue)
     run, token = services.store.create_run(body, row)
     services.metrics.observe_registration(run.id, run.state, {k.name: k.value for k in body.knobs})
     return RunCreated(**run_public(run).model_dump(), token=token, policy=row.document,

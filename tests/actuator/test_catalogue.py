@@ -5,14 +5,13 @@ registered setters and the docs tables (docs/reference/knobs-and-probes.md)."""
 from __future__ import annotations
 
 import math
-import re
-from pathlib import Path
+from dataclasses import replace
 
 import pytest
 
 from actuator._exceptions import ConfigError, PolicyError
 from actuator.agents.knobs import _REGISTRY, knob_setter, registered_setters, setter_for
-from actuator.catalogue import KNOBS, PROBES, Knob, Probe, default_knob_spec, limit
+from actuator.catalogue import KNOBS, PROBES, Bounds, Knob, default_knob_spec, limit
 from actuator.policy import load_policy
 from actuator.controllers import PID, PIDConfig
 from actuator.schemas import KnobSpec
@@ -51,7 +50,7 @@ def test_limit_without_a_current_value_only_bounds():
 
 def test_limit_bounds_win_over_the_rate_limit():
     # a knob found outside its bounds is brought back at once
-    spec = {"min": 0.0, "max": 1.0, "scale": "linear", "max_step": 0.2}
+    spec = Bounds(0.0, 1.0, "linear", 0.2)
     limits: set[str] = set()
     assert limit(spec, 1.5, 0.5, limits) == 1.0
     assert limits == {"bounds", "rate"}
@@ -59,12 +58,12 @@ def test_limit_bounds_win_over_the_rate_limit():
 
 
 def test_limit_rounds_integer_knobs_half_up_inside_bounds_and_rate_window():
-    rank = {"min": 1.0, "max": 10.0, "scale": "integer", "max_step": None}
+    rank = Bounds(1.0, 10.0, "integer", None)
     assert limit(rank, 5.0, 2.5) == 3.0
     assert limit(rank, None, 0.2) == 1.0
-    assert limit({**rank, "max_step": 1.5}, 5.0, 1.0) == 4.0  # 3.5 would round to 4 anyway
-    assert limit({**rank, "max_step": 1.5}, 5.0, 9.0) == 6.0  # 6.5 rounds up to 7, outside the window
-    assert limit({**rank, "min": 1.5, "max": 2.4}, None, 2.0) == 2.0
+    assert limit(replace(rank, max_step=1.5), 5.0, 1.0) == 4.0  # 3.5 would round to 4 anyway
+    assert limit(replace(rank, max_step=1.5), 5.0, 9.0) == 6.0  # 6.5 rounds up to 7, outside the window
+    assert limit(replace(rank, min=1.5, max=2.4), None, 2.0) == 2.0
 
 
 def test_limit_refuses_a_value_that_is_not_a_number():
@@ -88,8 +87,7 @@ def test_the_pid_output_clamp_is_limit(scale, lo, hi, step, cur, ordered):
     target = to_scale(ordered) - state.integral
     out = pid.update(-target, 1.0, cur, state)
     limits: set[str] = set()
-    assert out.value == pytest.approx(limit({"min": lo, "max": hi, "scale": scale, "max_step": step}, cur, ordered,
-                                            limits), rel=1e-12)
+    assert out.value == pytest.approx(limit(Bounds(lo, hi, scale, step), cur, ordered, limits), rel=1e-12)
     assert set(out.limited_by) - {"overflow"} == limits
 
 
@@ -119,58 +117,7 @@ def test_default_knob_spec(name, value, expected):
 
 # -- catalogue, setters and docs agree -------------------------------------------------------------
 
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "reference" / "knobs-and-probes.md"
-
-
-def _table(text: str, section: str) -> dict[str, list[str]]:
-    """The rows of the table under ``## section``, by the name in their first cell."""
-    body = text.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
-    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in body.splitlines()
-            if line.startswith("| `")]
-    return {row[0].strip("`"): row[1:] for row in rows}
-
-
-def _number(cell: str, value: float) -> float | None:
-    """A docs cell ('value / 100', 'max(1, value)', 'ln 1.05', '[−∞, 0]' parts, 'none') as a number."""
-    if cell == "none":
-        return None
-    expr = cell.replace("×", "*").replace("−", "-").replace("∞", "inf")
-    expr = re.sub(r"\bln ([\d.]+)", r"ln(\1)", expr)
-    return float(eval(expr, {"__builtins__": {}}, {"value": value, "max": max, "ln": math.log, "inf": math.inf}))
-
-
-def disagreements(knobs: dict[str, Knob], probes: dict[str, Probe], setters: dict[str, str], docs: str) -> list[str]:
-    """Every way the catalogue, the registered setters (name -> hint) and the docs tables differ."""
-    out: list[str] = []
-    knob_rows, probe_rows = _table(docs, "Knobs"), _table(docs, "Probes")
-    for name in sorted(set(knobs) | set(setters) | set(knob_rows)):
-        where = {"catalogue": name in knobs, "setters": name in setters, "docs": name in knob_rows}
-        if not all(where.values()):
-            out.append(f"knob {name}: missing from {[w for w, there in where.items() if not there]}")
-            continue
-        lo, hi, scale, step, setter, _ = knob_rows[name]
-        knob = knobs[name]
-        for value in (0.5, 3.0):
-            spec = knob.spec(value)
-            documented = {"min": _number(lo, value), "max": _number(hi, value), "scale": scale,
-                          "max_step": _number(step, value)}
-            for key, want in documented.items():
-                if not (spec[key] == want or (isinstance(want, float) and spec[key] == pytest.approx(want))):
-                    out.append(f"knob {name}: docs say {key} {want}, the catalogue {spec[key]} (value {value})")
-        if f"actuator.agents.{setter.strip('`')}" != setters[name]:
-            out.append(f"knob {name}: docs name the setter {setter}, the registry {setters[name]}")
-    for name in sorted(set(probes) | set(probe_rows)):
-        if name not in probes or name not in probe_rows:
-            out.append(f"probe {name}: missing from {'the docs' if name in probes else 'the catalogue'}")
-            continue
-        rng, better, drift, source, _ = probe_rows[name]
-        probe = probes[name]
-        documented = (tuple(_number(c.strip(), 0.0) for c in rng.strip("[]").split(",")),
-                      better == "higher", drift == "yes", None if source == "(knob setter)" else source.strip("`"))
-        if documented != (probe.range, probe.higher_is_better, probe.drift, probe.source):
-            out.append(f"probe {name}: docs say {documented}, the catalogue "
-                       f"{(probe.range, probe.higher_is_better, probe.drift, probe.source)}")
-    return out
+from catalogue_agreement import DOCS, PROBES_DOCS, disagreements, probe_class_disagreements  # noqa: E402
 
 
 def test_catalogue_setters_and_docs_agree():
@@ -191,14 +138,39 @@ def test_the_agreement_check_finds_a_knob_missing_from_the_docs_or_the_setters()
         "probe policy_kl: missing from the docs"]
 
 
-def test_every_probe_key_names_a_shipped_probe_that_produces_it():
-    # compression.flops was listed once and produced by nothing; each key names what produces it
-    from actuator.agents import probes
+def _registered_probes() -> tuple[dict[str, tuple[str, ...]], dict[str, str]]:
+    from actuator.agents.probes import registered
 
-    shipped = {getattr(probes, cls).name for cls in ("Perplexity", "KLDrift", "AnswerKL", "PolicyKL",
-                                                      "EmbeddingDrift", "HotpotQA", "DraftAcceptance")}
+    return ({n: r.keys for n, r in registered().items()}, {n: r.cls.__name__ for n, r in registered().items()})
+
+
+def test_registered_probes_and_the_probes_docs_agree():
+    keys, classes = _registered_probes()
+    assert len(keys) >= 7  # the shipped ones, found by their registration (no list of classes here)
+    assert probe_class_disagreements(keys, classes, PROBES_DOCS.read_text()) == []
+
+
+def test_the_probes_agreement_finds_a_missing_row_or_registration():
+    keys, classes = _registered_probes()
+    docs = PROBES_DOCS.read_text()
+    row = next(line for line in docs.splitlines() if line.startswith("| `PolicyKL("))
+    assert probe_class_disagreements(keys, classes, docs.replace(row + "\n", "")) == [
+        "probe class PolicyKL: missing from the probes docs"]
+    assert probe_class_disagreements({k: v for k, v in keys.items() if k != "hotpotqa"}, classes, docs) == [
+        "probe class HotpotQA: missing from the registry"]
+    wrong = docs.replace("| `perplexity` | exp(mean", "| `perplexity`, `ppl` | exp(mean")
+    assert probe_class_disagreements(keys, classes, wrong) == [
+        "probe class Perplexity: docs list keys ['perplexity', 'ppl'], the registration ['perplexity']"]
+
+
+def test_every_probe_key_names_a_registered_probe_that_produces_it():
+    # compression.flops was listed once and produced by nothing; each key names what produces it
+    from actuator.agents.probes import registered
+
     assert "compression.flops" not in PROBES
-    assert {p.source for p in PROBES.values()} - {None} == shipped
+    assert {p.source for p in PROBES.values()} - {None} == set(registered())
+    for name, registration in registered().items():
+        assert {k for k, p in PROBES.items() if p.source == name} == set(registration.keys), name
 
 
 # -- one registration adds a knob -----------------------------------------------------------------
