@@ -893,7 +893,11 @@ class IngestResult(_Model):
         "its number to get them.")
     actions: list[Action] = Field(default_factory=list)
     state: RunStateName
-    knobs: dict[str, float] = Field(description="Knob values the controller wants in effect now.")
+    knobs: dict[str, float] = Field(
+        default_factory=dict,
+        description="Deprecated, read by no agent: the knob values the controller wants in effect now. Still sent, "
+        "because agents released before it became optional require it; an agent must not rely on it (decisions and "
+        "the run's knobs_in_effect are the source).")
     breached: list[str] = Field(default_factory=list,
                                 description="Guardrails in breach after this batch (empty: every guardrail holds).")
     last_step: int | None = Field(None, description="Latest step the service has observed for this run.")
