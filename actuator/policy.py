@@ -223,7 +223,7 @@ class ControllerSpec(_Model):
         """A controller's document as stored and served: every kind's fields, another kind's at its
         unused value, in one order (the REST contract and the stored documents keep their shape)."""
         own = handler(self)
-        if not isinstance(own, dict) or info.exclude_defaults or info.exclude_unset or info.include or info.exclude:
+        if self.kind not in _FLAT_KINDS or not isinstance(own, dict) or info.exclude_defaults or info.exclude_unset or info.include or info.exclude:
             return own
         unused = {k: v for k, v in _UNUSED.items() if not (info.exclude_none and v is None)}
         return {k: own[k] if k in own else unused[k] for k in _DUMP_ORDER
@@ -650,7 +650,10 @@ class SplitRangeController(_FeedbackController):
     def driven(self) -> list[str]:
         return [leg.knob for leg in self.legs or ()]
 
-    split_range_field = staticmethod(split_range_field)
+    @staticmethod
+    def split_range_field(field: str) -> str:
+        """A SplitRangeError's field as the document's (see the module's :func:`split_range_field`)."""
+        return split_range_field(field)
 
     def config(self, law: PIDConfig, scales: dict[str, str] | None = None) -> SplitRangeConfig:
         """The controllers' SplitRangeConfig (legs on the run's knob scales, the catalogue's where
@@ -689,6 +692,11 @@ _KINDS: dict[str, type[ControllerSpec]] = {}
 _KIND_FIELDS: dict[str, TypeAdapter[Any]] = {}
 _UNUSED: dict[str, Any] = {}
 
+
+# The kinds whose documents were written before the kinds were separate models: each of their
+# fields is read on any of them (its unused value) and accepted at its unused value. A kind
+# registered later keeps its own fields to itself (another kind's document naming them is refused).
+_FLAT_KINDS = frozenset({"setpoint", "constraint", "maximize", "follow", "split_range"})
 
 # The order of a controller's fields in its document (the order of the one model before the kinds).
 _DUMP_ORDER: tuple[str, ...] = (
@@ -736,7 +744,7 @@ def _add_kind(reg: registry.Registration) -> None:
     for name, info in model.model_fields.items():
         if name in ControllerSpec.model_fields:
             continue
-        if name not in _KIND_FIELDS:
+        if name not in _KIND_FIELDS and reg.kind in _FLAT_KINDS:
             _KIND_FIELDS[name] = TypeAdapter(cast(Any, Annotated[info.annotation, info]))
             _UNUSED[name] = info.get_default(call_default_factory=True)
         if name not in _DUMP_ORDER:
@@ -746,7 +754,7 @@ def _add_kind(reg: registry.Registration) -> None:
     _CONTROLLER = TypeAdapter(Controller)
     _TAGS = {*_KINDS, "?"}
     if "PolicyDocument" in globals():
-        PolicyDocument.model_fields["controllers"].annotation = list[Controller]  # type: ignore[valid-type]
+        PolicyDocument.model_fields["controllers"].annotation = list[Controller]
         PolicyDocument.model_rebuild(force=True)
 
 
@@ -822,7 +830,7 @@ class PolicyDocument(_Model):
     name: Name
     description: str = Field("", max_length=2000)
     probes: list[ProbeSpec] = Field(default_factory=list, max_length=32)
-    controllers: list[Controller] = Field(  # type: ignore[valid-type]
+    controllers: list[Controller] = Field(
         default_factory=list, max_length=32, description="ControllerSpec documents, each the model of its kind: "
         "SetpointController (no kind: setpoint), ConstraintController, MaximizeController or FollowController.")
     guardrails: list[GuardrailSpec] = Field(default_factory=list, max_length=64)
@@ -864,7 +872,8 @@ class PolicyDocument(_Model):
             for name, msg in c.kind_errors():
                 errors.append({"type": PydanticCustomError("controller_kind", msg),
                                "loc": ("controllers", i, c.kind, name), "input": c.given(name)})
-        auto = [i for i, c in enumerate(self.controllers) if c.kind in ("setpoint", "constraint") and c.gains == "auto"]
+        auto = [i for i, c in enumerate(self.controllers)
+                if registry.registration(c.kind).law.identifies and c.gains == "auto"]
         for i in auto[1:]:
             c = self.controllers[i]
             same = [self.controllers[j].name for j in auto if j < i and self.controllers[j].knob == c.knob]

@@ -99,6 +99,10 @@ class LawBase:
     field (``state_to_dict`` / ``state_from_dict``: a plain dict by default)."""
 
     setpoint: float | None = None
+    #: see controllers/registry.py's LawKind: an operator may set this kind's setpoint (None), and
+    #: gains auto does not apply to it
+    no_setpoint: ClassVar[str | None] = None
+    identifies: ClassVar[bool] = False
     #: the state's class: ``from_dict``/``to_dict`` read and write the stored memory (None: a dict)
     State: ClassVar[Any] = None
 

@@ -593,8 +593,8 @@ class SetpointLaw(LawBase):
 
     @classmethod
     def build(cls, spec: Any, knobs: Any, inputs: tuple[Any, ...]) -> SetpointLaw:
-        model = inputs[6:] or None
-        return cls(pid_config(spec, *inputs[:6], model=model), spec)
+        setpoint, lo, hi, scale, max_step, span = inputs[:6]
+        return cls(pid_config(spec, setpoint, lo, hi, scale, max_step, span, model=inputs[6:] or None), spec)
 
     def load(self, memory: Any) -> Any:
         return memory.pid

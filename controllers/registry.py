@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from .law import Law
 
@@ -33,7 +33,7 @@ class At:
     model: tuple[float, float, float] | None = None
 
 
-class LawKind(Law):
+class LawKind(Law, Protocol):
     """What a registered law class provides besides :class:`~controllers.law.Law`'s methods.
 
     ``inputs`` lists everything a law is made of (the engine keeps one law per distinct inputs, so
