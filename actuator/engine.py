@@ -67,14 +67,18 @@ def _exact(x: Any) -> Any:
         return x
     return (t.__name__, repr(x))
 
+
 class Engine:
     """Evaluates one policy version against a run's observations (the run's state is the context).
 
     One engine serves every run of its policy version (the store keeps one per version), so what
     depends only on the policy is prepared once: the controllers in priority order, their
-    filters, and each validated PID law, keyed on everything its config is made of (the policy's
-    spec, the setpoint in force, the knob's bounds, scale and step limit). A law is rebuilt, and
-    validated, whenever one of those differs; the policy itself must not be mutated.
+    filters, and each validated law, keyed on everything it is made of (the policy's spec and
+    what its registration's ``inputs`` lists: the setpoint in force, the knob's bounds, scale and
+    step limit...). A law is rebuilt, and validated, whenever one of those differs; the policy
+    itself must not be mutated. The engine knows no law by kind: each controller's law comes from
+    the law registry (controllers/registry.py) and is updated through one protocol
+    (controllers/law.py); the bookkeeping around it is :meth:`_update`'s, the same for every law.
     """
 
     def __init__(self, policy: PolicyDocument, policy_version: int = 1) -> None:
@@ -85,6 +89,7 @@ class Engine:
         self._filters: dict[int, Any] = {}  # id(spec) -> filter (stateless; built on first use)
         self._laws: dict[tuple[Any, ...], Law] = {}  # (id(spec), the law's inputs) -> the validated law
         self._tuned: dict[tuple[Any, ...], ControllerSpec] = {}  # gains auto: the spec with a run's tuned gains
+
     # -- laws ---------------------------------------------------------------------------------
     def law(self, spec: ControllerSpec, knobs: Mapping[str, KnobState], at: At = At()) -> Law:
         """The validated law of ``spec`` on these knobs at ``at``: the one built for the same inputs
@@ -331,8 +336,9 @@ class Engine:
             self._decide(ctx, result, step=obs.step + 1, knob=knob, new=new, reason=reason, controller=spec.name,
                          components=dict(out.components), inputs=dict(out.inputs))
 
-    def _track(self, obs: ObservationCreate, values: dict[str, float], spec: ControllerSpec, ctx: RunContext, st: ControllerState, raw: float,
-               law: Law | None, filtered: tuple[float, Any, float] | None = None) -> tuple[Reading, dict[str, float]]:
+    def _track(self, obs: ObservationCreate, values: dict[str, float], spec: ControllerSpec, ctx: RunContext,
+               st: ControllerState, raw: float, law: Law | None,
+               filtered: tuple[float, Any, float] | None = None) -> tuple[Reading, dict[str, float]]:
         """The bookkeeping of a controller at an observation it acts on (or records, while a
         gains-auto step test runs and the law waits, ``law`` None): the filtered probe, the
         controller's memory updated, and the value in effect of each knob it drives (the agent's

@@ -13,7 +13,7 @@ import math
 import re
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Literal, Self, Union, cast
+from typing import Annotated, Any, ClassVar, Literal, Self, Union, cast
 
 import yaml
 from pydantic import (BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, SerializationInfo,
@@ -269,6 +269,9 @@ class ControllerSpec(_Model):
 class _FeedbackController(ControllerSpec):
     """What the two PID kinds share: a setpoint (or budget), gains, direction, deadband, cooldown."""
 
+    #: the setpoint is a budget (relative gains are per unit of its margin)
+    budget: ClassVar[bool] = False
+
     setpoint: FiniteFloat | SetpointPoints | str | None = Field(
         None, description="Constant, a piecewise-linear schedule [[step, value], ...], or relative to the "
         "probe's first value: '+10%' (e.g. a perplexity budget). Required by setpoint and constraint "
@@ -336,7 +339,7 @@ class _FeedbackController(ControllerSpec):
                 errors.append((name, f"only a maximize controller has {name} (this one is kind {self.kind})"))
         if self.given("schedule") is not None:
             errors.append(("schedule", f"only a follow controller has schedule (this one is kind {self.kind})"))
-        if self.kind != "split_range" and self.given("legs") is not None:
+        if "legs" not in type(self).model_fields and self.given("legs") is not None:
             errors.append(("legs", f"only a split_range controller has legs (this one is kind {self.kind})"))
         if self.given("cost_weight"):
             errors.append(("cost_weight", f"only a maximize controller has cost_weight (kind {self.kind})"))
@@ -379,14 +382,14 @@ class _FeedbackController(ControllerSpec):
             return f"{stated} {unit}"
         if isinstance(self.setpoint, str):
             formula = self._span_formula(float(self.setpoint.rstrip("%")) / 100.0)
-            per = f"per {self.setpoint} margin" if self.kind == "constraint" else "per unit of |setpoint|"
+            per = f"per {self.setpoint} margin" if self.budget else "per unit of |setpoint|"
             return f"{stated} {per} = " + " ".join(f"{n} {v:g}/({formula})" for n, v in terms) + \
                 f" {unit}, b the first {self.probe} reading"
         if isinstance(self.setpoint, list):
             ends = sorted(abs(v) for _, v in self.setpoint)
             return (f"{stated} per unit of |setpoint| = " + " ".join(f"{n} {v:g}/|setpoint|" for n, v in terms)
                     + f" {unit}, |setpoint| {ends[0]:g}…{ends[-1]:g} on the schedule")
-        what = "margin |budget|" if self.kind == "constraint" else "|setpoint|"
+        what = "margin |budget|" if self.budget else "|setpoint|"
         try:
             span = self.error_span(float(self.setpoint or 0.0), None)
         except ParameterError as exc:
@@ -421,6 +424,7 @@ class ConstraintController(_FeedbackController):
 
     kind: Literal["constraint"] = Field("constraint", description="constraint: keep the probe within the budget given as "
                                         "setpoint, with a multiplier knob >= 0 (PID-Lagrangian).")
+    budget: ClassVar[bool] = True
     bound: Literal["upper", "lower"] = Field(
         "upper", description="constraint only: upper = probe <= budget (drift, perplexity); lower = probe >= "
         "budget (gold log-prob, accuracy).")

@@ -44,7 +44,8 @@ class LawKind(Law, Protocol):
     #: an operator may give this kind a setpoint for a run: None; else why not (``{name}``,
     #: ``{probe}`` filled in), e.g. "{name!r} maximizes {probe}; it has no setpoint to change"
     no_setpoint: ClassVar[str | None] = None
-    #: gains auto (a warm-up step test and a fit) applies to this kind
+    #: gains auto (a warm-up step test and a fit) applies to this kind; its law then also has
+    #: ``takeover(current) -> state`` (act at once when the test ends early)
     identifies: ClassVar[bool] = False
 
     @classmethod
