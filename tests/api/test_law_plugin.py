@@ -56,6 +56,24 @@ def test_a_toy_law_registered_by_a_plugin_decides_in_the_service(tmp_path: Path)
         assert all(d["controller"] == "flip" and d["inputs"]["threshold"] == 0.5 for d in stored)
         state = httpx.get(f"{url}/v1/runs/{run['id']}").json()
         assert state["controllers"]["flip"]["components"] == {"above": 0.0}, state["controllers"]["flip"]
+
+        # what every law gets from the engine without writing it: an operator's override holds the
+        # knob (the law decides nothing), and the law acts again once it is released
+        run_url = f"{url}/v1/runs/{run['id']}"
+        assert httpx.post(f"{run_url}/knobs/entropy_coef/override", json={"value": 0.02}).status_code == 200
+        before = len(httpx.get(f"{run_url}/decisions", params={"limit": 100}).json()["items"])
+        r = httpx.post(f"{run_url}/observations", headers=auth, timeout=30, json={"observations": [
+            {"seq": 5, "step": 60, "metrics": {"entropy": 0.9, "loss": 1.0}, "knobs": {"entropy_coef": 0.02}}]})
+        assert r.status_code == 200, r.text
+        assert len(httpx.get(f"{run_url}/decisions", params={"limit": 100}).json()["items"]) == before
+        assert httpx.delete(f"{run_url}/knobs/entropy_coef/override").status_code == 200
+        r = httpx.post(f"{run_url}/observations", headers=auth, timeout=30, json={"observations": [
+            {"seq": 6, "step": 70, "metrics": {"entropy": 0.95, "loss": 1.0}, "knobs": {"entropy_coef": 0.02}}]})
+        last = max(r.json()["decisions"], key=lambda d: d["number"])
+        assert (last["controller"], last["old_value"], last["new_value"]) == ("flip", 0.02, 0.0), last
+        # what the kind allows is asked of its registration: no setpoint to change
+        r = httpx.put(f"{run_url}/controllers/flip/setpoint", json={"setpoint": 0.5})
+        assert r.status_code == 422 and "switches train.entropy at its threshold" in r.text, r.text
     finally:
         svc.stop()
 

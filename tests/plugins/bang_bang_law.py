@@ -24,6 +24,8 @@ class BangBangController(ControllerSpec):
 
 
 class BangBang(LawBase):
+    no_setpoint = "{name!r} switches {probe} at its threshold; it has no setpoint to change"
+
     def __init__(self, spec: BangBangController) -> None:
         self.spec = spec
 
