@@ -42,7 +42,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from .law import LawBase, LawOutput, Reading, fmt, limits_text, trend
+from .law import LawBase, LawOutput, Reading, bounds, fmt, limits_text, trend
 from ._checks import ParameterError, finite_term, require_finite, require_non_negative, require_positive
 
 __all__ = ["ExtremumConfig", "ExtremumState", "ExtremumOutput", "ExtremumSeeking"]
@@ -268,8 +268,7 @@ class MaximizeLaw(LawBase):
     def extremum_config(spec: Any, knob: Any) -> ExtremumConfig:
         """The extremum-seeking law of a ``kind: maximize`` controller on this run's knob: bounds
         and scale as for a PID; the centre's step is ``max_step``, or one dither by default."""
-        lo = knob.min if spec.min is None else max(knob.min, spec.min)
-        hi = knob.max if spec.max is None else min(knob.max, spec.max)
+        lo, hi = bounds(spec, knob)
         scale = spec.scale or knob.scale
         dither = float(spec.dither) if spec.dither is not None else 0.0
         return ExtremumConfig(dither=dither, gain=spec.gain if spec.gain is not None else 0.0, out_min=lo,

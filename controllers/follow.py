@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._checks import ParameterError, require_finite, require_positive
-from .law import LawBase, LawOutput, Reading, fmt, limits_text, trend
+from .law import LawBase, LawOutput, Reading, bounds, fmt, limits_text, trend
 from .limits import KnobLimits
 
 __all__ = ["FollowConfig", "FollowOutput", "Follow", "check_schedule", "schedule_at"]
@@ -170,8 +170,7 @@ class FollowLaw(LawBase):
     def follow_config(spec: Any, knob: Any) -> FollowConfig:
         """The follow law of a ``kind: follow`` controller on this run's knob: the schedule, bounds
         and scale as for a PID, ``max_step`` the controller's or else the knob's."""
-        lo = knob.min if spec.min is None else max(knob.min, spec.min)
-        hi = knob.max if spec.max is None else min(knob.max, spec.max)
+        lo, hi = bounds(spec, knob)
         return FollowConfig(points=tuple((float(x), float(y)) for x, y in spec.schedule or ()), out_min=lo,
                             out_max=hi, scale=spec.scale or knob.scale,
                             max_step=spec.max_step if spec.max_step is not None else knob.max_step)

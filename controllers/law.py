@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-__all__ = ["Reading", "LawOutput", "Law", "LawBase", "fmt", "trend", "limits_text"]
+__all__ = ["Reading", "LawOutput", "Law", "LawBase", "bounds", "fmt", "trend", "limits_text"]
 
 
 @dataclass(frozen=True)
@@ -129,6 +129,14 @@ class LawBase:
         if state is None:
             return
         memory.law = state.to_dict() if hasattr(state, "to_dict") else dict(state)
+
+
+def bounds(spec: Any, knob: Any) -> tuple[Any, Any]:
+    """A controller's bounds on a run's knob: the knob's, tightened by the controller's ``min`` and
+    ``max`` where it states them (numbers kept as given: an int bound stays an int)."""
+    lo = knob.min if spec.min is None else max(knob.min, spec.min)
+    hi = knob.max if spec.max is None else min(knob.max, spec.max)
+    return lo, hi
 
 
 def fmt(x: float) -> str:

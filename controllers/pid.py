@@ -79,7 +79,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from .law import LawBase, LawOutput, Reading, fmt, limits_text, trend
+from .law import LawBase, LawOutput, Reading, bounds, fmt, limits_text, trend
 from .limits import KnobLimits
 from .registry import At, undeclared
 from ._checks import (
@@ -508,8 +508,7 @@ def pid_inputs(spec: Any, knob: Any, step: int, setpoint_override: Any, baseline
     """What a controller's PIDConfig takes from the run: setpoint, bounds, scale, max_step, and the
     span its gains divide the error by (``gains: relative``; 1.0 for absolute gains). ``spec`` is
     the controller's document, ``knob`` the run's knob (``min``, ``max``, ``scale``, ``max_step``)."""
-    lo = knob.min if spec.min is None else max(knob.min, spec.min)
-    hi = knob.max if spec.max is None else min(knob.max, spec.max)
+    lo, hi = bounds(spec, knob)
     target = spec.setpoint if setpoint_override is None else setpoint_override
     setpoint = math.nan if target is None else spec.setpoint_at(target, step, baseline)
     scale = scale or spec.scale or knob.scale
