@@ -377,7 +377,7 @@ def policy_validate(source: Annotated[str, typer.Argument(
     console.print(_labelled("valid:", "green", f"{doc.name} ({len(doc.controllers)} controllers, "
                                                f"{len(doc.guardrails)} guardrails)"))
     for c in doc.controllers:  # relative (and auto's fallback) gains in both forms: as stated and per probe unit
-        if c.kind != "maximize" and c.gains in ("relative", "auto"):
+        if c.gains in ("relative", "auto"):  # a kind without gains reads as absolute
             what = "relative gains" if c.gains == "relative" else "auto gains, fallback (relative)"
             console.print(f"  {c.name}: {what} {c.gains_text()}", soft_wrap=True, highlight=False)
 

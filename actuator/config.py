@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 import ipaddress
+import logging
+from collections.abc import Iterable
 from typing import Annotated, Any
 
 from pydantic import Field, SecretStr, field_validator, model_validator
@@ -31,6 +34,23 @@ def _comma_list(value: Any) -> Any:
     if isinstance(value, str):
         return [v.strip() for v in value.split(",") if v.strip()]
     return value
+
+
+log = logging.getLogger("actuator")
+
+
+def load_plugins(names: Iterable[str]) -> None:
+    """Import the modules ``ACTUATOR_PLUGINS`` names (each registers what it adds, e.g. a control
+    law: controllers/registry.py); a module that cannot be imported stops the start, naming the
+    setting and the module."""
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            message = f"ACTUATOR_PLUGINS: cannot import {name!r}: {exc}"
+            log.error("%s", message)  # the service stops; its log says why
+            raise RuntimeError(message) from exc
+        log.info("plugin %s imported", name)
 
 
 class Settings(BaseSettings):
@@ -72,6 +92,9 @@ class Settings(BaseSettings):
     allowed_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Origins (scheme://host[:port], comma-separated) whose pages may change "
         "runs and policies besides the service's own (a console served elsewhere).")
+    plugins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Python modules (comma-separated) the service imports at start, each "
+        "registering what it adds: a control law (`register(kind, spec=..., law=...)`, controllers/registry.py).")
     migrate_on_start: bool = True
     max_batch: int = Field(1000, ge=1, description="Most observations accepted in one request.")
     max_body_bytes: int = Field(1_000_000, ge=1024, description="Largest request body accepted.")
@@ -169,7 +192,7 @@ class Settings(BaseSettings):
         300.0, ge=0, description="Seconds a finished or halted run's Prometheus series stay exported (so a "
         "scrape sees their final values); then they are removed.")
 
-    _lists = field_validator("allowed_hosts", "allowed_origins", "viewer_token", mode="before")(
+    _lists = field_validator("allowed_hosts", "allowed_origins", "viewer_token", "plugins", mode="before")(
         classmethod(lambda cls, v: _comma_list(v)))
 
     @field_validator("allowed_origins")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .controllers import registration
 from .policy import PolicyDocument
 from .run_state import ControllerState, RunContext
 from .schemas import (
@@ -72,11 +73,9 @@ def set_setpoint(ctx: RunContext, run: Any, controller: str, setpoint: Any, poli
     if controller not in names:
         raise ValueError(f"controller: the policy has no controller {controller!r} (controllers: {sorted(names)})")
     spec = next(c for c in policy.controllers if c.name == controller)
-    if spec.kind == "maximize":
-        raise ValueError(f"controller: {controller!r} maximizes {spec.probe}; it has no setpoint to change")
-    if spec.kind == "follow":
-        raise ValueError(f"controller: {controller!r} follows {spec.probe} on a schedule; it has no setpoint to "
-                         "change (change the policy's schedule)")
+    why = registration(spec.kind).law.no_setpoint  # what the kind allows: its law registration says
+    if why is not None:
+        raise ValueError("controller: " + why.format(name=controller, probe=spec.probe))
     st = ctx.controllers.setdefault(controller, ControllerState())
     old = st.setpoint_override
     st.setpoint_override = setpoint

@@ -13,7 +13,7 @@ import math
 import re
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Literal, Self, cast
+from typing import Annotated, Any, ClassVar, Literal, Self, Union, cast
 
 import yaml
 from pydantic import (BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, SerializationInfo,
@@ -24,7 +24,8 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from ._exceptions import PolicyError
 from .catalogue import KNOBS, PROBES, TRAIN_SIGNALS
-from .controllers import Leg, ParameterError, PIDConfig, SplitRangeConfig, SplitRangeError, check_schedule
+from .controllers import (ConstraintLaw, FollowLaw, Leg, MaximizeLaw, ParameterError, PIDConfig, SetpointLaw,
+                          SplitRangeConfig, SplitRangeError, SplitRangeLaw, check_schedule, register, registry)
 from .schemas import MAX_INT, MAX_SETPOINT_POINTS, FiniteFloat, Name, PositiveFinite, Scale
 
 __all__ = [
@@ -222,7 +223,7 @@ class ControllerSpec(_Model):
         """A controller's document as stored and served: every kind's fields, another kind's at its
         unused value, in one order (the REST contract and the stored documents keep their shape)."""
         own = handler(self)
-        if not isinstance(own, dict) or info.exclude_defaults or info.exclude_unset or info.include or info.exclude:
+        if self.kind not in _FLAT_KINDS or not isinstance(own, dict) or info.exclude_defaults or info.exclude_unset or info.include or info.exclude:
             return own
         unused = {k: v for k, v in _UNUSED.items() if not (info.exclude_none and v is None)}
         return {k: own[k] if k in own else unused[k] for k in _DUMP_ORDER
@@ -259,9 +260,17 @@ class ControllerSpec(_Model):
         """The knobs this controller drives (a split_range controller's two legs' knobs)."""
         return [self.knob] if self.knob is not None else []
 
+    @staticmethod
+    def setpoint_at(target: Any, step: int, baseline: float | None = None) -> float:
+        """A setpoint's value at ``step`` (see the module's :func:`setpoint_at`), for the laws."""
+        return setpoint_at(target, step, baseline)
+
 
 class _FeedbackController(ControllerSpec):
     """What the two PID kinds share: a setpoint (or budget), gains, direction, deadband, cooldown."""
+
+    #: the setpoint is a budget (relative gains are per unit of its margin)
+    budget: ClassVar[bool] = False
 
     setpoint: FiniteFloat | SetpointPoints | str | None = Field(
         None, description="Constant, a piecewise-linear schedule [[step, value], ...], or relative to the "
@@ -330,7 +339,7 @@ class _FeedbackController(ControllerSpec):
                 errors.append((name, f"only a maximize controller has {name} (this one is kind {self.kind})"))
         if self.given("schedule") is not None:
             errors.append(("schedule", f"only a follow controller has schedule (this one is kind {self.kind})"))
-        if self.kind != "split_range" and self.given("legs") is not None:
+        if "legs" not in type(self).model_fields and self.given("legs") is not None:
             errors.append(("legs", f"only a split_range controller has legs (this one is kind {self.kind})"))
         if self.given("cost_weight"):
             errors.append(("cost_weight", f"only a maximize controller has cost_weight (kind {self.kind})"))
@@ -373,14 +382,14 @@ class _FeedbackController(ControllerSpec):
             return f"{stated} {unit}"
         if isinstance(self.setpoint, str):
             formula = self._span_formula(float(self.setpoint.rstrip("%")) / 100.0)
-            per = f"per {self.setpoint} margin" if self.kind == "constraint" else "per unit of |setpoint|"
+            per = f"per {self.setpoint} margin" if self.budget else "per unit of |setpoint|"
             return f"{stated} {per} = " + " ".join(f"{n} {v:g}/({formula})" for n, v in terms) + \
                 f" {unit}, b the first {self.probe} reading"
         if isinstance(self.setpoint, list):
             ends = sorted(abs(v) for _, v in self.setpoint)
             return (f"{stated} per unit of |setpoint| = " + " ".join(f"{n} {v:g}/|setpoint|" for n, v in terms)
                     + f" {unit}, |setpoint| {ends[0]:g}…{ends[-1]:g} on the schedule")
-        what = "margin |budget|" if self.kind == "constraint" else "|setpoint|"
+        what = "margin |budget|" if self.budget else "|setpoint|"
         try:
             span = self.error_span(float(self.setpoint or 0.0), None)
         except ParameterError as exc:
@@ -415,6 +424,7 @@ class ConstraintController(_FeedbackController):
 
     kind: Literal["constraint"] = Field("constraint", description="constraint: keep the probe within the budget given as "
                                         "setpoint, with a multiplier knob >= 0 (PID-Lagrangian).")
+    budget: ClassVar[bool] = True
     bound: Literal["upper", "lower"] = Field(
         "upper", description="constraint only: upper = probe <= budget (drift, perplexity); lower = probe >= "
         "budget (gold log-prob, accuracy).")
@@ -644,6 +654,11 @@ class SplitRangeController(_FeedbackController):
     def driven(self) -> list[str]:
         return [leg.knob for leg in self.legs or ()]
 
+    @staticmethod
+    def split_range_field(field: str) -> str:
+        """A SplitRangeError's field as the document's (see the module's :func:`split_range_field`)."""
+        return split_range_field(field)
+
     def config(self, law: PIDConfig, scales: dict[str, str] | None = None) -> SplitRangeConfig:
         """The controllers' SplitRangeConfig (legs on the run's knob scales, the catalogue's where
         not given); raises SplitRangeError where the legs would not act as their ranges say."""
@@ -675,29 +690,30 @@ class SplitRangeController(_FeedbackController):
         return errors
 
 
-_KINDS: dict[str, type[ControllerSpec]] = {"setpoint": SetpointController, "constraint": ConstraintController,
-                                           "maximize": MaximizeController, "follow": FollowController,
-                                           "split_range": SplitRangeController}
+# The kinds there are: the law registry's (controllers/registry.py), the shipped ones registered below.
+_KINDS: dict[str, type[ControllerSpec]] = {}
 # Every kind's own fields, each with a validator of its type and constraints and its unused value.
-_KIND_FIELDS: dict[str, TypeAdapter[Any]] = {
-    name: TypeAdapter(cast(Any, Annotated[info.annotation, info])) for model in _KINDS.values()
-    for name, info in model.model_fields.items() if name not in ControllerSpec.model_fields}
-_UNUSED: dict[str, Any] = {name: info.get_default(call_default_factory=True) for model in _KINDS.values()
-                           for name, info in model.model_fields.items() if name not in ControllerSpec.model_fields}
+_KIND_FIELDS: dict[str, TypeAdapter[Any]] = {}
+_UNUSED: dict[str, Any] = {}
 
+
+# The kinds whose documents were written before the kinds were separate models: each of their
+# fields is read on any of them (its unused value) and accepted at its unused value. A kind
+# registered later keeps its own fields to itself (another kind's document naming them is refused).
+_FLAT_KINDS = frozenset({"setpoint", "constraint", "maximize", "follow", "split_range"})
 
 # The order of a controller's fields in its document (the order of the one model before the kinds).
-_DUMP_ORDER = ("name", "kind", "bound", "probe", "knob", "setpoint", "gains", "kp", "ki", "kd", "direction", "filter",
-               "min", "max", "scale", "max_step", "deadband", "setpoint_weight", "cooldown", "priority", "dither",
-               "gain", "smoothing", "cost", "cost_weight", "schedule", "identify", "horizon", "setpoint_ramp", "legs")
+_DUMP_ORDER: tuple[str, ...] = (
+    "name", "kind", "bound", "probe", "knob", "setpoint", "gains", "kp", "ki", "kd", "direction", "filter", "min", "max",
+    "scale", "max_step", "deadband", "setpoint_weight", "cooldown", "priority", "dither", "gain", "smoothing", "cost",
+    "cost_weight", "schedule", "identify", "horizon", "setpoint_ramp", "legs")
 # Fields added after the flat shape was fixed: in their own kind's documents only, so the documents
 # of the kinds before them (stored, served, compared) keep their shape.
-_OWN_ONLY = frozenset({"schedule", "identify", "horizon", "setpoint_ramp", "legs"})
+_OWN_ONLY = {"schedule", "identify", "horizon", "setpoint_ramp", "legs"}
 # ... and left out where unset (None; 0 for those in _OMIT_ZERO), so a document without them keeps
 # its shape in every kind (a split_range controller has no knob of its own: left out too).
 _OMIT_NONE = frozenset({"identify", "knob"})
 _OMIT_ZERO = frozenset({"horizon", "setpoint_ramp"})
-assert set(_DUMP_ORDER) == {*ControllerSpec.model_fields, *_UNUSED}, "a controller field is missing from _DUMP_ORDER"
 
 
 def _kind_of(value: Any) -> str:
@@ -707,16 +723,55 @@ def _kind_of(value: Any) -> str:
     return kind if isinstance(kind, str) and kind in _KINDS else "?"
 
 
-# A controller document: the model of its kind (no kind: setpoint). An unknown kind is validated by
-# the shared fields alone, whose `kind` then names the kinds there are.
-Controller = Annotated[
-    Annotated[SetpointController, Tag("setpoint")] | Annotated[ConstraintController, Tag("constraint")]
-    | Annotated[MaximizeController, Tag("maximize")] | Annotated[FollowController, Tag("follow")]
-    | Annotated[SplitRangeController, Tag("split_range")]
-    | Annotated[SkipJsonSchema[ControllerSpec], Tag("?")],
-    Discriminator(_kind_of)]
-_CONTROLLER: TypeAdapter[ControllerSpec] = TypeAdapter(Controller)
-_TAGS = {*_KINDS, "?"}
+def _union() -> Any:
+    """A controller document: the model of its kind (no kind: setpoint). An unknown kind is
+    validated by the shared fields alone, whose `kind` then names the kinds there are."""
+    tagged = [Annotated[model, Tag(kind)] for kind, model in _KINDS.items()]
+    return Annotated[Union[*tagged, Annotated[SkipJsonSchema[ControllerSpec], Tag("?")]],  # noqa: UP007
+                     Discriminator(_kind_of)]
+
+
+Controller: Any = None
+_CONTROLLER: TypeAdapter[ControllerSpec]
+_TAGS: set[str] = {"?"}
+def _add_kind(reg: registry.Registration) -> None:
+    """A law registered (controllers/registry.py): documents of its kind are validated by its model.
+
+    The kind's own fields join the document's (after the shipped kinds' fields, and only in its own
+    documents), and the models that hold controllers are rebuilt with the new kind."""
+    global Controller, _CONTROLLER, _TAGS
+    model = reg.spec
+    if not (isinstance(model, type) and issubclass(model, ControllerSpec)):
+        raise TypeError(f"the spec of kind {reg.kind!r} is a ControllerSpec model, got {model!r}")
+    _KINDS[reg.kind] = model
+    global _DUMP_ORDER
+    for name, info in model.model_fields.items():
+        if name in ControllerSpec.model_fields:
+            continue
+        if name not in _KIND_FIELDS and reg.kind in _FLAT_KINDS:
+            _KIND_FIELDS[name] = TypeAdapter(cast(Any, Annotated[info.annotation, info]))
+            _UNUSED[name] = info.get_default(call_default_factory=True)
+        if name not in _DUMP_ORDER:
+            _DUMP_ORDER = (*_DUMP_ORDER, name)
+            _OWN_ONLY.add(name)
+    Controller = _union()
+    _CONTROLLER = TypeAdapter(Controller)
+    _TAGS = {*_KINDS, "?"}
+    if "PolicyDocument" in globals():
+        PolicyDocument.model_fields["controllers"].annotation = list[Controller]
+        PolicyDocument.model_rebuild(force=True)
+
+
+def _shipped_kinds() -> None:
+    register("setpoint", spec=SetpointController, law=SetpointLaw)
+    register("constraint", spec=ConstraintController, law=ConstraintLaw)
+    register("maximize", spec=MaximizeController, law=MaximizeLaw)
+    register("follow", spec=FollowController, law=FollowLaw)
+    register("split_range", spec=SplitRangeController, law=SplitRangeLaw)
+
+
+registry.on_register(_add_kind)
+_shipped_kinds()
 
 
 def _details(exc: ValidationError, prefix: tuple[str | int, ...] = ()) -> list[InitErrorDetails]:
@@ -821,7 +876,8 @@ class PolicyDocument(_Model):
             for name, msg in c.kind_errors():
                 errors.append({"type": PydanticCustomError("controller_kind", msg),
                                "loc": ("controllers", i, c.kind, name), "input": c.given(name)})
-        auto = [i for i, c in enumerate(self.controllers) if c.kind in ("setpoint", "constraint") and c.gains == "auto"]
+        auto = [i for i, c in enumerate(self.controllers)
+                if registry.registration(c.kind).law.identifies and c.gains == "auto"]
         for i in auto[1:]:
             c = self.controllers[i]
             same = [self.controllers[j].name for j in auto if j < i and self.controllers[j].knob == c.knob]
@@ -989,3 +1045,4 @@ def constraint_controller(name: str, probe: str, budget: float, *, bound: str = 
     scale = abs(budget) or 1.0
     return {"name": name, "kind": "constraint", "bound": bound, "probe": probe, "knob": knob,
             "setpoint": budget, "kp": kp / scale, "ki": ki / scale, "priority": priority}
+

@@ -15,7 +15,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from actuator import __version__
-from actuator.config import Settings
+from actuator.config import Settings, load_plugins
 from actuator.live import make_live
 from actuator.metrics import Metrics
 from actuator.migrate import upgrade
@@ -330,6 +330,7 @@ class _EnvelopeTooLarge:
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
+    load_plugins(settings.plugins)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

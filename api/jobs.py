@@ -29,13 +29,18 @@ def _watch_parent(parent: int) -> None:
         time.sleep(PARENT_CHECK_SECONDS)
 
 
-def serve(conn: Connection, parent: int, nice: int = 0) -> None:
+def serve(conn: Connection, parent: int, nice: int = 0, plugins: tuple[str, ...] = ()) -> None:
     """A worker process: run the jobs ``(fn, args, kwargs)`` it is sent, answer ``(ok, value)``.
     Ends on ``None``, on the end of its pipe (the parent closed it or died) and, while a job
     runs, when its parent is gone (the watchdog thread). ``nice``: added to its scheduling
-    niceness, so that on busy cores the processes serving requests go first."""
+    niceness, so that on busy cores the processes serving requests go first. ``plugins``: the
+    modules the service imported at start (``ACTUATOR_PLUGINS``: laws it knows), imported here too."""
     if nice:
         os.nice(nice)
+    if plugins:
+        from actuator.config import load_plugins
+
+        load_plugins(plugins)
     threading.Thread(target=_watch_parent, args=(parent,), name="parent-watchdog", daemon=True).start()
     while True:
         try:

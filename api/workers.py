@@ -52,10 +52,10 @@ class Abandoned(ActuatorError):
 
 
 class _Worker:
-    def __init__(self, nice: int = 0) -> None:
+    def __init__(self, nice: int = 0, plugins: tuple[str, ...] = ()) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=serve, args=(child, os.getpid(), nice), name="actuator-worker", daemon=True)
+        self.proc = ctx.Process(target=serve, args=(child, os.getpid(), nice, plugins), name="actuator-worker", daemon=True)
         self.proc.start()
         child.close()  # the parent keeps only its end: the worker sees EOF when the parent goes
 
@@ -84,8 +84,10 @@ class WorkerPool:
     kind → most requests of that kind in flight; ``setting`` names each cap's setting in answers."""
 
     def __init__(self, processes: int = 1, caps: dict[str, int] | None = None, *, wait: float = 30.0,
-                 timeout: float = 300.0, settings: dict[str, str] | None = None, nice: int = 0) -> None:
+                 timeout: float = 300.0, settings: dict[str, str] | None = None, nice: int = 0,
+                 plugins: tuple[str, ...] = ()) -> None:
         self.processes, self.wait, self.timeout, self.nice = processes, wait, timeout, nice
+        self.plugins = plugins  # imported by each worker process, as by the service (ACTUATOR_PLUGINS)
         self.caps = dict(caps or {})
         self.settings = dict(settings or {})
         self._lock = threading.Lock()
@@ -101,7 +103,7 @@ class WorkerPool:
                 "render": settings.render_concurrency, "tune": settings.tune_concurrency}
         names = {k: f"ACTUATOR_{k.upper()}_CONCURRENCY" for k in caps}
         return cls(settings.worker_processes, caps, wait=settings.worker_wait, timeout=settings.worker_timeout,
-                   settings=names, nice=settings.worker_nice)
+                   settings=names, nice=settings.worker_nice, plugins=tuple(settings.plugins))
 
     # -- admission -----------------------------------------------------------------------------
     def _admit(self, kind: str) -> None:
@@ -146,7 +148,7 @@ class WorkerPool:
             else:
                 worker = None
         try:
-            worker = worker or _Worker(self.nice)
+            worker = worker or _Worker(self.nice, self.plugins)
         except BaseException:
             self._free.release()
             raise

@@ -16,9 +16,9 @@ from .baselines import (
     PlateauState,
     ReduceLROnPlateau,
 )
-from .extremum import ExtremumConfig, ExtremumOutput, ExtremumSeeking, ExtremumState
+from .extremum import ExtremumConfig, ExtremumOutput, ExtremumSeeking, ExtremumState, MaximizeLaw
 from .feedforward import KLStart, kl_coefficient_for_target
-from .follow import Follow, FollowConfig, FollowOutput, check_schedule, schedule_at
+from .follow import Follow, FollowConfig, FollowLaw, FollowOutput, check_schedule, schedule_at
 from .filters import (
     EMA,
     EMAState,
@@ -30,13 +30,31 @@ from .filters import (
     PassthroughState,
     make_filter,
 )
-from .lagrangian import PIDLagrangian, lagrangian_config
-from .pid import PID, Direction, LimitReason, PIDConfig, PIDOutput, PIDState, Scale
+from .lagrangian import ConstraintLaw, PIDLagrangian, lagrangian_config
+from .law import Law, LawBase, LawOutput, Reading
+from .pid import PID, Direction, LimitReason, PIDConfig, PIDOutput, PIDState, Scale, SetpointLaw
+from .registry import At, LawKind, Registration, register, registration, registrations
 from .setpoint import Setpoint, setpoint_at, validate_setpoint
-from .split_range import Leg, SplitRange, SplitRangeConfig, SplitRangeError, SplitRangeOutput
+from .split_range import Leg, SplitRange, SplitRangeConfig, SplitRangeError, SplitRangeLaw, SplitRangeOutput
 
 __all__ = [
     "ParameterError",
+    # the law seam: one protocol, one output, one registry
+    "Law",
+    "LawBase",
+    "LawOutput",
+    "Reading",
+    "At",
+    "LawKind",
+    "Registration",
+    "register",
+    "registration",
+    "registrations",
+    "SetpointLaw",
+    "ConstraintLaw",
+    "MaximizeLaw",
+    "FollowLaw",
+    "SplitRangeLaw",
     # pid
     "PID",
     "PIDConfig",

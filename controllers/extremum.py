@@ -42,6 +42,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from .law import LawBase, LawOutput, Reading, bounds, fmt, limits_text, trend
 from ._checks import ParameterError, finite_term, require_finite, require_non_negative, require_positive
 
 __all__ = ["ExtremumConfig", "ExtremumState", "ExtremumOutput", "ExtremumSeeking"]
@@ -246,3 +247,93 @@ class ExtremumSeeking:
         starts a new centre at the value then in effect and a new gradient estimate; the update
         count carries over."""
         return ExtremumState(updates=0 if state is None else state.updates)
+
+
+# -- the law seam (controllers/law.py) -------------------------------------------------------------
+
+class MaximizeLaw(LawBase):
+    """``kind: maximize``: extremum seeking behind the law protocol. Its state is the controller's
+    ``law`` memory (:class:`ExtremumState`); an override, another controller's move or control
+    handed back starts a new search around the value in effect (a stale gradient estimate would be
+    wrong there); it waits for an observation that carries its cost probe, when it weighs one."""
+
+    State = ExtremumState
+    no_setpoint = "{name!r} maximizes {probe}; it has no setpoint to change"
+
+    def __init__(self, config: ExtremumConfig, spec: Any) -> None:
+        self.law = ExtremumSeeking(config)  # validates
+        self.config, self.spec = config, spec
+
+    @staticmethod
+    def extremum_config(spec: Any, knob: Any) -> ExtremumConfig:
+        """The extremum-seeking law of a ``kind: maximize`` controller on this run's knob: bounds
+        and scale as for a PID; the centre's step is ``max_step``, or one dither by default."""
+        lo, hi = bounds(spec, knob)
+        scale = spec.scale or knob.scale
+        dither = float(spec.dither) if spec.dither is not None else 0.0
+        return ExtremumConfig(dither=dither, gain=spec.gain if spec.gain is not None else 0.0, out_min=lo,
+                              out_max=hi, max_step=spec.max_step if spec.max_step is not None else dither,
+                              smoothing=spec.smoothing, scale=scale, cost_weight=spec.cost_weight)
+
+    @classmethod
+    def inputs(cls, spec: Any, knobs: Any, at: Any) -> tuple[Any, ...]:
+        knob = knobs[spec.knob]
+        cfg = cls.extremum_config(spec, knob)
+        return (cfg.out_min, cfg.out_max, cfg.scale, knob.max_step)
+
+    @classmethod
+    def build(cls, spec: Any, knobs: Any, inputs: tuple[Any, ...]) -> MaximizeLaw:
+        """Raises ParameterError when it cannot run on this knob, including a dither whose flip
+        (2a per decision) the knob's own rate limit would cut."""
+        knob = knobs[spec.knob]
+        cfg = cls.extremum_config(spec, knob)
+        move = 2 * cfg.dither + (cfg.max_step or 0.0)
+        if knob.max_step is not None and move > knob.max_step * (1 + 1e-9):
+            raise ParameterError("dither", f"a decision moves the knob by up to 2 x dither + max_step = {move:g} "
+                                           f"(the dither flips, the centre steps), more than the knob's max_step "
+                                           f"{knob.max_step:g}, which would cut the dither")
+        return cls(cfg, spec)
+
+    @classmethod
+    def ready(cls, spec: Any, values: Any) -> bool:
+        if spec.cost is None:
+            return True
+        cost = values.get(spec.cost)
+        return cost is not None and math.isfinite(cost)
+
+    def in_effect(self, knob: str, value: float) -> float:
+        return min(max(value, self.config.out_min), self.config.out_max)
+
+    def handover(self, state: Any, reading: Reading, current: Any) -> Any:
+        return self.law.restart(state)
+
+    def update(self, state: Any, reading: Reading, dt: float, current: Any) -> LawOutput:
+        spec, cfg = self.spec, self.config
+        cost = None if spec.cost is None else reading.values.get(spec.cost)
+        out = self.law.update(reading.value, dt, current, state, cost=cost)
+        components = {"objective": out.objective, "gradient": out.gradient, "step": out.step,
+                      "dither": out.dither, "centre": out.centre}
+        return LawOutput(
+            value=out.value, changed=out.changed, components=components, limits=out.limited_by,
+            reason=(self.reason(out, reading, cost), ""), state=out.state,
+            inputs={"probe": spec.probe, "raw": reading.raw, "filtered": reading.value, "cost": cost,
+                    "cost_probe": spec.cost, "highpass": out.highpass, "demodulated": out.demodulated,
+                    "estimates": out.state.estimates, "dt": dt, "limited_by": list(out.limited_by),
+                    "bounds": [cfg.out_min, cfg.out_max], "max_step": cfg.max_step, "dither": cfg.dither,
+                    "gain": cfg.gain, "scale": cfg.scale})
+
+    def reason(self, out: ExtremumOutput, reading: Reading, cost: float | None) -> str:
+        """What it measured, what it estimates, how the centre moved, e.g. ``maximize max-acceptance:
+        draft.acceptance 0.2612 and rising, d/d(onpolicy_fraction) ≈ +0.031 (4 estimates): centre
+        0.5 -> 0.6 (+0.1, limited by rate), dither -0.15``."""
+        spec = self.spec
+        objective = "" if cost is None else f" (objective {fmt(out.objective)} after cost {spec.cost} {fmt(cost)})"
+        if out.demodulated is None:
+            estimate = f"estimating the gradient (needs 3 dithered readings, has {len(out.state.objectives)})"
+        else:
+            estimate = f"d/d({spec.knob}) ≈ {out.gradient:+.3g} ({out.state.estimates} estimates)"
+        start = out.state.estimates == 0 and out.step == 0
+        move = (f"centre {fmt(out.centre)}" if start else
+                f"centre -> {fmt(out.centre)} ({out.step:+.3g}{limits_text(out.limited_by)})")
+        return (f"maximize {spec.name}: {spec.probe} {fmt(reading.value)}{trend(reading)}{objective}, {estimate}: "
+                f"{move}, dither {out.dither:+.3g}")

@@ -27,8 +27,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ._checks import ParameterError, require_finite, require_positive
+from .law import LawBase, LawOutput, Reading, bounds, fmt, limits_text, trend
 from .limits import KnobLimits
 
 __all__ = ["FollowConfig", "FollowOutput", "Follow", "check_schedule", "schedule_at"]
@@ -147,3 +149,59 @@ class Follow:
         if i == len(self.points) - 1:
             return f"at or above the last point {pt(i)}"
         return f"at point {i} {pt(i)}"
+
+
+# -- the law seam (controllers/law.py) -------------------------------------------------------------
+
+class FollowLaw(LawBase):
+    """``kind: follow``: the knob goes to the schedule's value at the filtered probe, within the
+    bounds and at most ``max_step`` from the value in effect. The law has no state, so an override,
+    another controller's move or control handed back needs no restart: it only stands aside while
+    the knob is someone else's. The value in effect is taken as reported, even outside the bounds:
+    the law brings it back at once."""
+
+    no_setpoint = "{name!r} follows {probe} on a schedule; it has no setpoint to change (change the policy's schedule)"
+
+    def __init__(self, config: FollowConfig, spec: Any) -> None:
+        self.law = Follow(config)  # validates
+        self.config, self.spec = config, spec
+
+    @staticmethod
+    def follow_config(spec: Any, knob: Any) -> FollowConfig:
+        """The follow law of a ``kind: follow`` controller on this run's knob: the schedule, bounds
+        and scale as for a PID, ``max_step`` the controller's or else the knob's."""
+        lo, hi = bounds(spec, knob)
+        return FollowConfig(points=tuple((float(x), float(y)) for x, y in spec.schedule or ()), out_min=lo,
+                            out_max=hi, scale=spec.scale or knob.scale,
+                            max_step=spec.max_step if spec.max_step is not None else knob.max_step)
+
+    @classmethod
+    def inputs(cls, spec: Any, knobs: Any, at: Any) -> tuple[Any, ...]:
+        cfg = cls.follow_config(spec, knobs[spec.knob])
+        return (cfg.out_min, cfg.out_max, cfg.scale, cfg.max_step)
+
+    @classmethod
+    def build(cls, spec: Any, knobs: Any, inputs: tuple[Any, ...]) -> FollowLaw:
+        """Raises ParameterError when it cannot run on this knob, including a schedule whose knob
+        values leave the run's bounds (the law would clamp them, and the schedule would not say
+        what the knob does)."""
+        cfg = cls.follow_config(spec, knobs[spec.knob])
+        law = cls(cfg, spec)
+        outside = [y for _, y in law.law.points if not cfg.out_min <= y <= cfg.out_max]
+        if outside:
+            raise ParameterError("schedule", f"knob values {outside} are outside the bounds [{cfg.out_min:g}, "
+                                             f"{cfg.out_max:g}]")
+        return law
+
+    def update(self, state: Any, reading: Reading, dt: float, current: Any) -> LawOutput:
+        spec, cfg, law = self.spec, self.config, self.law
+        out = law.update(reading.value, current)
+        head = (f"follow {spec.name}: {spec.probe} {fmt(reading.value)}{trend(reading)} -> {spec.knob} "
+                f"{fmt(out.target)} ({law.where(out.segment)})")
+        return LawOutput(
+            value=out.value, changed=out.changed, components={"target": out.target}, limits=out.limited_by,
+            reason=(head, limits_text(out.limited_by)),
+            inputs={"probe": spec.probe, "raw": reading.raw, "filtered": reading.value, "dt": dt,
+                    "schedule": [list(p) for p in law.points], "segment": list(out.segment),
+                    "limited_by": list(out.limited_by), "bounds": [cfg.out_min, cfg.out_max],
+                    "max_step": cfg.max_step, "scale": cfg.scale})

@@ -47,7 +47,10 @@ import math
 
 from ._checks import ParameterError, finite_term, require_finite, require_positive, saturate
 from .limits import limited
-from .pid import PIDConfig, PIDOutput, PIDState, projection
+from typing import Any
+
+from .law import Reading, fmt, limits_text, trend
+from .pid import PIDConfig, PIDOutput, PIDState, SetpointLaw, pid_inputs, projection
 
 __all__ = ["PIDLagrangian", "lagrangian_config"]
 
@@ -206,3 +209,27 @@ class PIDLagrangian:
 
     def _limited(self, u: float, cur: float, limits: set[str]) -> float:
         return limited(u, cur, self.config.max_step, self._bounded, limits)
+
+
+class ConstraintLaw(SetpointLaw):
+    """``kind: constraint``: the PID-Lagrangian on a multiplier knob (linear scale), behind the law
+    protocol; its reason line says whether the constraint is active or slack."""
+
+    law_class = PIDLagrangian
+
+    @classmethod
+    def inputs(cls, spec: Any, knobs: Any, at: Any) -> tuple[Any, ...]:
+        return (*pid_inputs(spec, knobs[spec.knob], at.step, at.setpoint_override, at.baseline, scale="linear"),
+                *(at.model or ()))
+
+    def reason(self, out: PIDOutput, reading: Reading, current: float) -> tuple[str, str]:
+        """E.g. ``constraint keep-drift active: kl_drift 0.62 > budget 0.5 and rising: kl_weight 0
+        -> 0.24 (levels P +0.12 I +0.12)``: the multiplier is the sum of the terms' levels, so the
+        levels are what explains its value (labelled, not to be read as moves)."""
+        filtered, budget, upper = reading.value, self.config.setpoint, self.spec.bound == "upper"
+        violated = filtered > budget if upper else filtered < budget
+        sign = (">" if upper else "<") if violated else ("<=" if upper else ">=")
+        terms = " ".join(f"{n.upper()} {getattr(out, n):+.3g}" for n in ("p", "i", "d") if getattr(out, n))
+        state = "active" if violated else ("slack, releasing" if out.value < current else "slack")
+        return (f"constraint {self.name} {state}: {self.probe} {fmt(filtered)} {sign} budget {fmt(budget)}"
+                f"{trend(reading)}", (f" (levels {terms})" if terms else "") + limits_text(out.limited_by))

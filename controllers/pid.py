@@ -79,7 +79,9 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from .law import LawBase, LawOutput, Reading, bounds, fmt, limits_text, trend
 from .limits import KnobLimits
+from .registry import At, undeclared
 from ._checks import (
     ParameterError,
     finite_term,
@@ -497,3 +499,166 @@ class PID:
         if step > 0:
             return max(integral, min(candidate, at_limit)), raw
         return min(integral, max(candidate, at_limit)), raw
+
+
+# -- the law seam (controllers/law.py): a setpoint controller's law --------------------------------
+
+def pid_inputs(spec: Any, knob: Any, step: int, setpoint_override: Any, baseline: float | None,
+               scale: str | None = None) -> tuple[float, Any, Any, Any, Any, float]:
+    """What a controller's PIDConfig takes from the run: setpoint, bounds, scale, max_step, and the
+    span its gains divide the error by (``gains: relative``; 1.0 for absolute gains). ``spec`` is
+    the controller's document, ``knob`` the run's knob (``min``, ``max``, ``scale``, ``max_step``)."""
+    lo, hi = bounds(spec, knob)
+    target = spec.setpoint if setpoint_override is None else setpoint_override
+    setpoint = math.nan if target is None else spec.setpoint_at(target, step, baseline)
+    scale = scale or spec.scale or knob.scale
+    max_step = spec.max_step if spec.max_step is not None else knob.max_step
+    span = 1.0 if target is None else spec.error_span(setpoint, baseline)
+    return setpoint, lo, hi, scale, max_step, span
+
+
+def pid_config(spec: Any, setpoint: float, lo: Any, hi: Any, scale: Any, max_step: Any, span: float = 1.0,
+               model: Any = None) -> PIDConfig:
+    """The PIDConfig of a controller's document on these inputs: relative gains (span != 1) act on
+    the error divided by the span, the same law in probe units; ``model``: an integrating fit's
+    (rate, drift, u_ref), the projection when a horizon is set."""
+    rate, drift, u_ref = model if model is not None and spec.horizon > 0 else (None, 0.0, 0.0)
+    return PIDConfig(
+        setpoint=setpoint,
+        kp=(spec.kp if spec.kp is not None else 0.0) / span,
+        ki=spec.ki / span,
+        kd=spec.kd / span,
+        out_min=lo,
+        out_max=hi,
+        scale=scale,
+        direction=spec.direction,
+        max_step=max_step,
+        deadband=spec.deadband,
+        cooldown=float(spec.cooldown),
+        setpoint_weight=spec.setpoint_weight,
+        horizon=spec.horizon,
+        setpoint_ramp=spec.setpoint_ramp,
+        model_rate=rate,
+        model_drift=drift,
+        model_u_ref=u_ref,
+    )
+
+
+def law_notes(out: PIDOutput) -> dict[str, float]:
+    """The numbers a PID law acted on besides the reading and the setpoint, where it has them:
+    ``setpoint_in_force`` (on a setpoint ramp) and ``projected`` (with a horizon)."""
+    law = {"setpoint_in_force": out.setpoint, "projected": out.projected}
+    return {k: float(v) for k, v in law.items() if v is not None}
+
+
+def _acted_on(out: PIDOutput, setpoint: float, filtered: float, ramp: float) -> str:
+    """What the law compared when it was not the reading against the setpoint: the projected
+    reading (``horizon``) and the setpoint in force on the ramp (``setpoint_ramp``), e.g.
+    ``; the law acted on projected 0.031 against ramped setpoint 0.0437 (ramp 2 of 8 probe
+    intervals), above it``: a cut below the final setpoint is then read against the numbers used."""
+    projected = out.projected if out.projected is not None and out.projected != filtered else None
+    ramped = out.setpoint if out.setpoint is not None and out.setpoint != setpoint else None
+    if projected is None and ramped is None:
+        return ""
+    y = filtered if projected is None else projected
+    r = setpoint if ramped is None else ramped
+    what = f"projected {fmt(y)}" if projected is not None else f"{fmt(y)}"
+    where = f"setpoint {fmt(r)}"
+    if ramped is not None:
+        done = out.state.updates - 1 - out.state.ramp_start
+        where = f"ramped setpoint {fmt(r)} (ramp {done:g} of {ramp:g} probe intervals toward {fmt(setpoint)})"
+    side = "above it" if y > r else "below it" if y < r else "at it"
+    return f"; the law acted on {what} against {where}, {side}"
+
+
+class SetpointLaw(LawBase):
+    """``kind: setpoint``: the PID on one knob, behind the law protocol. Its state is the
+    controller's ``pid`` memory; the value in effect is clamped into its bounds (rounded on an
+    integer scale); control handed back restarts bumplessly from the value in effect."""
+
+    identifies = True
+    law_class: Any = PID
+
+    def __init__(self, config: PIDConfig, spec: Any) -> None:
+        self.law = self.law_class(config)  # validates: an invalid law is never kept
+        self.config, self.spec = config, spec
+        self.setpoint = config.setpoint
+        self.probe, self.knob, self.name = spec.probe, spec.knob, spec.name
+
+    @classmethod
+    def inputs(cls, spec: Any, knobs: Any, at: Any) -> tuple[Any, ...]:
+        return (*pid_inputs(spec, knobs[spec.knob], at.step, at.setpoint_override, at.baseline),
+                *(at.model or ()))
+
+    @classmethod
+    def build(cls, spec: Any, knobs: Any, inputs: tuple[Any, ...]) -> SetpointLaw:
+        setpoint, lo, hi, scale, max_step, span = inputs[:6]
+        return cls(pid_config(spec, setpoint, lo, hi, scale, max_step, span, model=inputs[6:] or None), spec)
+
+    def load(self, memory: Any) -> Any:
+        return memory.pid
+
+    def keep(self, memory: Any, state: Any) -> None:
+        memory.pid = state
+
+    def in_effect(self, knob: str, value: float) -> float:
+        cfg = self.config
+        value = min(max(value, cfg.out_min), cfg.out_max)
+        return float(round(value)) if cfg.scale == "integer" else value
+
+    def handover(self, state: Any, reading: Reading, current: Any) -> Any:
+        return self.law.bumpless(current, reading.value, state)
+
+    def takeover(self, current: float) -> PIDState:
+        return self.law.takeover(current)
+
+    def update(self, state: Any, reading: Reading, dt: float, current: Any) -> LawOutput:
+        out = self.law.update(reading.value, dt, current, state)
+        cfg, notes = self.config, law_notes(out)
+        return LawOutput(
+            value=out.value, changed=out.changed, components={"p": out.p, "i": out.i, "d": out.d, "error": out.error},
+            limits=out.limited_by, reason=self.reason(out, reading, current), state=out.state, notes=notes,
+            inputs={"probe": self.probe, "raw": reading.raw, "filtered": reading.value, "setpoint": cfg.setpoint,
+                    **notes, "dt": dt, "unclamped": out.unclamped, "limited_by": list(out.limited_by),
+                    "bounds": [cfg.out_min, cfg.out_max], "max_step": cfg.max_step, "scale": cfg.scale})
+
+    def reason(self, out: PIDOutput, reading: Reading, current: float) -> tuple[str, str]:
+        """Where the probe is, where it is heading, what moved the knob.
+
+        The PID's proportional term acts on the change of the error since control started, so a
+        rising probe can cut a direct knob while still below its setpoint; the trend and the
+        per-term move say so instead of leaving "below setpoint" beside a cut. The terms are this
+        decision's moves (ΔP, ΔI, ΔD: each term's change since the previous update), not the
+        terms' levels, which the decision's components keep."""
+        filtered, setpoint = reading.value, self.config.setpoint
+        side = "above" if filtered > setpoint else "below" if filtered < setpoint else "at"
+        terms = ""
+        if reading.last:
+            moves = [(n, getattr(out, n) - float(reading.last.get(n, 0.0))) for n in ("p", "i", "d")]
+            terms = ", " + " ".join(f"Δ{n.upper()} {m:+.3g}" for n, m in moves if abs(m) > 1e-12)
+        acted = _acted_on(out, setpoint, filtered, self.config.setpoint_ramp)
+        return (f"{self.probe} {fmt(filtered)} {side} setpoint {fmt(setpoint)}{trend(reading)}{acted}",
+                f"{terms}{limits_text(out.limited_by)}")
+
+    @classmethod
+    def check(cls, i: int, spec: Any, knobs: Any, build: Any) -> list[dict[str, str]]:
+        """Why this controller cannot drive the run's knobs (``knobs``: name -> the run's knob),
+        with the document's field to change; the law is built and validated as at an observation."""
+        knob = knobs.get(spec.knob)
+        if knob is None:
+            return [undeclared(f"controllers.{i}.knob", spec.name, spec.knob, sorted(knobs))]
+        cfg = pid_config(spec, *cls.inputs(spec, knobs, At(0, None, 1.0))[:6])
+        try:
+            cls.law_class(cfg)  # validates, as at every observation
+        except ParameterError as exc:
+            field = {"out_min": "min", "out_max": "max"}.get(exc.field, exc.field)
+            where = f"knob {spec.knob!r} [{knob.min}, {knob.max}]"
+            if cfg.out_min > cfg.out_max:
+                field = "min" if spec.min is not None else "max"
+                msg = f"controller {spec.name!r}: its bounds [{spec.min}, {spec.max}] do not overlap {where}"
+            else:
+                if field in ("min", "max") and spec.scale is not None:
+                    field = "scale"  # the scale the controller chose does not fit the bounds
+                msg = f"controller {spec.name!r} on {where} with scale {cfg.scale!r}: {exc}"
+            return [{"loc": f"controllers.{i}.{field}", "msg": msg}]
+        return []

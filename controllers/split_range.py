@@ -35,10 +35,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 from ._checks import ParameterError, require_finite
-from .pid import PID, Direction, PIDConfig, PIDOutput, PIDState
+from .law import LawBase, LawOutput, Reading
+from .pid import PID, Direction, PIDConfig, PIDOutput, PIDState, pid_config
+from .registry import undeclared
 
 __all__ = ["Leg", "SplitRangeConfig", "SplitRangeError", "SplitRangeOutput", "SplitRange"]
 
@@ -256,3 +258,85 @@ class SplitRange:
             return f"{head}; no knob moved: " + "; ".join(parts)
         return f"{head}; " + "; ".join(parts)
 
+
+
+# -- the law seam (controllers/law.py) -------------------------------------------------------------
+
+class SplitRangeLaw(LawBase):
+    """``kind: split_range``: the PID on the output u in [-1, 1] and the legs on the run's knob
+    scales, behind the law protocol; ``current`` is both knobs' values in effect. One decision per
+    knob that moved, its reason naming the knob that acted and why."""
+
+    def __init__(self, config: SplitRangeConfig, spec: Any) -> None:
+        self.law = SplitRange(config)  # validates
+        self.config, self.spec = config, spec
+        self.setpoint = config.law.setpoint
+
+    @classmethod
+    def inputs(cls, spec: Any, knobs: Any, at: Any) -> tuple[Any, ...]:
+        target = spec.setpoint if at.setpoint_override is None else at.setpoint_override
+        if target is None:
+            raise ParameterError("setpoint", "a split_range controller needs a setpoint")
+        setpoint = spec.setpoint_at(target, at.step, at.baseline)
+        span = spec.error_span(setpoint, at.baseline)
+        return (setpoint, span, *(knobs[name].scale for name in spec.driven()))
+
+    @classmethod
+    def build(cls, spec: Any, knobs: Any, inputs: tuple[Any, ...]) -> SplitRangeLaw:
+        """Raises ParameterError (SplitRangeError) when it cannot run."""
+        setpoint, span = inputs[:2]
+        scales = {name: knobs[name].scale for name in spec.driven()}
+        return cls(spec.config(pid_config(spec, setpoint, -1.0, 1.0, "linear", spec.max_step, span), scales), spec)
+
+    def load(self, memory: Any) -> Any:
+        return memory.pid
+
+    def keep(self, memory: Any, state: Any) -> None:
+        memory.pid = state
+
+    def handover(self, state: Any, reading: Reading, current: Any) -> Any:
+        return self.law.bumpless(current, reading.value, state)
+
+    def update(self, state: Any, reading: Reading, dt: float, current: Any) -> LawOutput:
+        spec = self.spec
+        out = self.law.update(reading.value, dt, current, state, probe=spec.probe)
+        law = out.law
+        return LawOutput(
+            value=out.u, changed=bool(out.acted), components={"p": law.p, "i": law.i, "d": law.d, "error": law.error,
+                                                              "u": out.u},
+            limits=law.limited_by, reason=(f"split_range {spec.name}: {out.reason}", ""), state=out.state,
+            moves={name: out.values[name] for name in out.acted},
+            inputs={"probe": spec.probe, "raw": reading.raw, "filtered": reading.value, "previous": reading.previous,
+                    "setpoint": self.setpoint, "dt": dt, "u": out.u, "unclamped": law.unclamped,
+                    "projected": law.projected, "limited_by": list(law.limited_by), "knobs": current,
+                    "legs": [{"knob": leg.knob, "range": [leg.lo, leg.hi], "values": [leg.at_lo, leg.at_hi],
+                              "acts": leg.acts, "scale": leg.scale} for leg in self.law.legs]})
+
+    @classmethod
+    def check(cls, i: int, spec: Any, knobs: Any, build: Any) -> list[dict[str, str]]:
+        """Each leg's knob declared by the run, its values inside the knob's bounds, the law
+        buildable on the run's knob scales."""
+        errors: list[dict[str, str]] = []
+        states = {}
+        for k, leg in enumerate(spec.legs or ()):
+            knob = knobs.get(leg.knob)
+            if knob is None:
+                errors.append(undeclared(f"controllers.{i}.legs.{k}.knob", spec.name, leg.knob, sorted(knobs)))
+                continue
+            states[leg.knob] = knob
+            outside = [v for v in leg.values if not knob.min <= v <= knob.max]
+            if outside:
+                errors.append({"loc": f"controllers.{i}.legs.{k}.values",
+                               "msg": f"controller {spec.name!r}: values {outside} of knob {leg.knob!r} are outside "
+                                      f"its bounds [{knob.min}, {knob.max}]"})
+            elif knob.scale == "integer":
+                errors.append({"loc": f"controllers.{i}.legs.{k}.knob",
+                               "msg": f"controller {spec.name!r}: a split range moves a knob continuously; "
+                                      f"{leg.knob!r} is an integer knob"})
+        if not errors:
+            try:
+                build(spec, states)
+            except ParameterError as exc:
+                errors.append({"loc": f"controllers.{i}.{spec.split_range_field(exc.field)}",
+                               "msg": f"controller {spec.name!r} on the run's knobs: {exc}"})
+        return errors

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Query, Response
 from sqlalchemy import select
 
 from actuator._exceptions import PolicyError
+from actuator.controllers import registration
 from actuator.engine import Engine
 from actuator.models import ObservationRow, PolicyRow, RunRow
 from actuator.policy import PolicyDocument, load_policy
@@ -94,14 +95,19 @@ def _check_knobs(doc: PolicyDocument, body: RunCreate) -> None:
         raise ApiError(422, None, errors)
 
 
+def _identifies(spec: Any) -> bool:
+    """A gains-auto controller of a kind whose law a warm-up step test can tune (its registration)."""
+    return registration(spec.kind).law.identifies and spec.gains == "auto"
+
+
 def _check_identification(doc: PolicyDocument, body: RunCreate) -> None:
     """Each declared warm-up step test names the policy's gains-auto controller and its knob."""
     controllers = {c.name: c for c in doc.controllers}
     errors = []
     for i, window in enumerate(body.identification):
         spec = controllers.get(window.controller)
-        if spec is None or spec.kind not in ("setpoint", "constraint") or spec.gains != "auto":
-            auto = [c.name for c in doc.controllers if c.kind in ("setpoint", "constraint") and c.gains == "auto"]
+        if spec is None or not _identifies(spec):
+            auto = [c.name for c in doc.controllers if _identifies(c)]
             errors.append({"loc": f"body.identification.{i}.controller",
                            "msg": f"{window.controller!r} is not a gains-auto controller of the policy (those: {auto})"})
         elif window.knob != spec.knob:
