@@ -61,7 +61,8 @@ class KnobState:
 # -- gains auto: the warm-up step test's state, one type per stage --------------------------------
 # pending (registered, no reading yet) -> recording (readings of the test) -> tuned | fallback.
 # Stored as the JSON the code before these types wrote (``status`` and the fields below at the top
-# level; a recording test was ``pending`` with ``samples``): rows written by it load unchanged.
+# level), and rows it wrote load unchanged; the one difference: it stored a recording test as
+# ``pending`` with ``samples``, which loads as recording and is written back as ``recording``.
 
 @dataclass(frozen=True)
 class StepWindow:

@@ -55,8 +55,6 @@ from sqlalchemy.exc import DBAPIError, DisconnectionError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from .engine import Engine
-from .tune import fit_warmup
-from .warmup import FitNeeded, FitsOutsideLock, fits_in_place
 from .models import Base, DecisionRow, EventRow, ObservationRow, PolicyRow, RunRow, new_epoch, utcnow
 from .policy import PolicyDocument
 from .run_state import AutoPending, ControllerState, KnobState, RunContext, StepWindow, knobs_in_effect
@@ -76,6 +74,8 @@ from .schemas import (
     RunStateName,
     StateChanged,
 )
+from .tune import fit_warmup
+from .warmup import FitNeeded, FitsOutsideLock, fits_in_place
 
 __all__ = ["Store", "IngestOutcome", "ObservationRefused", "RunTokenRefused", "PolicyVersionConflict", "RunSnapshot",
            "hash_token", "new_token", "make_engine", "MAX_NAMES"]
@@ -406,8 +406,8 @@ class Store:
             token_hash=hash_token(token),
             knobs={k.name: k.model_dump(mode="json") for k in body.knobs},
             # gains auto: each declared warm-up step test, pending until its first observation at its end
-            controllers={w.controller: ControllerState(auto=AutoPending(window=StepWindow(w.start, w.end, w.size))).to_dict()
-                         for w in body.identification},
+            controllers={w.controller: ControllerState(
+                auto=AutoPending(window=StepWindow(w.start, w.end, w.size))).to_dict() for w in body.identification},
             guardrails={},
             latest_probes={},
             latest_metrics={},

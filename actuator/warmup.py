@@ -193,8 +193,8 @@ class Warmup:
             says = "raises" if proposed.direction == "direct" else "lowers"
             events.append(AutoGainsFallback(
                 step=obs.step, controller=spec.name, knob=spec.knob, problem="wrong_direction", gains=gains_set(spec),
-                reason=f"gains auto: {ended}the warm-up step test on {spec.knob} (steps {window[0]}-{window[1]}) fitted a "
-                       f"{model.kind} model (gain {model.gain:+.4g}, R2 {model.r2:.2f}) by which raising "
+                reason=f"gains auto: {ended}the warm-up step test on {spec.knob} (steps {window[0]}-{window[1]}) "
+                       f"fitted a {model.kind} model (gain {model.gain:+.4g}, R2 {model.r2:.2f}) by which raising "
                        f"{spec.knob} {says} {spec.probe}, against the controller's direction {spec.direction!r}: the "
                        "probe's own motion during the test was taken for the knob's effect; "
                        f"{spec.name!r} keeps its fallback gains"))
