@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol
 
+from ._exceptions import ActuatorError
 from .controllers.identify import FittedModel
 from .policy import ControllerSpec, PolicyDocument, setpoint_at
 from .run_state import (AutoFallback, AutoPending, AutoRecording, AutoTuned, ControllerState, EndedEarly,
@@ -226,13 +227,15 @@ class Warmup:
         return tuned
 
 
-class _NoTuner(ValueError):
+class _NoTuner(ActuatorError, ValueError):
+    """The engine has no tuner: the warm-up falls back as on a refused fit."""
+
     problem = "no_tuner"
 
 
 # -- the fit outside the run's lock -----------------------------------------------------------------
 
-class FitNeeded(Exception):  # noqa: N818 - a signal to the ingest, not an error
+class FitNeeded(ActuatorError):  # noqa: N818 - a signal to the ingest, not an error
     """Raised through the engine by :class:`FitsOutsideLock` when a warm-up fit is due and not made
     yet: the ingest gives up its lock (nothing stored), calls :meth:`fit`, and runs again."""
 
