@@ -210,7 +210,7 @@ def auto_state(d: Mapping[str, Any] | None) -> AutoState | None:
         raise ValueError(f"a gains-auto state without its step test's window: {dict(d)}")
     if status == "recording" or d.get("samples"):
         return AutoRecording(window=window, initial=float(d["initial"]), first=float(d["first"]), ended_early=early,
-                             samples=list(d.get("samples") or []))
+                             samples=d.get("samples") or [])  # as decoded: no copy per ingest
     return AutoPending(window=window)
 
 
