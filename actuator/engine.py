@@ -17,10 +17,11 @@ from .controllers import At, Law, ParameterError, PIDConfig, Reading, make_filte
 from .controllers.pid import pid_config
 from .controllers.registry import undeclared
 from .catalogue import limit
-from .policy import ControllerSpec, GuardrailSpec, PolicyDocument, setpoint_at
+from .policy import ControllerSpec, GuardrailSpec, PolicyDocument
 from .run_state import ControllerState, GuardrailState, KnobState, RunContext
-from .schemas import (Action, AutoGainsFallback, AutoGainsFit, AutoGainsPrediction, AutoGainsSet, AutoGainsTuned,
-                      ControllerUnusable, Decision, Event, GuardrailBreach, GuardrailCleared, ObservationCreate)
+from .schemas import (Action, ControllerUnusable, Decision, Event, GuardrailBreach, GuardrailCleared,
+                      ObservationCreate)
+from .warmup import Tuner, Warmup
 
 __all__ = ["RunContext", "EngineResult", "Engine"]
 
@@ -37,20 +38,6 @@ def _fmt(x: float) -> str:
     return f"{x:.4g}"
 
 
-# The most observations a gains-auto controller records in its warm-up step test (beyond, every
-# other one is dropped: the fit needs the step's shape, not every reading).
-AUTO_MAX_SAMPLES = 1000
-
-def _integrating(st: ControllerState) -> tuple[float, float, float] | None:
-    """A gains-auto controller's integrating fit (rate, drift, u_ref), once tuned from one."""
-    model = (st.auto or {}).get("model") if (st.auto or {}).get("status") == "tuned" else None
-    return None if model is None else (float(model["rate"]), float(model["drift"]), float(model["u_ref"]))
-
-
-def _gains_set(spec: ControllerSpec, gains: str | None = None) -> AutoGainsSet:
-    return AutoGainsSet(gains=gains or ("absolute" if spec.gains == "absolute" else "relative"),
-                        kp=float(spec.kp or 0.0), ki=spec.ki, kd=spec.kd, direction=spec.direction,
-                        setpoint_weight=spec.setpoint_weight)
 
 
 # Distinct PID laws one engine keeps (beyond, it starts over): a handful per controller and knob
@@ -81,14 +68,16 @@ class Engine:
     (controllers/law.py); the bookkeeping around it is :meth:`_update`'s, the same for every law.
     """
 
-    def __init__(self, policy: PolicyDocument, policy_version: int = 1) -> None:
+    def __init__(self, policy: PolicyDocument, policy_version: int = 1, tuner: Tuner | None = None) -> None:
+        """``tuner``: fits a gains-auto controller's warm-up step test (:mod:`actuator.warmup`; the
+        store gives :func:`actuator.tune.fit_warmup`); without one such a controller falls back."""
         self.policy = policy
         self.policy_version = policy_version
         # Highest priority first (a stable sort: equal priorities keep the document's order).
         self._ordered = sorted(policy.controllers, key=lambda c: -c.priority)
         self._filters: dict[int, Any] = {}  # id(spec) -> filter (stateless; built on first use)
         self._laws: dict[tuple[Any, ...], Law] = {}  # (id(spec), the law's inputs) -> the validated law
-        self._tuned: dict[tuple[Any, ...], ControllerSpec] = {}  # gains auto: the spec with a run's tuned gains
+        self._warmup = Warmup(policy, tuner, forget=self._laws.clear)  # gains auto: the warm-up step test
 
     # -- laws ---------------------------------------------------------------------------------
     def law(self, spec: ControllerSpec, knobs: Mapping[str, KnobState], at: At = At()) -> Law:
@@ -287,7 +276,7 @@ class Engine:
             return  # the law needs another input this observation lacks (a maximiser's cost): wait
         law_spec: ControllerSpec = spec
         if spec.gains == "auto":
-            tuned = self._auto(ctx, obs, spec, st, raw, result)
+            tuned = self._warmup.spec(ctx, obs, spec, st, raw, result.events)
             if tuned is None:  # the warm-up step test runs: the probe is tracked, the law waits
                 self._track(obs, values, spec, ctx, st, raw, None)
                 return
@@ -297,7 +286,7 @@ class Engine:
         # the reference for relative setpoints ('+10%'): the first filtered value
         baseline = filtered if st.baseline is None else st.baseline
         try:
-            law = self.law(law_spec, ctx.knobs, At(obs.step, st.setpoint_override, baseline, _integrating(st)))
+            law = self.law(law_spec, ctx.knobs, At(obs.step, st.setpoint_override, baseline, self._warmup.fit(st)))
         except ParameterError as exc:
             # A stored policy whose law cannot run on this run's knobs (validation against the
             # knobs prevents it; runs and policies stored before it may still meet it): the
@@ -306,8 +295,7 @@ class Engine:
             return
         reading, current = self._track(obs, values, spec, ctx, st, raw, law, (filtered, fstate, baseline))
         single = current[spec.knob] if len(current) == 1 else current  # a law on several knobs gets them all
-        early = (st.auto or {}).get("ended_early") if spec.gains == "auto" else None
-        if early is not None and early["step"] == obs.step and st.pid is None:
+        if spec.gains == "auto" and st.pid is None and self._warmup.ended_at(st, obs.step):
             # the test ended because the probe ran past its setpoint: the law acts on this very
             # reading (P on the error from the value in effect), not one reading later
             st.pid = law.takeover(single)
@@ -366,134 +354,3 @@ class Engine:
             current[name] = knob.value = in_effect if law is None else law.in_effect(name, in_effect)
         return reading, current
 
-    # -- gains auto ---------------------------------------------------------------------------
-    def _auto(self, ctx: RunContext, obs: ObservationCreate, spec: ControllerSpec, st: ControllerState, raw: float,
-              result: EngineResult) -> ControllerSpec | None:
-        """The spec a ``gains: auto`` controller's law runs with at this observation: the tuned
-        one once its warm-up step test was fitted, the policy's (fallback gains) when the fit was
-        refused or no test was declared, None while the test runs (this observation is recorded).
-        At the first observation at or after the test's end the fit is made (identify, SIMC,
-        replay: :func:`actuator.tune.tune_controller`) and its outcome recorded as an event."""
-        auto = st.auto
-        if auto is None:
-            st.auto = {"status": "fallback", "problem": "no_window"}
-            result.events.append(AutoGainsFallback(
-                step=obs.step, controller=spec.name, knob=spec.knob, problem="no_window", gains=_gains_set(spec),
-                reason=f"gains auto: no warm-up step test was declared for {spec.name!r} at registration (an agent "
-                       "that predates gains auto, or a run registered without one): it runs on its fallback gains"))
-            return spec
-        status = auto.get("status")
-        if status == "tuned":
-            return self._tuned_spec(spec, auto["gains"])
-        if status == "fallback":
-            return spec
-        if obs.step < int(auto["start"]):
-            return None
-        samples = auto.setdefault("samples", [])
-        if not samples:
-            auto["initial"] = float(ctx.knobs[spec.knob].value)
-            auto["first"] = raw
-        samples.append([obs.seq, obs.step, raw, obs.knobs.get(spec.knob)])
-        if len(samples) > AUTO_MAX_SAMPLES:
-            del samples[1::2]
-        if obs.step < int(auto["end"]):
-            passed = self._passed(spec, st, auto, raw, obs.step)
-            if passed is None:
-                return None
-            # The test holds the knob and the law waits; a probe past its setpoint (or budget) is
-            # a run out of control for the rest of the window: the test ends here, and the law
-            # acts from this observation on (the agent ends its test at this decision).
-            auto["ended_early"] = {"step": obs.step, "value": raw, "setpoint": passed}
-        return self._calibrate(ctx, obs, spec, st, auto, result)
-
-    @staticmethod
-    def _passed(spec: ControllerSpec, st: ControllerState, auto: dict[str, Any], raw: float,
-                step: int) -> float | None:
-        """The setpoint (a constraint's budget) when ``raw`` is past it: across it from where the
-        test's first reading stood (a setpoint), on the side the bound limits (a constraint);
-        else None."""
-        target = spec.setpoint if st.setpoint_override is None else st.setpoint_override
-        if target is None:
-            return None
-        baseline = st.baseline if st.baseline is not None else float(auto.get("first", raw))
-        setpoint = setpoint_at(target, step, baseline)
-        if not math.isfinite(setpoint):
-            return None
-        if spec.kind == "constraint":
-            past = raw > setpoint if spec.bound == "upper" else raw < setpoint
-        else:
-            first = float(auto.get("first", raw))
-            past = (first - setpoint) * (raw - setpoint) < 0
-        return setpoint if past else None
-
-    def _calibrate(self, ctx: RunContext, obs: ObservationCreate, spec: ControllerSpec, st: ControllerState,
-                   auto: dict[str, Any], result: EngineResult) -> ControllerSpec:
-        from .tune import tune_controller  # the tuner replays policies through this module's Engine
-
-        knobs = {name: k.to_dict() for name, k in ctx.knobs.items()}
-        knobs[spec.knob] = {**knobs[spec.knob], "value": auto["initial"]}
-        in_metrics = spec.probe.startswith("train.")
-        name = spec.probe.removeprefix("train.")
-        observations = [ObservationCreate.model_construct(
-            seq=seq, step=step, probes={} if in_metrics else {name: y}, metrics={name: y} if in_metrics else {},
-            knobs={} if u is None else {spec.knob: u})
-            for seq, step, y, u in auto.pop("samples")]
-        early = auto.get("ended_early")
-        window = (int(auto["start"]), int(early["step"]) if early else int(auto["end"]))
-        ended = (f"the step test ended early at step {early['step']}: {spec.probe} {early['value']:.4g} passed "
-                 f"{early['setpoint']:.4g}; " if early else "")
-        try:
-            tuned = tune_controller(self.policy, knobs, spec.name, observations)
-        except (ValueError, ArithmeticError) as exc:  # NotIdentifiable, ParameterError, a PolicyError
-            problem = getattr(exc, "problem", None) or type(exc).__name__
-            st.auto = {**auto, "status": "fallback", "problem": problem}
-            result.events.append(AutoGainsFallback(
-                step=obs.step, controller=spec.name, knob=spec.knob, problem=problem, gains=_gains_set(spec),
-                reason=f"gains auto: {ended}the warm-up step test on {spec.knob} (steps {window[0]}-{window[1]}) "
-                       f"could not be fitted ({exc}); {spec.name!r} keeps its fallback gains"))
-            return spec
-        doc = next(c for c in tuned["policy"]["controllers"] if c["name"] == spec.name)
-        if spec.kind == "setpoint" and doc["direction"] != spec.direction:
-            # The policy states how the knob acts; a fit of the other sign is the probe's own motion
-            # during the test (a drift that goes on while the knob steps away) taken for the knob's
-            # effect, and gains of that sign would push the probe away from its setpoint.
-            model = tuned["model"]
-            st.auto = {**auto, "status": "fallback", "problem": "wrong_direction"}
-            says = "raises" if doc["direction"] == "direct" else "lowers"
-            result.events.append(AutoGainsFallback(
-                step=obs.step, controller=spec.name, knob=spec.knob, problem="wrong_direction", gains=_gains_set(spec),
-                reason=f"gains auto: {ended}the warm-up step test on {spec.knob} (steps {window[0]}-{window[1]}) fitted a "
-                       f"{model['kind']} model (gain {model['gain']:+.4g}, R2 {model['r2']:.2f}) by which raising "
-                       f"{spec.knob} {says} {spec.probe}, against the controller's direction {spec.direction!r}: the "
-                       "probe's own motion during the test was taken for the knob's effect; "
-                       f"{spec.name!r} keeps its fallback gains"))
-            return spec
-        gains = _gains_set(spec, "absolute").model_copy(update={
-            "kp": doc["kp"], "ki": doc["ki"], "kd": doc["kd"], "direction": doc["direction"],
-            "setpoint_weight": doc["setpoint_weight"]})
-        model, predicted = tuned["model"], tuned["predicted"]
-        st.auto = {**auto, "status": "tuned", "gains": gains.model_dump()}
-        if model["kind"] == "integrating":  # the projection of a controller with a horizon
-            st.auto["model"] = {"rate": model["rate"], "drift": model["drift"], "u_ref": model["u_ref"]}
-        result.events.append(AutoGainsTuned(
-            step=obs.step, controller=spec.name, knob=spec.knob, window=window,
-            fit=AutoGainsFit(model=model["kind"], gain=model["gain"], tau=model["tau"], theta=model["theta"],
-                             r2=model["r2"], nrmse=model["nrmse"], observations=model["observations"]),
-            gains=gains, warnings=([ended.removesuffix("; ")] if early else []) + list(tuned["warnings"]),
-            predicted=AutoGainsPrediction(settling_steps=predicted["proposed"]["settling_steps"],
-                                          overshoot_pct=predicted["proposed"]["overshoot_pct"],
-                                          horizon=predicted["horizon"])))
-        return self._tuned_spec(spec, st.auto["gains"])
-
-    def _tuned_spec(self, spec: ControllerSpec, gains: Mapping[str, Any]) -> ControllerSpec:
-        """``spec`` with a run's tuned gains (absolute), one object per distinct gains (the laws are
-        cached on the spec's identity)."""
-        update = {k: v for k, v in gains.items() if k in type(spec).model_fields}
-        key = (id(spec), *map(_exact, (update.get(k) for k in sorted(update))))
-        tuned = self._tuned.get(key)
-        if tuned is None:
-            if len(self._tuned) >= _PID_CACHE_SIZE:
-                self._tuned.clear()
-                self._laws.clear()  # keyed on the specs' identities: none may outlive its spec
-            tuned = self._tuned[key] = spec.model_copy(update={**update, "identify": None})
-        return tuned

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 from .controllers import PIDState
-from .schemas import RunStateName
+from .schemas import AutoGainsSet, RunStateName
 
 __all__ = ["KnobState", "ControllerState", "GuardrailState", "RunContext", "PROBE_REPORT", "STARVED_PREFIX",
-           "starved_probes", "knobs_in_effect"]
+           "starved_probes", "knobs_in_effect", "StepWindow", "EndedEarly", "IntegratingFit", "AutoPending",
+           "AutoRecording", "AutoTuned", "AutoFallback", "AutoState", "auto_state"]
 
 # Every probe report of the agent's ProbeSuite carries ``probe_share`` among its metrics, and
 # ``probe_starved.<name>`` (consecutive skips) for each probe the probe-time budget starves.
@@ -57,6 +58,162 @@ class KnobState:
                      "max_step": self.max_step}, override=self.override)
 
 
+# -- gains auto: the warm-up step test's state, one type per stage --------------------------------
+# pending (registered, no reading yet) -> recording (readings of the test) -> tuned | fallback.
+# Stored as the JSON the code before these types wrote (``status`` and the fields below at the top
+# level), and rows it wrote load unchanged; the one difference: it stored a recording test as
+# ``pending`` with ``samples``, which loads as recording and is written back as ``recording``.
+
+@dataclass(frozen=True)
+class StepWindow:
+    """The warm-up step test the agent declared at registration: steps ``start`` to ``end``, the
+    knob moved by ``size`` (its scale units)."""
+
+    start: int
+    end: int
+    size: float
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> StepWindow | None:
+        return cls(int(d["start"]), int(d["end"]), d["size"]) if "start" in d else None
+
+    def to_dict(self) -> Json:
+        return {"start": self.start, "end": self.end, "size": self.size}
+
+
+@dataclass(frozen=True)
+class EndedEarly:
+    """The reading that ended the test before its end: the probe ran past its setpoint (budget)."""
+
+    step: int
+    value: float
+    setpoint: float
+
+    def to_dict(self) -> Json:
+        return {"step": self.step, "value": self.value, "setpoint": self.setpoint}
+
+
+@dataclass(frozen=True)
+class IntegratingFit:
+    """An integrating plant fitted from the test (rate and drift per step, the knob's reference in
+    its scale): the projection of a controller with a horizon."""
+
+    rate: float
+    drift: float
+    u_ref: float
+
+    def to_dict(self) -> Json:
+        return {"rate": self.rate, "drift": self.drift, "u_ref": self.u_ref}
+
+
+def _ended(d: Mapping[str, Any]) -> EndedEarly | None:
+    e = d.get("ended_early")
+    return None if not e else EndedEarly(int(e["step"]), e["value"], e["setpoint"])
+
+
+@dataclass(kw_only=True)
+class _Recorded:
+    """What a test that ran recorded besides its readings (None where it never started)."""
+
+    window: StepWindow | None = None
+    initial: float | None = None  # the knob's value at the test's first reading
+    first: float | None = None  # the test's first reading
+    ended_early: EndedEarly | None = None
+
+    def _encode(self, status: str, **rest: Any) -> Json:
+        out = {} if self.window is None else self.window.to_dict()
+        out["status"] = status
+        _set(out, initial=self.initial, first=self.first,
+             ended_early=None if self.ended_early is None else self.ended_early.to_dict())
+        return _set(out, **rest)
+
+
+@dataclass(kw_only=True)
+class AutoPending:
+    """Registered with a step test; no reading of it yet."""
+
+    status: ClassVar[Literal["pending"]] = "pending"
+    window: StepWindow
+
+    def to_dict(self) -> Json:
+        return {**self.window.to_dict(), "status": self.status}
+
+
+@dataclass(kw_only=True)
+class AutoRecording(_Recorded):
+    """The test runs: ``samples`` are its readings, ``[seq, step, probe, knob reported]`` each."""
+
+    status: ClassVar[Literal["recording"]] = "recording"
+    window: StepWindow
+    initial: float
+    first: float
+    samples: list[list[Any]] = field(default_factory=list)
+
+    def to_dict(self) -> Json:
+        return {**self._encode(self.status), "samples": self.samples}
+
+    def tuned(self, gains: AutoGainsSet, fit: IntegratingFit | None) -> AutoTuned:
+        """The test's end: fitted (its readings are done with)."""
+        return AutoTuned(window=self.window, initial=self.initial, first=self.first, ended_early=self.ended_early,
+                         gains=gains, fit=fit)
+
+    def fell_back(self, problem: str) -> AutoFallback:
+        """The test's end: not fitted (its readings are done with)."""
+        return AutoFallback(window=self.window, initial=self.initial, first=self.first,
+                            ended_early=self.ended_early, problem=problem)
+
+
+@dataclass(kw_only=True)
+class AutoTuned(_Recorded):
+    """The test was fitted: the controller runs with ``gains`` (and, with a horizon, ``fit``)."""
+
+    status: ClassVar[Literal["tuned"]] = "tuned"
+    gains: AutoGainsSet
+    fit: IntegratingFit | None = None
+
+    def to_dict(self) -> Json:
+        return self._encode(self.status, gains=self.gains.model_dump(),
+                            model=None if self.fit is None else self.fit.to_dict())
+
+
+@dataclass(kw_only=True)
+class AutoFallback(_Recorded):
+    """The controller keeps its fallback gains: ``problem`` says why (no test declared, the fit
+    refused, a fit against the controller's direction, no tuner)."""
+
+    status: ClassVar[Literal["fallback"]] = "fallback"
+    problem: str
+
+    def to_dict(self) -> Json:
+        return self._encode(self.status, problem=self.problem)
+
+
+AutoState = AutoPending | AutoRecording | AutoTuned | AutoFallback
+
+
+def auto_state(d: Mapping[str, Any] | None) -> AutoState | None:
+    """The typed state of a stored ``auto`` field, in the form this module writes or the one
+    written before the types (a recording test was ``pending`` with ``samples``)."""
+    if not d:
+        return None
+    status = d.get("status")
+    window, initial, first, early = StepWindow.from_dict(d), d.get("initial"), d.get("first"), _ended(d)
+    if status == "tuned":
+        fit = d.get("model")
+        return AutoTuned(window=window, initial=initial, first=first, ended_early=early,
+                         gains=AutoGainsSet.model_validate(d["gains"]),
+                         fit=None if not fit else IntegratingFit(fit["rate"], fit["drift"], fit["u_ref"]))
+    if status == "fallback":
+        return AutoFallback(window=window, initial=initial, first=first, ended_early=early,
+                            problem=str(d.get("problem", "unknown")))
+    if window is None:
+        raise ValueError(f"a gains-auto state without its step test's window: {dict(d)}")
+    if status == "recording" or d.get("samples"):
+        return AutoRecording(window=window, initial=float(d["initial"]), first=float(d["first"]), ended_early=early,
+                             samples=d.get("samples") or [])  # as decoded: no copy per ingest
+    return AutoPending(window=window)
+
+
 @dataclass
 class ControllerState:
     """What a controller remembers between observations for one run.
@@ -80,10 +237,8 @@ class ControllerState:
     reset: bool = False
     error: str | None = None
     law: Json | None = None  # a non-PID law's own state (kind maximize: ExtremumState.to_dict())
-    # gains auto: the warm-up step test's window (start, end, size), what was recorded in it
-    # (``samples``: [seq, step, probe, knob reported]) and, once it ended, ``status`` tuned (with
-    # ``gains``) or fallback
-    auto: Json | None = None
+    # gains auto: the warm-up step test's stage (pending, recording, tuned, fallback)
+    auto: AutoState | None = None
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ControllerState:
@@ -93,14 +248,15 @@ class ControllerState:
                    filtered=d.get("filtered"), baseline=d.get("baseline"), setpoint=d.get("setpoint"),
                    components=d.get("components"), setpoint_override=d.get("setpoint_override"),
                    reset=bool(d.get("reset", False)), error=d.get("error"), law=d.get("law") or None,
-                   auto=d.get("auto") or None)
+                   auto=auto_state(d.get("auto")))
 
     def to_dict(self) -> Json:
         return _set({"pid": None if self.pid is None else self.pid.to_dict(), "filter": self.filter,
                      "last_step": self.last_step},
                     probe=self.probe, knob=self.knob, raw=self.raw, filtered=self.filtered, baseline=self.baseline,
                     setpoint=self.setpoint, components=self.components, setpoint_override=self.setpoint_override,
-                    reset=self.reset or None, error=self.error, law=self.law, auto=self.auto)
+                    reset=self.reset or None, error=self.error, law=self.law,
+                    auto=None if self.auto is None else self.auto.to_dict())
 
 
 @dataclass

@@ -58,7 +58,7 @@ from ._exceptions import ActuatorError
 from .engine import Engine
 from .models import Base, DecisionRow, EventRow, ObservationRow, PolicyRow, RunRow, new_epoch, utcnow
 from .policy import PolicyDocument
-from .run_state import ControllerState, KnobState, RunContext, knobs_in_effect
+from .run_state import AutoPending, ControllerState, KnobState, RunContext, StepWindow, knobs_in_effect
 from .schemas import (
     FINAL_STATES,
     MAX_SEQ_GAP,
@@ -77,6 +77,8 @@ from .schemas import (
     StateChanged,
     declared_catalogue,
 )
+from .tune import fit_warmup
+from .warmup import FitNeeded, FitsOutsideLock, fits_in_place
 
 __all__ = ["Store", "IngestOutcome", "ObservationRefused", "RunTokenRefused", "PolicyVersionConflict", "RunSnapshot",
            "hash_token", "new_token", "make_engine", "stored_policy", "MAX_NAMES"]
@@ -139,6 +141,8 @@ _DECISION_IDS = select(_DEC.c.number, _DEC.c.id).where(_DEC.c.run_id == bindpara
 # infinities: every backend holds finite numbers only (Postgres' JSON has no others), so a
 # non-finite value is the same error on SQLite as on Postgres, never stored on one of them only.
 _dumps = functools.partial(json.dumps, allow_nan=False)
+# Ingests of one batch that give up the run's lock for a gains-auto fit before one fits in place.
+_FIT_ATTEMPTS = 3
 
 
 def _json(value: Any) -> str:
@@ -398,7 +402,8 @@ class Store:
                                .where(_POL.c.id == policy_id)).first()
             if row is None:  # pragma: no cover - the foreign key guarantees it
                 raise LookupError(f"policy {policy_id} not found")
-            engine = Engine(stored_policy(row), row.version)
+            engine = Engine(stored_policy(row), row.version,
+                            tuner=FitsOutsideLock(fit_warmup))  # gains auto's fit: outside the run's lock
             self._policy_engines[policy_id] = engine
         return engine
 
@@ -416,9 +421,8 @@ class Store:
             token_hash=hash_token(token),
             knobs={k.name: k.model_dump(mode="json") for k in body.knobs},
             # gains auto: each declared warm-up step test, pending until its first observation at its end
-            controllers={w.controller: ControllerState(auto={"start": w.start, "end": w.end, "size": w.size,
-                                                             "status": "pending"}).to_dict()
-                         for w in body.identification},
+            controllers={w.controller: ControllerState(
+                auto=AutoPending(window=StepWindow(w.start, w.end, w.size))).to_dict() for w in body.identification},
             guardrails={},
             latest_probes={},
             latest_metrics={},
@@ -580,7 +584,22 @@ class Store:
         """Store a batch and run the engine on its new observations (None: no such run).
         ``engine``: the run's policy engine (default: the one of the policy the locked row names);
         ``token_hash``: refuse (:class:`RunTokenRefused`) unless it is the run's token's hash;
-        ``max_pending``: most decisions after ``batch.last_decision`` to return (None: all)."""
+        ``max_pending``: most decisions after ``batch.last_decision`` to return (None: all).
+
+        A gains-auto warm-up fit the batch makes due is made outside the run's lock: the engine's
+        tuner asks for it (:class:`FitNeeded`, nothing stored), it is made, and the ingest runs
+        again, taking the same decisions with it; a run whose state moves meanwhile has its fit
+        made in place at the last attempt."""
+        for _ in range(_FIT_ATTEMPTS):
+            try:
+                return self._ingest(run_id, batch, engine, token_hash, max_pending)
+            except FitNeeded as needed:
+                needed.fit()
+        with fits_in_place():
+            return self._ingest(run_id, batch, engine, token_hash, max_pending)
+
+    def _ingest(self, run_id: str, batch: ObservationBatch, engine: Engine | None, token_hash: str | None,
+                max_pending: int | None) -> IngestOutcome | None:
         now = utcnow()
         with self._locked_snapshot(run_id) as (conn, run, stored):
             if run is None:

@@ -13,14 +13,16 @@ recorded response of the other sign is refused).
    against the fitted model through the engine (:func:`actuator.simulate.simulate_model`), and
    the predicted settling time (+-10% band) and overshoot are reported for both.
 
-Used by ``POST /v1/policies/tune``, ``actuator policy tune`` and ``benchmarks/control/tune.py``.
+:func:`tune_controller` answers a :class:`Tuned` (``to_dict()``: the ``/tune`` answer). Used by
+``POST /v1/policies/tune``, ``actuator policy tune``, ``benchmarks/control/tune.py`` and, as
+:func:`fit_warmup`, by the service's engines for gains auto's warm-up (:mod:`actuator.warmup`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import yaml
@@ -32,7 +34,8 @@ from .policy import ControllerSpec, PolicyDocument, load_policy
 from .run_state import KnobState
 from .simulate import simulate_model
 
-__all__ = ["NotIdentifiable", "UnknownController", "WrongDirection", "settling_steps", "overshoot_pct", "series", "tune_controller"]
+__all__ = ["NotIdentifiable", "Prediction", "Tuned", "UnknownController", "WrongDirection", "fit_warmup", "tune_report",
+           "settling_steps", "overshoot_pct", "series", "tune_controller"]
 
 # The replay's length: enough closed-loop time constants to see settling, within a bound on work
 # (seven replays of an engine update per observation, about 0.1 ms each: 1000 observations bound
@@ -150,26 +153,109 @@ def _controller(policy: PolicyDocument, name: str) -> tuple[int, ControllerSpec]
                             [{"loc": "controller", "msg": f"not in the policy (controllers: {names})"}])
 
 
+@dataclass(frozen=True)
+class Prediction:
+    """A policy replayed closed loop on the fitted model: settling (+-10% band), overshoot, the
+    final error, and (when the controller ran) the knob's end and range, the decisions and the
+    response (at most about 50 points)."""
+
+    settling_steps: int | None = None
+    overshoot_pct: float | None = None
+    final_error: float | None = None
+    decisions: int = 0
+    final_knob: float | None = None
+    knob_range: tuple[float, float] | None = None
+    response: tuple[dict[str, float], ...] | None = None  # None: the controller never ran in the replay
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"settling_steps": self.settling_steps, "overshoot_pct": self.overshoot_pct,
+                               "final_error": self.final_error}
+        if self.response is not None:
+            out |= {"final_knob": self.final_knob, "knob_range": list(self.knob_range or ())}
+        out["decisions"] = self.decisions
+        if self.response is not None:
+            out["response"] = [dict(r) for r in self.response]
+        return out
+
+
 def _predict(doc: PolicyDocument, knobs: dict[str, dict[str, Any]], model: FittedModel, spec: ControllerSpec,
-             steps: int, every: int, start: int) -> dict[str, Any]:
+             steps: int, every: int, start: int) -> Prediction:
     sim = simulate_model(doc, knobs, model, probe=spec.probe, knob=spec.knob, steps=steps, every=every,
                          start_step=start)
     trace = [t for t in sim["trace"] if spec.name in t["setpoints"]]
     if not trace:
-        return {"settling_steps": None, "overshoot_pct": None, "final_error": None, "decisions": 0}
+        return Prediction()
     ys = [t["probe"] for t in trace]
     sps = [t["setpoints"][spec.name] for t in trace]
     knob_values = [t["knob"] for t in trace]
-    return {
-        "settling_steps": settling_steps(ys, sps),
-        "overshoot_pct": overshoot_pct(ys, sps),
-        "final_error": sps[-1] - ys[-1],
-        "final_knob": knob_values[-1],
-        "knob_range": [min(knob_values), max(knob_values)],
-        "decisions": len(sim["decisions"]),
-        "response": [{"step": t["step"], "probe": y, "setpoint": sp, "knob": u}
-                     for t, y, sp, u in zip(trace, ys, sps, knob_values)][:: max(1, len(trace) // 50)],
-    }
+    return Prediction(
+        settling_steps=settling_steps(ys, sps),
+        overshoot_pct=overshoot_pct(ys, sps),
+        final_error=sps[-1] - ys[-1],
+        final_knob=knob_values[-1],
+        knob_range=(min(knob_values), max(knob_values)),
+        decisions=len(sim["decisions"]),
+        response=tuple({"step": t["step"], "probe": y, "setpoint": sp, "knob": u}
+                       for t, y, sp, u in zip(trace, ys, sps, knob_values))[:: max(1, len(trace) // 50)],
+    )
+
+
+@dataclass(frozen=True)
+class Tuned:
+    """What :func:`tune_controller` found: the fitted ``model``, the proposed ``tuning`` (SIMC, the
+    setpoint weight the replay picked), the ``policy`` with those gains (validated; ``spec`` is
+    its controller), their replay on the model (``proposed``; ``current``: the current gains',
+    None when not asked for), and the warnings and limits the proposal breaks."""
+
+    controller: str
+    probe: str
+    knob: str
+    scale: str
+    model: FittedModel
+    tuning: Tuning
+    policy: PolicyDocument
+    index: int  # the controller's position in ``policy``
+    current_spec: ControllerSpec  # the controller as given (its current gains)
+    interval: int
+    horizon: int
+    proposed: Prediction
+    current: Prediction | None
+    noise_floor: dict[str, float] | None
+    warnings: list[str] = field(default_factory=list)
+    outside_limits: list[str] = field(default_factory=list)
+    observations_used: int = 0
+
+    @property
+    def spec(self) -> ControllerSpec:
+        """The controller with the proposed gains."""
+        return self.policy.controllers[self.index]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``POST /v1/policies/tune`` answer (without ``run_id`` and ``observations_total``)."""
+        c = self.current_spec
+        document = self.policy.model_dump(mode="json")
+        return {
+            "controller": self.controller,
+            "probe": self.probe,
+            "knob": self.knob,
+            "scale": self.scale,
+            "model": self.model.to_dict(),
+            "gains": self.tuning.to_dict(),
+            "noise_floor": self.noise_floor,
+            "current_gains": {"kp": c.kp, "ki": c.ki, "kd": c.kd, "gains": c.gains, "direction": c.direction,
+                              "setpoint_weight": c.setpoint_weight},
+            "interval": self.interval,
+            "predicted": {"horizon": self.horizon, "proposed": self.proposed.to_dict(),
+                          "current": None if self.current is None else self.current.to_dict()},
+            "policy": document,
+            "policy_yaml": yaml.safe_dump(self.policy.model_dump(mode="json", exclude_none=True), sort_keys=False),
+            "warnings": list(self.warnings),
+            # the proposal against tune's own limits (MAX_OVERSHOOT_PCT, settling within the replay and
+            # within the recorded run): each miss says what to change
+            "within_limits": not self.outside_limits,
+            "outside_limits": list(self.outside_limits),
+            "observations_used": self.observations_used,
+        }
 
 
 def _setpoint_at_start(spec: ControllerSpec) -> float | None:
@@ -214,20 +300,21 @@ def _check_bound(spec: ControllerSpec, model: FittedModel) -> None:
             "probe past its start in the direction the budget limits")
 
 
-def _rank(predicted: dict[str, Any]) -> tuple[bool, float, float]:
+def _rank(predicted: Prediction) -> tuple[bool, float, float]:
     """Within the overshoot limit first, then the faster settling, then the smaller overshoot."""
-    over = predicted["overshoot_pct"] if predicted["overshoot_pct"] is not None else math.inf
-    settle = predicted["settling_steps"] if predicted["settling_steps"] is not None else math.inf
+    over = predicted.overshoot_pct if predicted.overshoot_pct is not None else math.inf
+    settle = predicted.settling_steps if predicted.settling_steps is not None else math.inf
     return (over > MAX_OVERSHOOT_PCT, settle, over)
 
 
 def tune_controller(policy: PolicyDocument, knobs: dict[str, dict[str, Any]], controller: str,
                     observations: Sequence[Any], *, aggressiveness: float = 1.0,
-                    horizon: int | None = None, interval: int | None = None) -> dict[str, Any]:
+                    horizon: int | None = None, interval: int | None = None, compare: bool = True) -> Tuned:
     """Identify, tune and validate ``controller`` of ``policy`` on a run's ``observations``
     (``knobs`` as the run registered them). ``interval``: the run's steps between observations,
-    when ``observations`` are a sample of it (every k-th). Raises :class:`UnknownController` (a
-    :class:`PolicyError`), :class:`NotIdentifiable`, or ``ParameterError`` on bad arguments."""
+    when ``observations`` are a sample of it (every k-th); ``compare``: replay the current gains
+    too. Raises :class:`UnknownController` (a :class:`PolicyError`), :class:`NotIdentifiable`, or
+    ``ParameterError`` on bad arguments."""
     index, spec = _controller(policy, controller)
     if spec.knob not in knobs:
         raise UnknownController(f"controller {controller!r} drives knob {spec.knob!r}, which the run does not "
@@ -291,13 +378,13 @@ def tune_controller(policy: PolicyDocument, knobs: dict[str, dict[str, Any]], co
         doc = _with_gains(policy, index, controller, t, aggressiveness)
         candidates.append((t, doc, _predict(doc, replay_knobs, model, spec, length, every, start)))
     tuning, proposed, predicted = min(candidates, key=lambda c: _rank(c[2]))
-    current = _predict(policy, replay_knobs, model, spec, length, every, start)
+    current = _predict(policy, replay_knobs, model, spec, length, every, start) if compare else None
 
     warnings = []
     if model.r2 < 0.5:
         warnings.append(f"the model explains only {model.r2:.0%} of the probe's variance: treat the gains as a "
                         "starting point")
-    setpoint = predicted["response"][-1]["setpoint"] if predicted.get("response") else None
+    setpoint = predicted.response[-1]["setpoint"] if predicted.response else None
     if setpoint is not None:
         # A FOPDT with a drift term moves its balance point: check the replay's end as well.
         for at in (0, length) if model.kind == "fopdt" and model.drift else (0,):
@@ -316,39 +403,37 @@ def tune_controller(policy: PolicyDocument, knobs: dict[str, dict[str, Any]], co
                 break
     outside = _outside_limits(predicted, aggressiveness, every, span,
                               spec.max_step if spec.max_step is not None else knob.max_step)
-    if predicted["settling_steps"] is None:
+    if predicted.settling_steps is None:
         warnings.append(f"the replay does not settle within +-10% in {length} steps")
-    return {
-        "controller": controller,
-        "probe": spec.probe,
-        "knob": spec.knob,
-        "scale": scale,
-        "model": model.to_dict(),
-        "gains": tuning.to_dict(),
-        "noise_floor": noise_floor,
-        "current_gains": {"kp": spec.kp, "ki": spec.ki, "kd": spec.kd, "gains": spec.gains,
-                          "direction": spec.direction, "setpoint_weight": spec.setpoint_weight},
-        "interval": every,
-        "predicted": {"horizon": length, "proposed": predicted, "current": current},
-        "policy": proposed.model_dump(mode="json"),
-        "policy_yaml": yaml.safe_dump(proposed.model_dump(mode="json", exclude_none=True), sort_keys=False),
-        "warnings": warnings,
-        # the proposal against tune's own limits (MAX_OVERSHOOT_PCT, settling within the replay and
-        # within the recorded run): each miss says what to change
-        "within_limits": not outside,
-        "outside_limits": outside,
-        "observations_used": len(steps),
-    }
+    return Tuned(controller=controller, probe=spec.probe, knob=spec.knob, scale=scale, model=model, tuning=tuning,
+                 policy=proposed, index=index, current_spec=spec, interval=every, horizon=length, proposed=predicted,
+                 current=current, noise_floor=noise_floor, warnings=warnings, outside_limits=outside,
+                 observations_used=len(steps))
 
 
-def _outside_limits(predicted: dict[str, Any], aggressiveness: float, every: int, span: int,
+def tune_report(policy: PolicyDocument, knobs: dict[str, dict[str, Any]], controller: str,
+                observations: Sequence[Any], **options: Any) -> dict[str, Any]:
+    """:func:`tune_controller`'s answer as ``POST /v1/policies/tune`` sends it (what its worker
+    process returns: plain data)."""
+    return tune_controller(policy, knobs, controller, observations, **options).to_dict()
+
+
+def fit_warmup(policy: PolicyDocument, knobs: dict[str, dict[str, Any]], controller: str,
+               observations: Sequence[Any], /) -> Tuned:
+    """The fit at the end of a gains-auto warm-up step test (the tuner of :mod:`actuator.warmup`):
+    :func:`tune_controller` at its defaults, without the current gains' replay, which the
+    warm-up does not report."""
+    return tune_controller(policy, knobs, controller, observations, compare=False)
+
+
+def _outside_limits(predicted: Prediction, aggressiveness: float, every: int, span: int,
                     max_step: float | None) -> list[str]:
     """Where the proposed gains' replay breaks the limits tune states (overshoot within
     :data:`MAX_OVERSHOOT_PCT`, settling within +-10% inside the replay and inside the recorded
     run's length), one sentence each with the numbers and what to change; empty: within them."""
     out = []
     slower = f"--aggressiveness {aggressiveness / 2:g} (now {aggressiveness:g}: the closed loop twice as slow)"
-    over, settle = predicted["overshoot_pct"], predicted["settling_steps"]
+    over, settle = predicted.overshoot_pct, predicted.settling_steps
     if over is not None and over > MAX_OVERSHOOT_PCT:
         rate = (f", a larger max_step if the knob's rate limit ({max_step:g} a decision) holds its cuts back"
                 if max_step is not None else "")

@@ -63,7 +63,7 @@ from .knobs import KnobNotSupported, knob_setter
 from .probes._common import check_texts, encode, is_peft_model, pad_batch, pad_token_id, probe_mode, subsample
 from .sharded import reshard
 
-__all__ = ["KLAnchor", "KLAnchorKnob", "KLAnchorMixin", "KLAnchorCallback", "anchor_trainer", "install_anchor",
+__all__ = ["reading_set", "KLAnchor", "KLAnchorKnob", "KLAnchorMixin", "KLAnchorCallback", "anchor_trainer", "install_anchor",
            "pair_token_ids", "bucket_kl"]
 
 STATE_FILE = "actuator-anchor.pt"
@@ -531,3 +531,33 @@ def pair_token_ids(dataset: Any, tokenizer: Any, *, limit: int = 64) -> list[lis
             ids = encode(tokenizer, [(prompt or "") + chosen])[0]
         out.append(ids)
     return out
+
+
+def reading_set(model: Any, tokenizer: Any, *, n: int = 24, seed: int = 1, max_prompt_tokens: int = 192,
+                max_new_tokens: int = 16, records: list[dict] | None = None) -> list[str]:
+    """Reading-comprehension anchor texts: ``n`` multi-hop questions in the HotpotQA probe's own
+    prompt format (its instruction, the paragraphs cut to ``max_prompt_tokens``: distractors go
+    first, so the two gold paragraphs stay), each with the model's own greedy answer.
+
+    By default the records come from a synthetic world of another ``seed`` than the probe's
+    shipped set (seed 0), and any record sharing a paragraph title with the shipped set is left
+    out: the anchor reads the way the probe asks, about entities the probe never shows. Pass
+    ``records`` (official-format dicts) to anchor on your own reading data instead."""
+    from .general import _continue, _turn_end
+    from .probes._hotpotqa import build_prompt, load_hotpotqa
+    from .probes._synthetic import generate_synthetic_hotpotqa
+
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    if records is None:
+        shipped = {title for r in load_hotpotqa(None) for title, _ in r["context"]}
+        size = max(n, 40)  # one pool for every n <= 40: a smaller n takes a prefix of the same records
+        records = [r for r in generate_synthetic_hotpotqa(n_bridge=size, n_comparison=size, seed=seed)
+                   if not {title for title, _ in r["context"]} & shipped]
+    records = records[:n]
+    if len(records) < n:
+        raise ValueError(f"n: only {len(records)} reading records available, asked for {n}")
+    prompts = [build_prompt(r, tokenizer, max_prompt_tokens=max_prompt_tokens).text for r in records]
+    end = _turn_end(tokenizer)
+    return [text + (answer.strip() + end if finished else answer)
+            for text, (answer, finished) in zip(prompts, _continue(model, tokenizer, prompts, max_new_tokens, 4))]

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from typing import Any
 
 __all__ = ["PROBE_PROMPTS", "PROBE_TEXTS", "ANCHOR_PROMPTS", "ANCHOR_TEXTS", "chat", "answer_labels", "self_answers", "anchor_set",
-           "topic_prompts", "word_prompts", "response_template", "reading_set", "CONTROL_PROMPTS"]
+           "topic_prompts", "word_prompts", "response_template", "CONTROL_PROMPTS"]
 
 PROBE_PROMPTS = [
     "What is the capital of France?", "Explain in one sentence why the sky is blue.",
@@ -265,31 +265,3 @@ def _turn_end(tokenizer: Any) -> str:
     """What the chat template puts after an assistant answer (``"<|im_end|>\n"`` for SmolLM2)."""
     closed, open_ = chat(tokenizer, "x", "y"), chat(tokenizer, "x") + "y"
     return closed[len(open_):] if closed.startswith(open_) else ""
-
-
-def reading_set(model: Any, tokenizer: Any, *, n: int = 24, seed: int = 1, max_prompt_tokens: int = 192,
-                max_new_tokens: int = 16, records: list[dict] | None = None) -> list[str]:
-    """Reading-comprehension anchor texts: ``n`` multi-hop questions in the HotpotQA probe's own
-    prompt format (its instruction, the paragraphs cut to ``max_prompt_tokens``: distractors go
-    first, so the two gold paragraphs stay), each with the model's own greedy answer.
-
-    By default the records come from a synthetic world of another ``seed`` than the probe's
-    shipped set (seed 0), and any record sharing a paragraph title with the shipped set is left
-    out: the anchor reads the way the probe asks, about entities the probe never shows. Pass
-    ``records`` (official-format dicts) to anchor on your own reading data instead."""
-    from actuator.agents.probes import build_prompt, generate_synthetic_hotpotqa, load_hotpotqa
-
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
-    if records is None:
-        shipped = {title for r in load_hotpotqa(None) for title, _ in r["context"]}
-        size = max(n, 40)  # one pool for every n <= 40: a smaller n takes a prefix of the same records
-        records = [r for r in generate_synthetic_hotpotqa(n_bridge=size, n_comparison=size, seed=seed)
-                   if not {title for title, _ in r["context"]} & shipped]
-    records = records[:n]
-    if len(records) < n:
-        raise ValueError(f"n: only {len(records)} reading records available, asked for {n}")
-    prompts = [build_prompt(r, tokenizer, max_prompt_tokens=max_prompt_tokens).text for r in records]
-    end = _turn_end(tokenizer)
-    return [text + (answer.strip() + end if finished else answer)
-            for text, (answer, finished) in zip(prompts, _continue(model, tokenizer, prompts, max_new_tokens, 4))]

@@ -84,7 +84,8 @@ class Job:
 
     def __init__(self, args: argparse.Namespace) -> None:
         from actuator.agents.general import (ANCHOR_PROMPTS, ANCHOR_TEXTS, CONTROL_PROMPTS, PROBE_PROMPTS, PROBE_TEXTS,
-                                             anchor_set, chat, reading_set)
+                                             anchor_set, chat)
+        from actuator.agents.anchor import reading_set
         from actuator.agents.models import load_smollm2
         from actuator.agents.probes import AnswerKL, EmbeddingDrift, HotpotQA, KLDrift, Perplexity
 

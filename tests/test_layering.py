@@ -16,6 +16,8 @@ an import of ``actuator.api``. Then each layer may import only what :data:`MAY_I
 
 A folder's own name (``controllers``, ``api.views``) is never an import anywhere in the repository:
 it would load the same file a second time as a different module.
+No import cycle among the packages' modules: :func:`import_cycles` reads every import, at module
+level and inside functions alike (a deferred import still ties the two modules together).
 And the repository stands alone: no file points outside it."""
 
 from __future__ import annotations
@@ -215,6 +217,78 @@ def bare_imports(root: Path, files: Iterable[Path]) -> list[str]:
     return out
 
 
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the modules of ``root``'s packages it imports, module level and function level
+    alike. A module's own enclosing packages are left out (``from . import x`` names the package
+    as well as ``x``): Python initialises them before the module whatever it imports."""
+    dirs = package_dirs(root)
+    modules = package_modules(dirs)
+    graph: dict[str, set[str]] = {}
+    for module, (path, is_package) in modules.items():
+        targets = {_known(t, modules) for t in imported(path.read_text(), module, is_package)}
+        graph[module] = {t for t in targets if t in modules and t != module and not module.startswith(t + ".")}
+    return graph
+
+
+def import_cycles(root: Path) -> list[str]:
+    """Each group of modules that import each other in a cycle (a strongly connected component of
+    :func:`import_graph`), as one cycle through it: ``a -> b -> c -> a``, from its first module."""
+    graph = import_graph(root)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+    for start in sorted(graph):  # Tarjan's algorithm, iteratively
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, edges = work[-1]
+            for nxt in edges:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    group = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        group.append(member)
+                        if member == node:
+                            break
+                    if len(group) > 1:
+                        groups.append(sorted(group))
+    out = []
+    for group in sorted(groups):
+        members, first = set(group), group[0]
+        paths = {first: [first]}
+        queue = [first]
+        while queue:  # the shortest way back to the first module, inside the group
+            node = queue.pop(0)
+            for nxt in sorted(graph[node] & members):
+                if nxt == first:
+                    out.append(" -> ".join([*paths[node], first]))
+                    queue = []
+                    break
+                if nxt not in paths:
+                    paths[nxt] = [*paths[node], nxt]
+                    queue.append(nxt)
+    return out
+
+
 def python_files(root: Path) -> list[Path]:
     listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.py"],
                             cwd=root, capture_output=True, text=True, check=True).stdout.split()
@@ -244,6 +318,13 @@ def test_the_agents_import_the_core_only_through_its_wire_side():
 
 def test_no_file_imports_a_package_folder_by_its_folder_name():
     assert bare_imports(ROOT, python_files(ROOT)) == []
+
+
+def test_no_import_cycle():
+    assert import_cycles(ROOT) == []
+    # what the check reads: the engine receives gains auto's tuner, it does not import it
+    graph = import_graph(ROOT)
+    assert "actuator.warmup" in graph["actuator.engine"] and "actuator.tune" not in graph["actuator.engine"]
 
 
 # -- the checker fails on planted defects ----------------------------------------------------------
@@ -281,6 +362,23 @@ def test_the_synthetic_tree_is_clean(tmp_path):
     root = _synthetic_tree(tmp_path, {})
     assert violations(root) == [] and unresolved(root) == []
     assert bare_imports(root, root.rglob("*.py")) == []
+    assert import_cycles(root) == []  # api/__init__.py's `from .. import store`: a package, not a cycle
+
+
+@pytest.mark.parametrize(("planted", "found"), [
+    # the cycle issue 52 opened, through an import inside a function
+    ({"actuator/engine.py": "def calibrate():\n    from .tune import tune_controller\n",
+      "actuator/tune.py": "from .simulate import simulate_model\n",
+      "actuator/simulate.py": "from .engine import Engine\n"},
+     ["actuator.engine -> actuator.tune -> actuator.simulate -> actuator.engine"]),
+    ({"actuator/engine.py": "from . import policy\n", "actuator/policy.py": "from .engine import Engine\n"},
+     ["actuator.engine -> actuator.policy -> actuator.engine"]),
+    ({"api/deps.py": "from .routers import runs\n"},  # runs imports ..deps: across packages
+     ["actuator.api.deps -> actuator.api.routers.runs -> actuator.api.deps"]),
+])
+def test_a_planted_import_cycle_is_found(tmp_path, planted, found):
+    root = _synthetic_tree(tmp_path, planted)
+    assert import_cycles(root) == found
 
 
 @pytest.mark.parametrize(("rel", "text", "found"), [

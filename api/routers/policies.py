@@ -23,7 +23,7 @@ from actuator.schemas import (
     TunePublic,
 )
 from actuator.store import PolicyVersionConflict, stored_policy
-from actuator.tune import NotIdentifiable, UnknownController, tune_controller
+from actuator.tune import NotIdentifiable, UnknownController, tune_report
 
 from ..deps import AdminDep, Offset, PageSize, ReaderDep, Services, ServicesDep, Version, policy_ref, run_not_found
 from .. import jobs
@@ -200,7 +200,7 @@ async def tune_policy(_: AdminDep, body: TuneCreate, request: Request, services:
         run_id, doc, knobs, observations, total, every, interval = await run_in_threadpool(_tune_inputs, body,
                                                                                            services)
         try:
-            result = await services.cpu.call(request, "tune", tune_controller, doc, knobs, body.controller,
+            result = await services.cpu.call(request, "tune", tune_report, doc, knobs, body.controller,
                                              observations, aggressiveness=body.aggressiveness, horizon=body.horizon,
                                              interval=interval, admitted=True)
         except UnknownController as exc:

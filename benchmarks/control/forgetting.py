@@ -103,7 +103,7 @@ class ForgettingSetup(Setup):
                                            close_cut=close_cut)
         self.reading_length = 0  # the longest reading text's tokens: the anchor keeps them whole
         if anchor_reading:
-            from actuator.agents.general import reading_set
+            from actuator.agents.anchor import reading_set
 
             with console.status(f"anchor set: the starting model's own answers to {anchor_reading} reading questions "
                                 "(another synthetic world than the HotpotQA probe's)…"):
@@ -749,7 +749,7 @@ def parser() -> argparse.ArgumentParser:
                          "(actuator.agents.general.word_prompts, up to 120)")
     ap.add_argument("--anchor-reading", type=int, default=0,
                     help="extra anchor texts: reading questions in the HotpotQA probe's format about another synthetic "
-                         "world, with the starting model's own answers (actuator.agents.general.reading_set); "
+                         "world, with the starting model's own answers (actuator.agents.anchor.reading_set); "
                          "kept whole (~200 tokens) whatever --anchor-length")
     ap.add_argument("--open-cut-answers", action="store_true",
                     help="no end-of-turn after an anchor answer cut at 40 tokens (the library default; the "

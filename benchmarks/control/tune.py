@@ -158,7 +158,7 @@ def run(aggressiveness: float = 1.0, only: set[str] | None = None) -> dict[str, 
         rows = []
         for seed in SEEDS:
             result = tune_controller(policy, {case.knob["name"]: case.knob}, "c",
-                                     identification_run(case, 1000 + seed), aggressiveness=aggressiveness)
+                                     identification_run(case, 1000 + seed), aggressiveness=aggressiveness).to_dict()
             budget = getattr(case.plant(), "budget", None)
             tuned_trace = run_arm(case.plant(), tuned_arm(case, result), STEPS, seed)
             hand_trace = run_arm(case.plant(), case.hand, STEPS, seed)

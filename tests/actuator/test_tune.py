@@ -41,7 +41,7 @@ def test_replay_on_the_model_keeps_bounds_and_rate_limit():
     obs = observations()
     steps, us, ys = series(obs, "kl_drift", "learning_rate", 1e-3, "log")
     model = identify(steps, us, ys)
-    result = tune_controller(policy(0.35), {"learning_rate": KNOB}, "c", obs)
+    result = tune_controller(policy(0.35), {"learning_rate": KNOB}, "c", obs).to_dict()
     assert result["predicted"]["proposed"]["settling_steps"] is not None and not result["warnings"]
     doc = load_policy(result["policy"])
     sim = simulate_model(doc, {"learning_rate": KNOB}, model, probe="kl_drift", knob="learning_rate", steps=200,
@@ -55,7 +55,7 @@ def test_replay_on_the_model_keeps_bounds_and_rate_limit():
 
 def test_an_unreachable_setpoint_is_flagged():
     # 0.3 + 0.1 * ln(4) = 0.44 at the upper bound: 0.6 is out of reach
-    result = tune_controller(policy(0.6), {"learning_rate": KNOB}, "c", observations())
+    result = tune_controller(policy(0.6), {"learning_rate": KNOB}, "c", observations()).to_dict()
     assert any("out of reach" in w for w in result["warnings"]), result["warnings"]
     assert any("does not settle" in w for w in result["warnings"])
     assert result["predicted"]["proposed"]["final_knob"] == pytest.approx(KNOB["max"])
@@ -100,7 +100,7 @@ def linear_policy(setpoint: float) -> object:
 
 def test_the_replay_picks_p_on_the_error_for_a_plant_at_rest_and_it_settles_faster():
     obs = [SimpleNamespace(**{**vars(o), "probes": {"custom.y": o.probes["y"]}}) for o in fopdt_observations(start=0.0)]
-    result = tune_controller(linear_policy(1.5), {"custom.u": LINEAR}, "c", obs)
+    result = tune_controller(linear_policy(1.5), {"custom.u": LINEAR}, "c", obs).to_dict()
     g, pred = result["gains"], result["predicted"]["proposed"]
     assert g["setpoint_weight"] == 1.0 and result["policy"]["controllers"][0]["setpoint_weight"] == 1.0
     # SIMC's target: about tau_c + theta to reach the band, where I-P (b = 0) keeps the plant's tau
@@ -126,7 +126,7 @@ def test_the_replay_weighs_p_on_the_initial_error_down_for_a_probe_that_starts_m
     obs = [SimpleNamespace(**{**vars(o), "probes": {"custom.y": o.probes["y"]}})
            for o in fopdt_observations(start=0.0, u0=1.0)]
     knobs = {"custom.u": {**LINEAR, "value": 1.0}}
-    result = tune_controller(linear_policy(1.5), knobs, "c", obs)
+    result = tune_controller(linear_policy(1.5), knobs, "c", obs).to_dict()
     assert result["model"]["transient"] < 0
     b, pred = result["gains"]["setpoint_weight"], result["predicted"]["proposed"]
     assert 0.0 < b < 1.0 and pred["overshoot_pct"] <= 15.0
@@ -148,7 +148,7 @@ def test_a_drifting_probe_is_fitted_with_its_drift_and_a_setpoint_it_drifts_out_
     # after ~60 steps
     obs = [SimpleNamespace(**{**vars(o), "probes": {"custom.y": o.probes["y"] - 0.04 * o.step}})
            for o in fopdt_observations(start=0.0)]
-    result = tune_controller(linear_policy(1.5), {"custom.u": LINEAR}, "c", obs)
+    result = tune_controller(linear_policy(1.5), {"custom.u": LINEAR}, "c", obs).to_dict()
     m = result["model"]
     assert m["kind"] == "fopdt" and m["drift"] == pytest.approx(-0.04, rel=0.1)
     assert m["gain"] == pytest.approx(2.0, rel=0.2)
@@ -157,7 +157,7 @@ def test_a_drifting_probe_is_fitted_with_its_drift_and_a_setpoint_it_drifts_out_
     # without the drift: reachable, no warning
     flat = tune_controller(linear_policy(1.5), {"custom.u": LINEAR}, "c",
                            [SimpleNamespace(**{**vars(o), "probes": {"custom.y": o.probes["y"]}})
-                            for o in fopdt_observations(start=0.0)])
+                            for o in fopdt_observations(start=0.0)]).to_dict()
     assert flat["model"]["drift"] == 0.0 and not any("out of reach" in w for w in flat["warnings"])
 
 
@@ -168,8 +168,8 @@ def test_a_noisy_probe_slows_tau_c_until_the_loops_own_jitter_fits_in_the_band()
              for o in fopdt_observations(start=0.0, noise=0.01)]
     noisy = [SimpleNamespace(**{**vars(o), "probes": {"custom.y": o.probes["y"]}})
              for o in fopdt_observations(start=0.0, noise=0.3)]
-    q = tune_controller(linear_policy(1.0), {"custom.u": LINEAR}, "c", quiet)
-    n = tune_controller(linear_policy(1.0), {"custom.u": LINEAR}, "c", noisy)
+    q = tune_controller(linear_policy(1.0), {"custom.u": LINEAR}, "c", quiet).to_dict()
+    n = tune_controller(linear_policy(1.0), {"custom.u": LINEAR}, "c", noisy).to_dict()
     assert q["noise_floor"] is None
     assert n["noise_floor"] is not None and n["gains"]["tau_c"] > 1.5 * q["gains"]["tau_c"]
     model = identify(*series(noisy, "custom.y", "custom.u", 0.0, "linear")[:3])
@@ -211,7 +211,7 @@ def budget_policy() -> object:
 
 
 def test_a_constraint_controller_gets_simc_gains_and_keeps_its_bound():
-    result = tune_controller(budget_policy(), {"kl_weight": WEIGHT}, "budget", weight_observations(-4.0))
+    result = tune_controller(budget_policy(), {"kl_weight": WEIGHT}, "budget", weight_observations(-4.0)).to_dict()
     assert result["model"]["gain"] == pytest.approx(-4.0, rel=0.2)
     assert result["model"]["tau"] == pytest.approx(4.0, rel=0.2)
     c = result["policy"]["controllers"][0]
@@ -226,12 +226,12 @@ def test_tuning_a_controller_with_relative_gains_proposes_absolute_gains_the_eng
     relative = load_policy({"name": "p", "controllers": [{
         "name": "budget", "kind": "constraint", "probe": "perplexity", "knob": "kl_weight", "setpoint": 48.0,
         "gains": "relative", "kp": 4.8, "ki": 0.48}]})
-    result = tune_controller(relative, {"kl_weight": WEIGHT}, "budget", weight_observations(-4.0))
+    result = tune_controller(relative, {"kl_weight": WEIGHT}, "budget", weight_observations(-4.0)).to_dict()
     assert result["current_gains"]["gains"] == "relative"
     c = load_policy(result["policy"]).controllers[0]
     assert c.gains == "absolute" and c.kp == pytest.approx(result["gains"]["kp"])
     assert c.error_span(48.0, None) == 1.0
-    absolute = tune_controller(budget_policy(), {"kl_weight": WEIGHT}, "budget", weight_observations(-4.0))
+    absolute = tune_controller(budget_policy(), {"kl_weight": WEIGHT}, "budget", weight_observations(-4.0)).to_dict()
     assert result["predicted"]["proposed"] == absolute["predicted"]["proposed"]
 
 

@@ -342,7 +342,7 @@ def test_reading_set_asks_the_probes_way_about_entities_the_probe_never_shows(ch
     distractors cut first) with the model's own answer; no paragraph title of the shipped probe set."""
     import copy
 
-    from actuator.agents.general import reading_set
+    from actuator.agents.anchor import reading_set
     from actuator.agents.probes import build_prompt, generate_synthetic_hotpotqa, load_hotpotqa
 
     tok = copy.deepcopy(char_tokenizer)
