@@ -239,37 +239,40 @@ class ActuatorCallback(TrainerCallback, ExportableState):
     # -- trainer events --------------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
                        optimizer: Any = None, lr_scheduler: Any = None, **kwargs: Any) -> Any:
-        if self.trainer is None:
-            trainer = find_trainer(self)
-            predecessor = self._predecessor(trainer) if trainer is not None and self._from_checkpoint else None
-            if predecessor is not None:
-                return self._hand_back(predecessor, trainer, args, state, control, model=model, optimizer=optimizer,
-                                       lr_scheduler=lr_scheduler, **kwargs)
-            if trainer is not None:
-                self._bind(trainer, anchor=False)  # the anchor, if any, after the policy is resolved
-        else:
-            run_before_loggers(self.trainer, self)  # a resume may have re-added us last
+        trainer, predecessor = self._take_trainer()
+        if predecessor is not None:
+            return self._hand_back(predecessor, trainer, args, state, control, model=model, optimizer=optimizer,
+                                   lr_scheduler=lr_scheduler, **kwargs)
         self._started = True
-        trainer = self.trainer
         if trainer is not None and (refused := sharding_unsupported(trainer)):
             raise ConfigError(refused)
         max_steps = int(getattr(state, "max_steps", 0) or 0)
         # rank 0 of the process group (a model fully_shard-ed before a Trainer that sees one process
         # leaves every rank "process zero")
         main = bool(getattr(state, "is_world_process_zero", True)) and rank_and_world()[0] == 0
-        self.session.begin(
-            model, step=state.global_step, max_steps=max_steps, main=main,
-            warmup=int(args.get_warmup_steps(max_steps)) if max_steps > 0 and hasattr(args, "get_warmup_steps") else 0,
-            sharded=trainer is not None and (fsdp_version(trainer) == 2 or _deepspeed(trainer)),
-            parts=self._parts(args, state, model, optimizer, lr_scheduler))
+        self.session.begin(model, step=state.global_step, max_steps=max_steps, warmup=_warmup(args, max_steps),
+                           main=main, sharded=_sharded(trainer),
+                           parts=self._parts(args, state, model, optimizer, lr_scheduler))
         return None
+
+    def _take_trainer(self) -> tuple[Any, ActuatorCallback | None]:
+        """The trainer, and the configured callback to hand it back to when transformers rebuilt
+        this one from a checkpoint (``_predecessor``)."""
+        if self.trainer is not None:
+            run_before_loggers(self.trainer, self)  # a resume may have re-added us last
+            return self.trainer, None
+        trainer = find_trainer(self)
+        predecessor = self._predecessor(trainer) if trainer is not None and self._from_checkpoint else None
+        if trainer is not None and predecessor is None:
+            self._bind(trainer, anchor=False)  # the anchor, if any, after the policy is resolved
+        return trainer, predecessor
 
     def _parts(self, args: Any, state: Any, model: Any, optimizer: Any, lr_scheduler: Any) -> TrainerParts:
         """What this trainer hands the session (``TrainerParts``)."""
         trainer = self.trainer
         optimizer = optimizer if optimizer is not None else getattr(trainer, "optimizer", None)
         lr_scheduler = lr_scheduler if lr_scheduler is not None else getattr(trainer, "lr_scheduler", None)
-        sharded = trainer is not None and (fsdp_version(trainer) == 2 or _deepspeed(trainer))
+        sharded = _sharded(trainer)
         from .default_probes import tokenizer_of
 
         return TrainerParts(
@@ -402,3 +405,13 @@ class ActuatorCallback(TrainerCallback, ExportableState):
 def _deepspeed(trainer: Any) -> bool:
     """Whether ``trainer`` trains through DeepSpeed (its checkpoints and rewinds are the engine's)."""
     return bool(getattr(trainer, "is_deepspeed_enabled", False))
+
+
+def _sharded(trainer: Any) -> bool:
+    """Whether ``trainer``'s probes are collectives (FSDP2 or DeepSpeed ZeRO: every rank runs them)."""
+    return trainer is not None and (fsdp_version(trainer) == 2 or _deepspeed(trainer))
+
+
+def _warmup(args: Any, max_steps: int) -> int:
+    """The warm-up steps of the trainer's schedule (0 when the run's length is not known)."""
+    return int(args.get_warmup_steps(max_steps)) if max_steps > 0 and hasattr(args, "get_warmup_steps") else 0

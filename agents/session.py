@@ -406,38 +406,49 @@ class ControlSession:
         every rank sets the same probes up (the drift reference sharded like the model) and runs
         them in lockstep (``ProbeSuite.lockstep``: rank 0's schedule, broadcast), and the value
         acknowledged is the one every rank holds (``actuator.agents.sharded``)."""
-        parts = self.parts = parts or TrainerParts()
-        rank, world = rank_and_world()
-        self.sharded = bool(sharded) if sharded is not None else (
-            world > 1 and model is not None and is_fully_sharded(model))
-        main = rank == 0 if main is None else main
+        self.parts = parts or TrainerParts()
+        main = self._take_ranks(model, main=main, sharded=sharded)
         self._phase("open", step)
-        self.open_agreed(main=main, prepare=parts.policy_resolved)
+        self.open_agreed(main=main, prepare=self.parts.policy_resolved)
         self._phase("bind", step)
-        if parts.anchor is not None:
-            parts.anchor()
-        wanted = [name for name in self.knob_bounds if name not in self.extra_setters]
-        self.bind_knobs(parts.setters(wanted) if parts.setters is not None and wanted else {})
-        check_on_every_rank(self.setters)  # more than one process: an acknowledged value is every rank's
-        self._stop_if_refused(self.complete_probes(parts.probe_sources))
-        if self.sharded and self.suite is not None:
-            self.suite.lockstep = from_rank0
+        self._bind_parts()
         self._phase("identify", step)
         self.start_identification(step, max_steps=max_steps, warmup=warmup)
-        if parts.resume is not None:
-            self.resume(*parts.resume, step=step)
+        if self.parts.resume is not None:
+            self.resume(*self.parts.resume, step=step)
         if self.run_name is None:
-            self.run_name = parts.name
+            self.run_name = self.parts.name
         self._phase("register", step)
         self._stop_if_refused(self.register_at_start() if main else None)
         self._phase("share", step)
         self.share_identification()  # rank 0's step test (or none) on every rank: the replicas step alike
-        if main:
-            self._warn_if_rollback_halts()
-            if parts.before_start is not None:
-                parts.before_start()
         self._phase("start", step)
+        if main:
+            self._checks_before_start()
         self.start(model, step=step, max_steps=max_steps)
+
+    def _take_ranks(self, model: Any, *, main: bool | None, sharded: bool | None) -> bool:
+        """Whether this process talks to the service (given, else rank 0), and whether it probes
+        in lockstep with the others (given, else a ``fully_shard``-ed model among more than one)."""
+        rank, world = rank_and_world()
+        if sharded is None:
+            sharded = world > 1 and model is not None and is_fully_sharded(model)
+        self.sharded = bool(sharded)
+        return rank == 0 if main is None else main
+
+    def _bind_parts(self) -> None:
+        """The trainer's anchor, each knob's setter (given, else found by the trainer) and spec
+        (an acknowledged value is every rank's), the probes the policy names built, and sharded,
+        the probes in lockstep."""
+        parts = self.parts
+        if parts.anchor is not None:
+            parts.anchor()
+        wanted = [name for name in self.knob_bounds if name not in self.extra_setters]
+        self.bind_knobs(parts.setters(wanted) if parts.setters is not None and wanted else {})
+        check_on_every_rank(self.setters)
+        self._stop_if_refused(self.complete_probes(parts.probe_sources))
+        if self.sharded and self.suite is not None:
+            self.suite.lockstep = from_rank0
 
     def _phase(self, name: str, step: int | None) -> None:
         """Note a lifecycle phase (``phases``: the latest PHASES_KEPT, for logs and tests)."""
@@ -536,13 +547,16 @@ class ControlSession:
                      ", ".join(f"{p.name} ({p.num_examples} examples)" for p in found.built))
         return None
 
-    def _warn_if_rollback_halts(self) -> None:
-        """Say before step 1 when a guardrail's rollback could only halt this run."""
+    def _checks_before_start(self) -> None:
+        """Rank 0, before step 1: a guardrail's rollback that could only halt this run is said, then
+        the trainer's own checks (``parts.before_start``)."""
         rollbacks = [g.name for g in (self.policy_doc.guardrails if self.policy_doc else []) if g.action == "rollback"]
         reason = self.parts.rollback_blocked() if rollbacks else None
         if reason:
             log.warning("actuator: guardrail(s) %s may order a rollback, which would halt the run instead: %s",
                         ", ".join(rollbacks), reason)
+        if self.parts.before_start is not None:
+            self.parts.before_start()
 
     def open(self, *, main: bool = True) -> None:
         """Connect (rank 0 only: ``main``) and fetch a stored policy's document (one that does not
