@@ -1,19 +1,38 @@
 """ControlSession: one training run under control, whatever runs the training loop.
 
-The session holds what a run under control needs on the training side, with no trainer in sight:
-the policy and its registration, the knobs (setters and their specs), the background sender, the
-decisions and their acknowledgements, identification, and the probe schedule. ``ActuatorCallback``
-(agents/callback.py) is its Hugging Face adapter; a loop of your own uses it directly:
+The session owns the run's lifecycle, one ordered sequence for every trainer: the ``Trainer``
+callback (``ActuatorCallback``, agents/callback.py) is a thin adapter that calls it from the
+trainer's events, and a loop of your own calls it directly:
 
     session = ControlSession(policy, setters=[LearningRateKnob(optimizer, scheduler)],
                              knobs={"learning_rate": {"min": 1e-5, "max": 3e-3, "max_step": 0.7}},
                              probes=[KLDrift(prompts, tok, every=10)], connection=Connection(url))
-    session.begin(model)                      # registers the run, sets the probes up, reads the baseline
+    session.begin(model, max_steps=steps)     # start: open, agree, bind, identify, (resume), register,
+                                              # share, start (probes set up, the baseline read)
     for step in range(1, steps + 1):
         ...                                   # forward, backward, optimizer.step(), scheduler.step()
-        if session.step(step, model, metrics={"loss": loss}).halt:
+        if session.step(step, model, metrics={"loss": loss}).halt:   # apply, rewind, probe, send
             break
+        # session.checkpoint_saved(step, path) after saving one (see TrainerParts.load for rewinds)
     session.finish()                          # delivers what is buffered, marks the run finished
+
+=====================  ============================  ====================================
+phase                  session method                the callback's hook
+=====================  ============================  ====================================
+start                  ``begin(model, parts=...)``   ``on_train_begin``
+step, apply, probe     ``step(step, model)``         ``on_step_end``
+log, evaluate          ``logged`` / ``evaluated``    ``on_log`` / ``on_evaluate``
+checkpoint             ``checkpoint_saved``          ``on_save``
+rewind (rollback)      ``rewind`` (from ``step``)    (``on_step_end``)
+resume                 ``resume`` (from ``begin``)   (``on_train_begin``, from the checkpoint)
+finish                 ``finish``                    ``on_train_end``
+=====================  ============================  ====================================
+
+What differs between trainers is what they hand the session (:class:`TrainerParts`: setters,
+the policy's last word, an anchor, probe sources, the resume point, checkpoint save and load).
+One rule for collectives: whenever more than one process trains (torch.distributed initialised
+with a world size over 1: DDP, FSDP2, DeepSpeed), every rank calls the same methods and rank 0's
+word (knobs, refusals, the identification plan, decisions, checkpoints, rewinds) is broadcast.
 
 Every decision goes through the same guard (the run's bounds and rate limit, on this side too)
 and is acknowledged with the value the setter read back, or set aside with the reason.
@@ -44,8 +63,8 @@ from .preflight import check_url, late_first_decisions, ramp_beyond_run
 from .sender import BackgroundSender, Resync
 from .sharded import check_on_every_rank, from_rank0, is_fully_sharded, rank_and_world
 
-__all__ = ["Connection", "ControlSession", "Protect", "Received", "Reporting", "RunInfo", "StepOutcome",
-           "metric_name", "policy_argument"]
+__all__ = ["Connection", "ControlSession", "ProbeSources", "Protect", "Received", "Reporting", "RunInfo", "StepOutcome",
+           "TrainerParts", "metric_name", "policy_argument"]
 
 log = logging.getLogger("actuator.agents")
 

@@ -114,6 +114,6 @@ def test_a_bad_controller_url_is_refused_when_the_callback_is_built(url, says, m
 
 
 def test_good_urls_are_kept_without_a_trailing_slash():
-    assert ActuatorCallback(POLICY, connection="http://127.0.0.1:8000/", knobs=KNOBS).url == "http://127.0.0.1:8000"
+    assert ActuatorCallback(POLICY, connection="http://127.0.0.1:8000/", knobs=KNOBS).session.url == "http://127.0.0.1:8000"
     # A service behind a reverse proxy under a path prefix is a good URL.
-    assert ActuatorCallback(POLICY, connection="https://ctl.example/actuator", knobs=KNOBS).url == "https://ctl.example/actuator"
+    assert ActuatorCallback(POLICY, connection="https://ctl.example/actuator", knobs=KNOBS).session.url == "https://ctl.example/actuator"

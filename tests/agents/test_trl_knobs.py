@@ -126,7 +126,7 @@ class TRLMetricNames(ActuatorCallback):
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         super().on_log(args, state, control, logs=logs, **kwargs)
-        self._metrics = {k.replace("/", "."): v for k, v in self._metrics.items() if NAME.match(k.replace("/", "."))}
+        self.session.metrics = {k.replace("/", "."): v for k, v in self.session.metrics.items() if NAME.match(k.replace("/", "."))}
 
 
 POLICY = {
