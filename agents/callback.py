@@ -80,6 +80,10 @@ def _json_safe(value: Any) -> Any:
         return str(value)
 
 
+NO_SAVES = ("save_strategy='no' saves no checkpoint, so there is none to roll back to; set save_strategy='steps' "
+            "and save_steps (a rollback restores the last checkpoint saved while every guardrail held)")
+
+
 def _saves_checkpoints(args: Any) -> bool:
     """Whether the trainer's arguments save checkpoints (``save_strategy`` other than "no")."""
     strategy = getattr(args, "save_strategy", "steps")
@@ -288,7 +292,7 @@ class ActuatorCallback(TrainerCallback, ExportableState):
             before_start=lambda: _warn_if_fewer_processes(args),
             save=self._save_shards if sharded and not _deepspeed(trainer) else None,
             load=self._load if trainer is not None else None,
-            no_rollback=None if sharded else rollback_unsupported(trainer),
+            no_rollback=_why_no_rollback(trainer, args),
             saves_checkpoints=_saves_checkpoints(args))
 
     def _save_shards(self, path: str) -> None:
@@ -415,3 +419,10 @@ def _sharded(trainer: Any) -> bool:
 def _warmup(args: Any, max_steps: int) -> int:
     """The warm-up steps of the trainer's schedule (0 when the run's length is not known)."""
     return int(args.get_warmup_steps(max_steps)) if max_steps > 0 and hasattr(args, "get_warmup_steps") else 0
+
+
+def _why_no_rollback(trainer: Any, args: Any) -> str | None:
+    """Why this trainer's run cannot be rolled back (None: it can). Sharded, the callback's own
+    loaders do it (DCP shards, DeepSpeed's engine)."""
+    return (None if _sharded(trainer) else rollback_unsupported(trainer)) or (
+        None if _saves_checkpoints(args) else NO_SAVES)

@@ -246,10 +246,8 @@ class ProbeSources:
     teacher: Any = None
 
 
-# A trainer's checkpoints cannot be rolled back without a loader: why, as the warnings say it.
+# A run's checkpoints cannot be rolled back without a loader: why, as the warnings say it.
 NO_LOADER = "nothing loads a checkpoint into this loop (no TrainerParts.load)"
-NO_SAVES = ("save_strategy='no' saves no checkpoint, so there is none to roll back to; set save_strategy='steps' "
-            "and save_steps (a rollback restores the last checkpoint saved while every guardrail held)")
 
 
 @dataclass
@@ -267,7 +265,7 @@ class TrainerParts:
     ``RunInfo`` gives none. ``before_start()``: rank 0's own checks before the first step.
     ``save(path)``: every rank, at each checkpoint (the trainer's own state beside it, e.g.
     sharded weights). ``load(path)``: every rank, at a rewind (the checkpoint into the live
-    trainer). ``no_rollback``: why this trainer cannot be rolled back even with ``load``.
+    trainer). ``no_rollback``: why this run cannot be rolled back even with ``load``.
     ``saves_checkpoints``: whether checkpoints are saved at all (and one is saved at a halt)."""
 
     setters: Callable[[list[str]], Mapping[str, KnobSetter]] | None = None
@@ -284,9 +282,7 @@ class TrainerParts:
 
     def rollback_blocked(self) -> str | None:
         """Why a rollback cannot happen in this run (None: it can, given a healthy checkpoint)."""
-        if self.load is None:
-            return NO_LOADER
-        return self.no_rollback or (None if self.saves_checkpoints else NO_SAVES)
+        return self.no_rollback or (NO_LOADER if self.load is None else None)
 
 
 class ControlSession:
@@ -1226,7 +1222,7 @@ class ControlSession:
         service's reasons (the guardrail, its reading and threshold), for the log."""
         because = "; ".join(why) or "a guardrail breach"
         self._phase("rewind", step)
-        blocked = NO_LOADER if self.parts.load is None else self.parts.no_rollback
+        blocked = self.parts.rollback_blocked()
         healthy = [(s, p) for s, p in self.checkpoints if self.last_ok_step is not None and s <= self.last_ok_step
                    and os.path.isdir(p)]
         target = from_rank0(None if blocked or not healthy else healthy[-1])
