@@ -193,13 +193,13 @@ def main() -> None:
     trainer2, _, cb2, rec2 = build(a, rank, tok, last_ckpt + RESUME_STEPS)
     trainer2.train(resume_from_checkpoint=ckpt)
     report["resume"] = {
-        "run_id": cb2.run_id,
+        "run_id": cb2.session.run_id,
         "loaded_equal_to_saved": all(torch.equal(x, y) for x, y in zip(rec2.at_begin, saved)),
         "global_step": trainer2.state.global_step,
         "lr": rec2.lr_by_step(),
-        "observations": cb2.seq,
-        "mismatches": mismatches(cb2.setters),
-        "knob_values": cb2.knob_values(),
+        "observations": cb2.session.seq,
+        "mismatches": mismatches(cb2.session.setters),
+        "knob_values": cb2.session.knob_values(),
     }
     Path(a.out).write_text(json.dumps(report))
     leave_group()
