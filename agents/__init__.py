@@ -23,7 +23,8 @@ from typing import Any
 # name -> the submodule (relative to this package) that defines it.
 _HOMES = {
     "ActuatorCallback": ".callback",
-    **dict.fromkeys(("ControlSession", "Connection", "RunInfo", "Reporting", "Protect"), ".session"),
+    **dict.fromkeys(("ControlSession", "Connection", "RunInfo", "Reporting", "Protect", "TrainerParts"),
+                    ".session"),
     **dict.fromkeys(("KLAnchor", "KLAnchorKnob", "KLAnchorMixin", "KLAnchorCallback", "anchor_trainer",
                      "install_anchor", "pair_token_ids"), ".anchor"),
     **dict.fromkeys(("Probe", "ProbeSuite", "ProbeReport", "ProbeError"), ".probes"),

@@ -1,5 +1,5 @@
 """ActuatorCallback: a Hugging Face ``Trainer`` (or a TRL trainer, which subclasses it) under
-closed-loop control: the adapter between the trainer's events and a :class:`ControlSession`.
+closed-loop control: a thin adapter from the trainer's events to a :class:`ControlSession`.
 
     trainer = GRPOTrainer(..., callbacks=[ActuatorCallback("preset:rl-kl")])
     trainer.train()
@@ -7,41 +7,36 @@ closed-loop control: the adapter between the trainer's events and a :class:`Cont
 ``Trainer(callbacks=[cb])`` and ``cb.attach(trainer)`` are the same: the callback finds its trainer
 at ``on_init_end`` and puts itself before the ``report_to`` loggers.
 
-The session (agents/session.py) holds the run: registration, the sender, decisions guarded,
-applied and acknowledged, identification and the probe schedule. What is the trainer's is here:
+The run's lifecycle is the session's (agents/session.py), the same sequence a loop of your own
+drives: ``cb.session`` is that session, and its state (``run_id``, ``applied``, ``history``, ...)
+is read there. Each trainer event is one lifecycle call:
 
-1. ``on_train_begin``: the policy is resolved (a stored one is fetched) and brings its knobs; each
-   knob's setter is found from the trainer (learning rate: optimizer and scheduler; ``kl_beta``:
-   TRL DPO/GRPO/RLOO; ``distill_lambda`` / ``gkd_beta`` / ``onpolicy_fraction`` / ``divergence_mix`` /
-   ``distill_temperature``: distillation and GKD trainers; ``rank``:
-   factorised layers or LoRA; ``kl_weight``: the KL anchor) unless ``setters`` gives one; the run
-   is registered (one request). A refusal (the service's 4xx: a bad policy, knob or token) raises
-   :class:`~actuator.ConfigError` before the first step; anything else (unreachable, an answer
-   that cannot be read) lets training start without control, with a warning, and the background
-   sender registers the run when the service answers. The probes the policy names that the run was
-   not given are built from the trainer's tokenizer and shipped data (``default_probes``; one a
-   controller needs and nothing shipped can stand in for is a ConfigError), a preset's probe
-   intervals are fitted to ``max_steps``, then probes are set up (the drift reference is
-   snapshotted here), the sender is started and the baseline is read.
-2. ``on_step_end`` (a step boundary): results that came back are applied through the session —
-   knob decisions are clamped to the run's bounds and rate limit on this side too, then written
-   through the setters, and the value read back is what the next observation reports. A rollback
-   loads the last healthy checkpoint. Then due probes run, and the observation is handed to the
-   sender: training never waits on the network.
-3. Distributed runs: rank 0 talks to the service; its configuration, refusals and decisions are
-   broadcast so every rank applies the same values at the same step.
-4. Checkpoints carry where the run was; a resume continues the same run (``state``, ``_restore``,
-   and the hand-back of ``restore_callback_states_from_checkpoint``).
-5. The service down: training continues with the last values; one warning per outage.
+=================  =========================================================================
+``on_train_begin``  ``session.begin(model, ..., parts=...)``: the trainer's parts are handed to
+                    it (:class:`TrainerParts`): each knob's setter found from the trainer
+                    (``knobs.setter_for``: optimizer and scheduler, TRL's ``beta``, distillation
+                    and GKD trainers, factorised layers or LoRA, the KL anchor), the probes the
+                    policy names built from the trainer's tokenizer and shipped data
+                    (``default_probes``), a KL anchor on a pair trainer's pairs, the checkpoint
+                    the run resumes from, and how checkpoints are saved and loaded (plain,
+                    FSDP2 shards, DeepSpeed's engine)
+``on_step_end``     ``session.step(step, model)``: decisions guarded, applied and acknowledged; a
+                    rollback rewinds; due probes run; training never waits on the network
+``on_log``          ``session.logged(step, logs)``: knob values in effect added to the log line
+``on_evaluate``     ``session.evaluated(step, model, metrics)``
+``on_save``         ``session.checkpoint_saved(step, path)``
+``on_train_end``    ``session.finish(step)``
+=================  =========================================================================
+
+What stays here is the Hugging Face side alone: finding the trainer, the place among the loggers,
+the checkpoint's JSON (``state``) and the hand-back of ``restore_callback_states_from_checkpoint``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import warnings
 import weakref
-from dataclasses import replace
 from typing import Any
 
 from actuator._exceptions import ConfigError
@@ -51,8 +46,8 @@ from ._hf_compat import (find_trainer, fsdp_version, load_checkpoint, load_deeps
                          run_before_loggers, sharding_unsupported)
 from .identification import IdentificationMode
 from .knobs import KnobSetter, setter_for
-from .session import Connection, ControlSession, Protect, Reporting, RunInfo
-from .sharded import SHARDED_DIR, check_on_every_rank, from_rank0, load_sharded, rank_and_world, save_sharded
+from .session import Connection, ControlSession, ProbeSources, Protect, Reporting, RunInfo, TrainerParts
+from .sharded import SHARDED_DIR, load_sharded, rank_and_world, save_sharded
 
 __all__ = ["ActuatorCallback", "Connection", "Protect", "Reporting", "RunInfo"]
 
@@ -85,42 +80,8 @@ def _json_safe(value: Any) -> Any:
         return str(value)
 
 
-# The arguments before ``Connection`` / ``RunInfo`` / ``Reporting`` / ``Protect`` grouped them:
-# argument -> its group; each group's new form and class, as the warning names them.
-_LEGACY = {
-    "url": "connection", "token": "connection", "timeout": "connection", "register_timeout": "connection",
-    "flush_timeout": "connection",
-    "run_name": "run", "metadata": "run",
-    "budget_share": "reporting", "report_every": "reporting",
-    "on_drift": "protect", "on_breach": "protect",
-}
-_NEW_FORM = {
-    "connection": "connection=Connection(url=..., token=..., timeout=..., register_timeout=..., flush_timeout=...)",
-    "run": "run=RunInfo(name=..., metadata=...)",
-    "reporting": "reporting=Reporting(budget_share=..., report_every=...)",
-    "protect": "protect=Protect({...}, on_drift=..., on_breach=...)",
-}
-_CLASS = {"connection": "Connection", "run": "RunInfo", "reporting": "Reporting", "protect": "Protect"}
-_FIELD = {"run_name": "name"}  # a legacy argument whose field in its group has another name
-_WARNED: set[str] = set()  # each group's deprecation is said once per process
-
-
-def _legacy_groups(legacy: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The old keyword arguments by the group that replaces them (a FutureWarning, once per group)."""
-    unknown = sorted(set(legacy) - set(_LEGACY))
-    if unknown:
-        raise TypeError(f"ActuatorCallback() got an unexpected keyword argument {unknown[0]!r}")
-    groups: dict[str, dict[str, Any]] = {}
-    for name, value in legacy.items():
-        groups.setdefault(_LEGACY[name], {})[_FIELD.get(name, name)] = value
-    for group in groups:
-        if group not in _WARNED:
-            _WARNED.add(group)
-            used = ", ".join(f"{k}=" for k in legacy if _LEGACY[k] == group)
-            warnings.warn(f"ActuatorCallback({used}...) is deprecated and will be removed: pass {_NEW_FORM[group]} "
-                          f"(from actuator.agents.callback import {_CLASS[group]})",
-                          FutureWarning, stacklevel=3)
-    return groups
+NO_SAVES = ("save_strategy='no' saves no checkpoint, so there is none to roll back to; set save_strategy='steps' "
+            "and save_steps (a rollback restores the last checkpoint saved while every guardrail held)")
 
 
 def _saves_checkpoints(args: Any) -> bool:
@@ -150,12 +111,6 @@ def _warn_if_fewer_processes(args: Any) -> None:
                     "process under --cpu unless given --mpirun_hostfile. For N CPU processes drop --cpu: `accelerate "
                     "launch --multi_gpu --num_processes N script.py --use_cpu`, or `torchrun --nproc_per_node N "
                     "script.py --use_cpu` (docs/how-to/sharded-training.md)")
-
-
-def _session_attribute(name: str, doc: str) -> property:
-    """An attribute of the callback that is its session's (``cb.run_id`` is ``cb.session.run_id``)."""
-    return property(lambda self: getattr(self.session, name),
-                    lambda self, value: setattr(self.session, name, value), doc=doc)
 
 
 class ActuatorCallback(TrainerCallback, ExportableState):
@@ -189,9 +144,8 @@ class ActuatorCallback(TrainerCallback, ExportableState):
             ``length`` steps and restored; the service's decisions on it wait until then. Then
             ``actuator policy tune --run RUN_ID --controller NAME`` fits the run.
 
-    The arguments before these groups (``url=``, ``token=``, ``timeout=``, ``register_timeout=``,
-    ``flush_timeout=``, ``run_name=``, ``metadata=``, ``budget_share=``, ``report_every=``,
-    ``on_drift=``, ``on_breach=``) still work and warn once (FutureWarning) with the new form.
+    The run itself is ``cb.session`` (:class:`ControlSession`): ``cb.session.run_id``,
+    ``cb.session.applied``, ``cb.session.history``, ``cb.session.rollbacks``, ...
     """
 
     def __init__(
@@ -206,61 +160,23 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         run: RunInfo | dict[str, Any] | str | None = None,
         reporting: Reporting | dict[str, Any] | None = None,
         identify: IdentificationMode | dict[str, Any] | None = None,
-        **legacy: Any,
     ) -> None:
-        groups = _legacy_groups(legacy)
         if (policy is None) == (protect is None):
             raise ConfigError("policy: give a policy (name, preset:NAME, document) or protect={...}, not both")
-        if protect is None and "protect" in groups:
-            raise ConfigError("on_drift / on_breach: they go with protect={...}: "
-                              "protect=Protect({...}, on_drift=..., on_breach=...)")
-        self._protect = replace(Protect.of(protect), **groups.get("protect", {})) if protect is not None else None
+        self._protect = Protect.of(protect) if protect is not None else None
         if self._protect is not None:
             p = self._protect
             policy = protect_policy(dict(p.budgets), on_drift=p.on_drift, on_breach=p.on_breach)
-        self.session = ControlSession(
-            policy, setters=setters or [], knobs=knobs or {"learning_rate": {}}, probes=probes,
-            connection=replace(Connection.of(connection), **groups.get("connection", {})),
-            run=replace(RunInfo.of(run), **groups.get("run", {})),
-            reporting=replace(Reporting.of(reporting), **groups.get("reporting", {})), identify=identify)
+        self.session = ControlSession(policy, setters=setters or [], knobs=knobs or {"learning_rate": {}},
+                                      probes=probes, connection=connection, run=run, reporting=reporting,
+                                      identify=identify)
         self.trainer: Any = None
-        self.checkpoints: list[tuple[int, str]] = []  # (step, dir) saved during this run
-        self.rollbacks: list[dict[str, Any]] = []
         self._started = False  # on_train_begin ran
-        self.sharded = False  # FSDP2 or DeepSpeed ZeRO-2/3: probes run on every rank in lockstep
-        self.deepspeed = False  # DeepSpeed: checkpoints and rollbacks are the engine's
         _LIVE.add(self)
 
     # Set through transformers' ExportableState restore (``state()["attributes"]``): this instance
     # was rebuilt from a checkpoint and should hand over to the one the user configured.
     _from_checkpoint = False
-
-    # The run's state is its session's; these names are kept for scripts and reports.
-    policy = _session_attribute("policy", "The policy: a stored policy's name or its document.")
-    policy_doc = _session_attribute("policy_doc", "The policy document in effect (None until resolved).")
-    knob_bounds = _session_attribute("knob_bounds", "Bounds given per knob (and the knobs the policy brings).")
-    extra_setters = _session_attribute("extra_setters", "The setters given, by knob name.")
-    identification = _session_attribute("identification", "The identification pre-run, if any.")
-    suite = _session_attribute("suite", "The ProbeSuite (None without probes).")
-    setters = _session_attribute("setters", "Each knob's setter (bound at train() start).")
-    specs = _session_attribute("specs", "Each knob's KnobSpec as registered.")
-    sender = _session_attribute("sender", "The background sender (rank 0, from train() start).")
-    client = _session_attribute("client", "The HTTP client (rank 0).")
-    run_id = _session_attribute("run_id", "The run's id once registered.")
-    run_token = _session_attribute("run_token", "The run's agent token once registered.")
-    run_name = _session_attribute("run_name", "The run's name.")
-    run_state = _session_attribute("run_state", "running, or halted once the controller halted the run.")
-    seq = _session_attribute("seq", "The next observation's sequence number.")
-    last_decision = _session_attribute("last_decision", "The number of the last decision received.")
-    last_ok_step = _session_attribute("last_ok_step", "The latest observed step at which every guardrail held.")
-    applied = _session_attribute("applied", "Decisions applied, for logs and reports (the latest 1,000 whole).")
-    history = _session_attribute("history", "What was observed, for the caller's own tables.")
-    _is_main = _session_attribute("main", "Whether this process talks to the service (rank 0).")
-    _metrics = _session_attribute("metrics", "The latest training metrics, sent with the next observation.")
-
-    @property
-    def url(self) -> str:
-        return self.session.url
 
     # -- binding ---------------------------------------------------------------------------
     def attach(self, trainer: Any) -> ActuatorCallback:
@@ -284,8 +200,8 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         ``on_train_begin`` (``state`` given) the anchor's reference is taken here too. A trainer
         without pairs is left alone: ``train()`` start then names the missing anchor."""
         trainer = self.trainer
-        wanted = "kl_weight" in self.session.policy_knobs() | set(self.knob_bounds)
-        if (trainer is None or not wanted or "kl_weight" in self.extra_setters
+        wanted = "kl_weight" in self.session.policy_knobs() | set(self.session.knob_bounds)
+        if (trainer is None or not wanted or "kl_weight" in self.session.extra_setters
                 or getattr(trainer, "kl_anchor", None) is not None):
             return
         from .anchor import KLAnchor, install_anchor, pair_token_ids
@@ -318,121 +234,92 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         has one. (Then the policy brings its knobs, as every policy does: ``preset:rl-kl`` declares
         ``kl_beta``, ``preset:compress-ppl`` ``rank``, ... with default bounds unless ``knobs`` gives
         them; their setters are found from the trainer: ``actuator.agents.knobs.setter_for``.)"""
-        if getattr(self.trainer, "kl_anchor", None) is not None and self._protect is not None and self.run_id is None:
+        session = self.session
+        if getattr(self.trainer, "kl_anchor", None) is not None and self._protect is not None and session.run_id is None:
             p = self._protect
-            self.policy = self.policy_doc = protect_policy(dict(p.budgets), on_drift=p.on_drift,
-                                                           on_breach=p.on_breach, anchor=True)
-
-    def _bind_setters(self, optimizer: Any, lr_scheduler: Any, model: Any = None) -> None:
-        """Each knob's setter from the trainer unless ``setters`` gave one; the session makes the specs."""
-        self.session.bind_knobs({name: setter_for(name, trainer=self.trainer, optimizer=optimizer,
-                                                  lr_scheduler=lr_scheduler, model=model)
-                                 for name in self.knob_bounds if name not in self.extra_setters})
-        check_on_every_rank(self.session.setters)  # an acknowledged value is the one every rank holds
+            session.policy = session.policy_doc = protect_policy(dict(p.budgets), on_drift=p.on_drift,
+                                                                 on_breach=p.on_breach, anchor=True)
 
     # -- trainer events --------------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
                        optimizer: Any = None, lr_scheduler: Any = None, **kwargs: Any) -> Any:
-        if self.trainer is None:
-            trainer = find_trainer(self)
-            predecessor = self._predecessor(trainer) if trainer is not None and self._from_checkpoint else None
-            if predecessor is not None:
-                return self._hand_back(predecessor, trainer, args, state, control, model=model, optimizer=optimizer,
-                                       lr_scheduler=lr_scheduler, **kwargs)
-            if trainer is not None:
-                self._bind(trainer, anchor=False)  # the anchor, if any, after the policy is resolved
-        else:
-            run_before_loggers(self.trainer, self)  # a resume may have re-added us last
+        trainer, predecessor = self._take_trainer()
+        if predecessor is not None:
+            return self._hand_back(predecessor, trainer, args, state, control, model=model, optimizer=optimizer,
+                                   lr_scheduler=lr_scheduler, **kwargs)
         self._started = True
-        session = self.session
-        trainer = self.trainer
-        if trainer is not None and (sharded := sharding_unsupported(trainer)):
-            raise ConfigError(sharded)
-        self.deepspeed = bool(getattr(trainer, "is_deepspeed_enabled", False))
-        self.sharded = trainer is not None and (fsdp_version(trainer) == 2 or self.deepspeed)
-        optimizer = optimizer if optimizer is not None else getattr(trainer, "optimizer", None)
-        lr_scheduler = lr_scheduler if lr_scheduler is not None else getattr(trainer, "lr_scheduler", None)
+        if trainer is not None and (refused := sharding_unsupported(trainer)):
+            raise ConfigError(refused)
+        max_steps = int(getattr(state, "max_steps", 0) or 0)
         # rank 0 of the process group (a model fully_shard-ed before a Trainer that sees one process
         # leaves every rank "process zero")
         main = bool(getattr(state, "is_world_process_zero", True)) and rank_and_world()[0] == 0
-        # every rank takes rank 0's knobs; sharded, its document too: every rank builds the probes rank 0 runs
-        session.open_agreed(main=main, collective=True, with_doc=self.sharded, prepare=self._protect_with_anchor)
-        self._anchor_pairs(args, state, model)
-        self._bind_setters(optimizer, lr_scheduler, model)
-        failure = None
-        if main or self.sharded:
-            try:
-                self._complete_probes()
-            except ConfigError as exc:
-                failure = exc
-        self._stop_if_refused(failure if main else None)
-        if self.sharded and self.suite is not None:
-            self.suite.lockstep = from_rank0
-        max_steps = int(getattr(state, "max_steps", 0) or 0)
-        warmup = int(args.get_warmup_steps(max_steps)) if max_steps > 0 and hasattr(args, "get_warmup_steps") else 0
-        session.start_identification(state.global_step, max_steps=max_steps, warmup=warmup)
-        self._restore(args, state)
-        if self.run_name is None:
-            self.run_name = (getattr(args, "run_name", None) or os.path.basename(str(args.output_dir)) or "run")[:128]
-        self._stop_if_refused(session.register_at_start() if main else None)
-        session.share_identification()  # rank 0's step test (or none) on every rank: the replicas step alike
-        rollbacks = [g.name for g in (self.policy_doc.guardrails if self.policy_doc else []) if g.action == "rollback"]
-        if rollbacks and main:
-            reason = rollback_unsupported(trainer) or (None if _saves_checkpoints(args) else (
-                "save_strategy='no' saves no checkpoint, so there is none to roll back to; set save_strategy='steps' "
-                "and save_steps (a rollback restores the last checkpoint saved while every guardrail held)"))
-            if reason:
-                log.warning("actuator: guardrail(s) %s may order a rollback, which would halt the run instead: %s",
-                            ", ".join(rollbacks), reason)
-        if main:
-            _warn_if_fewer_processes(args)
-        session.start(model, step=state.global_step, max_steps=int(getattr(state, "max_steps", 0) or 0))
-        if self._probes_beside_rank0(model):  # rank 0 took its reference and baseline: the same here
-            self.suite.setup(model)
-            self.suite.run(model, state.global_step, baseline=True)
+        self.session.begin(model, step=state.global_step, max_steps=max_steps, warmup=_warmup(args, max_steps),
+                           main=main, sharded=_sharded(trainer),
+                           parts=self._parts(args, state, model, optimizer, lr_scheduler))
         return None
 
-    def _probes_beside_rank0(self, model: Any) -> bool:
-        """Whether this rank runs the probes' forward passes with rank 0 (sharded, not rank 0)."""
-        return self.sharded and not self._is_main and self.suite is not None and model is not None
+    def _take_trainer(self) -> tuple[Any, ActuatorCallback | None]:
+        """The trainer, and the configured callback to hand it back to when transformers rebuilt
+        this one from a checkpoint (``_predecessor``)."""
+        if self.trainer is not None:
+            run_before_loggers(self.trainer, self)  # a resume may have re-added us last
+            return self.trainer, None
+        trainer = find_trainer(self)
+        predecessor = self._predecessor(trainer) if trainer is not None and self._from_checkpoint else None
+        if trainer is not None and predecessor is None:
+            self._bind(trainer, anchor=False)  # the anchor, if any, after the policy is resolved
+        return trainer, predecessor
 
-    def _stop_if_refused(self, failure: ConfigError | None) -> None:
-        """Rank 0's refusal stops ``train()`` on every rank, before the first step."""
-        error = self._from_rank0(str(failure) if failure else None)
-        if error is not None:
-            self.session.close_client()
-            raise failure or ConfigError(error)
-
-    def _complete_probes(self) -> None:
-        """Build the probes the policy names that this run was not given (``default_probes``), and
-        budget the probes controllers act on first. One a controller needs that cannot be built is
-        a ConfigError (the run would train without that controller); one only guardrails need is a
-        warning (they can never fire)."""
-        doc = self.policy_doc
-        if doc is None or not doc.probes:
-            return
-        from .default_probes import missing_probes, tokenizer_of
-        from .probes import ProbeSuite
-
-        if self.suite is None:
-            self.suite = ProbeSuite([], budget_share=self.session.reporting.budget_share)
+    def _parts(self, args: Any, state: Any, model: Any, optimizer: Any, lr_scheduler: Any) -> TrainerParts:
+        """What this trainer hands the session (``TrainerParts``)."""
         trainer = self.trainer
-        found = missing_probes(doc, {p.name for p in self.suite.probes},
-                               tokenizer_of(getattr(trainer, "processing_class", None)),
-                               reference=getattr(trainer, "ref_model", None),
-                               teacher=getattr(trainer, "teacher_model", None))
-        if found.blocking:
-            raise ConfigError("; ".join(found.blocking) + ". Pass the probe in probes=[...] (actuator.agents.probes)")
-        for message in found.degraded:
-            log.warning("actuator: %s", message)
-        self.session.unbuilt = {spec.name for spec in doc.probes} - {p.name for p in self.suite.probes} - {
-            p.name for p in found.built}
-        for probe in found.built:
-            self.suite.add(probe)
-        if found.built:
-            log.info("actuator: probes the policy names, built from shipped data: %s",
-                     ", ".join(f"{p.name} ({p.num_examples} examples)" for p in found.built))
+        optimizer = optimizer if optimizer is not None else getattr(trainer, "optimizer", None)
+        lr_scheduler = lr_scheduler if lr_scheduler is not None else getattr(trainer, "lr_scheduler", None)
+        sharded = _sharded(trainer)
+        from .default_probes import tokenizer_of
 
+        return TrainerParts(
+            setters=lambda names: {name: setter_for(name, trainer=trainer, optimizer=optimizer,
+                                                    lr_scheduler=lr_scheduler, model=model) for name in names},
+            policy_resolved=self._protect_with_anchor,
+            anchor=lambda: self._anchor_pairs(args, state, model),
+            probe_sources=ProbeSources(tokenizer_of(getattr(trainer, "processing_class", None)),
+                                       reference=getattr(trainer, "ref_model", None),
+                                       teacher=getattr(trainer, "teacher_model", None)),
+            resume=self._saved(args, state),
+            name=(getattr(args, "run_name", None) or os.path.basename(str(args.output_dir)) or "run")[:128],
+            before_start=lambda: _warn_if_fewer_processes(args),
+            save=self._save_shards if sharded and not _deepspeed(trainer) else None,
+            load=self._load if trainer is not None else None,
+            no_rollback=_why_no_rollback(trainer, args),
+            saves_checkpoints=_saves_checkpoints(args))
+
+    def _save_shards(self, path: str) -> None:
+        """FSDP2: every rank writes its shards of the weights and optimizer moments (DCP) beside rank
+        0's checkpoint, what a rewind restores (torch.distributed.checkpoint; a shared filesystem).
+        (DeepSpeed: the Trainer's checkpoint is already the engine's, every rank its partitions.)"""
+        trainer = self.trainer
+        save_sharded(os.path.join(path, SHARDED_DIR), trainer.model, trainer.optimizer, trainer.lr_scheduler)
+
+    def _load(self, path: str) -> None:
+        """A rewind to the checkpoint in ``path``, on every rank."""
+        trainer = self.trainer
+        if _deepspeed(trainer):  # the engine's checkpoint (its partitions), the HF schedule of that step
+            load_deepspeed_checkpoint(trainer, path)
+        elif self.session.sharded:  # each rank its shards of the weights and moments, the schedule of that step
+            load_sharded(os.path.join(path, SHARDED_DIR), trainer.model, trainer.optimizer, trainer.lr_scheduler)
+        else:
+            load_checkpoint(trainer, path)  # weights in place; optimizer moments and schedule of that step
+
+    def _saved(self, args: Any, state: Any) -> tuple[dict[str, Any], str] | None:
+        """The attributes this callback saved in the checkpoint training resumes from, and its folder."""
+        saved = (getattr(state, "stateful_callbacks", None) or {}).get(type(self).__name__)
+        if isinstance(saved, list):
+            saved = saved[0] if saved else None
+        if not saved or not state.global_step:
+            return None
+        return saved.get("attributes", {}), os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
 
     # -- resume with restore_callback_states_from_checkpoint=True ------------------------------
     def _predecessor(self, trainer: Any) -> ActuatorCallback | None:
@@ -466,47 +353,19 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         del callbacks[next(i for i, cb in enumerate(callbacks) if cb is self)]
         predecessor._bind(trainer)  # before our old place: call_event still reaches everyone once
         log.info("actuator: resumed with restore_callback_states_from_checkpoint: the configured callback "
-                 "continues run %s", self.run_id)
+                 "continues run %s", self.session.run_id)
         return predecessor.on_train_begin(args, state, control, **kwargs)
 
 
     def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
-        self.session.identification_step(state.global_step)
-        self._apply_results(args, state, control)
-        self.session.after_step(state.global_step, model)
-        if self._probes_beside_rank0(model):
-            self.suite.run(model, state.global_step)
-
-    def _apply_results(self, args: Any, state: Any, control: Any) -> None:
-        """Rank 0's decisions, halt and rollback, applied on every rank at this step boundary."""
-        received = self.session.receive()
-        payload = self._from_rank0(received)  # every rank applies rank 0's decisions at the same step
-        halt = payload.halt
-        why = getattr(payload, "why", [])
-        if payload.rollback and not halt:
-            halt = not self._rollback(args, state, why)
-        self.session.apply(payload.decisions, state.global_step)
-        saving = _saves_checkpoints(args)  # under save_strategy="no" a halt saves nothing either
-        if self.session.run_state != "halted" and self.session.halt_if(halt, state.global_step, why, saving=saving):
-            control.should_save = saving
+        if self.session.step(state.global_step, model).halt:
+            control.should_save = self.session.parts.saves_checkpoints  # under save_strategy="no" nothing
             control.should_training_stop = True
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kwargs: Any) -> None:
-        session = self.session
-        session.keep_metrics(logs)
-        if logs is not None and self._is_main:
-            session.train_step_logged(state.global_step, logs)  # train.<metric> inputs: every logged step
-        if logs is None or not self.setters:
+        extra = self.session.logged(state.global_step, logs)
+        if not extra or logs is None:
             return
-        # Knob values in effect (and decisions applied since the last log) go into the trainer's
-        # log, so TensorBoard / W&B show them beside the loss.
-        extra = {f"actuator/{name}": value for name, value in session.knob_values().items()}
-        extra["actuator/decisions"] = float(session.applied_total)
-        # The aggregates of a setter's summary (the per-layer ranks stay in the observations).
-        extra.update({f"actuator/{k}": v for k, v in session.setter_summaries().items()
-                      if not k.startswith("compression.rank.")})
-        extra.update(session.log_extra)
-        session.log_extra.clear()
         logs.update(extra)
         history = getattr(state, "log_history", None)
         if history and history[-1].get("step") == state.global_step:
@@ -514,29 +373,13 @@ class ActuatorCallback(TrainerCallback, ExportableState):
 
     def on_evaluate(self, args: Any, state: Any, control: Any, model: Any = None,
                     metrics: dict[str, float] | None = None, **kwargs: Any) -> None:
-        self.session.keep_metrics(metrics)
-        if self.suite is not None and model is not None and self._is_main:
-            self.session.observe(state.global_step, model, evaluate=True)
-        elif self._probes_beside_rank0(model):
-            self.suite.run(model, state.global_step, evaluate=True)
+        self.session.evaluated(state.global_step, model, metrics)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
-        self.checkpoints.append((state.global_step, path))
-        if self.sharded and not self.deepspeed and self.trainer is not None:
-            # (DeepSpeed: the Trainer's checkpoint is already the engine's, every rank its partitions.)
-            # Every rank writes its shards of the weights and optimizer moments (DCP) beside rank 0's
-            # checkpoint: what a rollback restores (torch.distributed.checkpoint; a shared filesystem).
-            trainer = self.trainer
-            save_sharded(os.path.join(self._from_rank0(path), SHARDED_DIR), trainer.model, trainer.optimizer,
-                         trainer.lr_scheduler)
-        if self._is_main and self.run_token and os.path.isdir(path):
-            # The run token lets a resumed run continue the same run; it is a secret, so it is
-            # kept out of trainer_state.json, in its own owner-only file.
-            fd = os.open(os.path.join(path, "actuator-token"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as fh:
-                fh.write(self.run_token)
+        self.session.checkpoint_saved(state.global_step, os.path.join(args.output_dir, f"checkpoint-{state.global_step}"))
 
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.session.finish(step=int(state.global_step))
 
     # -- checkpointed state (transformers' ExportableState) ----------------------------------
     def state(self) -> dict[str, Any]:
@@ -546,74 +389,40 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         connection without its token, run name and metadata, reporting), which is what
         transformers does on resume when ``restore_callback_states_from_checkpoint=True``; the
         rebuilt one then hands over to the callback configured in the script, with its probes and
-        setters (see :meth:`_hand_back`). ``attributes`` are where the run was: its id (the token
-        is kept in an owner-only file beside the checkpoint, never in this JSON), sequence number,
-        last decision, knob values and the last step at which every guardrail held. Without that
-        flag the configured callback restores the same attributes itself (:meth:`_restore`)."""
+        setters (see :meth:`_hand_back`). ``attributes`` are where the run was
+        (``ControlSession.attributes``: the token is kept in an owner-only file beside the
+        checkpoint, never in this JSON). Without that flag the configured callback resumes from the
+        same attributes itself (``ControlSession.resume``)."""
         session = self.session
-        policy = self.policy if isinstance(self.policy, str) else self.policy.model_dump(mode="json")
+        policy = session.policy if isinstance(session.policy, str) else session.policy.model_dump(mode="json")
         reporting = session.reporting
         return {
             "args": _json_safe({
-                "policy": policy, "knobs": self.knob_bounds, "connection": session.connection.public(),
-                "run": {"name": self.run_name, "metadata": session.metadata},
+                "policy": policy, "knobs": session.knob_bounds, "connection": session.connection.public(),
+                "run": {"name": session.run_name, "metadata": session.metadata},
                 "reporting": {"budget_share": reporting.budget_share, "report_every": reporting.report_every},
             }),
             "attributes": {**session.attributes(), "_from_checkpoint": True},
         }
 
-    def _restore(self, args: Any, state: Any) -> None:
-        saved = (getattr(state, "stateful_callbacks", None) or {}).get(type(self).__name__)
-        if isinstance(saved, list):
-            saved = saved[0] if saved else None
-        if not saved or not state.global_step:
-            return
-        attrs = saved.get("attributes", {})
-        token_file = os.path.join(args.output_dir, f"checkpoint-{state.global_step}", "actuator-token")
-        token = None
-        if attrs.get("run_id") and os.path.exists(token_file):
-            with open(token_file) as fh:
-                token = fh.read().strip()
-        knobs = self.session.restore(attrs, token=token)
-        log.info("actuator: resumed at step %d (seq %d, last decision %d, knobs %s)", state.global_step,
-                 self.seq, self.last_decision, knobs)
 
-    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.session.finish(step=int(state.global_step))
-
-    def knob_values(self) -> dict[str, float]:
-        return self.session.knob_values()
-
-    def _rollback(self, args: Any, state: Any, why: list[str] | tuple[str, ...] = ()) -> bool:
-        """Restore the last checkpoint at which every guardrail held; False if there is none.
-        ``why``: the service's reasons (the guardrail, its reading and threshold), for the log."""
-        because = "; ".join(why) or "a guardrail breach"
-        # Rank 0 knows the last healthy step (the service told it); every rank loads what it picks.
-        healthy = [(s, p) for s, p in self.checkpoints if self.last_ok_step is not None and s <= self.last_ok_step
-                   and os.path.isdir(p)]
-        unsupported = None if self.sharded and self.trainer is not None else rollback_unsupported(self.trainer)
-        target = self._from_rank0(None if unsupported or not healthy else healthy[-1])
-        if target is None:
-            log.error("actuator: rollback ordered at step %d (%s) but %s; halting instead", state.global_step, because,
-                      unsupported or "no checkpoint was saved while every guardrail held")
-            return False
-        step, path = target
-        trainer = self.trainer
-        if self.deepspeed:  # every rank: the engine's checkpoint (its partitions), the HF schedule of that step
-            load_deepspeed_checkpoint(trainer, path)
-        elif self.sharded:  # each rank its shards of the weights and moments, the schedule of that step
-            load_sharded(os.path.join(path, SHARDED_DIR), trainer.model, trainer.optimizer, trainer.lr_scheduler)
-        else:
-            load_checkpoint(trainer, path)  # weights in place; optimizer moments and schedule of that step
-        self.rollbacks.append({"at_step": state.global_step, "to_step": step, "checkpoint": path})
-        self.session.log_extra["actuator/rollback_to_step"] = float(step)
-        log.warning("actuator: %s: rolled back to %s (step %d) at step %d; training continues", because,
-                    path, step, state.global_step)
-        return True
-
-    @staticmethod
-    def _from_rank0(value: Any) -> Any:
-        """``value`` as rank 0 has it, on every rank (itself when not distributed)."""
-        return from_rank0(value)
+def _deepspeed(trainer: Any) -> bool:
+    """Whether ``trainer`` trains through DeepSpeed (its checkpoints and rewinds are the engine's)."""
+    return bool(getattr(trainer, "is_deepspeed_enabled", False))
 
 
+def _sharded(trainer: Any) -> bool:
+    """Whether ``trainer``'s probes are collectives (FSDP2 or DeepSpeed ZeRO: every rank runs them)."""
+    return trainer is not None and (fsdp_version(trainer) == 2 or _deepspeed(trainer))
+
+
+def _warmup(args: Any, max_steps: int) -> int:
+    """The warm-up steps of the trainer's schedule (0 when the run's length is not known)."""
+    return int(args.get_warmup_steps(max_steps)) if max_steps > 0 and hasattr(args, "get_warmup_steps") else 0
+
+
+def _why_no_rollback(trainer: Any, args: Any) -> str | None:
+    """Why this trainer's run cannot be rolled back (None: it can). Sharded, the callback's own
+    loaders do it (DCP shards, DeepSpeed's engine)."""
+    return (None if _sharded(trainer) else rollback_unsupported(trainer)) or (
+        None if _saves_checkpoints(args) else NO_SAVES)

@@ -1,19 +1,38 @@
 """ControlSession: one training run under control, whatever runs the training loop.
 
-The session holds what a run under control needs on the training side, with no trainer in sight:
-the policy and its registration, the knobs (setters and their specs), the background sender, the
-decisions and their acknowledgements, identification, and the probe schedule. ``ActuatorCallback``
-(agents/callback.py) is its Hugging Face adapter; a loop of your own uses it directly:
+The session owns the run's lifecycle, one ordered sequence for every trainer: the ``Trainer``
+callback (``ActuatorCallback``, agents/callback.py) is a thin adapter that calls it from the
+trainer's events, and a loop of your own calls it directly:
 
     session = ControlSession(policy, setters=[LearningRateKnob(optimizer, scheduler)],
                              knobs={"learning_rate": {"min": 1e-5, "max": 3e-3, "max_step": 0.7}},
                              probes=[KLDrift(prompts, tok, every=10)], connection=Connection(url))
-    session.begin(model)                      # registers the run, sets the probes up, reads the baseline
+    session.begin(model, max_steps=steps)     # start: open, agree, bind, identify, (resume), register,
+                                              # share, start (probes set up, the baseline read)
     for step in range(1, steps + 1):
         ...                                   # forward, backward, optimizer.step(), scheduler.step()
-        if session.step(step, model, metrics={"loss": loss}).halt:
+        if session.step(step, model, metrics={"loss": loss}).halt:   # apply, rewind, probe, send
             break
+        # session.checkpoint_saved(step, path) after saving one (see TrainerParts.load for rewinds)
     session.finish()                          # delivers what is buffered, marks the run finished
+
+=====================  ============================  ====================================
+phase                  session method                the callback's hook
+=====================  ============================  ====================================
+start                  ``begin(model, parts=...)``   ``on_train_begin``
+step, apply, probe     ``step(step, model)``         ``on_step_end``
+log, evaluate          ``logged`` / ``evaluated``    ``on_log`` / ``on_evaluate``
+checkpoint             ``checkpoint_saved``          ``on_save``
+rewind (rollback)      ``rewind`` (from ``step``)    (``on_step_end``)
+resume                 ``resume`` (from ``begin``)   (``on_train_begin``, from the checkpoint)
+finish                 ``finish``                    ``on_train_end``
+=====================  ============================  ====================================
+
+What differs between trainers is what they hand the session (:class:`TrainerParts`: setters,
+the policy's last word, an anchor, probe sources, the resume point, checkpoint save and load).
+One rule for collectives: whenever more than one process trains (torch.distributed initialised
+with a world size over 1: DDP, FSDP2, DeepSpeed), every rank calls the same methods and rank 0's
+word (knobs, refusals, the identification plan, decisions, checkpoints, rewinds) is broadcast.
 
 Every decision goes through the same guard (the run's bounds and rate limit, on this side too)
 and is acknowledged with the value the setter read back, or set aside with the reason.
@@ -26,6 +45,7 @@ import math
 import os
 import re
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -43,8 +63,8 @@ from .preflight import check_url, late_first_decisions, ramp_beyond_run
 from .sender import BackgroundSender, Resync
 from .sharded import check_on_every_rank, from_rank0, is_fully_sharded, rank_and_world
 
-__all__ = ["Connection", "ControlSession", "Protect", "Received", "Reporting", "RunInfo", "StepOutcome",
-           "metric_name", "policy_argument"]
+__all__ = ["Connection", "ControlSession", "ProbeSources", "Protect", "Received", "Reporting", "RunInfo", "StepOutcome",
+           "TrainerParts", "metric_name", "policy_argument"]
 
 log = logging.getLogger("actuator.agents")
 
@@ -53,6 +73,10 @@ log = logging.getLogger("actuator.agents")
 # summary per knob (``ControlSession.applied_summary``).
 APPLIED_KEPT = 1000
 REASON_KEPT = 200
+# The lifecycle phases kept (ControlSession.phases): enough for a short run whole, bounded for a long one.
+PHASES_KEPT = 10_000
+# Beside a checkpoint, the run token (owner-only): a resume continues the same run.
+TOKEN_FILE = "actuator-token"
 
 PolicyArg = str | dict[str, Any] | PolicyDocument | os.PathLike[str]
 
@@ -212,6 +236,55 @@ class StepOutcome:
     halt: bool
 
 
+@dataclass
+class ProbeSources:
+    """What the probes a policy names but the run was not given are built from
+    (``default_probes``): the trainer's tokenizer, its reference and teacher models."""
+
+    tokenizer: Any = None
+    reference: Any = None
+    teacher: Any = None
+
+
+# A run's checkpoints cannot be rolled back without a loader: why, as the warnings say it.
+NO_LOADER = "nothing loads a checkpoint into this loop (no TrainerParts.load)"
+
+
+@dataclass
+class TrainerParts:
+    """What a trainer hands the session's lifecycle; each part is optional. ``ActuatorCallback``
+    builds one from the Hugging Face ``Trainer``; a loop of your own passes its setters to the
+    session and usually needs none of this.
+
+    ``setters(names)``: the setters of the knobs ``names`` that were not given (found from the
+    trainer). ``policy_resolved()``: rank 0's last word on the policy, once a stored one is fetched
+    and before its knobs are declared. ``anchor()``: every rank, once rank 0's knobs are agreed and
+    before the setters are bound (a KL anchor put on the trainer). ``probe_sources``: build the
+    probes the policy names that the run was not given. ``resume``: ``(attributes, checkpoint
+    directory)`` of the checkpoint training resumes from. ``name``: the run's name when
+    ``RunInfo`` gives none. ``before_start()``: rank 0's own checks before the first step.
+    ``save(path)``: every rank, at each checkpoint (the trainer's own state beside it, e.g.
+    sharded weights). ``load(path)``: every rank, at a rewind (the checkpoint into the live
+    trainer). ``no_rollback``: why this run cannot be rolled back even with ``load``.
+    ``saves_checkpoints``: whether checkpoints are saved at all (and one is saved at a halt)."""
+
+    setters: Callable[[list[str]], Mapping[str, KnobSetter]] | None = None
+    policy_resolved: Callable[[], None] | None = None
+    anchor: Callable[[], None] | None = None
+    probe_sources: ProbeSources | None = None
+    resume: tuple[Mapping[str, Any], str] | None = None
+    name: str | None = None
+    before_start: Callable[[], None] | None = None
+    save: Callable[[str], None] | None = None
+    load: Callable[[str], None] | None = None
+    no_rollback: str | None = None
+    saves_checkpoints: bool = False
+
+    def rollback_blocked(self) -> str | None:
+        """Why a rollback cannot happen in this run (None: it can, given a healthy checkpoint)."""
+        return self.no_rollback or (NO_LOADER if self.load is None else None)
+
+
 class ControlSession:
     """One run under control on the training side.
 
@@ -292,6 +365,10 @@ class ControlSession:
         self.baseline_step: int | None = None  # the step of the baseline reading (start())
         self.last_step: int | None = None  # the latest step given to step() (own loop), or the baseline's
         self.step_warned = False
+        self.parts = TrainerParts()  # what the trainer supplies (begin(parts=...))
+        self.phases: deque[tuple[str, int | None]] = deque(maxlen=PHASES_KEPT)  # the lifecycle so far (_phase)
+        self.checkpoints: list[tuple[int, str]] = []  # (step, directory) saved during this run (checkpoint_saved)
+        self.rollbacks: list[dict[str, Any]] = []  # the rewinds done: at_step, to_step, checkpoint
 
     @staticmethod
     def _make_suite(probes: Any, budget_share: float) -> Any:
@@ -308,46 +385,91 @@ class ControlSession:
         return str(self.connection.url)
 
     # -- the start, in the order a run goes through it ----------------------------------------
-    def begin(self, model: Any = None, *, step: int = 0, max_steps: int = 0, main: bool | None = None) -> None:
-        """Everything :meth:`ActuatorCallback.on_train_begin` does without a trainer, in one call:
-        open, bind the setters given, register (a refusal raises ConfigError; an unreachable
-        service lets training start uncontrolled, with a warning), then :meth:`start`.
+    def begin(self, model: Any = None, *, step: int = 0, max_steps: int = 0, warmup: int = 0,
+              main: bool | None = None, sharded: bool | None = None, parts: TrainerParts | None = None) -> None:
+        """The run's start, the one sequence every trainer takes (``ActuatorCallback.on_train_begin``
+        is this call with the Trainer's ``parts``):
 
-        ``max_steps``: the run's length, where known. A ``gains: auto`` controller's step test fits
-        the warm-up of the learning-rate setter's schedule, else the first 10% of ``max_steps`` (not
-        given: of the schedule's length), else 20 steps, as the callback sizes it.
+        1. **open**: connect (rank 0) and fetch a stored policy; rank 0's last word on it
+           (``parts.policy_resolved``); its knobs declared;
+        2. **agree**: every rank takes rank 0's knobs (sharded, its policy document too); rank 0's
+           error stops every rank;
+        3. **bind**: ``parts.anchor``, then each knob's setter (given, else ``parts.setters``)
+           and its spec; the probes the policy names and the run was not given are built
+           (``parts.probe_sources``); sharded, the probes run in lockstep;
+        4. **identify**: a preset's ramps sized to the run, the identification test planned;
+        5. **resume**: where the checkpoint left the run (``parts.resume``), if any;
+        6. **register** (rank 0; a refusal raises ConfigError on every rank, an unreachable
+           service lets training start uncontrolled, with a warning);
+        7. **share**: rank 0's identification plan on every rank;
+        8. **start**: rank 0's checks, the probe schedule, the probes' setup, the sender and the
+           baseline reading at ``step``.
 
-        ``main``: whether this process talks to the service (default: yes, except under FSDP2,
-        where rank 0 of the process group does). A ``model`` sharded by FSDP2
-        (``torch.distributed.fsdp.fully_shard``) in a process group of more than one makes the
-        session **sharded**: every rank calls ``begin`` and ``step`` alike, the probes run on every
-        rank in lockstep (``ProbeSuite.lockstep``: rank 0's schedule, broadcast), the drift
-        reference is sharded like the model, rank 0's decisions are broadcast and applied on
-        every rank at the same step, and the value acknowledged is the one every rank holds
-        (``actuator.agents.sharded``)."""
-        rank, world = rank_and_world()
-        self.sharded = world > 1 and model is not None and is_fully_sharded(model)
-        if main is None:
-            main = rank == 0 if self.sharded else True
-        self.open_agreed(main=main, collective=self.sharded, with_doc=self.sharded, refit=True)
-        self.bind_knobs(self.extra_setters)
-        if self.sharded:
-            check_on_every_rank(self.setters)
-        self.start_identification(step, max_steps=max_steps)
-        refused = self.register_at_start() if main else None
-        if self.sharded:
-            refused = self._rank0_error(refused)
-        if refused is not None:
-            self.close_client()
-            raise refused
-        if self.sharded:  # a DDP loop may run the session on rank 0 alone: no collective then
-            self.share_identification()
-        if self.sharded and self.suite is not None:
-            self.suite.lockstep = from_rank0
+        **Collectives: one rule.** Whenever torch.distributed is initialised with more than one
+        process, every step above that involves rank 0's word (agree, refusals, share, each step
+        boundary's decisions, checkpoints and rewinds) is a collective: call ``begin``, ``step``
+        and ``finish`` on every rank alike, under DDP, FSDP2 and DeepSpeed.
+
+        ``max_steps``: the run's length, where known; ``warmup``: its warm-up steps. A ``gains:
+        auto`` controller's step test fits the warm-up (given, else the learning-rate setter's
+        schedule's), else the first 10% of ``max_steps`` (not given: of the schedule's length),
+        else 20 steps.
+
+        ``main``: whether this process talks to the service (default: rank 0 of the process
+        group). ``sharded``: whether the probes' forward passes are collectives (FSDP2, DeepSpeed
+        ZeRO); default: ``model`` is ``fully_shard``-ed in a process group of more than one. Then
+        every rank sets the same probes up (the drift reference sharded like the model) and runs
+        them in lockstep (``ProbeSuite.lockstep``: rank 0's schedule, broadcast), and the value
+        acknowledged is the one every rank holds (``actuator.agents.sharded``)."""
+        self.parts = parts or TrainerParts()
+        main = self._take_ranks(model, main=main, sharded=sharded)
+        self._phase("open", step)
+        self.open_agreed(main=main, prepare=self.parts.policy_resolved)
+        self._phase("bind", step)
+        self._bind_parts()
+        self._phase("identify", step)
+        self.start_identification(step, max_steps=max_steps, warmup=warmup)
+        if self.parts.resume is not None:
+            self.resume(*self.parts.resume, step=step)
+        if self.run_name is None:
+            self.run_name = self.parts.name
+        self._phase("register", step)
+        self._stop_if_refused(self.register_at_start() if main else None)
+        self._phase("share", step)
+        self.share_identification()  # rank 0's step test (or none) on every rank: the replicas step alike
+        self._phase("start", step)
+        if main:
+            self._checks_before_start()
         self.start(model, step=step, max_steps=max_steps)
 
-    def open_agreed(self, *, main: bool, collective: bool, with_doc: bool, refit: bool = False,
-                    prepare: Callable[[], None] | None = None) -> None:
+    def _take_ranks(self, model: Any, *, main: bool | None, sharded: bool | None) -> bool:
+        """Whether this process talks to the service (given, else rank 0), and whether it probes
+        in lockstep with the others (given, else a ``fully_shard``-ed model among more than one)."""
+        rank, world = rank_and_world()
+        if sharded is None:
+            sharded = world > 1 and model is not None and is_fully_sharded(model)
+        self.sharded = bool(sharded)
+        return rank == 0 if main is None else main
+
+    def _bind_parts(self) -> None:
+        """The trainer's anchor, each knob's setter (given, else found by the trainer) and spec
+        (an acknowledged value is every rank's), the probes the policy names built, and sharded,
+        the probes in lockstep."""
+        parts = self.parts
+        if parts.anchor is not None:
+            parts.anchor()
+        wanted = [name for name in self.knob_bounds if name not in self.extra_setters]
+        self.bind_knobs(parts.setters(wanted) if parts.setters is not None and wanted else {})
+        check_on_every_rank(self.setters)
+        self._stop_if_refused(self.complete_probes(parts.probe_sources))
+        if self.sharded and self.suite is not None:
+            self.suite.lockstep = from_rank0
+
+    def _phase(self, name: str, step: int | None) -> None:
+        """Note a lifecycle phase (``phases``: the latest PHASES_KEPT, for logs and tests)."""
+        self.phases.append((name, step))
+
+    def open_agreed(self, *, main: bool, prepare: Callable[[], None] | None = None) -> None:
         """:meth:`open`, then on rank 0 ``prepare()`` (the caller's last word on the policy) and
         :meth:`declare_policy_knobs`; then :meth:`agree_with_rank0` with what failed there."""
         failure: ConfigError | None = None
@@ -359,30 +481,26 @@ class ControlSession:
                 self.declare_policy_knobs()
         except ConfigError as exc:
             failure = exc
-        self.agree_with_rank0(failure, collective=collective, with_doc=with_doc, refit=refit)
+        self.agree_with_rank0(failure)
 
-    def agree_with_rank0(self, failure: ConfigError | None, *, collective: bool, with_doc: bool,
-                         refit: bool = False) -> None:
-        """Every rank takes rank 0's knobs (and, ``with_doc``, its policy document), and rank 0's
-        ``failure`` stops every rank. ``collective``: whether every rank of the process group calls
-        this (the callback: whenever more than one process trains; :meth:`begin`: only sharded, as
-        a DDP loop may run the session on rank 0 alone); otherwise ``failure`` is raised here.
-        ``refit``: the other ranks apply the probe schedule of the document they take (the session's
-        sharded ranks probe in lockstep; the callback sets their probes up itself)."""
-        if not collective:
+    def agree_with_rank0(self, failure: ConfigError | None) -> None:
+        """Every rank takes rank 0's knobs (and, sharded, its policy document, whose probe schedule
+        it then applies), and rank 0's ``failure`` stops every rank. A collective whenever more than
+        one process trains (the one rule, :meth:`begin`)."""
+        if rank_and_world()[1] == 1:
             if failure is not None:
                 raise failure
             return
-        shared = from_rank0({"knobs": self.knob_bounds, "doc": self.policy_doc if with_doc else None,
+        self._phase("agree", None)
+        shared = from_rank0({"knobs": self.knob_bounds, "doc": self.policy_doc if self.sharded else None,
                              "error": str(failure) if failure is not None else None})
         if shared["error"] is not None:
             self.close_client()
             raise failure or ConfigError(shared["error"])
         self.knob_bounds = dict(shared["knobs"])
-        if with_doc and not self.main:
+        if self.sharded and not self.main:
             self.policy_doc = shared["doc"]
-            if refit:
-                self.schedule_pending = self.policy_doc is not None
+            self.schedule_pending = self.policy_doc is not None
 
     def share_identification(self) -> None:
         """A collective (every rank calls it, after the registration at the start): rank 0's
@@ -408,11 +526,52 @@ class ControlSession:
         self.auto_window = IdentificationWindow(**plan["window"]) if plan["window"] is not None else None
         self.auto_accepted = bool(plan["accepted"])
 
-    @staticmethod
-    def _rank0_error(error: ConfigError | None) -> ConfigError | None:
-        """Rank 0's ``error`` on every rank (its own where it has one)."""
-        message = from_rank0(str(error) if error is not None else None)
-        return error or (ConfigError(message) if message is not None else None)
+    def _stop_if_refused(self, failure: ConfigError | None) -> None:
+        """Rank 0's ``failure`` stops every rank, before the first step (a collective)."""
+        message = from_rank0(str(failure) if failure is not None else None)
+        if message is not None:
+            self.close_client()
+            raise failure or ConfigError(message)
+
+    def complete_probes(self, sources: ProbeSources | None) -> ConfigError | None:
+        """Build the probes the policy names that this run was not given (``default_probes``, from
+        ``sources``), on the ranks that probe. One a controller needs that cannot be built is
+        returned as a ConfigError on rank 0 (the run would train without that controller); one only
+        guardrails need is a warning (they can never fire)."""
+        doc = self.policy_doc
+        if sources is None or doc is None or not doc.probes or not (self.main or self.sharded):
+            return None
+        from .default_probes import missing_probes
+        from .probes import ProbeSuite
+
+        if self.suite is None:
+            self.suite = ProbeSuite([], budget_share=self.reporting.budget_share)
+        found = missing_probes(doc, {p.name for p in self.suite.probes}, sources.tokenizer,
+                               reference=sources.reference, teacher=sources.teacher)
+        if found.blocking:
+            error = ConfigError("; ".join(found.blocking) + ". Pass the probe in probes=[...] (actuator.agents.probes)")
+            return error if self.main else None
+        for message in found.degraded:
+            log.warning("actuator: %s", message)
+        self.unbuilt = {spec.name for spec in doc.probes} - {p.name for p in self.suite.probes} - {
+            p.name for p in found.built}
+        for probe in found.built:
+            self.suite.add(probe)
+        if found.built:
+            log.info("actuator: probes the policy names, built from shipped data: %s",
+                     ", ".join(f"{p.name} ({p.num_examples} examples)" for p in found.built))
+        return None
+
+    def _checks_before_start(self) -> None:
+        """Rank 0, before step 1: a guardrail's rollback that could only halt this run is said, then
+        the trainer's own checks (``parts.before_start``)."""
+        rollbacks = [g.name for g in (self.policy_doc.guardrails if self.policy_doc else []) if g.action == "rollback"]
+        reason = self.parts.rollback_blocked() if rollbacks else None
+        if reason:
+            log.warning("actuator: guardrail(s) %s may order a rollback, which would halt the run instead: %s",
+                        ", ".join(rollbacks), reason)
+        if self.parts.before_start is not None:
+            self.parts.before_start()
 
     def open(self, *, main: bool = True) -> None:
         """Connect (rank 0 only: ``main``) and fetch a stored policy's document (one that does not
@@ -703,24 +862,25 @@ class ControlSession:
     # -- each step boundary --------------------------------------------------------------------
     def step(self, step: int, model: Any = None, *, readings: Mapping[str, float] | None = None,
              metrics: Mapping[str, Any] | None = None) -> StepOutcome:
-        """One step boundary of a loop of your own: the identification test's move, the decisions
-        that came back (guarded, applied, acknowledged), the setters' periodic work, then due
-        probes run on ``model`` (or the metrics every ``report_every`` steps) sent. ``readings``:
-        probe values the loop measured itself, sent at this step. A rollback ordered here halts: a
-        loop of its own has no checkpoints the session knows of."""
+        """One step boundary (``ActuatorCallback.on_step_end`` is this call): the identification
+        test's move, rank 0's answers since the last boundary taken on every rank (a collective
+        when more than one process trains), a rollback rewound (:meth:`rewind`; a halt when it
+        cannot be), the decisions guarded, applied and acknowledged, a halt marked, the setters'
+        periodic work, then due probes run on ``model`` (or the metrics every ``report_every``
+        steps) sent. ``readings``: probe values the loop measured itself, sent at this step;
+        ``metrics``: training metrics for the next observation."""
         if metrics:
             self.keep_metrics(metrics)
+        self._phase("step", step)
         self.identification_step(step)
-        received = self.receive()
-        if self.sharded:
-            received = from_rank0(received)  # every rank applies rank 0's decisions at the same step
+        received = from_rank0(self.receive())  # every rank applies rank 0's decisions at the same step
         self._check_step(step)
-        if received.rollback and not received.halt:
-            log.error("actuator: rollback ordered at step %d (%s) but this loop has no checkpoints the session knows "
-                      "of; halting instead", step, "; ".join(received.why) or "no reason given")
+        halt = received.halt
+        if received.rollback and not halt:
+            halt = not self.rewind(step, received.why)
         before = self.applied_total
         self.apply(received.decisions, step)
-        halt = self.halt_if(received.halt or received.rollback, step, received.why)
+        halt = self.halt_if(halt, step, received.why, saving=self.parts.saves_checkpoints)
         self.after_step(step, model, readings)
         return StepOutcome(self.applied[len(self.applied) - (self.applied_total - before):], halt)
 
@@ -811,6 +971,8 @@ class ControlSession:
         step boundary however many decisions arrive at once; the others are acknowledged as set
         aside, superseded by it."""
         decisions = list(decisions)
+        if decisions:
+            self._phase("apply", step)
         newest = {d.knob: d for d in decisions}
         superseded = 0
         for d in decisions:
@@ -925,6 +1087,39 @@ class ControlSession:
                 log.warning("actuator: knob %s: periodic update at step %d failed: %s", name, step, exc)
 
     # -- observations --------------------------------------------------------------------------
+    def evaluated(self, step: int, model: Any = None, metrics: Mapping[str, Any] | None = None) -> None:
+        """The trainer evaluated at ``step``: its ``metrics`` are kept, and the probes that run at
+        evaluations run (rank 0 sends them; sharded, every rank runs them with rank 0)."""
+        self.keep_metrics(metrics)
+        if self.suite is None or model is None:
+            return
+        if self.main:
+            self.observe(step, model, evaluate=True)
+        elif self.sharded:
+            self.suite.run(model, step, evaluate=True)
+
+    def logged(self, step: int, logs: Mapping[str, Any] | None) -> dict[str, float]:
+        """The trainer logged ``logs`` at ``step``: they are kept for the next observation (and sent
+        at once when the policy reads ``train.<metric>`` inputs: :meth:`train_step_logged`).
+        Returns what to add to that log line: the knob values in effect, the decisions applied so
+        far, the setters' aggregates and what happened since the last line (an ordered value, a
+        rewind), so TensorBoard / W&B show them beside the loss."""
+        self.keep_metrics(logs)
+        if logs is None:
+            return {}
+        if self.main:
+            self.train_step_logged(step, logs)  # train.<metric> inputs: every logged step
+        if not self.setters:
+            return {}
+        extra = {f"actuator/{name}": value for name, value in self.knob_values().items()}
+        extra["actuator/decisions"] = float(self.applied_total)
+        # The aggregates of a setter's summary (the per-layer ranks stay in the observations).
+        extra.update({f"actuator/{k}": v for k, v in self.setter_summaries().items()
+                      if not k.startswith("compression.rank.")})
+        extra.update(self.log_extra)
+        self.log_extra.clear()
+        return extra
+
     def keep_metrics(self, values: Mapping[str, Any] | None) -> None:
         """Keep the latest training metrics (finite numbers, under observation names) for the next
         observation."""
@@ -976,6 +1171,7 @@ class ControlSession:
         report = self.suite.run(model, step, evaluate=evaluate, baseline=baseline)
         if report is None:
             return False
+        self._phase("probe", step)
         probes = {k: v for k, v in report.values.items() if not k.startswith("probe_") and math.isfinite(v)}
         costs = {k: v for k, v in report.values.items() if k.startswith("probe_") and math.isfinite(v)}
         self.submit(step, probes, costs)
@@ -1002,6 +1198,61 @@ class ControlSession:
         self.history.append({"step": step, "probes": probes, "metrics": dict(metrics), "knobs": knobs})
         if self.sender is not None:
             self.sender.submit(obs)
+
+    # -- checkpoints, rewinds and resumes ------------------------------------------------------
+    def checkpoint_saved(self, step: int, path: str) -> None:
+        """The trainer saved a checkpoint of ``step`` in ``path`` (every rank calls it: a collective
+        when more than one process trains). It is a place :meth:`rewind` may go back to; the
+        trainer's own state beside it is written on every rank (``parts.save``: e.g. the sharded
+        weights), and rank 0 keeps the run token in an owner-only file there, so that a resume
+        continues the same run (the token is a secret: never in the checkpoint's JSON)."""
+        path = from_rank0(path)  # rank 0's directory names the checkpoint on every rank
+        self._phase("checkpoint", step)
+        self.checkpoints.append((step, path))
+        if self.parts.save is not None:
+            self.parts.save(path)
+        if self.main and self.run_token and os.path.isdir(path):
+            fd = os.open(os.path.join(path, TOKEN_FILE), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(self.run_token)
+
+    def rewind(self, step: int, why: Iterable[str] = ()) -> bool:
+        """Roll back to the last checkpoint saved at or before the last step at which every
+        guardrail held (rank 0 knows that step and picks; every rank loads it: ``parts.load``);
+        False when there is none, or nothing to load it with: the run halts instead. ``why``: the
+        service's reasons (the guardrail, its reading and threshold), for the log."""
+        because = "; ".join(why) or "a guardrail breach"
+        self._phase("rewind", step)
+        blocked = self.parts.rollback_blocked()
+        healthy = [(s, p) for s, p in self.checkpoints if self.last_ok_step is not None and s <= self.last_ok_step
+                   and os.path.isdir(p)]
+        target = from_rank0(None if blocked or not healthy else healthy[-1])
+        if target is None:
+            log.error("actuator: rollback ordered at step %d (%s) but %s; halting instead", step, because,
+                      blocked or "no checkpoint was saved while every guardrail held")
+            return False
+        to_step, path = target
+        assert self.parts.load is not None
+        self.parts.load(path)
+        self.rollbacks.append({"at_step": step, "to_step": to_step, "checkpoint": path})
+        self.log_extra["actuator/rollback_to_step"] = float(to_step)
+        log.warning("actuator: %s: rolled back to %s (step %d) at step %d; training continues", because,
+                    path, to_step, step)
+        return True
+
+    def resume(self, attrs: Mapping[str, Any], directory: str, *, step: int) -> None:
+        """Training resumes at ``step`` from the checkpoint in ``directory``, whose saved
+        :meth:`attributes` are ``attrs``: the same run continues (with the token kept there, see
+        :meth:`checkpoint_saved`; without it the run is registered again)."""
+        self._phase("resume", step)
+        token = None
+        token_file = os.path.join(directory, TOKEN_FILE)
+        if attrs.get("run_id") and os.path.exists(token_file):
+            with open(token_file) as fh:
+                token = fh.read().strip()
+        knobs = self.restore(attrs, token=token)
+        log.info("actuator: resumed at step %d (seq %d, last decision %d, knobs %s)", step, self.seq,
+                 self.last_decision, knobs)
 
     # -- checkpoints and the end ---------------------------------------------------------------
     def attributes(self) -> dict[str, Any]:
@@ -1046,6 +1297,7 @@ class ControlSession:
         training metrics and knobs, when the last one sent is older), deliver what is buffered (at
         most ``flush_timeout`` seconds), mark the run finished unless the controller halted it, and
         close the connection; whether everything was delivered."""
+        self._phase("finish", step)
         if self.sender is None:
             return True
         if step is not None and (not self.history or self.history[-1]["step"] < step):

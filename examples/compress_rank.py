@@ -71,11 +71,11 @@ def _print_decisions(cb) -> None:  # noqa: ANN001
     """What the controller changed, from the service's audit trail."""
     from actuator.client import ActuatorClient
 
-    if cb.run_id is None:
+    if cb.session.run_id is None:
         print("the controller was not reachable: no decisions")
         return
-    with ActuatorClient(cb.url) as client:
-        page = client.list_decisions(cb.run_id, limit=1000)
+    with ActuatorClient(cb.session.url) as client:
+        page = client.list_decisions(cb.session.run_id, limit=1000)
     print(f"controller decisions ({page.total}):")
     for d in page.items:
         print(f"  #{d.number} step {d.step}: {d.knob} {d.old_value:.3g} -> {d.new_value:.3g}  ({d.reason})")

@@ -289,8 +289,8 @@ def run_arm(job: Job, name: str, *, controlled: bool, url: str, start: dict[str,
         def on_step_end(self, a: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
             drift = None
             if cb is not None:
-                if cb.history and cb.history[-1]["step"] == state.global_step:
-                    drift = cb.history[-1]["probes"].get(key)
+                if cb.session.history and cb.session.history[-1]["step"] == state.global_step:
+                    drift = cb.session.history[-1]["probes"].get(key)
             else:
                 report = suite.run(model, state.global_step)
                 drift = report.values[key] if report is not None else None
@@ -306,11 +306,11 @@ def run_arm(job: Job, name: str, *, controlled: bool, url: str, start: dict[str,
         seconds = time.time() - t0
     eval_loss = trainer.evaluate()["eval_loss"]
     decisions = []
-    if cb is not None and cb.run_id:
+    if cb is not None and cb.session.run_id:
         from actuator.client import ActuatorClient
 
         with ActuatorClient(url) as c:
-            decisions = c.list_decisions(cb.run_id, limit=1000).items
+            decisions = c.list_decisions(cb.session.run_id, limit=1000).items
     return {"name": name, "rows": rows, "eval_loss": eval_loss, "decisions": decisions, "seconds": seconds,
             "capability": job.capability(), "anchor_forwards": anchor.forwards if anchor is not None else 0}
 

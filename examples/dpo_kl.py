@@ -135,7 +135,7 @@ class Live(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kw):  # noqa: ANN001
         if not logs or "loss" not in logs:
             return
-        drift = next((h["probes"]["kl_drift"] for h in reversed(self.cb.history) if "kl_drift" in h["probes"]), None)
+        drift = next((h["probes"]["kl_drift"] for h in reversed(self.cb.session.history) if "kl_drift" in h["probes"]), None)
         margin = logs.get("rewards/margins", float("nan"))
         print(f"step {state.global_step:>3}  loss {logs['loss']:.4f}  margin {margin:+.3f}"
               f"  lr {self.trainer.optimizer.param_groups[0]['lr']:.3g}  w {self.trainer.kl_anchor.weight:.3f}"
@@ -208,9 +208,9 @@ def main() -> None:
     train_s = time.time() - t_train
 
     print(f"\ntrained {trainer.state.global_step} steps in {train_s:.0f} s; learning rate {args.lr:g} -> "
-          f"{trainer.optimizer.param_groups[0]['lr']:.3g}, anchor weight 0 -> {trainer.kl_anchor.weight:.3f}; run {cb.run_id}")
+          f"{trainer.optimizer.param_groups[0]['lr']:.3g}, anchor weight 0 -> {trainer.kl_anchor.weight:.3f}; run {cb.session.run_id}")
     with ActuatorClient(url) as client:
-        decisions = client.list_decisions(cb.run_id, limit=1000).items if cb.run_id else []
+        decisions = client.list_decisions(cb.session.run_id, limit=1000).items if cb.session.run_id else []
     print(f"\nwhat the controller changed ({len(decisions)} decisions):")
     print(f"{'#':>3} {'from step':>9} {'knob':<13} {'old':>9} {'new':>9}  applied  why")
     for d in decisions:

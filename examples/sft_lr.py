@@ -99,7 +99,7 @@ class Live(TrainerCallback):
         self.trainer, self.cb, self.t0 = trainer, cb, time.time()
 
     def _latest(self, key: str) -> str:
-        value = next((h["probes"][key] for h in reversed(self.cb.history) if key in h["probes"]), None)
+        value = next((h["probes"][key] for h in reversed(self.cb.session.history) if key in h["probes"]), None)
         return "-" if value is None else f"{value:.4f}"
 
     def on_log(self, args, state, control, logs=None, **kw):  # noqa: ANN001
@@ -179,9 +179,9 @@ def main() -> None:
     train_s = time.time() - t_train
 
     print(f"\ntrained {trainer.state.global_step} steps in {train_s:.0f} s; lr {args.lr:.2e} -> "
-          f"{trainer.optimizer.param_groups[0]['lr']:.2e}; run {cb.run_id}")
+          f"{trainer.optimizer.param_groups[0]['lr']:.2e}; run {cb.session.run_id}")
     with ActuatorClient(url) as client:
-        decisions = client.list_decisions(cb.run_id, limit=1000).items if cb.run_id else []
+        decisions = client.list_decisions(cb.session.run_id, limit=1000).items if cb.session.run_id else []
     print(f"\nwhat the controller changed ({len(decisions)} decisions):")
     print(f"{'#':>3} {'from step':>9} {'knob':<14} {'old':>9} {'new':>9}  why")
     for d in decisions:

@@ -108,8 +108,8 @@ SCRIPT = textwrap.dedent(
     trainer = Trainer(model=tiny_llama(), args=args, train_dataset=data, callbacks=[cb])
     trainer.train()
     loaded = sorted(m for m in sys.modules if m.split(".")[0] in {server!r})
-    print(json.dumps({{"server_installed": server, "server_loaded": loaded, "run_id": cb.run_id,
-                      "applied": [e["knob"] for e in cb.applied],
+    print(json.dumps({{"server_installed": server, "server_loaded": loaded, "run_id": cb.session.run_id,
+                      "applied": [e["knob"] for e in cb.session.applied],
                       "lr": trainer.optimizer.param_groups[0]["lr"]}}))
     """
 )

@@ -440,12 +440,12 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
         def on_step_end(self, args, state, control, model=None, **kw):  # noqa: ANN001
             step = state.global_step
             if cb is not None:
-                if not trace and cb.history and "perplexity" in cb.history[0]["probes"]:
-                    h0 = cb.history[0]
+                if not trace and cb.session.history and "perplexity" in cb.session.history[0]["probes"]:
+                    h0 = cb.session.history[0]
                     trace.append({"step": 0, "perplexity": h0["probes"]["perplexity"],
                                   "knob": h0["knobs"][knob_name],
                                   "params": h0["metrics"].get("compression.params", setup.dense_params)})
-                h = cb.history[-1] if cb.history else None
+                h = cb.session.history[-1] if cb.session.history else None
                 if h is not None and h["step"] == step and step > 0 and "perplexity" in h["probes"]:
                     record(step, h["probes"]["perplexity"], model)
             else:
@@ -474,7 +474,7 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
          "final_perplexity": final_ppl, "perplexity_increase_pct": 100 * (final_ppl / setup.dense_ppl - 1),
          "final_within_budget": final_ppl <= budget, "steps_over_budget": over, "dense_layers": dense_layers,
          "layer_ranks": layer_ranks, "hotpotqa": hotpot, "export": export, "seconds": seconds,
-         "refreshes": getattr(knob, "refreshes", None), "decisions": len(cb.applied) if cb is not None else None,
+         "refreshes": getattr(knob, "refreshes", None), "decisions": len(cb.session.applied) if cb is not None else None,
          "target": {k: v for k, v in arm.items() if k in ("rank", "tau", "params", "span", "tau_final")}}
     del trainer, model
     return r

@@ -409,8 +409,8 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
     r = {"arm": arm["name"], "kind": arm["kind"], "loss_type": a.loss_type, "start_beta": a.beta, "seed": seed,
          "trace": trace, "margins": margins,
          "final_perplexity": ppl, "final_beta": knob.read(), "seconds": seconds,
-         "decisions": len(cb.applied) if cb is not None else None,
-         "run_id": cb.run_id if cb is not None else None}
+         "decisions": len(cb.session.applied) if cb is not None else None,
+         "run_id": cb.session.run_id if cb is not None else None}
     r.update(control_quality(trace, a.target, a.band))
     tail = margins[-5:]
     r["reward_margin"] = sum(m["margin"] for m in tail) / max(1, len(tail))

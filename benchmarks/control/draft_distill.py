@@ -340,11 +340,11 @@ def run_arm(setup: Setup, key: str, a: argparse.Namespace, url: str, seed: int) 
         def on_step_end(self, args, state, control, model=None, **kw):  # noqa: ANN001
             step = state.global_step
             if cb is not None:
-                h = cb.history[-1] if cb.history else None
+                h = cb.session.history[-1] if cb.session.history else None
                 if h is not None and h["step"] == step and "draft.acceptance" in h["probes"]:
                     record(step, h["probes"])
-                elif h is not None and not trace and "draft.acceptance" in cb.history[0]["probes"]:
-                    record(0, cb.history[0]["probes"])
+                elif h is not None and not trace and "draft.acceptance" in cb.session.history[0]["probes"]:
+                    record(0, cb.session.history[0]["probes"])
             else:
                 rep = suite.run(model, step)
                 if rep is not None and "draft.acceptance" in rep.values:
@@ -370,8 +370,8 @@ def run_arm(setup: Setup, key: str, a: argparse.Namespace, url: str, seed: int) 
          "steps": trainer.state.global_step, "cpu_seconds": cpu, "wall_seconds": wall,
          "onpolicy_steps": sum(shares), "final_onpolicy_fraction": knob.read(),
          "final_temperature": temperature.read(), "final_divergence_mix": mix.read(),
-         "decisions": len(cb.applied) if cb is not None else None,
-         "reasons": [d.get("reason") for d in (cb.applied if cb is not None else [])][:60]}
+         "decisions": len(cb.session.applied) if cb is not None else None,
+         "reasons": [d.get("reason") for d in (cb.session.applied if cb is not None else [])][:60]}
     console.print(f"  {arm['name']} seed {seed}: α {final['acceptance']:.4f}, tokens/call "
                   f"{final['tokens_per_call']:.3f}, {r['steps']} steps ({r['onpolicy_steps']:.0f} on-policy), "
                   f"{cpu:.0f} CPU-s, {wall:.0f} s wall")

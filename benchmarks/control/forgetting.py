@@ -287,7 +287,7 @@ def run_arm(setup: ForgettingSetup, arm: dict[str, Any], a: argparse.Namespace, 
             nonlocal pstate
             value = None
             if cb is not None:
-                h = cb.history[-1] if cb.history else None
+                h = cb.session.history[-1] if cb.session.history else None
                 if h is not None and h["step"] == state.global_step and key in h["probes"]:
                     value = h["probes"][key]
             elif suite is not None:
@@ -327,11 +327,11 @@ def run_arm(setup: ForgettingSetup, arm: dict[str, Any], a: argparse.Namespace, 
 
 def _agent_fields(cb: Any, anc: Any) -> dict[str, Any]:
     """What the agent and the anchor did in a run (None where the arm has neither)."""
-    return {"decisions": len(cb.applied) if cb is not None else None,
-            "run_id": cb.run_id if cb is not None else None,
+    return {"decisions": len(cb.session.applied) if cb is not None else None,
+            "run_id": cb.session.run_id if cb is not None else None,
             "anchor_forwards": anc.forwards if anc is not None else None,
             "final_w": anc.weight if anc is not None else None,
-            "decision_log": [{k: d[k] for k in ("step", "knob", "applied", "reason")} for d in cb.applied][:60]
+            "decision_log": [{k: d[k] for k in ("step", "knob", "applied", "reason")} for d in cb.session.applied][:60]
             if cb is not None else None}
 
 

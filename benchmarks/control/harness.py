@@ -498,7 +498,7 @@ def probe_value(cb: Any, suite: Any, model: Any, step: int, key: str) -> float |
     """The probe value ``key`` an arm measured at ``step``: from the controlled arm's callback
     history, else from the arm's own suite (run here)."""
     if cb is not None:
-        return next((h["probes"][key] for h in reversed(cb.history) if h["step"] == step and key in h["probes"]),
+        return next((h["probes"][key] for h in reversed(cb.session.history) if h["step"] == step and key in h["probes"]),
                     None)
     rep = suite.run(model, step)
     return rep.values.get(key) if rep is not None else None
@@ -513,5 +513,5 @@ def trace_start(trace: list[dict[str, float]], key: str, beta: float, *, suite: 
     if suite is not None and model is not None:
         suite.setup(model)
         trace.append({"step": 0, key: suite.run(model, 0, force=True).values[key], "beta": beta})
-    elif cb is not None and cb.history and key in cb.history[0]["probes"]:
-        trace.append({"step": 0, key: cb.history[0]["probes"][key], "beta": beta})
+    elif cb is not None and cb.session.history and key in cb.session.history[0]["probes"]:
+        trace.append({"step": 0, key: cb.session.history[0]["probes"][key], "beta": beta})

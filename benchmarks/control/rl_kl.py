@@ -313,7 +313,7 @@ def run_arm(setup: Setup, kind: str, arm: dict[str, Any], a: argparse.Namespace,
          "trace": trace, "rewards": reward.log, "final_beta": knob.read(), "final_perplexity": ppl,
          "reward": statistics.fmean(t["reward"] for t in tail), "accuracy": statistics.fmean(t["accuracy"] for t in tail),
          "length": statistics.fmean(t["length"] for t in tail), "seconds": seconds,
-         "decisions": len(cb.applied) if cb is not None else None}
+         "decisions": len(cb.session.applied) if cb is not None else None}
     r.update(quality(trace, a))
     del trainer
     return r

@@ -112,8 +112,8 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
             nonlocal pstate
             value = None
             if cb is not None:
-                if cb.history and cb.history[-1]["step"] == state.global_step and "kl_drift" in cb.history[-1]["probes"]:
-                    value = cb.history[-1]["probes"]["kl_drift"]
+                if cb.session.history and cb.session.history[-1]["step"] == state.global_step and "kl_drift" in cb.session.history[-1]["probes"]:
+                    value = cb.session.history[-1]["probes"]["kl_drift"]
             else:
                 rep = suite.run(model, state.global_step)
                 value = rep.values["kl_drift"] if rep is not None else None
@@ -132,12 +132,12 @@ def run_arm(setup: Setup, arm: dict[str, Any], a: argparse.Namespace, url: str, 
         trainer.train()
         seconds = time.time() - t0
     final = setup.final_metrics(trainer)
-    decisions = len(cb.applied) if cb is not None else None
-    tuning = auto_events(url, cb.run_id) if arm["kind"] == "auto" and cb is not None else None
+    decisions = len(cb.session.applied) if cb is not None else None
+    tuning = auto_events(url, cb.session.run_id) if arm["kind"] == "auto" and cb is not None else None
     return {"auto_gains": tuning, "arm": arm["name"], "kind": arm["kind"], "start_lr": arm["lr"], "seed": seed, "trace": trace,
             "final": final, "final_lr": trainer.optimizer.param_groups[0]["lr"],
             "final_kl_drift": sum(t["kl_drift"] for t in trace[-3:]) / max(1, len(trace[-3:])),
-            "seconds": seconds, "decisions": decisions, "run_id": cb.run_id if cb is not None else None,
+            "seconds": seconds, "decisions": decisions, "run_id": cb.session.run_id if cb is not None else None,
             "steps_over_setpoint": sum(1 for t in trace if t["kl_drift"] > a.setpoint * 1.1)}
 
 

@@ -178,11 +178,11 @@ def main() -> None:
                 out["hook_s_per_step"] = spent["seconds"] / steps
                 out["hook_us_per_step_by_hook"] = {k: round(1e6 * v / steps, 1) for k, v in spent.items()
                                                    if k != "seconds" and v}
-                out["observations"] = cb.seq
-                out["delivered"] = cb.sender.stats.sent if cb.sender else 0
-                if probes and cb.suite is not None:
-                    out["probe_share_suite"] = cb.suite.probe_share
-                    out["probe_runs"] = sum(1 for h in cb.history if h["probes"])
+                out["observations"] = cb.session.seq
+                out["delivered"] = cb.session.sender.stats.sent if cb.session.sender else 0
+                if probes and cb.session.suite is not None:
+                    out["probe_share_suite"] = cb.session.suite.probe_share
+                    out["probe_runs"] = sum(1 for h in cb.session.history if h["probes"])
             return out
 
         arm(False, 5)

@@ -80,11 +80,11 @@ def _run(url: str, steps: int, tokenizer: Any, data: Any, out: str) -> dict[str,
     finally:
         session_module.BackgroundSender = original  # type: ignore[misc]
     steps_s = [b - a for a, b in zip(clock.times, clock.times[1:])][1:]  # the first step carries the warm-up
-    latencies = list(cb.sender.stats.latencies) if cb.sender is not None else []
+    latencies = list(cb.session.sender.stats.latencies) if cb.session.sender is not None else []
     return {"median_step_ms": statistics.median(steps_s) * 1e3, "worst_step_ms": max(steps_s) * 1e3,
             "median_request_s": statistics.median(latencies) if latencies else None,
             "median_handoff_us": statistics.median(handoffs) * 1e6, "worst_handoff_us": max(handoffs) * 1e6,
-            "decisions": len(cb.applied)}
+            "decisions": len(cb.session.applied)}
 
 
 def main() -> None:

@@ -100,16 +100,16 @@ def test_constraint_controller_turns_the_weight_the_loss_really_uses(tmp_path, c
     trainer.add_callback(SlowSteps())
     trainer.add_callback(used)
     trainer.train()
-    assert "kl_weight" in cb.setters and isinstance(cb.setters["kl_weight"], KLAnchorKnob)
-    decisions = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}/decisions").json()["items"]
+    assert "kl_weight" in cb.session.setters and isinstance(cb.session.setters["kl_weight"], KLAnchorKnob)
+    decisions = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.session.run_id}/decisions").json()["items"]
     mine = [d for d in decisions if d["knob"] == "kl_weight"]
     assert mine, "drift above a budget of 0 must raise the anchor weight"
     assert "constraint drift-budget active" in mine[0]["reason"]
     assert mine[0]["new_value"] > 0
     # Each step's loss used exactly the value applied at the boundary before it.
-    value, applied = 0.0, {e["step"]: e["applied"] for e in cb.applied}
+    value, applied = 0.0, {e["step"]: e["applied"] for e in cb.session.applied}
     by_number = {d["number"]: d["new_value"] for d in mine}
-    for entry in cb.applied:
+    for entry in cb.session.applied:
         assert entry["applied"] == pytest.approx(by_number[entry["number"]])
     for step, w in enumerate(used.used, start=1):
         assert w == pytest.approx(value), (step, w, value)
@@ -201,13 +201,13 @@ def test_protect_one_liner_holds_its_budget_with_the_anchor_weight(tmp_path, cha
                           probes=[probe]).attach(trainer)
     trainer.add_callback(SlowSteps())
     trainer.train()
-    assert cb.policy_doc.controllers[0].knob == "kl_weight" and cb.policy_doc.controllers[0].probe == key
-    raised = [e for e in cb.applied if e["knob"] == "kl_weight"]
+    assert cb.session.policy_doc.controllers[0].knob == "kl_weight" and cb.session.policy_doc.controllers[0].probe == key
+    raised = [e for e in cb.session.applied if e["knob"] == "kl_weight"]
     assert raised and f"active: {key}" in raised[0]["reason"]
-    assert cb.suite.probes[0].every == 10  # the policy's schedule: a budget needs frequent readings
-    stored = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}").json()
+    assert cb.session.suite.probes[0].every == 10  # the policy's schedule: a budget needs frequent readings
+    stored = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.session.run_id}").json()
     assert "kl_weight" in stored["knobs_in_effect"]
-    assert any(e["knob"] == "kl_weight" for e in cb.applied) and anchor.weight > 0
+    assert any(e["knob"] == "kl_weight" for e in cb.session.applied) and anchor.weight > 0
 
 
 def test_a_response_template_anchors_the_answer_positions_only(char_tokenizer):
@@ -403,8 +403,8 @@ def test_a_split_range_controller_binds_both_legs_and_turns_the_values_the_step_
     trainer.add_callback(used)
     trainer.add_callback(LearningRates())
     trainer.train()
-    assert set(cb.setters) == {"learning_rate", "kl_weight"} and isinstance(cb.setters["kl_weight"], KLAnchorKnob)
-    decisions = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}/decisions").json()["items"]
+    assert set(cb.session.setters) == {"learning_rate", "kl_weight"} and isinstance(cb.session.setters["kl_weight"], KLAnchorKnob)
+    decisions = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.session.run_id}/decisions").json()["items"]
     assert {d["knob"] for d in decisions} == {"learning_rate", "kl_weight"}
     assert all(d["reason"].startswith("split_range kl: kl_drift") for d in decisions)
     assert max(used.used) > 0 and anchor.forwards > 0  # the weight the loss used, raised by the anchor leg

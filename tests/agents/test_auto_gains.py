@@ -82,7 +82,7 @@ def train(tmp_path, tokenizer, service, gain: float, name: str, setpoint: float 
 
         trainer.add_callback(Pause())
     trainer.train()
-    run = cb.run_id
+    run = cb.session.run_id
     events = httpx.get(f"{service.url}/v1/runs/{run}/events", params={"limit": 500}).json()
     decisions = httpx.get(f"{service.url}/v1/runs/{run}/decisions", params={"limit": 500}).json()["items"]
     store = Store(service.env["ACTUATOR_DATABASE_URL"])
@@ -194,7 +194,7 @@ def test_a_schedule_of_the_users_own_sizes_the_test_to_its_warmup(tmp_path, char
     cb = ActuatorCallback(policy("auto-own-schedule"), connection=sqlite_service.url, knobs=KNOBS,
                           probes=[Plant(trainer, 0.0)], reporting=Reporting(budget_share=1.0)).attach(trainer)
     trainer.train()
-    auto = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}").json()["controllers"]["hold"]["auto"]
+    auto = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.session.run_id}").json()["controllers"]["hold"]["auto"]
     assert (auto["start"], auto["end"]) == (0, 8)
 
 

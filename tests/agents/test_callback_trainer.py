@@ -34,15 +34,15 @@ def test_learning_rate_decisions_are_what_the_optimizer_uses(tmp_path, char_toke
     trainer.add_callback(SlowSteps())
     trainer.train()
 
-    assert cb.run_id is not None
-    decisions = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}/decisions").json()["items"]
+    assert cb.session.run_id is not None
+    decisions = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.session.run_id}/decisions").json()["items"]
     assert len(decisions) >= 2, "drift above a zero setpoint must lower the learning rate"
-    assert len(cb.applied) >= 2
+    assert len(cb.session.applied) >= 2
     by_number = {d["number"]: d for d in decisions}
     # The knob is the schedule's peak: the lr a step runs with is the ordered peak times the
     # schedule's own factor at that step (warm-up and decay untouched).
     lam = trainer.lr_scheduler.lr_lambdas[0]
-    for entry in cb.applied:
+    for entry in cb.session.applied:
         ordered = by_number[entry["number"]]["new_value"]
         assert entry["applied"] == pytest.approx(ordered, rel=1e-12)
         # The step that follows the boundary where it was applied ran with exactly that peak
@@ -50,12 +50,12 @@ def test_learning_rate_decisions_are_what_the_optimizer_uses(tmp_path, char_toke
         # applied at the final boundary has no next step.
         if entry["step"] < len(used):
             assert used[entry["step"]] == pytest.approx(ordered * lam(entry["step"]), rel=1e-9), (entry, used)
-    assert sum(e["step"] < len(used) for e in cb.applied) >= 1
+    assert sum(e["step"] < len(used) for e in cb.session.applied) >= 1
     # Every applied value was lower than the last: drift is above setpoint 0.
-    news = [e["applied"] for e in cb.applied]
+    news = [e["applied"] for e in cb.session.applied]
     assert all(b < a for a, b in zip(news, news[1:]))
     # The scheduler's shape survives: between decisions the lr still follows lambda(step)
-    last = cb.applied[-1]
+    last = cb.session.applied[-1]
     k = last["step"]
     if k + 2 <= len(used):
         assert used[k + 1] == pytest.approx(last["applied"] * lam(k + 1), rel=1e-9)
@@ -68,9 +68,9 @@ def test_learning_rate_decisions_are_what_the_optimizer_uses(tmp_path, char_toke
             assert peak * lam(step) == pytest.approx(used[step], rel=1e-9)
     assert any("actuator/learning_rate_ordered" in h for h in trainer.state.log_history)
     # The observations report the knob value in effect.
-    state = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}").json()
+    state = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.session.run_id}").json()
     assert state["state"] == "finished"
-    assert state["knobs_in_effect"]["learning_rate"] == pytest.approx(cb.history[-1]["knobs"]["learning_rate"])
+    assert state["knobs_in_effect"]["learning_rate"] == pytest.approx(cb.session.history[-1]["knobs"]["learning_rate"])
 
 
 class KillAt(TrainerCallback):
@@ -108,7 +108,7 @@ def test_controller_killed_mid_run_training_finishes(tmp_path, char_tokenizer, s
     assert len(warnings) == 1, [r.getMessage() for r in caplog.records]
     # the sender never blocked training: no request of the agent ran on the training thread while
     # steps ran (asserted by thread, not by a clock: the machine may be loaded)
-    assert cb.sender is not None and cb.sender.backlog > 0
+    assert cb.session.sender is not None and cb.session.sender.backlog > 0
     assert calls.during_steps() and calls.on_training_thread() == []
 
 
@@ -126,7 +126,7 @@ def test_probe_schedule_comes_from_the_policy(tmp_path, char_tokenizer, sqlite_s
     trainer.add_callback(SlowSteps(0.03))
     trainer.train()
     assert probe.every == 2
-    steps = [h["step"] for h in cb.history if "kl_drift" in h["probes"]]
+    steps = [h["step"] for h in cb.session.history if "kl_drift" in h["probes"]]
     assert len(steps) >= 8 and all(s % 2 == 0 for s in steps)
 
 
@@ -139,7 +139,7 @@ def test_unknown_stored_policy_fails_loudly_at_train_start(tmp_path, char_tokeni
     with pytest.raises(ConfigError, match=r"policy: .*no stored policy 'no-such-policy'"):
         trainer.train()
     assert trainer.state.global_step == 0
-    assert cb.run_id is None and cb.sender is None
+    assert cb.session.run_id is None and cb.session.sender is None
     assert httpx.get(f"{sqlite_service.url}/v1/runs").json() == []
 
 
@@ -164,12 +164,12 @@ def test_default_bounds_never_raise_the_lr_above_the_configured_value(tmp_path, 
     trainer.add_callback(SlowSteps())
     trainer.train()
 
-    run = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}").json()
+    run = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.session.run_id}").json()
     if explicit_max is None:
         assert run["knobs"]["learning_rate"]["max"] == pytest.approx(lr)
-        assert max(used) <= lr * (1 + 1e-9) and not cb.applied
+        assert max(used) <= lr * (1 + 1e-9) and not cb.session.applied
     else:  # the same policy with room above does raise it: the default is what held it
-        assert cb.applied and max(used) > lr * 1.05
+        assert cb.session.applied and max(used) > lr * 1.05
 
 
 def test_refused_registration_fails_loudly_at_train_start(tmp_path, char_tokenizer, sqlite_service):
@@ -186,7 +186,7 @@ def test_refused_registration_fails_loudly_at_train_start(tmp_path, char_tokeniz
         trainer.train()
     assert info.value.__cause__ is not None and info.value.__cause__.status_code == 422
     assert trainer.state.global_step == 0 and used == []
-    assert cb.run_id is None and cb.sender is None
+    assert cb.session.run_id is None and cb.session.sender is None
     assert httpx.get(f"{sqlite_service.url}/v1/runs").json() == []
 
 
@@ -200,7 +200,7 @@ def test_unreachable_service_at_train_start_trains_without_control(tmp_path, cha
     with caplog.at_level(logging.WARNING, logger="actuator.agents"):
         trainer.train()
     assert trainer.state.global_step == 8
-    assert cb.run_id is None and cb.sender is not None and cb.sender.backlog == len(cb.history) > 0
+    assert cb.session.run_id is None and cb.session.sender is not None and cb.session.sender.backlog == len(cb.session.history) > 0
     warnings = [r.getMessage() for r in caplog.records if "controller unreachable" in r.getMessage()]
     assert len(warnings) == 1, warnings
 
@@ -221,20 +221,20 @@ def test_the_audit_trail_says_which_decisions_the_agent_applied(tmp_path, char_t
     trainer.add_callback(SlowSteps(0.2))
     trainer.train()
 
-    stored = httpx.get(f"{service.url}/v1/runs/{cb.run_id}/decisions").json()["items"]
+    stored = httpx.get(f"{service.url}/v1/runs/{cb.session.run_id}/decisions").json()["items"]
     by_number = {d["number"]: d for d in stored}
-    assert len(cb.applied) >= 2, cb.applied
-    for entry in cb.applied:
+    assert len(cb.session.applied) >= 2, cb.session.applied
+    for entry in cb.session.applied:
         d = by_number[entry["number"]]
         assert d["applied_step"] == entry["step"] and d["skipped"] is None, (d, entry)
         assert d["applied_value"] == pytest.approx(entry["applied"], rel=1e-12)
-    applied = {e["number"] for e in cb.applied}
+    applied = {e["number"] for e in cb.session.applied}
     never = [d for d in stored if d["number"] not in applied]
     assert never, "the last observation (step 12) orders a decision no step is left to apply"
     assert max(by_number) in {d["number"] for d in never}
     assert all(d["applied_step"] is None and d["applied_value"] is None and d["skipped"] is None for d in never)
 
-    out = CliRunner().invoke(app, ["decisions", cb.run_id, "--url", service.url, "--explain"])
+    out = CliRunner().invoke(app, ["decisions", cb.session.run_id, "--url", service.url, "--explain"])
     assert out.exit_code == 0, out.output
     assert out.output.count("NOT applied") == len(never)
     assert out.output.count("applied after step") == len(applied)

@@ -383,20 +383,20 @@ def test_pid_moves_the_threshold_in_a_real_trainer_and_reports_the_ranks(tmp_pat
     trainer.add_callback(Ranks())
     trainer.train()
 
-    assert cb.applied, "a perplexity far below its setpoint must raise the threshold"
-    assert knob.read() > start and cb.applied[-1]["applied"] == pytest.approx(knob.read())
+    assert cb.session.applied, "a perplexity far below its setpoint must raise the threshold"
+    assert knob.read() > start and cb.session.applied[-1]["applied"] == pytest.approx(knob.read())
     assert knob.refreshes == 3  # steps 4, 8, 12
     # Each applied decision carries what it put in effect; the layers run at the ranks τ gives.
-    last = cb.applied[-1]
+    last = cb.session.applied[-1]
     dense = compression_stats(tiny_llama())["model"]["dense_params"]
     assert last["summary"]["compression.params"] < dense
     assert knob.ranks == knob.ranks_for(knob.read())
     assert in_forward[0][1] != in_forward[-1][1]  # the forward really ran at other ranks by the end
     # The observations (and so the service's report) carry the size and the per-layer ranks.
-    seen = [h["metrics"] for h in cb.history if "compression.params" in h["metrics"]]
+    seen = [h["metrics"] for h in cb.session.history if "compression.params" in h["metrics"]]
     assert seen and "compression.rank.1.mlp.up_proj" in seen[-1] and "compression.dense_layers" in seen[-1]
-    report = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}/report").json()
+    report = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.session.run_id}/report").json()
     assert "compression.params" in report["metrics"] and "compression.rank.0.mlp.gate_proj" in report["metrics"]
-    run = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}").json()
+    run = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.session.run_id}").json()
     assert run["knobs"]["compression_threshold"]["scale"] == "log"
     assert run["knobs_in_effect"]["compression_threshold"] == pytest.approx(knob.read())

@@ -221,16 +221,16 @@ def test_pid_moves_the_channel_threshold_in_a_real_trainer(tmp_path, char_tokeni
     trainer.add_callback(Widths())
     trainer.train()
 
-    assert cb.applied, "a perplexity far below its setpoint must raise the threshold"
-    assert knob.read() > start and cb.applied[-1]["applied"] == pytest.approx(knob.read())
+    assert cb.session.applied, "a perplexity far below its setpoint must raise the threshold"
+    assert knob.read() > start and cb.session.applied[-1]["applied"] == pytest.approx(knob.read())
     assert knob.widths == knob.widths_for(knob.read())
     assert in_forward[0] == {n: 64 for n in MLPS} and in_forward[-1] != in_forward[0]
-    assert cb.applied[-1]["summary"]["compression.params"] < dense
-    seen = [h["metrics"] for h in cb.history if "compression.params" in h["metrics"]]
+    assert cb.session.applied[-1]["summary"]["compression.params"] < dense
+    seen = [h["metrics"] for h in cb.session.history if "compression.params" in h["metrics"]]
     assert seen and "compression.width.1.mlp" in seen[-1] and seen[-1]["compression.params"] < dense
-    report = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}/report").json()
+    report = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.session.run_id}/report").json()
     assert "compression.params" in report["metrics"] and "compression.width.0.mlp" in report["metrics"]
-    run = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}").json()
+    run = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.session.run_id}").json()
     assert run["knobs"]["mlp_channel_threshold"]["scale"] == "log"
     assert run["knobs"]["mlp_channel_threshold"]["min"] == pytest.approx(knob.bounds[0])
     assert run["knobs_in_effect"]["mlp_channel_threshold"] == pytest.approx(knob.read())

@@ -230,11 +230,11 @@ def test_a_gkd_trainer_brings_its_knobs_to_the_callback(tmp_path, monkeypatch, s
     cb = ActuatorCallback(policy, connection=sqlite_service.url, reporting=Reporting(report_every=1))
     trainer = make_gkd(tmp_path, monkeypatch, steps=2, callbacks=[cb])
     trainer.train()
-    assert isinstance(cb.setters["distill_lambda"], DistillLambdaKnob) and cb.setters["distill_lambda"].attr == "lmbda"
-    assert isinstance(cb.setters["gkd_beta"], GKDBetaKnob)
+    assert isinstance(cb.session.setters["distill_lambda"], DistillLambdaKnob) and cb.session.setters["distill_lambda"].attr == "lmbda"
+    assert isinstance(cb.session.setters["gkd_beta"], GKDBetaKnob)
     import httpx
 
-    knobs = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}").json()["knobs"]
+    knobs = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.session.run_id}").json()["knobs"]
     # the starting values (train.loss reaches the controllers at every logged step, so a first tiny trim may be in)
     assert knobs["distill_lambda"]["value"] == 0.0 and knobs["gkd_beta"]["value"] == pytest.approx(0.5, abs=1e-3)
 

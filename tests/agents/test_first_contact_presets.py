@@ -42,7 +42,7 @@ def sft_trainer(tmp_path, tokenizer, steps: int, *, with_tokenizer: bool = True)
 
 
 def readings(cb: ActuatorCallback, key: str) -> list[int]:
-    return [h["step"] for h in cb.history if key in h["probes"]]
+    return [h["step"] for h in cb.session.history if key in h["probes"]]
 
 
 def test_a_probes_own_every_wins_over_the_presets(tmp_path, char_tokenizer, sqlite_service):
@@ -67,13 +67,13 @@ def test_a_presets_probe_intervals_shrink_with_max_steps(tmp_path, char_tokenize
     cb = ActuatorCallback("preset:sft-capability", connection=sqlite_service.url, probes=[probe],
                           reporting=Reporting(budget_share=1.0)).attach(trainer)
     trainer.train()
-    every = {p.name: p.every for p in cb.suite.probes}
+    every = {p.name: p.every for p in cb.session.suite.probes}
     preset = {spec.name: spec.every for spec in load_preset("sft-capability").probes}
     assert every["kl_drift"] == 2 and every["hotpotqa"] == every["perplexity"] == 2 * preset["hotpotqa"] // preset[
         "kl_drift"]
     assert readings(cb, "kl_drift") == list(range(0, 13, 2))
     assert readings(cb, "perplexity") == [0, 10]
-    assert any(e["step"] < 12 for e in cb.applied), cb.applied  # controlled within the run
+    assert any(e["step"] < 12 for e in cb.session.applied), cb.session.applied  # controlled within the run
     # A run long enough for the preset keeps its intervals.
     from actuator.agents.default_probes import fitted_intervals
 
@@ -85,10 +85,10 @@ def test_a_preset_given_no_probes_builds_them_from_shipped_data(tmp_path, char_t
     cb = ActuatorCallback("preset:sft-capability", connection=sqlite_service.url,
                           reporting=Reporting(budget_share=1.0)).attach(trainer)
     trainer.train()
-    baseline = cb.history[0]["probes"]
+    baseline = cb.session.history[0]["probes"]
     assert {"kl_drift", "perplexity", "hotpotqa.gold_logprob"} <= set(baseline), baseline
     # what the service stored is what the built probes measured
-    report = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}/report").json()
+    report = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.session.run_id}/report").json()
     assert report["probes"]["hotpotqa.gold_logprob"][0] == [0.0, pytest.approx(baseline["hotpotqa.gold_logprob"])]
 
 
@@ -122,7 +122,7 @@ def test_a_guardrails_probe_that_cannot_be_built_is_warned_and_training_runs(tmp
                           probes=[KLDrift(HELD_OUT, char_tokenizer, max_length=32)]).attach(trainer)
     with caplog.at_level(logging.WARNING, logger="actuator.agents"):
         trainer.train()
-    assert trainer.state.global_step == 4 and cb.run_id is not None
+    assert trainer.state.global_step == 4 and cb.session.run_id is not None
     never = [r.getMessage() for r in caplog.records if "can never fire" in r.getMessage()]
     rails = {g.name: g.probe for g in load_preset("sft-capability").guardrails}
     assert len(never) == len(rails), never
@@ -138,7 +138,7 @@ class OverrideAt(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step == self.step:
-            r = httpx.post(f"{self.url}/v1/runs/{self.cb.run_id}/knobs/{self.knob}/override",
+            r = httpx.post(f"{self.url}/v1/runs/{self.cb.session.run_id}/knobs/{self.knob}/override",
                            json={"value": self.value, "note": "test"})
             assert r.status_code == 200, r.text
 
@@ -181,11 +181,11 @@ def test_dpo_preset_alone_puts_the_kl_anchor_on_the_trainers_own_pairs(added, tm
     trainer.train()
 
     anchor = trainer.kl_anchor
-    assert isinstance(cb.setters["kl_weight"], KLAnchorKnob) and cb.setters["kl_weight"].anchor is anchor
+    assert isinstance(cb.session.setters["kl_weight"], KLAnchorKnob) and cb.session.setters["kl_weight"].anchor is anchor
     data = trainer.train_dataset  # as DPOTrainer tokenized it: the chat template applied
     assert anchor.token_ids == [(row["prompt_ids"] + row["chosen_ids"])[:anchor.max_length] for row in data]
-    raised = [e for e in cb.applied if e["knob"] == "kl_weight" and e["applied"] > 0]
-    assert raised and raised[0]["step"] < args.max_steps, cb.applied
+    raised = [e for e in cb.session.applied if e["knob"] == "kl_weight" and e["applied"] > 0]
+    assert raised and raised[0]["step"] < args.max_steps, cb.session.applied
     assert anchor.forwards > 0  # the loss ran the anchor term once its weight was above 0
 
 
@@ -195,9 +195,9 @@ def test_the_run_says_where_to_find_it_at_warning(tmp_path, char_tokenizer, sqli
     with caplog.at_level(logging.WARNING, logger="actuator.agents"):
         trainer.train()
     lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "registered" in r.getMessage()]
-    assert lines == [f"actuator: run {cb.run_id} registered (policy plain v1); console: "
-                     f"{sqlite_service.url}/ui/runs/{cb.run_id}"]
-    assert httpx.get(f"{sqlite_service.url}/ui/runs/{cb.run_id}").status_code == 200
+    assert lines == [f"actuator: run {cb.session.run_id} registered (policy plain v1); console: "
+                     f"{sqlite_service.url}/ui/runs/{cb.session.run_id}"]
+    assert httpx.get(f"{sqlite_service.url}/ui/runs/{cb.session.run_id}").status_code == 200
 
 
 def test_a_404_at_registration_says_to_check_the_url(tmp_path, char_tokenizer, sqlite_service):

@@ -99,19 +99,19 @@ def test_train_entropy_and_kl_control_grpo_at_every_step(tmp_path, char_tokenize
     assert sorted(used) == list(range(1, steps + 1))
     assert used[1] == {"entropy_coef": pytest.approx(1e-4), "beta": pytest.approx(0.05)}
     # one observation per optimizer step, no probe run, carrying the step's logged entropy and kl
-    sent = [h for h in cb.history if "entropy" in h["metrics"]]
-    assert [h["step"] for h in sent] == list(range(1, steps + 1)), [h["step"] for h in cb.history]
+    sent = [h for h in cb.session.history if "entropy" in h["metrics"]]
+    assert [h["step"] for h in sent] == list(range(1, steps + 1)), [h["step"] for h in cb.session.history]
     assert all(h["probes"] == {} and not any(k.startswith("probe_") for k in h["metrics"]) for h in sent)
-    probed = [h for h in cb.history if "perplexity" in h["probes"]]
+    probed = [h for h in cb.session.history if "perplexity" in h["probes"]]
     assert probed and all("entropy" not in h["metrics"] and "kl" not in h["metrics"] for h in probed)
     assert all(h["metrics"]["kl"] >= 0 for h in sent)
 
-    decisions = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}/decisions",
+    decisions = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.session.run_id}/decisions",
                           params={"limit": 100}).json()["items"]
     by_number = {d["number"]: d for d in decisions}
-    applied = {name: [e for e in cb.applied if e["knob"] == name] for name in ("entropy_coef", "kl_beta")}
-    assert len(applied["entropy_coef"]) >= 2 and len(applied["kl_beta"]) >= 2, cb.applied
-    for entry in cb.applied:
+    applied = {name: [e for e in cb.session.applied if e["knob"] == name] for name in ("entropy_coef", "kl_beta")}
+    assert len(applied["entropy_coef"]) >= 2 and len(applied["kl_beta"]) >= 2, cb.session.applied
+    for entry in cb.session.applied:
         assert entry["applied"] == pytest.approx(by_number[entry["number"]]["new_value"], rel=1e-12)
         if entry["step"] < steps:  # applied at the end of step s: the loss of step s + 1 read exactly it
             key = "entropy_coef" if entry["knob"] == "entropy_coef" else "beta"
@@ -143,11 +143,11 @@ def test_a_metric_the_trainer_never_logs_stops_control_loudly(tmp_path, char_tok
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert any("the policy reads train.kl, but the trainer did not log 'kl' at step 1" in m
                and "NOT controlled on train.kl" in m and "train.entropy" in m for m in errors), errors
-    events = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}/events").json()
+    events = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.session.run_id}/events").json()
     unusable = [e for e in events if e["kind"] == "controller_unusable"]
     assert len(unusable) == 1, events
     payload = unusable[0]["payload"]
     assert unusable[0]["step"] == 1 and payload["controller"] == "kl", unusable
     assert "train.kl is not among the metrics the trainer logs" in payload["reason"]
     assert "not controlled" in payload["reason"]
-    assert cb.applied == []
+    assert cb.session.applied == []

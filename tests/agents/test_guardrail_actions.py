@@ -31,7 +31,7 @@ def test_halt_stops_training_and_leaves_a_checkpoint(tmp_path, char_tokenizer, s
     saved = load_file(ckpt / "model.safetensors")
     live = trainer.model.state_dict()
     assert all(torch.equal(saved[k], live[k]) for k in saved)
-    run = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}").json()
+    run = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.session.run_id}").json()
     assert run["state"] == "halted"
     assert run["guardrails"]["canary-halt"]["active"] is True
 
@@ -43,8 +43,8 @@ class Snapshot(TrainerCallback):
         self.cb, self.seen, self.weights = cb, 0, None
 
     def on_step_end(self, args, state, control, model=None, **kw):
-        if len(self.cb.rollbacks) > self.seen and self.weights is None:
-            self.seen = len(self.cb.rollbacks)
+        if len(self.cb.session.rollbacks) > self.seen and self.weights is None:
+            self.seen = len(self.cb.session.rollbacks)
             self.weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
@@ -62,8 +62,8 @@ def test_rollback_restores_saved_weights_and_training_continues(tmp_path, char_t
     trainer.train()
 
     assert trainer.state.global_step == 30, "training continues after a rollback"
-    assert len(cb.rollbacks) == 1
-    rb = cb.rollbacks[0]
+    assert len(cb.session.rollbacks) == 1
+    rb = cb.session.rollbacks[0]
     assert rb["to_step"] < 10 <= rb["at_step"], rb  # a checkpoint from before the breach
     saved = load_file(os.path.join(rb["checkpoint"], "model.safetensors"))
     assert snap.weights is not None
@@ -71,5 +71,5 @@ def test_rollback_restores_saved_weights_and_training_continues(tmp_path, char_t
         assert torch.equal(snap.weights[k], v), k
     # continue with a damped knob: the lr used after the rollback is half the one before
     assert used[rb["at_step"]] == pytest.approx(used[0] * 0.5, rel=1e-9)
-    decisions = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}/decisions").json()["items"]
+    decisions = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.session.run_id}/decisions").json()["items"]
     assert decisions and "guardrail" in decisions[0]["reason"]

@@ -28,7 +28,7 @@ def test_a_halt_names_the_guardrail_reading_and_threshold_and_saves_nothing_unde
     with caplog.at_level(logging.WARNING, logger="actuator.agents"):
         trainer.train()
     stopped = trainer.state.global_step
-    assert 6 < stopped < 40 and cb.run_state == "halted"
+    assert 6 < stopped < 40 and cb.session.run_state == "halted"
     text = caplog.text
 
     # train() start: the rollback guardrail has nothing to roll back to.
@@ -36,7 +36,7 @@ def test_a_halt_names_the_guardrail_reading_and_threshold_and_saves_nothing_unde
                      r"save_strategy='no' saves no checkpoint", text), text
 
     # The event the service stored names the guardrail, the reading, the threshold and the step ...
-    events = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}/events").json()
+    events = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.session.run_id}/events").json()
     breach = next(e for e in events if e["kind"] == "guardrail_breach")
     stored = breach["payload"]
     assert stored["guardrail"] == "canary-halt" and stored["value"] == 1.0 and stored["threshold"] == 0.5

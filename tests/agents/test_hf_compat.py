@@ -64,8 +64,8 @@ def test_every_way_of_adding_the_callback_behaves_the_same(how, tmp_path, char_t
 
     # Rollback, not halt: one restore to a checkpoint from before the breach, training goes on.
     assert trainer.state.global_step == 30
-    assert len(cb.rollbacks) == 1 and cb.rollbacks[0]["to_step"] < 10 <= cb.rollbacks[0]["at_step"], cb.rollbacks
-    assert httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}").json()["state"] == "finished"
+    assert len(cb.session.rollbacks) == 1 and cb.session.rollbacks[0]["to_step"] < 10 <= cb.session.rollbacks[0]["at_step"], cb.session.rollbacks
+    assert httpx.get(f"{sqlite_service.url}/v1/runs/{cb.session.run_id}").json()["state"] == "finished"
     # The report_to logger saw the knob values in every training log, as it received it.
     logger = next(c for c in trainer.callback_handler.callbacks if isinstance(c, RecordingLogger))
     training = [(step, logs) for step, logs in logger.logs if "loss" in logs]
@@ -76,7 +76,7 @@ def test_every_way_of_adding_the_callback_behaves_the_same(how, tmp_path, char_t
         # also right after the rollback damped it (the scheduler's last lr follows the knob)
         assert logs["learning_rate"] == pytest.approx(used[step - 1], rel=1e-12), (step, logs, used)
     assert any("actuator/rollback_to_step" in logs for _, logs in training)
-    at = cb.rollbacks[0]["at_step"]
+    at = cb.session.rollbacks[0]["at_step"]
     assert used[at] == pytest.approx(used[0] * 0.5, rel=1e-9)  # continued with a damped learning rate
 
 
@@ -139,7 +139,7 @@ def test_fsdp1_and_deepspeed_are_refused_at_train_start(tmp_path, char_tokenizer
     setattr(trainer, flag, True)
     with pytest.raises(ConfigError, match=f"{what} .*is not supported"):
         trainer.callback_handler.on_train_begin(trainer.args, trainer.state, trainer.control)
-    assert cb.run_id is None and cb.client is None and cb.sender is None
+    assert cb.session.run_id is None and cb.session.client is None and cb.session.sender is None
 
 
 def test_fsdp2_plugin_is_not_refused(tmp_path, char_tokenizer, monkeypatch):

@@ -40,14 +40,14 @@ def test_step_test_is_applied_held_restored_and_recorded(tmp_path, char_tokenize
     assert used[HOLD:HOLD + LENGTH] == pytest.approx([stepped] * LENGTH)
     end = HOLD + LENGTH
     # back at the nominal value when the test ends; from then on the controller's decisions apply
-    assert used[end] == pytest.approx(LR) or any(e["step"] == end for e in cb.applied)
-    assert all(e["step"] >= end for e in cb.applied)
-    decisions = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}/decisions").json()["items"]
+    assert used[end] == pytest.approx(LR) or any(e["step"] == end for e in cb.session.applied)
+    assert all(e["step"] >= end for e in cb.session.applied)
+    decisions = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.session.run_id}/decisions").json()["items"]
     assert any(d["step"] <= end for d in decisions), "the service did order cuts during the test"
     # the stored observations report the knob in effect: the step is there for tune to fit
-    obs = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}/report", timeout=30).json()
+    obs = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.session.run_id}/report", timeout=30).json()
     assert obs["sampling"]["observations"] >= 8
-    r = httpx.post(f"{sqlite_service.url}/v1/policies/tune", json={"run_id": cb.run_id, "controller": "drift"},
+    r = httpx.post(f"{sqlite_service.url}/v1/policies/tune", json={"run_id": cb.session.run_id, "controller": "drift"},
                    timeout=120)
     # a tiny random model's drift may or may not answer the step above its noise: either a model
     # or a refusal naming the problem, never "the knob did not move"

@@ -22,13 +22,13 @@ def test_the_last_step_is_reported_at_train_end(tmp_path, char_tokenizer, sqlite
                           probes=[KLDrift(HELD_OUT, char_tokenizer, every=3, max_length=32)])
     trainer = make_trainer(tmp_path, char_tokenizer, steps=7, scheduler="constant", callbacks=[cb])
     trainer.train()
-    assert [h["step"] for h in cb.history if h["probes"]] == [0, 3, 6]
+    assert [h["step"] for h in cb.session.history if h["probes"]] == [0, 3, 6]
     url = sqlite_service.url
-    run = next(r for r in httpx.get(f"{url}/v1/runs").json() if r["id"] == cb.run_id)
+    run = next(r for r in httpx.get(f"{url}/v1/runs").json() if r["id"] == cb.session.run_id)
     assert run["last_step"] == 7 and run["state"] == "finished"
-    row = re.search(rf'<tr data-run="{cb.run_id}".*?</tr>', httpx.get(f"{url}/ui").text, re.S)
+    row = re.search(rf'<tr data-run="{cb.session.run_id}".*?</tr>', httpx.get(f"{url}/ui").text, re.S)
     assert row is not None
     assert re.findall(r'<td class="num"[^>]*>([^<]*)</td>', row.group(0))[0] == "7", row.group(0)  # the step column
     # the closing observation carries the knobs in effect and no probe reading
-    last = httpx.get(f"{url}/v1/runs/{cb.run_id}").json()
-    assert last["knobs_in_effect"]["learning_rate"] == cb.setters["learning_rate"].read()
+    last = httpx.get(f"{url}/v1/runs/{cb.session.run_id}").json()
+    assert last["knobs_in_effect"]["learning_rate"] == cb.session.setters["learning_rate"].read()

@@ -45,7 +45,7 @@ def test_drift_is_exactly_zero_before_training_in_any_precision(bf16, tmp_path, 
     with probe_mode(trainer.model), observe_precision(trainer.model) as seen:
         trainer.model(input_ids=torch.ones((1, 2), dtype=torch.long))
     assert seen[0].enabled is bf16 and (not bf16 or seen[0].dtype == torch.bfloat16)  # training's autocast
-    baseline = cb.history[0]
+    baseline = cb.session.history[0]
     assert baseline["step"] == 0
     assert baseline["probes"]["kl_drift"] == 0.0
     assert baseline["probes"]["answer_agreement"] == 1.0 and baseline["probes"]["embedding_drift"] == 0.0

@@ -49,8 +49,8 @@ def test_a_run_too_short_for_its_first_decision_is_warned_at_train_start(tmp_pat
     assert len(late) == 1, late
     assert "max_steps=10" in late[0] and "every 10 steps" in late[0] and "step 11" in late[0]
     # The warning told the truth: nothing was applied during training.
-    assert cb.applied == [] or all(e["step"] >= 10 for e in cb.applied)
-    decisions = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}/decisions").json()["items"]
+    assert cb.session.applied == [] or all(e["step"] >= 10 for e in cb.session.applied)
+    decisions = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.session.run_id}/decisions").json()["items"]
     assert all(d["step"] >= 10 for d in decisions)
 
 
@@ -58,7 +58,7 @@ def test_a_run_long_enough_is_not_warned_and_is_controlled(tmp_path, char_tokeni
     policy = {**POLICY, "probes": [{"name": "kl_drift", "every": 3}]}
     cb = _train_10_steps(tmp_path, char_tokenizer, sqlite_service, policy, probe_every=3, caplog=caplog)
     assert _late(caplog) == []
-    assert any(e["step"] < 10 for e in cb.applied), cb.applied
+    assert any(e["step"] < 10 for e in cb.session.applied), cb.session.applied
 
 
 def test_the_arithmetic_counts_identification_and_resumes():
@@ -114,6 +114,6 @@ def test_a_bad_controller_url_is_refused_when_the_callback_is_built(url, says, m
 
 
 def test_good_urls_are_kept_without_a_trailing_slash():
-    assert ActuatorCallback(POLICY, connection="http://127.0.0.1:8000/", knobs=KNOBS).url == "http://127.0.0.1:8000"
+    assert ActuatorCallback(POLICY, connection="http://127.0.0.1:8000/", knobs=KNOBS).session.url == "http://127.0.0.1:8000"
     # A service behind a reverse proxy under a path prefix is a good URL.
-    assert ActuatorCallback(POLICY, connection="https://ctl.example/actuator", knobs=KNOBS).url == "https://ctl.example/actuator"
+    assert ActuatorCallback(POLICY, connection="https://ctl.example/actuator", knobs=KNOBS).session.url == "https://ctl.example/actuator"

@@ -30,7 +30,7 @@ class OverrideAt(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kw):
         if state.global_step == self.step:
-            r = httpx.post(f"{self.url}/v1/runs/{self.cb.run_id}/knobs/kl_beta/override",
+            r = httpx.post(f"{self.url}/v1/runs/{self.cb.session.run_id}/knobs/kl_beta/override",
                            json={"value": self.value, "note": "test"})
             assert r.status_code == 200, r.text
 
@@ -50,15 +50,15 @@ def test_a_kl_beta_policy_on_dpo_needs_no_knobs_or_setters(tmp_path, char_tokeni
     trainer.add_callback(SlowSteps())
     trainer.train()
 
-    assert isinstance(cb.setters["kl_beta"], KLBetaKnob) and isinstance(cb.setters["learning_rate"], LearningRateKnob)
-    run = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}").json()
+    assert isinstance(cb.session.setters["kl_beta"], KLBetaKnob) and isinstance(cb.session.setters["learning_rate"], LearningRateKnob)
+    run = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.session.run_id}").json()
     assert run["policy_name"] == "dpo-beta"
     kl_beta = run["knobs"]["kl_beta"]
     assert kl_beta["value"] == pytest.approx(0.18)  # the override moved it from the trainer's 0.1
     assert (kl_beta["min"], kl_beta["max"], kl_beta["scale"]) == (pytest.approx(1e-3), pytest.approx(1.0), "log")
     # The decision came back, was applied at a step boundary, and the DPO loss used it from then on.
-    applied = [e for e in cb.applied if e["knob"] == "kl_beta"]
-    assert applied and applied[0]["applied"] == pytest.approx(0.18), cb.applied
+    applied = [e for e in cb.session.applied if e["knob"] == "kl_beta"]
+    assert applied and applied[0]["applied"] == pytest.approx(0.18), cb.session.applied
     used = probe.used()
     k = applied[0]["step"]
     assert 3 <= k < len(used)
@@ -97,13 +97,13 @@ def test_dpo_preset_on_an_anchored_dpo_trainer_turns_the_learning_rate_and_the_a
     trainer.add_callback(SlowSteps())
     trainer.train()
 
-    assert isinstance(cb.setters["kl_weight"], KLAnchorKnob) and isinstance(cb.setters["learning_rate"],
+    assert isinstance(cb.session.setters["kl_weight"], KLAnchorKnob) and isinstance(cb.session.setters["learning_rate"],
                                                                               LearningRateKnob)
-    run = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}").json()
+    run = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.session.run_id}").json()
     assert run["policy_name"] == "dpo-kl" and set(run["knobs"]) == {"learning_rate", "kl_weight"}
-    assert max(h["probes"].get("kl_drift", 0.0) for h in cb.history) > 0.1, "the tiny model must pass the setpoint"
-    by_knob = {k: [e for e in cb.applied if e["knob"] == k] for k in ("learning_rate", "kl_weight")}
-    assert by_knob["learning_rate"] and by_knob["kl_weight"], cb.applied
+    assert max(h["probes"].get("kl_drift", 0.0) for h in cb.session.history) > 0.1, "the tiny model must pass the setpoint"
+    by_knob = {k: [e for e in cb.session.applied if e["knob"] == k] for k in ("learning_rate", "kl_weight")}
+    assert by_knob["learning_rate"] and by_knob["kl_weight"], cb.session.applied
     assert by_knob["learning_rate"][-1]["applied"] < 3e-2 and by_knob["kl_weight"][-1]["applied"] > 0
     checked = set()
     for knob, used in (("learning_rate", used_lr), ("kl_weight", used_w)):

@@ -41,13 +41,13 @@ def test_dpo_kl_ramp_follows_max_steps(tmp_path, char_tokenizer, sqlite_service,
         trainer.train()
 
     url = sqlite_service.url
-    run = httpx.get(f"{url}/v1/runs/{cb.run_id}").json()
+    run = httpx.get(f"{url}/v1/runs/{cb.session.run_id}").json()
     stored = httpx.get(f"{url}/v1/policies/{run['policy_name']}/versions/{run['policy_version']}").json()["document"]
     ramp = {c["name"]: c.get("setpoint_ramp", 0) for c in stored["controllers"]}
     assert ramp["kl-lr"] == 4  # int(0.4 x 10 readings), not the preset's 8
     assert "setpoint ramp sized to the run: 8 -> 4 probe intervals (max_steps=10" in caplog.text
     assert "reaches the setpoint at step" not in caplog.text  # the fitted ramp ends inside the run
-    decisions = httpx.get(f"{url}/v1/runs/{cb.run_id}/decisions").json()["items"]
+    decisions = httpx.get(f"{url}/v1/runs/{cb.session.run_id}/decisions").json()["items"]
     lr = [d for d in decisions if d["knob"] == "learning_rate" and "ramped setpoint" in d["reason"]]
     assert lr and all("of 4 probe intervals toward 0.1" in d["reason"] for d in lr), [d["reason"] for d in decisions]
 

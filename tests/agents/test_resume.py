@@ -32,7 +32,7 @@ class CrashAfterSave(TrainerCallback):
 
     def on_save(self, args, state, control, **kw):
         if state.global_step == self.step:
-            self.cb.sender.flush(10.0)
+            self.cb.session.sender.flush(10.0)
             raise RuntimeError("node lost")
 
 
@@ -53,13 +53,13 @@ def test_resume_restoring_callback_states_continues_the_same_run(how, tmp_path, 
         with pytest.raises(RuntimeError, match="node lost"):
             trainer.train()
     finally:
-        first.sender.close(1.0)
+        first.session.sender.close(1.0)
     saved = json.loads((tmp_path / "out" / "checkpoint-6" / "trainer_state.json").read_text())
     saved = saved["stateful_callbacks"]["ActuatorCallback"]
-    assert saved["attributes"]["run_id"] == first.run_id and saved["attributes"]["seq"] > 0
+    assert saved["attributes"]["run_id"] == first.session.run_id and saved["attributes"]["seq"] > 0
     # The contract transformers relies on: the saved args rebuild a callback.
     rebuilt = ActuatorCallback(**saved["args"])
-    assert rebuilt.url == url and rebuilt.knob_bounds == first.knob_bounds
+    assert rebuilt.session.url == url and rebuilt.session.knob_bounds == first.session.knob_bounds
 
     second = _callback(url, char_tokenizer)
     trainer = make_trainer(tmp_path, char_tokenizer, steps=12, scheduler="constant", save_strategy="steps",
@@ -73,13 +73,13 @@ def test_resume_restoring_callback_states_continues_the_same_run(how, tmp_path, 
     assert trainer.state.global_step == 12
     ours = [cb for cb in trainer.callback_handler.callbacks if isinstance(cb, ActuatorCallback)]
     assert ours == [second]  # the configured callback (with its probes) did the work
-    assert second.run_id == first.run_id
-    assert [r["id"] for r in httpx.get(f"{url}/v1/runs").json()] == [first.run_id]
-    run = httpx.get(f"{url}/v1/runs/{first.run_id}").json()
+    assert second.session.run_id == first.session.run_id
+    assert [r["id"] for r in httpx.get(f"{url}/v1/runs").json()] == [first.session.run_id]
+    run = httpx.get(f"{url}/v1/runs/{first.session.run_id}").json()
     # Sequence numbers continue from the checkpoint: every observation after it stored, once.
-    assert second.seq > saved["attributes"]["seq"]
-    assert run["last_seq"] == second.seq - 1 and run["state"] == "finished"
+    assert second.session.seq > saved["attributes"]["seq"]
+    assert run["last_seq"] == second.session.seq - 1 and run["state"] == "finished"
     # probes ran after the resume: a baseline where it starts, then on their schedule
-    assert [h["step"] for h in second.history if "kl_drift" in h["probes"]] == [6, 8, 10, 12]
-    assert second.last_decision >= saved["attributes"]["last_decision"]
-    assert run["knobs_in_effect"]["learning_rate"] == pytest.approx(second.history[-1]["knobs"]["learning_rate"])
+    assert [h["step"] for h in second.session.history if "kl_drift" in h["probes"]] == [6, 8, 10, 12]
+    assert second.session.last_decision >= saved["attributes"]["last_decision"]
+    assert run["knobs_in_effect"]["learning_rate"] == pytest.approx(second.session.history[-1]["knobs"]["learning_rate"])

@@ -7,7 +7,6 @@ import json
 import subprocess
 import sys
 import textwrap
-import warnings
 from pathlib import Path
 
 import httpx
@@ -147,26 +146,20 @@ def test_a_knob_without_a_setter_is_a_config_error():
         session.bind_knobs({})
 
 
-def test_the_old_arguments_warn_once_with_the_new_form():
-    from actuator.agents import callback as cb_module
+def test_the_old_arguments_are_refused_naming_the_argument():
+    """The keywords before the groups (``url=``, ``run_name=``, ``budget_share=``, ...) are gone: a
+    TypeError names the one given; the groups carry the same settings into the checkpoint's args."""
     from actuator.agents.callback import ActuatorCallback, Connection, Reporting, RunInfo
 
-    cb_module._WARNED.clear()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        old = ActuatorCallback("preset:sft-capability", url=URL, timeout=3.0, run_name="r",
-                               budget_share=0.5, report_every=2)
-        ActuatorCallback("preset:sft-capability", url=URL)
-    messages = [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
-    assert len(messages) == 3  # connection, run, reporting: once each
-    assert any("connection=Connection(url=" in m for m in messages)
-    assert any("reporting=Reporting(" in m for m in messages)
+    for old in ({"url": URL}, {"timeout": 3.0}, {"run_name": "r"}, {"budget_share": 0.5}, {"on_breach": "halt"}):
+        with pytest.raises(TypeError, match=next(iter(old))):
+            ActuatorCallback("preset:sft-capability", **old)
     new = ActuatorCallback("preset:sft-capability", connection=Connection(URL, timeout=3.0),
                            run=RunInfo("r"), reporting=Reporting(budget_share=0.5, report_every=2))
-    assert old.state()["args"] == new.state()["args"]
-    assert old.session.connection == new.session.connection
-    with pytest.raises(TypeError, match="urll"):
-        ActuatorCallback("preset:sft-capability", urll="http://x")
+    args = new.state()["args"]
+    assert args["connection"]["url"] == URL and args["connection"]["timeout"] == 3.0
+    assert args["run"]["name"] == "r" and args["reporting"] == {"budget_share": 0.5, "report_every": 2}
+    assert new.session.connection == Connection(URL, timeout=3.0).resolved()
 
 
 def test_a_step_that_repeats_the_baselines_is_said_once(sqlite_service, caplog):

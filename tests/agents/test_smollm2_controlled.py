@@ -39,14 +39,14 @@ def test_smollm2_few_controlled_steps(tmp_path, sqlite_service):
                           probes=[KLDrift(prompts, tok, every=1, max_length=48)]).attach(trainer)
     trainer.train()
 
-    drifts = [h["probes"]["kl_drift"] for h in cb.history if "kl_drift" in h["probes"]]
+    drifts = [h["probes"]["kl_drift"] for h in cb.session.history if "kl_drift" in h["probes"]]
     assert drifts[0] == pytest.approx(0.0, abs=1e-6)  # the baseline: model == its reference
     assert all(0 <= d < 50 for d in drifts) and max(drifts) > 0
-    decisions = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}/decisions").json()["items"]
+    decisions = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.session.run_id}/decisions").json()["items"]
     assert decisions, "a zero setpoint with growing drift must lower the learning rate"
-    assert cb.applied, "the decision must be applied before training ends (steps take seconds here)"
-    mid_run = [e for e in cb.applied if e["step"] < len(used)]  # one applied at the last boundary has no next step
-    assert mid_run, cb.applied
+    assert cb.session.applied, "the decision must be applied before training ends (steps take seconds here)"
+    mid_run = [e for e in cb.session.applied if e["step"] < len(used)]  # one applied at the last boundary has no next step
+    assert mid_run, cb.session.applied
     for entry in mid_run:
         assert used[entry["step"]] == pytest.approx(entry["applied"], rel=1e-9)
         assert entry["applied"] < 5e-4

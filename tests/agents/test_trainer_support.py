@@ -58,10 +58,10 @@ def test_each_preset_controls_or_refuses_the_trainer_as_the_table_says(trainer, 
             continue
         trl_trainer.train()
         knobs = set(cb.session.policy_knobs())
-        assert cb.run_id and knobs and knobs <= set(cb.setters), (preset, cb.setters)
+        assert cb.session.run_id and knobs and knobs <= set(cb.session.setters), (preset, cb.session.setters)
         # a preset on the trainer's own train.* signals runs no probe: no baseline at step 0, its first
         # observation is the first logged step
         first = 0 if load_preset(preset).probes else 1
-        assert trl_trainer.state.global_step == 2 and cb.history and cb.history[0]["step"] == first, preset
+        assert trl_trainer.state.global_step == 2 and cb.session.history and cb.session.history[0]["step"] == first, preset
         if "anchor added" in cell:
             assert getattr(trl_trainer, "kl_anchor", None) is not None, preset

@@ -126,7 +126,7 @@ class TRLMetricNames(ActuatorCallback):
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         super().on_log(args, state, control, logs=logs, **kwargs)
-        self._metrics = {k.replace("/", "."): v for k, v in self._metrics.items() if NAME.match(k.replace("/", "."))}
+        self.session.metrics = {k.replace("/", "."): v for k, v in self.session.metrics.items() if NAME.match(k.replace("/", "."))}
 
 
 POLICY = {
@@ -150,12 +150,12 @@ def test_controller_raises_dpo_beta_when_drift_is_above_setpoint(tmp_path, char_
     trainer.add_callback(SlowSteps())
     trainer.train()
 
-    decisions = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}/decisions").json()["items"]
+    decisions = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.session.run_id}/decisions").json()["items"]
     assert decisions and all(d["knob"] == "kl_beta" for d in decisions)
-    assert len(cb.applied) >= 2, cb.applied
+    assert len(cb.session.applied) >= 2, cb.session.applied
     used = probe.used()
     by_number = {d["number"]: d for d in decisions}
-    for entry in cb.applied:
+    for entry in cb.session.applied:
         assert entry["applied"] == pytest.approx(by_number[entry["number"]]["new_value"], rel=1e-12)
         if entry["step"] < len(used):
             # the loss of the step after the boundary where it was applied used exactly that beta
@@ -163,11 +163,11 @@ def test_controller_raises_dpo_beta_when_drift_is_above_setpoint(tmp_path, char_
     # Reverse acting: drift above its setpoint (0) drives beta up. (Not necessarily at every decision:
     # the P term follows the measured drift, which may dip between probes.)
     assert all("above setpoint" in d["reason"] for d in decisions)
-    news = [e["applied"] for e in cb.applied]
+    news = [e["applied"] for e in cb.session.applied]
     assert news[-1] > 0.1
     assert used[0] == pytest.approx(0.1, rel=1e-3)
-    run = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}").json()
-    assert run["knobs_in_effect"]["kl_beta"] == pytest.approx(cb.history[-1]["knobs"]["kl_beta"])
+    run = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.session.run_id}").json()
+    assert run["knobs_in_effect"]["kl_beta"] == pytest.approx(cb.session.history[-1]["knobs"]["kl_beta"])
     logged = [h["actuator/kl_beta"] for h in trainer.state.log_history if "actuator/kl_beta" in h]
     assert logged and logged[-1] == pytest.approx(news[-1])
 
@@ -184,8 +184,8 @@ def test_trl_metric_names_do_not_break_training(tmp_path, char_tokenizer, sqlite
                           reporting=Reporting(report_every=1)).attach(trainer)
     trainer.train()
     assert trainer.state.global_step == 3
-    assert cb.sender is not None and cb.sender.stats.sent >= 2
-    sent = cb.history[-1]["metrics"]
+    assert cb.session.sender is not None and cb.session.sender.stats.sent >= 2
+    sent = cb.session.history[-1]["metrics"]
     assert "loss" in sent and not any("/" in k for k in sent), sent
 
 
@@ -364,16 +364,16 @@ def test_controller_moves_the_beta_rl_trainers_really_use(kind, tmp_path, char_t
 
     assert sorted(used) == list(range(1, steps + 1))  # every step's generation (RLOO) or loss (GRPO)
     assert used[1] == pytest.approx(0.05)
-    decisions = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}/decisions").json()["items"]
+    decisions = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.session.run_id}/decisions").json()["items"]
     by_number = {d["number"]: d for d in decisions}
-    assert len(cb.applied) >= 2, cb.applied
-    for entry in cb.applied:
+    assert len(cb.session.applied) >= 2, cb.session.applied
+    for entry in cb.session.applied:
         assert entry["applied"] == pytest.approx(by_number[entry["number"]]["new_value"], rel=1e-12)
         if entry["step"] < steps:  # applied at the end of step s: step s + 1 used exactly that beta
             assert used[entry["step"] + 1] == pytest.approx(entry["applied"], rel=1e-12), (entry, used)
     assert all("above setpoint" in d["reason"] for d in decisions)  # reverse acting: KL > 0 raises beta
     assert used[steps] > 0.05
-    observed = [h["probes"]["policy_kl"] for h in cb.history if "policy_kl" in h["probes"]]
+    observed = [h["probes"]["policy_kl"] for h in cb.session.history if "policy_kl" in h["probes"]]
     assert observed and observed[-1] > 0
 
 

@@ -54,12 +54,12 @@ def test_a_starved_probe_is_warned_and_shown_in_the_run_state(sqlite_service, tm
     assert len(warned) == 1, warned  # once per starvation, with its cost and the budget
     assert "20% of wall time" in warned[0]
     # The service says what the agent's suite says (the budget may starve kl_drift too, beside it).
-    starved = sorted(cb.suite.starved)
+    starved = sorted(cb.session.suite.starved)
     assert "slow" in starved
-    state = httpx.get(f"{url}/v1/runs/{cb.run_id}", timeout=10).json()
+    state = httpx.get(f"{url}/v1/runs/{cb.session.run_id}", timeout=10).json()
     assert state["starved"] == starved
-    assert next(r for r in httpx.get(f"{url}/v1/runs", timeout=10).json() if r["id"] == cb.run_id)["starved"] == starved
+    assert next(r for r in httpx.get(f"{url}/v1/runs", timeout=10).json() if r["id"] == cb.session.run_id)["starved"] == starved
     out = CliRunner().invoke(app, ["runs", "--url", url], env={"COLUMNS": "80"})
     assert out.exit_code == 0, out.output
-    assert any(line.startswith("*") and cb.run_id in line and line.endswith(": " + ", ".join(starved))
+    assert any(line.startswith("*") and cb.session.run_id in line and line.endswith(": " + ", ".join(starved))
                for line in out.output.splitlines()), out.output

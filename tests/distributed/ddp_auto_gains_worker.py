@@ -55,17 +55,17 @@ def main() -> None:
     trainer.add_callback(SlowSteps(a.pause))
     trainer.train()
 
-    ident = cb.identification
+    ident = cb.session.identification
     report = {
         "rank": rank,
         "world_size": dist.get_world_size() if dist.is_initialized() else 1,
         "ddp": type(trainer.model_wrapped).__name__,
-        "knows_policy": cb.policy_doc is not None,
+        "knows_policy": cb.session.policy_doc is not None,
         "used": used,
         "shape": schedule_shape(trainer, len(used)),
-        "applied": applied_report(cb.applied),
+        "applied": applied_report(cb.session.applied),
         "window": None if ident is None else [ident.start, ident.end],
-        "run_id": cb.run_id,
+        "run_id": cb.session.run_id,
         "global_step": trainer.state.global_step,
         "checksum": float(sum(p.detach().double().sum() for p in trainer.model.parameters())),
     }

@@ -46,9 +46,9 @@ def main() -> None:
                           reporting=Reporting(budget_share=a.budget)).attach(trainer)
     trainer.train()
     report = {
-        "rank": rank, "is_main": cb._is_main, "run_id": cb.run_id,
-        "probes": sorted(p.name for p in cb.suite.probes) if cb.suite is not None else [],
-        "history": cb.history,
+        "rank": rank, "is_main": cb.session.main, "run_id": cb.session.run_id,
+        "probes": sorted(p.name for p in cb.session.suite.probes) if cb.session.suite is not None else [],
+        "history": cb.session.history,
         "global_step": trainer.state.global_step,
     }
     Path(a.out).write_text(json.dumps(report))

@@ -49,7 +49,7 @@ def main() -> None:
     trainer.train()
 
     checksum = float(sum(p.detach().double().sum() for p in trainer.model.parameters()))
-    probe = cb.suite.probes[0]
+    probe = cb.session.suite.probes[0]
     report = {
         "rank": rank,
         "world_size": dist.get_world_size() if dist.is_initialized() else 1,
@@ -58,16 +58,16 @@ def main() -> None:
         "used": used,
         # the schedule's own factor per step: the knob is its peak, the lr used is peak x shape
         "shape": schedule_shape(trainer, len(used)),
-        "applied": applied_report(cb.applied),
-        "is_main": cb._is_main,
-        "run_id": cb.run_id,
-        "has_sender": cb.sender is not None,
-        "sent": cb.sender.stats.sent if cb.sender is not None else 0,
-        "observations": cb.seq,
+        "applied": applied_report(cb.session.applied),
+        "is_main": cb.session.main,
+        "run_id": cb.session.run_id,
+        "has_sender": cb.session.sender is not None,
+        "sent": cb.session.sender.stats.sent if cb.session.sender is not None else 0,
+        "observations": cb.session.seq,
         # what this rank holds for probes: a reference snapshot, a started suite clock
         "probe_reference": probe.reference_holder.snapshot is not None,
         "probe_modules": len(probe.aux_models()),
-        "suite_started": cb.suite._t0 is not None,
+        "suite_started": cb.session.suite._t0 is not None,
         "global_step": trainer.state.global_step,
         "checksum": checksum,
     }

@@ -101,7 +101,7 @@ class Recorder(TrainerCallback):
         self.saved[state.global_step] = local_shards(model)
 
     def on_step_end(self, args, state, control, model=None, **kw):
-        if self.cb.rollbacks and self.after_rollback is None:
+        if self.cb.session.rollbacks and self.after_rollback is None:
             self.after_rollback = local_shards(model)
             self.before_rollback = self.last
         self.last = local_shards(model)
@@ -137,7 +137,7 @@ def anchor_moves_loss(trainer: Trainer, anchor: KLAnchor, cb: ActuatorCallback, 
     out = {}
     trainer.model.train()
     for w in (0.0, 1.5):
-        out[f"applied_{w}"] = cb.setters["kl_weight"].apply(w)
+        out[f"applied_{w}"] = cb.session.setters["kl_weight"].apply(w)
         anchor._rng.setstate(rng)
         with torch.no_grad():
             out[f"loss_{w}"] = float(trainer.compute_loss(trainer.model, dict(inputs)))
@@ -157,13 +157,13 @@ def main() -> None:
     trainer.train()
 
     model = trainer.model
-    final = cb.suite.run(model, trainer.state.global_step, force=True).values  # in lockstep, every rank
+    final = cb.session.suite.run(model, trainer.state.global_step, force=True).values  # in lockstep, every rank
     full = full_state(model)  # every rank takes part; rank 0 measures
     single = probes_on_full_weights(full, tok) if rank == 0 else {}
-    drift = next(p for p in cb.suite.probes if p.name == "kl_drift")
+    drift = next(p for p in cb.session.suite.probes if p.name == "kl_drift")
     reference = drift.reference_holder.snapshot
     moved = anchor_moves_loss(trainer, anchor, cb, tok)
-    rb = cb.rollbacks[0] if cb.rollbacks else None
+    rb = cb.session.rollbacks[0] if cb.session.rollbacks else None
     restored = None
     if rb is not None and rec.after_rollback is not None:
         want = rec.saved[rb["to_step"]]
@@ -177,7 +177,7 @@ def main() -> None:
         "engine": type(trainer.model_wrapped).__name__,
         "zero_stage": trainer.model_wrapped.zero_optimization_stage(),
         "inner_optimizer": rec.inner_type,
-        "sharded": cb.sharded,
+        "sharded": cb.session.sharded,
         "model_numel": local_and_full_numel(model),
         "reference_numel": local_and_full_numel(reference) if reference is not None else None,
         "anchor": {"forwards": anchor.forwards, "last_kl": anchor.last_kl, "moved": moved},
@@ -193,13 +193,13 @@ def main() -> None:
     trainer2, _, cb2, rec2 = build(a, rank, tok, last_ckpt + RESUME_STEPS)
     trainer2.train(resume_from_checkpoint=ckpt)
     report["resume"] = {
-        "run_id": cb2.run_id,
+        "run_id": cb2.session.run_id,
         "loaded_equal_to_saved": all(torch.equal(x, y) for x, y in zip(rec2.at_begin, saved)),
         "global_step": trainer2.state.global_step,
         "lr": rec2.lr_by_step(),
-        "observations": cb2.seq,
-        "mismatches": mismatches(cb2.setters),
-        "knob_values": cb2.knob_values(),
+        "observations": cb2.session.seq,
+        "mismatches": mismatches(cb2.session.setters),
+        "knob_values": cb2.session.knob_values(),
     }
     Path(a.out).write_text(json.dumps(report))
     leave_group()

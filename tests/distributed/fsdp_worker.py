@@ -65,7 +65,7 @@ class Recorder(TrainerCallback):
         self.saved[state.global_step] = local_shards(model)
 
     def on_step_end(self, args, state, control, model=None, **kw):
-        if self.cb.rollbacks and self.after_rollback is None:
+        if self.cb.session.rollbacks and self.after_rollback is None:
             self.after_rollback = local_shards(model)
             self.before_rollback = self.last  # the weights the step before: what the rollback replaced
         self.last = local_shards(model)
@@ -94,12 +94,12 @@ def main() -> None:
 
     # A final reading on every rank at once (the suite's lockstep), then the same probes on the
     # gathered full weights in this process alone, unsharded: the single-process reference.
-    final = cb.suite.run(trainer.model, trainer.state.global_step, force=True).values
+    final = cb.session.suite.run(trainer.model, trainer.state.global_step, force=True).values
     single = single_process_probes(trainer.model, tok)
 
-    drift = next(p for p in cb.suite.probes if p.name == "kl_drift")
+    drift = next(p for p in cb.session.suite.probes if p.name == "kl_drift")
     reference = drift.reference_holder.snapshot
-    rb = cb.rollbacks[0] if cb.rollbacks else None
+    rb = cb.session.rollbacks[0] if cb.session.rollbacks else None
     restored = None
     if rb is not None and rec.after_rollback is not None:
         want = rec.saved[rb["to_step"]]

@@ -110,17 +110,17 @@ def control_report(cb, trainer, rank: int, final: dict, single: dict, restored: 
     """What a sharded worker reports of its callback's run: decisions, knob values, probe readings
     (``final`` in lockstep, ``single`` in one process), rollbacks, who talked to the service."""
     return {
-        "applied": applied_report(cb.applied),
-        "mismatches": mismatches(cb.setters),
-        "knob_values": cb.knob_values(),
+        "applied": applied_report(cb.session.applied),
+        "mismatches": mismatches(cb.session.setters),
+        "knob_values": cb.session.knob_values(),
         "final": {k: v for k, v in final.items() if not k.startswith("probe_")},
         "single": single,
-        "history": cb.history if rank == 0 else [],
-        "rollbacks": cb.rollbacks,
+        "history": cb.session.history if rank == 0 else [],
+        "rollbacks": cb.session.rollbacks,
         "restored": restored,
-        "is_main": cb._is_main,
-        "run_id": cb.run_id,
-        "observations": cb.seq,
+        "is_main": cb.session.main,
+        "run_id": cb.session.run_id,
+        "observations": cb.session.seq,
         "global_step": trainer.state.global_step,
     }
 

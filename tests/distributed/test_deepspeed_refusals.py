@@ -52,7 +52,7 @@ def test_untested_deepspeed_setups_are_refused_with_their_reason(tmp_path, monke
     cb = ActuatorCallback(POLICY, connection="http://127.0.0.1:9").attach(trainer)
     with pytest.raises(ConfigError, match=reason):
         trainer.callback_handler.on_train_begin(trainer.args, trainer.state, trainer.control)
-    assert cb.run_id is None and cb.client is None and cb.sender is None
+    assert cb.session.run_id is None and cb.session.client is None and cb.session.sender is None
 
 
 @pytest.mark.parametrize("stage", [2, 3])

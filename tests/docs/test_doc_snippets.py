@@ -142,13 +142,13 @@ def test_doc_snippet_trains_under_control(kind, tmp_path, char_tokenizer, sqlite
     assert trainer.state.global_step == STEPS
     cb = next(c for c in trainer.callback_handler.callbacks if isinstance(c, ActuatorCallback))
     knob, setter = EXPECTED[kind]
-    assert type(cb.setters[knob]).__name__ == setter
-    run = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}").json()
+    assert type(cb.session.setters[knob]).__name__ == setter
+    run = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.session.run_id}").json()
     assert run["state"] == "finished" and knob in run["knobs"]
-    assert run["knobs_in_effect"][knob] == pytest.approx(cb.setters[knob].read())
+    assert run["knobs_in_effect"][knob] == pytest.approx(cb.session.setters[knob].read())
     # every probe the policy names was measured at the baseline (the callback built those not passed)
-    named = {spec.name for spec in cb.policy_doc.probes}
-    assert named <= {probe_for_key(key) or key for key in cb.history[0]["probes"]}, cb.history[0]
+    named = {spec.name for spec in cb.session.policy_doc.probes}
+    assert named <= {probe_for_key(key) or key for key in cb.session.history[0]["probes"]}, cb.session.history[0]
     if kind == "threshold":  # the export the snippet wrote loaded back without Actuator's classes
         assert (tmp_path / "compressed" / "config.json").exists()
         # (a plain transformers class, or the exported modeling_actuator_lowrank.py file's: not the actuator package)

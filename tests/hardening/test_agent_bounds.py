@@ -134,14 +134,14 @@ class Incident(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
         cb = self.cb
-        if cb is None or cb.run_id is None or self.restored_at is not None:
+        if cb is None or cb.session.run_id is None or self.restored_at is not None:
             return
         if self.backup is None:
-            if len(cb.applied) >= self.backup_after:
-                self.backup = Backup(self.url, cb.run_id)
+            if len(cb.session.applied) >= self.backup_after:
+                self.backup = Backup(self.url, cb.session.run_id)
                 self.backup.take()
-        elif cb.last_decision >= self.backup.decisions + self.restore_after:
-            self.seen = cb.last_decision
+        elif cb.session.last_decision >= self.backup.decisions + self.restore_after:
+            self.seen = cb.session.last_decision
             self.backup.restore()
             self.restored_at = state.global_step
 
@@ -157,24 +157,24 @@ def test_control_resumes_after_a_restored_store(case: dict[str, Any], tmp_path: 
     assert incident.backup is not None and incident.restored_at is not None, "the store was backed up and restored"
     incident.backup.close()
     restored, seen, at = incident.backup.decisions, incident.seen, incident.restored_at
-    stored = decisions(pg_service.url, cb.run_id)
+    stored = decisions(pg_service.url, cb.session.run_id)
     after = [d for d in stored if d["number"] > restored]  # numbered again from the restored count
     print(f"\nrestored store: backup at {restored} decisions, the agent had seen {seen}, restored after step {at}; "
-          f"{len(after)} decisions since, {len(cb.applied)} applied entries")
+          f"{len(after)} decisions since, {len(cb.session.applied)} applied entries")
     assert len(after) >= case["restore_after"], "the controller decided again after the restore"
 
     # every decision numbered again was applied or set aside (none ignored as "seen before"), the
     # ones the agent had seen under those numbers included; the last boundary's may come too late
-    last = max(e["step"] for e in cb.applied)
+    last = max(e["step"] for e in cb.session.applied)
     for d in after:
         if d["step"] < last:
             assert d["applied_step"] is not None or d["skipped"], d
-    events = httpx.get(f"{pg_service.url}/v1/runs/{cb.run_id}/events", params={"limit": 1000}).json()
+    events = httpx.get(f"{pg_service.url}/v1/runs/{cb.session.run_id}/events", params={"limit": 1000}).json()
     changed = [e for e in events if e["kind"] == "history_changed"]
     assert len(changed) == 1, changed
     epoch = changed[0]["payload"]["epoch"]
     # (an answer of the old history that came in before the restore may still be applied after it)
-    resumed = [e for e in cb.applied if e["epoch"] == epoch]
+    resumed = [e for e in cb.session.applied if e["epoch"] == epoch]
     assert [e for e in resumed if restored < e["number"] <= seen], \
         f"decisions {restored + 1}-{seen} of the restored store were applied"
     by_number = {d["number"]: d for d in stored}
@@ -193,7 +193,7 @@ def test_control_resumes_after_a_restored_store(case: dict[str, Any], tmp_path: 
     assert told is not None and int(told.group(1)) >= seen and int(told.group(2)) == restored, loud
     assert changed[0]["payload"]["resumed_after"] == restored and changed[0]["payload"]["new_epoch"] is True
     assert changed[0]["payload"]["agent_last_decision"] >= seen
-    assert cb.sender is not None and cb.sender.stats.resyncs == 1 and cb.sender.stats.dropped == 0
+    assert cb.session.sender is not None and cb.session.sender.stats.resyncs == 1 and cb.session.sender.stats.dropped == 0
 
 
 # -- a decision storm --------------------------------------------------------------------------------
@@ -212,19 +212,19 @@ class Storm(TrainerCallback):
         cb = self.cb
         if cb is None or state.global_step != self.at:
             return
-        assert cb.sender is not None and cb.run_id is not None
-        assert cb.sender.flush(30)
+        assert cb.session.sender is not None and cb.session.run_id is not None
+        assert cb.session.sender.flush(30)
         cb.session.receive()  # what came before the storm is applied first, at this boundary
         self.before = cb.session.knob_values()["learning_rate"]
         with httpx.Client(base_url=self.url, timeout=30) as http:
             for i in range(1, self.count + 1):
                 value = self.before * self.factor ** (i / self.count)
-                r = http.post(f"/v1/runs/{cb.run_id}/knobs/learning_rate/override", json={"value": value})
+                r = http.post(f"/v1/runs/{cb.session.run_id}/knobs/learning_rate/override", json={"value": value})
                 assert r.status_code == 200, r.text
                 self.numbers += [d["number"] for d in r.json()["decisions"]]
         cb.session.submit(state.global_step, {})  # one observation: its answer carries the storm
-        assert cb.sender.flush(60)
-        wait_until(lambda: cb.sender.stats.sent >= cb.seq, 30, "the storm's answer")
+        assert cb.session.sender.flush(60)
+        wait_until(lambda: cb.session.sender.stats.sent >= cb.session.seq, 30, "the storm's answer")
 
 
 @pytest.mark.timeout(300)
@@ -238,7 +238,7 @@ def test_a_decision_storm_moves_a_knob_within_one_rate_limit(case: dict[str, Any
                          extra=storm)
     assert len(storm.numbers) == case["decisions"]
     at = case["at"] + 1  # the boundary after the storm's answer came in
-    entries = [e for e in cb.applied if e["step"] == at]
+    entries = [e for e in cb.session.applied if e["step"] == at]
     print(f"\ndecision storm: {len(storm.numbers)} decisions, lr {storm.before:.4g} -> {used[at]:.4g} at boundary "
           f"{at} (the storm ordered {storm.before * case['factor']:.4g}); applied there: {entries}")
     # one decision applied on the knob at that boundary: the newest, moved by one rate limit at most
@@ -247,7 +247,7 @@ def test_a_decision_storm_moves_a_knob_within_one_rate_limit(case: dict[str, Any
     assert used[at] / storm.before <= math.exp(MAX_STEP) * (1 + 1e-9), (storm.before, used[at])
     assert used[at] > storm.before  # it moved, toward the newest order
     # the others were acknowledged as set aside, superseded by it: the audit trail is true
-    stored = {d["number"]: d for d in decisions(module_service.url, cb.run_id) if d["number"] in storm.numbers}
+    stored = {d["number"]: d for d in decisions(module_service.url, cb.session.run_id) if d["number"] in storm.numbers}
     skipped = [n for n in storm.numbers[:-1] if "superseded by decision" in (stored[n]["skipped"] or "")]
     assert len(skipped) == case["decisions"] - 1, f"{len(skipped)} of {case['decisions'] - 1}"
     assert stored[storm.numbers[-1]]["applied_step"] == at
@@ -270,14 +270,14 @@ def test_the_applied_decision_history_is_bounded(case: dict[str, Any], tmp_path:
     with ServedApp(front.app) as served:
         cb, _ = train(tmp_path, char_tokenizer, served.url, steps=case["steps"])
     session = cb.session
-    size = len(json.dumps(cb.applied))
-    print(f"\nbounded history: {len(cb.applied)} decisions kept whole ({size:,} bytes); reasons of "
+    size = len(json.dumps(cb.session.applied))
+    print(f"\nbounded history: {len(cb.session.applied)} decisions kept whole ({size:,} bytes); reasons of "
           f"{case['reason_bytes']:,} bytes each")
     assert size <= 2 * kept * 1000, size  # ~1 kB an entry at most, whatever the reasons' size
-    assert kept <= len(cb.applied) <= 2 * kept
-    assert all(len(e["reason"]) <= 200 for e in cb.applied)
+    assert kept <= len(cb.session.applied) <= 2 * kept
+    assert all(len(e["reason"]) <= 200 for e in cb.session.applied)
     summary = session.applied_summary.get("learning_rate", {"decisions": 0})
     assert session.applied_total > 2 * kept, "more decisions than the agent keeps whole"
     # nothing uncounted: the entries kept and the summary add up to every decision applied
-    assert summary["decisions"] + len(cb.applied) == session.applied_total
-    assert summary["last_step"] < cb.applied[0]["step"] or summary["last_step"] == cb.applied[0]["step"]
+    assert summary["decisions"] + len(cb.session.applied) == session.applied_total
+    assert summary["last_step"] < cb.session.applied[0]["step"] or summary["last_step"] == cb.session.applied[0]["step"]

@@ -169,7 +169,7 @@ class BacklogWatch(TrainerCallback):
         self.samples: list[int] = []
 
     def on_step_end(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
-        sender = self.cb.sender if self.cb is not None else None
+        sender = self.cb.session.sender if self.cb is not None else None
         if sender is not None:
             self.samples.append(sender.backlog)
             if sender.stats.dropped >= self.drops:
@@ -190,7 +190,7 @@ def train(tmp_path: Path, tokenizer: Any, url: str, *, steps: int = 40, every: i
         trainer.add_callback(watch)
     trainer.train()
     assert trainer.state.global_step == steps
-    assert cb.sender is not None
+    assert cb.session.sender is not None
     return cb, used
 
 
@@ -203,24 +203,24 @@ def stored_seqs(service: Service, run_id: str) -> list[int]:
 
 
 def assert_all_delivered(service: Service, cb: ActuatorCallback) -> None:
-    assert cb.run_id is not None and cb.sender is not None
-    assert stored_seqs(service, cb.run_id) == list(range(cb.seq)), f"of {cb.seq} observations"
-    assert cb.sender.stats.dropped == 0 and cb.sender.backlog == 0, cb.sender.stats
+    assert cb.session.run_id is not None and cb.session.sender is not None
+    assert stored_seqs(service, cb.session.run_id) == list(range(cb.session.seq)), f"of {cb.session.seq} observations"
+    assert cb.session.sender.stats.dropped == 0 and cb.session.sender.backlog == 0, cb.session.sender.stats
 
 
 def assert_decisions_applied(service: Service, cb: ActuatorCallback, used: list[float], offset: int = 0) -> None:
     """Decisions came back and each was applied once, in order, at the value the service ordered,
     and the optimizer's next step ran with it (``offset``: the front's shift of decision numbers);
     one that arrived at a boundary with a newer one on its knob was set aside, superseded by it."""
-    numbers = [e["number"] for e in cb.applied]
+    numbers = [e["number"] for e in cb.session.applied]
     assert len(numbers) >= 4 and numbers == sorted(set(numbers)) and numbers[0] >= offset + 1, numbers
-    stored = httpx.get(f"{service.url}/v1/runs/{cb.run_id}/decisions", params={"limit": 1000}).json()["items"]
+    stored = httpx.get(f"{service.url}/v1/runs/{cb.session.run_id}/decisions", params={"limit": 1000}).json()["items"]
     by_number = {d["number"] + offset: d for d in stored}
     for number in set(range(offset + 1, numbers[-1])) - set(numbers):
         if number <= MAX_INT:  # (no acknowledgement carries a number past the wire's)
             assert "superseded by decision" in (by_number[number]["skipped"] or ""), by_number[number]
     in_effect: dict[int, float] = {}  # step boundary -> the value the last decision applied there set
-    for entry in cb.applied:
+    for entry in cb.session.applied:
         assert entry["applied"] == pytest.approx(by_number[entry["number"]]["new_value"], rel=1e-12)
         in_effect[entry["step"]] = entry["applied"]
     # optimizer step k+1 is used[k] (global_step counts from 1); the final boundary has no next step
@@ -241,8 +241,8 @@ def test_hostile_answer(case: dict[str, Any], tmp_path: Path, char_tokenizer: An
     front = Front(module_service.url, case)
     with ServedApp(front.app) as served, caplog.at_level(logging.INFO, logger="actuator.agents"):
         cb, used = train(tmp_path, char_tokenizer, served.url)
-    assert cb.sender is not None
-    stats, expect = cb.sender.stats, case["expect"]
+    assert cb.session.sender is not None
+    stats, expect = cb.session.sender.stats, case["expect"]
     assert_all_delivered(module_service, cb)
     assert_decisions_applied(module_service, cb, used)
     if expect in ("delivered", "registered"):
@@ -282,7 +282,7 @@ def test_an_answer_that_never_advances_asks_a_bounded_number_of_times(tmp_path: 
     assert front.follow_ups <= new_posts * FOLLOW_UPS
     assert len(warnings_with(caplog, "brings no decision after")) == 1, caplog.text
     # the repeated decisions were applied once each
-    numbers = [e["number"] for e in cb.applied]
+    numbers = [e["number"] for e in cb.session.applied]
     assert numbers == [d["number"] for d in front.remembered]
 
 
@@ -300,9 +300,9 @@ def test_a_drip_fed_answer_is_cut_at_its_deadline_and_the_backlog_keeps_its_limi
     watch = BacklogWatch(front.release, drops=5)
     with ServedApp(front.app) as served, caplog.at_level(logging.INFO, logger="actuator.agents"):
         cb, _ = train(tmp_path, char_tokenizer, served.url, steps=60, every=1, timeout=deadline, watch=watch)
-    assert cb.sender is not None and cb.run_id is not None
-    stats = cb.sender.stats
-    print(f"\ndrip: backlog at most {max(watch.samples)} (limit {limit}), {stats.dropped} dropped of {cb.seq}, "
+    assert cb.session.sender is not None and cb.session.run_id is not None
+    stats = cb.session.sender.stats
+    print(f"\ndrip: backlog at most {max(watch.samples)} (limit {limit}), {stats.dropped} dropped of {cb.session.seq}, "
           f"{stats.failures} requests abandoned, {front.count['ingest']} ingest requests")
     assert front.release.is_set(), "observations were dropped while the answers dripped"
     # every dripping request was abandoned (the agent moved on), and they were one outage
@@ -311,8 +311,8 @@ def test_a_drip_fed_answer_is_cut_at_its_deadline_and_the_backlog_keeps_its_limi
     assert len(timed_out) == 1 and f"no complete answer within {deadline:g} s" in timed_out[0], timed_out
     # the limit held at every step boundary, and what it cost is counted and said
     assert max(watch.samples) <= limit and stats.dropped > 0
-    seqs = stored_seqs(module_service, cb.run_id)
-    assert len(seqs) + stats.dropped == cb.seq and seqs[-1] == cb.seq - 1 and cb.sender.backlog == 0
+    seqs = stored_seqs(module_service, cb.session.run_id)
+    assert len(seqs) + stats.dropped == cb.session.seq and seqs[-1] == cb.session.seq - 1 and cb.session.sender.backlog == 0
     dropped = warnings_with(caplog, "dropped")
     assert len(dropped) == 2, dropped  # when dropping starts, and the total when it ends
     assert f"limit of {limit} observations" in dropped[0]

@@ -117,14 +117,14 @@ def test_agent_applies_each_decision_once_under_duplicate_and_stale_answers(tmp_
 
     assert trainer.state.global_step == steps
     print(f"\nchaos: {chaos.duplicates_sent} posts delivered twice, {chaos.stale_answers} stale answers, "
-          f"{len(cb.applied)} decisions applied")
+          f"{len(cb.session.applied)} decisions applied")
     assert chaos.duplicates_sent >= 8 and chaos.stale_answers >= 4
-    decisions = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}/decisions", params={"limit": 1000}).json()
+    decisions = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.session.run_id}/decisions", params={"limit": 1000}).json()
     by_number = {d["number"]: d for d in decisions["items"]}
-    numbers = [e["number"] for e in cb.applied]
+    numbers = [e["number"] for e in cb.session.applied]
     assert len(numbers) >= 3
     assert numbers == sorted(numbers) and len(set(numbers)) == len(numbers), numbers  # once each, in order
-    for entry in cb.applied:
+    for entry in cb.session.applied:
         assert entry["applied"] == pytest.approx(by_number[entry["number"]]["new_value"], rel=1e-12)
     # the optimizer's lr only ever changed when a decision was applied
     changes = sum(1 for a, b in zip(used, used[1:]) if a != b)
@@ -132,7 +132,7 @@ def test_agent_applies_each_decision_once_under_duplicate_and_stale_answers(tmp_
     # every observation stored once although every post was delivered twice
     view = StoreView(sqlite_service.env["ACTUATOR_DATABASE_URL"])
     try:
-        assert view.seqs(cb.run_id) == list(range(cb.seq))
+        assert view.seqs(cb.session.run_id) == list(range(cb.session.seq))
     finally:
         view.close()
     text = httpx.get(f"{sqlite_service.url}/metrics").text

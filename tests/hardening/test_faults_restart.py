@@ -59,7 +59,7 @@ class KillThenRestart(TrainerCallback):
     def on_step_end(self, args, state, control, **kw):
         if state.global_step == self.kill_at:
             self.service.kill()
-            self.killed_at, self.seq_at_kill = time.monotonic(), self.cb.seq
+            self.killed_at, self.seq_at_kill = time.monotonic(), self.cb.session.seq
             self.killed_wall = datetime.now(timezone.utc).replace(tzinfo=None)
         if state.global_step == self.restart_at:
             self.thread = threading.Thread(target=self._restart, daemon=True)
@@ -67,7 +67,7 @@ class KillThenRestart(TrainerCallback):
 
     def _restart(self) -> None:
         self.service.start(timeout=60)
-        self.up_at, self.seq_at_up = time.monotonic(), self.cb.seq
+        self.up_at, self.seq_at_up = time.monotonic(), self.cb.session.seq
 
 
 @pytest.fixture
@@ -111,18 +111,18 @@ def test_controller_killed_and_restarted_mid_run(tmp_path, char_tokenizer, fast_
         assert len(outage_steps) >= 10, "the outage should span training steps"
 
         # -- nothing lost, nothing twice ---------------------------------------------------------
-        sender = cb.sender
+        sender = cb.session.sender
         assert sender is not None
         assert sender.stats.dropped == 0 and sender.backlog == 0, sender.stats
         view = StoreView(db)
         try:
-            seqs = view.seqs(cb.run_id)
-            assert seqs == list(range(cb.seq)), f"stored {len(seqs)} of {cb.seq}"
+            seqs = view.seqs(cb.session.run_id)
+            assert seqs == list(range(cb.session.seq)), f"stored {len(seqs)} of {cb.session.seq}"
             assert faults.seq_at_up > faults.seq_at_kill, "observations were taken during the outage"
-            run = view.store.get_run(cb.run_id)
-            decisions, _ = view.store.list_decisions(cb.run_id, limit=10_000)
-            observations = view.store.list_observations(cb.run_id, limit=10_000)
-            registered = next(e for e in view.store.list_events(cb.run_id) if e.kind == "run_registered")
+            run = view.store.get_run(cb.session.run_id)
+            decisions, _ = view.store.list_decisions(cb.session.run_id, limit=10_000)
+            observations = view.store.list_observations(cb.session.run_id, limit=10_000)
+            registered = next(e for e in view.store.list_events(cb.session.run_id) if e.kind == "run_registered")
         finally:
             view.close()
         warnings = [r.getMessage() for r in caplog.records if "controller unreachable" in r.getMessage()]
@@ -157,15 +157,15 @@ def test_controller_killed_and_restarted_mid_run(tmp_path, char_tokenizer, fast_
         assert all(abs(math.log(d.new_value / d.old_value)) <= MAX_STEP + 1e-9 for d in decisions)
 
         # -- the agent applied each decision once, in order --------------------------------------
-        numbers = [e["number"] for e in cb.applied]
+        numbers = [e["number"] for e in cb.session.applied]
         assert numbers == sorted(set(numbers)) and numbers, numbers
         print(f"\nrestart: {steps} steps, worst step {worst * 1000:.0f} ms, "
               f"outage {faults.up_at - faults.killed_at:.1f}s "
-              f"over {len(outage_steps)} steps, observations {cb.seq} (taken during the outage "
+              f"over {len(outage_steps)} steps, observations {cb.session.seq} (taken during the outage "
               f"{faults.seq_at_up - faults.seq_at_kill}), decisions {len(before)} before / {len(after)} after, "
-              f"applied {len(cb.applied)}")
-        state = httpx.get(f"{svc.url}/v1/runs/{cb.run_id}").json()
+              f"applied {len(cb.session.applied)}")
+        state = httpx.get(f"{svc.url}/v1/runs/{cb.session.run_id}").json()
         assert state["state"] == "finished"
-        assert cb.run_token not in caplog.text
+        assert cb.session.run_token not in caplog.text
     finally:
         svc.stop()

@@ -114,9 +114,9 @@ class RedisHang(TrainerCallback):
         step = state.global_step
         if self.stopped_at is None and step >= self.at:
             os.kill(self.pid, signal.SIGSTOP)
-            self.stopped_at, self._applied_before = step, len(self.cb.applied)
+            self.stopped_at, self._applied_before = step, len(self.cb.session.applied)
         elif self.stopped_at is not None and self.resumed_at is None and (
-                len(self.cb.applied) >= self._applied_before + self.decisions or step >= self.give_up):
+                len(self.cb.session.applied) >= self._applied_before + self.decisions or step >= self.give_up):
             os.kill(self.pid, signal.SIGCONT)
             self.resumed_at = step
 
@@ -141,10 +141,10 @@ def test_a_training_run_is_controlled_through_a_redis_hang(postgres: Any, own_re
         trainer.train()
 
         assert hang.stopped_at is not None and hang.resumed_at is not None
-        during = [e for e in cb.applied if hang.stopped_at < e["step"] <= hang.resumed_at]
+        during = [e for e in cb.session.applied if hang.stopped_at < e["step"] <= hang.resumed_at]
         assert len(during) >= 3, (f"{len(during)} decisions applied while Redis hung (steps {hang.stopped_at}-"
-                                  f"{hang.resumed_at}); all applied at {[e['step'] for e in cb.applied]}")
-        decisions = httpx.get(f"{svc.url}/v1/runs/{cb.run_id}/decisions", params={"limit": 1000}).json()
+                                  f"{hang.resumed_at}); all applied at {[e['step'] for e in cb.session.applied]}")
+        decisions = httpx.get(f"{svc.url}/v1/runs/{cb.session.run_id}/decisions", params={"limit": 1000}).json()
         by_number = {d["number"]: d for d in decisions["items"]}
         in_effect: dict[int, float] = {}
         for entry in during:
@@ -155,8 +155,8 @@ def test_a_training_run_is_controlled_through_a_redis_hang(postgres: Any, own_re
             assert used[step] == pytest.approx(value, rel=1e-12), (step, value, used)
 
         # After the hang, the run's stream says that events were not published.
-        last_seq = httpx.get(f"{svc.url}/v1/runs/{cb.run_id}").json()["last_seq"]
-        seen = read_all(svc.url, cb.run_id, last_seq)
+        last_seq = httpx.get(f"{svc.url}/v1/runs/{cb.session.run_id}").json()["last_seq"]
+        seen = read_all(svc.url, cb.session.run_id, last_seq)
         gaps = [e["json"] for e in seen if e["event"] == "gap"]
         assert any(g["reason"] == "unpublished" and g["missed"] > 0 for g in gaps), [e["event"] for e in seen]
     finally:

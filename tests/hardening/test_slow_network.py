@@ -36,10 +36,10 @@ def test_no_training_step_waits_on_a_slow_network(tmp_path, char_tokenizer, sqli
     assert proxy.connections >= 1
 
     # the proxy really was slow (each answer at least DELAY), and the loop still closed through it
-    sender = cb.sender
+    sender = cb.session.sender
     assert sender is not None and len(sender.stats.latencies) >= 2 and min(sender.stats.latencies) >= DELAY
-    assert sender.stats.sent == cb.seq and sender.stats.dropped == 0
-    assert cb.applied, "decisions came back through the slow network"
+    assert sender.stats.sent == cb.session.seq and sender.stats.dropped == 0
+    assert cb.session.applied, "decisions came back through the slow network"
 
     # no request ran on the training thread while steps were under way: they all ran on the sender's
     during = calls.during_steps()

@@ -118,7 +118,7 @@ def test_console_watches_and_steers_a_real_training_run(console_service, browser
     browser.get_log("browser")  # start from an empty log
     training.start()
     try:
-        run_id = wait_for("the callback to register the run", lambda: cb.run_id, 60)
+        run_id = wait_for("the callback to register the run", lambda: cb.session.run_id, 60)
 
         # The runs list shows the run (it refreshes itself: no reload). Read in one script call:
         # the refresh replaces the rows under Selenium's feet.
