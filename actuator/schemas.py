@@ -458,6 +458,7 @@ class _Event(_Model):
 class GuardrailBreach(_Event):
     """A guardrail fired (after its consecutive breaches); ``action`` is what it does about it."""
 
+    _omit_none = ("rung", "healthy_step")
     kind: Literal["guardrail_breach"] = "guardrail_breach"
     step: int
     guardrail: str
@@ -465,6 +466,10 @@ class GuardrailBreach(_Event):
     value: float
     threshold: float
     reason: str
+    rung: int | None = Field(None, description="The policy's rewind ladder: the rung this firing took (1-based); "
+                             "absent without a ladder.")
+    healthy_step: int | None = Field(None, description="A rollback: the last step at which every guardrail held; "
+                                     "the agent rewinds to its newest checkpoint at or before it.")
 
 
 class GuardrailCleared(_Event):

@@ -49,6 +49,7 @@ from actuator.policy import PolicyDocument, protect_policy
 
 from ._hf_compat import (find_trainer, fsdp_version, load_checkpoint, load_deepspeed_checkpoint, rollback_unsupported,
                          run_before_loggers, sharding_unsupported)
+from .checkpoints import CheckpointKeeper
 from .identification import IdentificationMode
 from .knobs import KnobSetter, setter_for
 from .session import Connection, ControlSession, Protect, Reporting, RunInfo
@@ -226,6 +227,7 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         self.trainer: Any = None
         self.checkpoints: list[tuple[int, str]] = []  # (step, dir) saved during this run
         self.rollbacks: list[dict[str, Any]] = []
+        self.keeper = CheckpointKeeper()  # REWIND HOOK: the policy's rewind section (agents/checkpoints.py)
         self._started = False  # on_train_begin ran
         self.sharded = False  # FSDP2 or DeepSpeed ZeRO-2/3: probes run on every rank in lockstep
         self.deepspeed = False  # DeepSpeed: checkpoints and rollbacks are the engine's
@@ -378,7 +380,8 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         session.share_identification()  # rank 0's step test (or none) on every rank: the replicas step alike
         rollbacks = [g.name for g in (self.policy_doc.guardrails if self.policy_doc else []) if g.action == "rollback"]
         if rollbacks and main:
-            reason = rollback_unsupported(trainer) or (None if _saves_checkpoints(args) else (
+            own = getattr(self.policy_doc.rewind, "healthy_saves", None)  # REWIND HOOK: the agent saves
+            reason = rollback_unsupported(trainer) or (None if _saves_checkpoints(args) or own else (
                 "save_strategy='no' saves no checkpoint, so there is none to roll back to; set save_strategy='steps' "
                 "and save_steps (a rollback restores the last checkpoint saved while every guardrail held)"))
             if reason:
@@ -387,6 +390,7 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         if main:
             _warn_if_fewer_processes(args)
         session.start(model, step=state.global_step, max_steps=int(getattr(state, "max_steps", 0) or 0))
+        self.keeper = CheckpointKeeper.start(self)  # REWIND HOOK: healthy saves, keep-best
         if self._probes_beside_rank0(model):  # rank 0 took its reference and baseline: the same here
             self.suite.setup(model)
             self.suite.run(model, state.global_step, baseline=True)
@@ -476,6 +480,7 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         self.session.after_step(state.global_step, model)
         if self._probes_beside_rank0(model):
             self.suite.run(model, state.global_step)
+        self.keeper.step_end(state.global_step)  # REWIND HOOK: save at this reading, prune to K
 
     def _apply_results(self, args: Any, state: Any, control: Any) -> None:
         """Rank 0's decisions, halt and rollback, applied on every rank at this step boundary."""
@@ -579,6 +584,7 @@ class ActuatorCallback(TrainerCallback, ExportableState):
                  self.seq, self.last_decision, knobs)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.kept = self.keeper.finish(int(state.global_step))  # REWIND HOOK: keep-best at the end
         self.session.finish(step=int(state.global_step))
 
     def knob_values(self) -> dict[str, float]:
@@ -606,6 +612,7 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         else:
             load_checkpoint(trainer, path)  # weights in place; optimizer moments and schedule of that step
         self.rollbacks.append({"at_step": state.global_step, "to_step": step, "checkpoint": path})
+        self.keeper.rewound(state.global_step, step)  # REWIND HOOK: drop the bad stretch's saves
         self.session.log_extra["actuator/rollback_to_step"] = float(step)
         log.warning("actuator: %s: rolled back to %s (step %d) at step %d; training continues", because,
                     path, step, state.global_step)
