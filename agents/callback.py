@@ -390,10 +390,10 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         if main:
             _warn_if_fewer_processes(args)
         session.start(model, step=state.global_step, max_steps=int(getattr(state, "max_steps", 0) or 0))
-        self.keeper = CheckpointKeeper.start(self)  # REWIND HOOK: healthy saves, keep-best
         if self._probes_beside_rank0(model):  # rank 0 took its reference and baseline: the same here
             self.suite.setup(model)
             self.suite.run(model, state.global_step, baseline=True)
+        self.keeper = CheckpointKeeper.start(self)  # REWIND HOOK: healthy saves, keep-best (after the collectives above)
         return None
 
     def _probes_beside_rank0(self, model: Any) -> bool:

@@ -40,6 +40,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from actuator.policy import RewindSpec
+
 from ._hf_compat import load_weights, save_checkpoint
 from .sharded import SHARDED_DIR, from_rank0, load_sharded, save_sharded
 
@@ -86,8 +88,11 @@ class CheckpointKeeper:
     @classmethod
     def start(cls, owner: Any) -> CheckpointKeeper:
         """The keeper of ``owner``'s run, from its policy's ``rewind`` section (inactive without one)."""
-        doc = owner.session.policy_doc
-        spec = getattr(doc, "rewind", None)
+        # Rank 0's section on every rank (under DDP only rank 0 may have resolved the policy): the
+        # ranks must agree on whether to save, since a save's order is a collective.
+        spec = getattr(owner.session.policy_doc, "rewind", None)
+        shared = from_rank0(None if spec is None else spec.model_dump(mode="json"))  # plain data over the wire
+        spec = None if shared is None else RewindSpec.model_validate(shared)
         keeper = cls(spec, owner)
         if keeper.active and (owner.deepspeed or owner.trainer is None):
             why = "under DeepSpeed" if owner.deepspeed else "without the trainer (attach the callback)"
