@@ -8,7 +8,6 @@ service's answers ignoring them, so an agent keeps working with a newer service.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import datetime
 from typing import Annotated, Any, ClassVar, Literal, get_args
 
@@ -248,7 +247,7 @@ class KeptCheckpoint(_Model):
         return f"keep-best: step {self.step} kept: {probe}{value} there is the {best} reading; {where}{cost}"
 
     @classmethod
-    def from_metrics(cls, metrics: Mapping[str, float], keep_best: Any = None) -> KeptCheckpoint | None:
+    def from_metrics(cls, metrics: dict[str, Any], keep_best: Any = None) -> KeptCheckpoint | None:
         """From a run's latest metrics (``keep_best.*``, ``checkpoint.*``) and its policy's
         ``rewind.keep_best`` (probe and mode, when given); None without a best."""
         step = metrics.get("keep_best.step")
