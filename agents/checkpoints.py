@@ -79,6 +79,7 @@ class CheckpointKeeper:
         self.best: Save | None = None
         self.seconds_total = 0.0
         self.made = 0  # saves made (kept or deleted since)
+        self.rewinds = 0  # rollbacks this run
         self.last_healthy_step: int | None = None
 
     @property
@@ -242,7 +243,15 @@ class CheckpointKeeper:
         """After a rollback from ``at_step`` to ``to_step``: the saves newer than ``to_step`` are from
         the bad stretch (deleted; the best among the rest is the best again). The batches of steps
         ``to_step + 1`` .. ``at_step`` are not seen again (``data: skip``)."""
-        if not self.active or not self.owner.session.main:
+        if self.owner is None or not self.owner.session.main:
+            return
+        self.rewinds += 1
+        # The checkpoint used, in the run's record (the service knows the last healthy step, not the file).
+        self.owner.session.metrics.update({"rewind.at_step": float(at_step), "rewind.to_step": float(to_step),
+                                           "rewind.count": float(self.rewinds)})
+        log.warning("actuator: rewind: data: skip: the batches of steps %d-%d are not seen again; training goes on "
+                    "with the next batch", to_step + 1, at_step)
+        if not self.active:  # a rollback to the Trainer's checkpoints: nothing of the agent's to drop
             return
         self._delete([s for s in self.saves if s.step > to_step], "deleted (after the rewound checkpoint)")
         if self.best is not None and self.best not in self.saves:
@@ -250,8 +259,6 @@ class CheckpointKeeper:
             pick = max if self.spec.keep_best.mode == "max" else min
             self.best = pick(scored, key=lambda s: s.value) if scored else None
         self.last_healthy_step = to_step
-        log.warning("actuator: rewind: data: skip: the batches of steps %d-%d are not seen again; training goes on "
-                    "with the next batch", to_step + 1, at_step)
 
     # -- the end --------------------------------------------------------------------------------
     def finish(self, step: int) -> dict[str, Any] | None:

@@ -98,6 +98,8 @@ def test_healthy_saves_are_pruned_to_k_and_the_rewind_uses_one(tmp_path, char_to
     run = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}").json()
     assert run["latest_metrics"]["checkpoint.save_seconds"] > 0
     assert run["latest_metrics"]["checkpoint.saves"] == len(watch.ever)
+    # The checkpoint the agent used is in the run's record too (the observations after the rewind).
+    assert (run["latest_metrics"]["rewind.to_step"], run["latest_metrics"]["rewind.at_step"]) == (rb["to_step"], at)
 
 
 class Windows(Probe):
