@@ -52,11 +52,12 @@ def _events(service, run_id, kind="guardrail_breach"):
 
 
 def test_healthy_saves_are_pruned_to_k_and_the_rewind_uses_one(tmp_path, char_tokenizer, sqlite_service):
-    """The user saves every 15 steps; the agent saves every 3 healthy steps and keeps 2. The canary
-    goes bad at step 20: the rollback goes back to the agent's newest healthy save (after the user's
-    checkpoint-15), and the optimizer steps on with the learning rate halved."""
+    """The user saves every 30 steps (no checkpoint before the fault: a rollback would have to halt);
+    the agent saves every 3 healthy steps and keeps 2. The canary goes bad at step 20: the rollback
+    goes back to the agent's newest healthy save, and the optimizer steps on with the learning rate
+    halved."""
     trainer = make_trainer(tmp_path, char_tokenizer, steps=36, scheduler="constant", lr=LR, save_strategy="steps",
-                           save_steps=15)
+                           save_steps=30)
     used = record_lr_used(trainer)
     policy = {"name": "rewind-saves", "guardrails": [_guardrail()],
               "rewind": {"healthy_saves": {"keep": 2, "every": 3}}}
@@ -70,10 +71,10 @@ def test_healthy_saves_are_pruned_to_k_and_the_rewind_uses_one(tmp_path, char_to
     trainer.train()
 
     assert trainer.state.global_step == 36
-    # One rewind, to the agent's own save: more recent than the user's checkpoint-15, before the fault.
+    # One rewind (not a halt: the user saved nothing before the fault), to the agent's own save.
     assert len(cb.rollbacks) == 1, cb.rollbacks
     rb = cb.rollbacks[0]
-    assert 15 < rb["to_step"] < 20 <= rb["at_step"], rb
+    assert rb["to_step"] < 20 <= rb["at_step"], rb
     assert rb["checkpoint"] == os.path.join(root, f"checkpoint-{rb['to_step']}")
     # The weights after the rewind are exactly the save's.
     saved = load_file(os.path.join(rb["checkpoint"], "model.safetensors"))
@@ -90,7 +91,7 @@ def test_healthy_saves_are_pruned_to_k_and_the_rewind_uses_one(tmp_path, char_to
     confirmed = [s for s in cb.keeper.saves if s.confirmed]
     assert len(confirmed) <= 2 and {f"checkpoint-{s.step}" for s in cb.keeper.saves} == set(kept)
     # The user's checkpoints are untouched.
-    assert {"checkpoint-15", "checkpoint-30", "checkpoint-36"} <= set(os.listdir(trainer.args.output_dir))
+    assert {"checkpoint-30", "checkpoint-36"} <= set(os.listdir(trainer.args.output_dir))
     # The audit trail: the breach's rung and last healthy step; the saves' cost in the observations.
     breach = _events(sqlite_service, cb.run_id)
     assert [e["payload"]["action"] for e in breach] == ["rollback"]
