@@ -304,7 +304,9 @@ class RunState(RunPublic):
     guardrails: dict[str, dict[str, Any]] = Field(
         description="Per guardrail: baseline, threshold, the value it last compared, ``breaches`` (readings "
         "past the threshold in a row, reset by a reading back inside), ``active``, and ``fired`` (how many "
-        "times it fired: its stored guardrail_breach events).")
+        "times it fired: its stored guardrail_breach events); under a policy with a rollback guardrail also "
+        "``held_at`` (the last step at which every guardrail held) and, with a rewind ladder, ``rewinds`` (the "
+        "steps it fired at within the ladder's window).")
     decisions: int
     starved_readings: dict[str, int] = Field(
         default_factory=dict, description="Per starved probe, the readings of it the service received "
