@@ -325,18 +325,29 @@
     }).join("; ");
   }
 
-  // The policy's keep-best: which step's checkpoint is kept, and why (the agent's report).
-  function showKept(k) {
-    const note = $("kept");
-    note.hidden = !k;
-    if (!k) return;
-    const best = k.mode === "min" ? "lowest" : k.mode === "max" ? "highest" : "best";
-    const cost = k.saves === null || k.saves === undefined ? "" : `; ${k.saves} rewind/keep-best saves` +
-      (k.save_seconds === null || k.save_seconds === undefined ? "" : `, ${A.fmt(k.save_seconds)} s in all`);
-    note.dataset.step = String(k.step);
-    note.textContent = `keep-best: step ${k.step} kept: ${k.probe || "the keep-best probe"} ${A.fmt(k.value)} there is ` +
-      `the ${best} reading; ` + (k.loaded ? "loaded into the model at the end of training"
-        : "kept on disk (the model is the last step's, or training goes on)") + cost;
+  // The policy's rewind section as the agent reported it: which step's checkpoint keep-best keeps
+  // and why, the rewinds, and what the saves cost (like probe time).
+  function showKept(k, m) {
+    const note = $("kept"), parts = [];
+    m = m || {};
+    const has = (v) => v !== null && v !== undefined;
+    if (k) {
+      const best = k.mode === "min" ? "lowest" : k.mode === "max" ? "highest" : "best";
+      parts.push(`keep-best: step ${k.step} kept: ${k.probe || "the keep-best probe"} ${A.fmt(k.value)} there is ` +
+        `the ${best} reading; ` + (k.loaded ? "loaded into the model at the end of training"
+          : "kept on disk (the model is the last step's, or training goes on)"));
+      note.dataset.step = String(k.step);
+    }
+    if (has(m["rewind.count"])) {
+      parts.push(`${m["rewind.count"]} rewind${m["rewind.count"] === 1 ? "" : "s"} (the last at step ` +
+        `${m["rewind.at_step"]}, back to the checkpoint of step ${m["rewind.to_step"]})`);
+    }
+    if (has(m["checkpoint.saves"])) {
+      parts.push(`${m["checkpoint.saves"]} rewind/keep-best saves` +
+        (has(m["checkpoint.save_seconds_total"]) ? `, ${A.fmt(m["checkpoint.save_seconds_total"])} s in all` : ""));
+    }
+    note.hidden = !parts.length;
+    note.textContent = parts.join("; ");
   }
 
   async function loadState() {
@@ -350,7 +361,7 @@
     if (ended) $("stream-state").textContent = "ended";
     $("actions").hidden = ended;
     showStarved(s.starved || [], s.starved_readings, s.controllers);
-    showKept(s.kept);
+    showKept(s.kept, s.latest_metrics);
     $("run-step").textContent = A.fmt(s.last_step);
     $("run-decisions").textContent = s.decisions;
     // Operator decisions (overrides) come with their own event kinds, not as "decision" events.

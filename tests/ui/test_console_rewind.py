@@ -25,9 +25,11 @@ def _run_with_a_rewind(url: str) -> dict:
     run = httpx.post(f"{url}/v1/runs", json={"policy": POLICY, "knobs": KNOBS}).json()
     kept = {"keep_best.step": 3.0, "keep_best.value": 0.75, "checkpoint.saves": 4.0,
             "checkpoint.save_seconds_total": 0.5}
+    rewound = {"rewind.at_step": 6.0, "rewind.to_step": 3.0, "rewind.count": 1.0}  # the agent's checkpoint
     _observe(url, run, [{"seq": k, "step": k, "probes": {"custom.canary": 1.0 if k == 5 else 0.0,
                                                           "custom.score": 0.25 * min(k, 3)},
-                         "metrics": kept if k >= 3 else {}, "knobs": {"learning_rate": 1e-3}} for k in range(10)])
+                         "metrics": {**(kept if k >= 3 else {}), **(rewound if k >= 7 else {})},
+                         "knobs": {"learning_rate": 1e-3}} for k in range(10)])
     fired = [e for e in httpx.get(f"{url}/v1/runs/{run['id']}/events").json() if e["kind"] == "guardrail_breach"]
     assert [(e["step"], e["payload"]["action"], e["payload"]["healthy_step"]) for e in fired] == [(5, "rollback", 4)]
     return run
@@ -60,6 +62,7 @@ def test_the_run_page_marks_rewinds_and_says_which_step_is_kept(sqlite_service, 
     kept = _row(browser, "#kept")
     assert kept["step"] == "3", kept
     assert ("keep-best: step 3 kept: custom.score 0.75 there is the highest reading; kept on disk" in kept["text"]
+            and "1 rewind (the last at step 6, back to the checkpoint of step 3)" in kept["text"]
             and "4 rewind/keep-best saves, 0.5 s in all" in kept["text"]), kept
     assert severe(browser.get_log("browser")) == []
 
