@@ -220,6 +220,8 @@ def runs(url: UrlOpt = DEFAULT_URL, token: TokenOpt = None,
     (Console(markup=False, width=100_000) if wide else console).print(table)
     # A probe the budget starves feeds no controller: said in full below the table.
     for r in items:
+        if r.kept is not None:  # the policy's rewind.keep_best
+            console.print(f"{r.id}: {r.kept.why()}", soft_wrap=True, markup=False)
         if r.starved:
             console.print(_labelled("*", "yellow", f"{r.id}: starved probes (skipped for the probe-time budget in "
                                                    f"the latest probe report): {', '.join(r.starved)}"),

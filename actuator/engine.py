@@ -55,6 +55,7 @@ def _exact(x: Any) -> Any:
     return (t.__name__, repr(x))
 
 
+
 class Engine:
     """Evaluates one policy version against a run's observations (the run's state is the context).
 
@@ -215,13 +216,31 @@ class Engine:
             if breached and st.breaches >= g.consecutive and not st.active:
                 st.active = True
                 self._fire(ctx, g, obs.step, value, threshold, result)
+        if any(g.action == "rollback" for g in self.policy.guardrails):
+            self._note_held(ctx, obs.step)
+
     def _fire(self, ctx: RunContext, g: GuardrailSpec, step: int, value: float, threshold: float, result: EngineResult) -> None:
         side = "below" if g.bound == "lower" else "above"
-        at = f" at step {step}" if g.action in ("halt", "rollback") else ""  # what the agent's log and the event say
-        reason = f"guardrail {g.name}: {g.probe} {_fmt(value)} {side} threshold {_fmt(threshold)}{at} ({g.action})"
-        result.events.append(GuardrailBreach(step=step, guardrail=g.name, action=g.action, value=value,
-                                             threshold=threshold, reason=reason))
-        if g.action in ("adjust", "rollback") and g.knob and g.knob in ctx.knobs:
+        action: Any = g.action  # the guardrail's, or its ladder rung's
+        rung, healthy, climbed = None, None, ""
+        ladder = self.policy.rewind.ladder if self.policy.rewind is not None else None
+        if g.action == "rollback" and ladder is not None:
+            rung, action, climbed = self._climb(ctx, g, ladder, step)
+        if action == "rollback":
+            healthy = self._held_at(ctx)
+            climbed += (f"; back to the newest checkpoint at or before step {healthy}, where every guardrail last held"
+                        if healthy is not None else "; no step yet at which every guardrail held")
+        at = f" at step {step}" if action in ("halt", "rollback") else ""  # what the agent's log and the event say
+        reason = (f"guardrail {g.name}: {g.probe} {_fmt(value)} {side} threshold {_fmt(threshold)}{at} "
+                  f"({action}{climbed})")
+        result.events.append(GuardrailBreach(step=step, guardrail=g.name, action=action, value=value,
+                                             threshold=threshold, reason=reason, rung=rung, healthy_step=healthy))
+        self._act(ctx, g, action, step, value, threshold, reason, result)
+
+    def _act(self, ctx: RunContext, g: GuardrailSpec, action: str, step: int, value: float, threshold: float,
+             reason: str, result: EngineResult) -> None:
+        """A guardrail's action (its own, or the ladder's rung): damp its knob, halt, order a rollback."""
+        if action in ("adjust", "rollback") and g.knob and g.knob in ctx.knobs:
             old = float(ctx.knobs[g.knob].value)
             self._decide(ctx, result, step=step + 1, knob=g.knob, new=old * g.factor, reason=reason,
                          controller=None, components={},
@@ -230,11 +249,39 @@ class Engine:
             for c in self.policy.controllers:
                 if g.knob in c.driven() and c.name in ctx.controllers:
                     ctx.controllers[c.name].reset = True
-        if g.action == "halt":
+        if action == "halt":
             ctx.state = "halted"
-        if g.action in ("halt", "rollback", "alert"):
-            result.actions.append(Action(type=g.action, reason=reason,
-                                         decision=ctx.decision_count if g.action == "rollback" else None))
+        if action in ("halt", "rollback", "alert"):
+            result.actions.append(Action(type=action, reason=reason,
+                                         decision=ctx.decision_count if action == "rollback" else None))
+
+    # -- the rewind ladder (policy.rewind.ladder) --------------------------------------------------
+    @staticmethod
+    def _note_held(ctx: RunContext, step: int) -> None:
+        """After an observation's guardrails: if none is in breach, ``step`` is the run's last healthy step."""
+        if ctx.guardrails and not any(st.active for st in ctx.guardrails.values()):
+            for st in ctx.guardrails.values():
+                st.held_at = step
+
+    @staticmethod
+    def _held_at(ctx: RunContext) -> int | None:
+        """The last step at which every guardrail held (None: none yet)."""
+        steps = [st.held_at for st in ctx.guardrails.values() if st.held_at is not None]
+        return max(steps) if steps else None
+
+    @staticmethod
+    def _climb(ctx: RunContext, g: GuardrailSpec, ladder: Any, step: int) -> tuple[int, str, str]:
+        """The ladder's rung for a firing of ``g`` at ``step``: (rung number, its action, the reason's words).
+        Firings of every rollback guardrail within ``ladder.window`` steps are counted together."""
+        since = step - ladder.window
+        for st in ctx.guardrails.values():
+            st.rewinds = [s for s in st.rewinds if s > since]
+        earlier = sum(len(st.rewinds) for st in ctx.guardrails.values())
+        number, rung = ladder.rung(earlier)
+        ctx.guardrails[g.name].rewinds.append(step)
+        words = (f"; rung {number} of {len(ladder.rungs)} of the rewind ladder: firing {earlier + 1} within "
+                 f"{ladder.window} steps")
+        return number, rung.action, words
 
     @staticmethod
     def _unusable(st: ControllerState, spec: ControllerSpec, step: int, message: str, result: EngineResult) -> None:

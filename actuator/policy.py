@@ -35,6 +35,7 @@ __all__ = [
     "ProbeSpec",
     "ControllerSpec",
     "GuardrailSpec",
+    "RewindSpec",
     "PolicyDocument",
     "load_policy",
     "policy_errors",
@@ -828,6 +829,89 @@ class GuardrailSpec(_Model):
         return relative(self.threshold, baseline)
 
 
+class HealthySaves(_Model):
+    """Checkpoints where a rollback needs them: the agent saves at a probe reading and keeps the
+    save once the service says every guardrail held there."""
+
+    keep: int = Field(description="How many of the agent's healthy saves to keep (the newest); older ones are "
+                      "deleted. The user's own checkpoints (save_steps) are never touched.", ge=1, le=100)
+    every: int = Field(1, ge=1, le=MAX_INT, description="At most one save per this many steps (a save is made only "
+                       "at a step whose probes ran).")
+
+
+class KeepBest(_Model):
+    """Keep the model with the best reading of one probe."""
+
+    probe: str = Field(description="The probe (an observation key) whose best reading is kept.")
+    mode: Literal["max", "min"] = Field(description="max: the highest reading is the best; min: the lowest.")
+    at_end: Literal["load", "last"] = Field("load", description="load: at the end of training the model is the "
+                                            "best reading's; last: the last step's stays (the best is kept on disk).")
+
+    _probe = field_validator("probe")(classmethod(lambda cls, v: _check_probe(v)))
+
+
+class LadderRung(_Model):
+    """One rung of the escalation ladder: what a firing does, and for how many firings."""
+
+    action: Literal["adjust", "rollback", "halt"] = Field(
+        description="adjust: damp the guardrail's knob by its factor; rollback: rewind to the last healthy "
+        "checkpoint and damp; halt: stop the run.")
+    times: int = Field(1, ge=1, le=1000, description="Firings this rung takes before the next rung.")
+
+
+class Ladder(_Model):
+    """What the guardrails with ``action: rollback`` do as they fire again: the n-th firing within
+    ``window`` steps takes the rung its count reaches; the last rung must be ``halt``."""
+
+    window: int = Field(ge=1, le=MAX_INT, description="Firings are counted within this many steps before the "
+                        "current one (older ones are forgotten).")
+    rungs: list[LadderRung] = Field(min_length=1, max_length=10,
+                                    description="In order; e.g. adjust, then rollback twice, then halt.")
+
+    @field_validator("rungs")
+    @classmethod
+    def _ends_in_halt(cls, rungs: list[LadderRung]) -> list[LadderRung]:
+        if rungs[-1].action != "halt":
+            raise ValueError(f"the last rung must be 'halt' (a ladder with a defined end), not {rungs[-1].action!r}")
+        return rungs
+
+    def rung(self, earlier: int) -> tuple[int, LadderRung]:
+        """The rung (1-based number, rung) of a firing after ``earlier`` firings within the window."""
+        seen = 0
+        for i, r in enumerate(self.rungs[:-1]):
+            seen += r.times
+            if earlier < seen:
+                return i + 1, r
+        return len(self.rungs), self.rungs[-1]
+
+
+_REPLAY = ("'replay' is not supported: the Trainer's batch iterator lives inside its training loop, so a callback "
+           "cannot move it back; batches consumed since the rewound checkpoint are not seen again ('skip'). To "
+           "replay them, stop and resume with trainer.train(resume_from_checkpoint=...)")
+
+
+class RewindSpec(_Model):
+    """Rewind: checkpoints at healthy readings, the best model by a probe, and an escalation
+    ladder for the guardrails that roll back."""
+
+    healthy_saves: HealthySaves | None = Field(None, description="Save at probe readings where every guardrail "
+                                               "holds (the agent's own checkpoints). Default: off.")
+    keep_best: KeepBest | None = Field(None, description="Keep the checkpoint with the best reading of a probe.")
+    ladder: Ladder | None = Field(None, description="Escalation for the guardrails with action rollback: each "
+                                  "firing counted, the rung its count reaches acts. Default: every firing rolls back.")
+    data: str = Field("skip", description="The data after a rewind: 'skip' (the only choice): the batches consumed "
+                      "since the checkpoint are not seen again; training goes on with the next batch.")
+
+    @field_validator("data")
+    @classmethod
+    def _data(cls, v: str) -> str:
+        if v == "replay":
+            raise ValueError(_REPLAY)
+        if v != "skip":
+            raise ValueError(f"{v!r}: the data after a rewind is 'skip'")
+        return v
+
+
 class PolicyDocument(_Model):
     """A policy: probes to run, controllers, guardrails."""
 
@@ -838,6 +922,18 @@ class PolicyDocument(_Model):
         default_factory=list, max_length=32, description="ControllerSpec documents, each the model of its kind: "
         "SetpointController (no kind: setpoint), ConstraintController, MaximizeController or FollowController.")
     guardrails: list[GuardrailSpec] = Field(default_factory=list, max_length=64)
+    rewind: RewindSpec | None = Field(None, description="Healthy checkpoints, keep-best by a probe and the "
+                                      "escalation ladder of rollbacks (see how-to 'Undo a bad stretch of training').")
+
+    @model_validator(mode="after")
+    def _ladder_knobs(self) -> PolicyDocument:
+        ladder = self.rewind.ladder if self.rewind else None
+        if ladder is not None and any(r.action == "adjust" for r in ladder.rungs):
+            bare = [g.name for g in self.guardrails if g.action == "rollback" and g.knob is None]
+            if bare:
+                raise ValueError(f"rewind.ladder.rungs: an 'adjust' rung damps the guardrail's knob, and guardrail(s) "
+                                 f"{bare} with action rollback name no 'knob'")
+        return self
 
     @model_validator(mode="after")
     def _unique_names(self) -> PolicyDocument:

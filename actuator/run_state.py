@@ -271,15 +271,21 @@ class GuardrailState:
     probe: str | None = None
     threshold: float | None = None
     value: float | None = None
+    # The policy's rewind ladder: the steps this guardrail fired at (within the ladder's window),
+    # and the last step at which every guardrail held (what a rewind goes back to, at the latest).
+    rewinds: list[int] = field(default_factory=list)
+    held_at: int | None = None
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> GuardrailState:
         return cls(baseline=d.get("baseline"), breaches=int(d.get("breaches", 0)), active=bool(d.get("active", False)),
-                   probe=d.get("probe"), threshold=d.get("threshold"), value=d.get("value"))
+                   probe=d.get("probe"), threshold=d.get("threshold"), value=d.get("value"),
+                   rewinds=[int(s) for s in d.get("rewinds", [])], held_at=d.get("held_at"))
 
     def to_dict(self) -> Json:
         return _set({"baseline": self.baseline, "breaches": self.breaches, "active": self.active},
-                    probe=self.probe, threshold=self.threshold, value=self.value)
+                    probe=self.probe, threshold=self.threshold, value=self.value,
+                    rewinds=list(self.rewinds) or None, held_at=self.held_at)
 
 
 @dataclass

@@ -31,6 +31,7 @@ from . import catalogue
 
 __all__ = [
     "DecisionAck",
+    "KeptCheckpoint",
     "MAX_INT",
     "MAX_SEQ",
     "MAX_SEQ_GAP",
@@ -371,6 +372,44 @@ class RunCreate(_Model):
         return knobs
 
 
+class KeptCheckpoint(_Model):
+    """The checkpoint a run keeps by its policy's ``rewind.keep_best`` probe, as the agent reported it."""
+
+    step: int = Field(description="The step of the best reading (its checkpoint is the one kept).")
+    value: float | None = Field(None, description="The keep-best probe's reading there: the best of the run.")
+    loaded: bool = Field(False, description="True: loaded into the model at the end of training (at_end: load); "
+                         "false: the last step's model stayed, or training has not ended.")
+    saves: int | None = Field(None, description="Checkpoints the agent saved for rewinds and keep-best.")
+    save_seconds: float | None = Field(None, description="What those saves cost, in seconds, in all.")
+    probe: str | None = Field(None, description="The keep-best probe (the run's policy's rewind.keep_best.probe).")
+    mode: Literal["max", "min"] | None = Field(None, description="max: the highest reading is the best; min: the "
+                                               "lowest.")
+
+    def why(self) -> str:
+        """Which step is kept and why, in one line (``actuator runs``)."""
+        probe = self.probe or "the keep-best probe"
+        best = {"max": "highest", "min": "lowest"}.get(self.mode or "", "best")
+        value = "" if self.value is None else f" {self.value:.6g}"
+        where = ("loaded into the model at the end of training" if self.loaded else
+                 "kept on disk (the model is the last step's, or training goes on)")
+        cost = "" if self.saves is None else f"; {self.saves} rewind/keep-best saves" + (
+            "" if self.save_seconds is None else f", {self.save_seconds:.3g} s in all")
+        return f"keep-best: step {self.step} kept: {probe}{value} there is the {best} reading; {where}{cost}"
+
+    @classmethod
+    def from_metrics(cls, metrics: dict[str, Any], keep_best: Any = None) -> KeptCheckpoint | None:
+        """From a run's latest metrics (``keep_best.*``, ``checkpoint.*``) and its policy's
+        ``rewind.keep_best`` (probe and mode, when given); None without a best."""
+        step = metrics.get("keep_best.step")
+        if step is None:
+            return None
+        saves = metrics.get("checkpoint.saves")
+        return cls(step=int(step), value=metrics.get("keep_best.value"),
+                   loaded=bool(metrics.get("keep_best.loaded", 0.0)), saves=None if saves is None else int(saves),
+                   save_seconds=metrics.get("checkpoint.save_seconds_total"),
+                   probe=getattr(keep_best, "probe", None), mode=getattr(keep_best, "mode", None))
+
+
 class RunPublic(_Model):
     id: str
     name: str
@@ -392,6 +431,9 @@ class RunPublic(_Model):
         description="Knob values in effect: the latest observation's, or a value the agent acknowledged "
         "applying at or after that observation's step (a decision never applied is not in effect: "
         "``knobs[].value`` is the value last ordered).")
+    kept: KeptCheckpoint | None = Field(
+        None, description="The policy's rewind.keep_best: the step whose checkpoint is kept (the best reading) and "
+        "whether it was loaded at the end; null without keep-best or before a reading.")
 
 
 class RunCreated(RunPublic):
@@ -412,7 +454,9 @@ class RunState(RunPublic):
     guardrails: dict[str, dict[str, Any]] = Field(
         description="Per guardrail: baseline, threshold, the value it last compared, ``breaches`` (readings "
         "past the threshold in a row, reset by a reading back inside), ``active``, and ``fired`` (how many "
-        "times it fired: its stored guardrail_breach events).")
+        "times it fired: its stored guardrail_breach events); under a policy with a rollback guardrail also "
+        "``held_at`` (the last step at which every guardrail held) and, with a rewind ladder, ``rewinds`` (the "
+        "steps it fired at within the ladder's window).")
     decisions: int
     starved_readings: dict[str, int] = Field(
         default_factory=dict, description="Per starved probe, the readings of it the service received "
@@ -608,6 +652,7 @@ class _Event(_Model):
 class GuardrailBreach(_Event):
     """A guardrail fired (after its consecutive breaches); ``action`` is what it does about it."""
 
+    _omit_none = ("rung", "healthy_step")
     kind: Literal["guardrail_breach"] = "guardrail_breach"
     step: int
     guardrail: str
@@ -615,6 +660,10 @@ class GuardrailBreach(_Event):
     value: float
     threshold: float
     reason: str
+    rung: int | None = Field(None, description="The policy's rewind ladder: the rung this firing took (1-based); "
+                             "absent without a ladder.")
+    healthy_step: int | None = Field(None, description="A rollback: the last step at which every guardrail held; "
+                                     "the agent rewinds to its newest checkpoint at or before it.")
 
 
 class GuardrailCleared(_Event):

@@ -41,7 +41,7 @@ import inspect
 from typing import Any
 
 __all__ = ["CHECKED_TRANSFORMERS", "find_trainer", "run_before_loggers", "rollback_unsupported",
-           "sharding_unsupported", "fsdp_version", "load_checkpoint", "load_deepspeed_checkpoint", "sync_last_lr"]
+           "sharding_unsupported", "fsdp_version", "load_checkpoint", "load_deepspeed_checkpoint", "sync_last_lr", "save_checkpoint", "load_weights"]
 
 CHECKED_TRANSFORMERS = ("4.46.0", "5.23.0")
 
@@ -152,6 +152,20 @@ def load_checkpoint(trainer: Any, path: str) -> None:
     the scheduler's state of that step."""
     trainer._load_from_checkpoint(path)
     trainer._load_optimizer_and_scheduler(path)
+
+
+def save_checkpoint(trainer: Any, path: str) -> None:
+    """Write a checkpoint :func:`load_checkpoint` can load into ``path``, outside the Trainer's own
+    ``checkpoint-N`` rotation: the weights (``save_model``: config and safetensors, the main
+    process writing) and ``Trainer._save_optimizer_and_scheduler(path)`` (moments and schedule,
+    what ``_save_checkpoint`` writes; same signature in 4.46.0 and 5.23.0). Every rank calls it."""
+    trainer.save_model(path)
+    trainer._save_optimizer_and_scheduler(path)
+
+
+def load_weights(trainer: Any, path: str) -> None:
+    """Load only the weights of the checkpoint ``path`` into the live model (keep-best at the end)."""
+    trainer._load_from_checkpoint(path)
 
 
 def load_deepspeed_checkpoint(trainer: Any, path: str) -> None:

@@ -44,6 +44,7 @@ from actuator.policy import PolicyDocument, protect_policy
 
 from ._hf_compat import (find_trainer, fsdp_version, load_checkpoint, load_deepspeed_checkpoint, rollback_unsupported,
                          run_before_loggers, sharding_unsupported)
+from .checkpoints import CheckpointKeeper
 from .identification import IdentificationMode
 from .knobs import KnobSetter, setter_for
 from .session import Connection, ControlSession, ProbeSources, Protect, Reporting, RunInfo, TrainerParts
@@ -171,6 +172,8 @@ class ActuatorCallback(TrainerCallback, ExportableState):
                                       probes=probes, connection=connection, run=run, reporting=reporting,
                                       identify=identify)
         self.trainer: Any = None
+        self.keeper = CheckpointKeeper()  # the policy's rewind section (agents/checkpoints.py), from train() start
+        self.kept: dict[str, Any] | None = None  # keep-best: the step kept at the end, and why
         self._started = False  # on_train_begin ran
         _LIVE.add(self)
 
@@ -257,6 +260,7 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         self.session.begin(model, step=state.global_step, max_steps=max_steps, warmup=_warmup(args, max_steps),
                            main=main, sharded=_sharded(trainer),
                            parts=self._parts(args, state, model, optimizer, lr_scheduler))
+        self.keeper = CheckpointKeeper.start(self)  # healthy saves, keep-best (after begin's collectives)
         return None
 
     def _take_trainer(self) -> tuple[Any, ActuatorCallback | None]:
@@ -292,7 +296,8 @@ class ActuatorCallback(TrainerCallback, ExportableState):
             before_start=lambda: _warn_if_fewer_processes(args),
             save=self._save_shards if sharded and not _deepspeed(trainer) else None,
             load=self._load if trainer is not None else None,
-            no_rollback=_why_no_rollback(trainer, args),
+            no_rollback=_why_no_rollback(trainer),
+            no_saves=None if _saves_checkpoints(args) else NO_SAVES,
             saves_checkpoints=_saves_checkpoints(args))
 
     def _save_shards(self, path: str) -> None:
@@ -358,9 +363,15 @@ class ActuatorCallback(TrainerCallback, ExportableState):
 
 
     def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
-        if self.session.step(state.global_step, model).halt:
+        rewinds = len(self.session.rollbacks)
+        halt = self.session.step(state.global_step, model).halt
+        for done in self.session.rollbacks[rewinds:]:  # a rewind at this boundary: the bad stretch's saves go
+            self.keeper.rewound(done["at_step"], done["to_step"])
+        if halt:
             control.should_save = self.session.parts.saves_checkpoints  # under save_strategy="no" nothing
             control.should_training_stop = True
+        else:
+            self.keeper.step_end(state.global_step)  # a save at this reading if healthy saves are due; prune to K
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kwargs: Any) -> None:
         extra = self.session.logged(state.global_step, logs)
@@ -379,6 +390,7 @@ class ActuatorCallback(TrainerCallback, ExportableState):
         self.session.checkpoint_saved(state.global_step, os.path.join(args.output_dir, f"checkpoint-{state.global_step}"))
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.kept = self.keeper.finish(int(state.global_step))  # keep-best: load the best, or leave the last
         self.session.finish(step=int(state.global_step))
 
     # -- checkpointed state (transformers' ExportableState) ----------------------------------
@@ -421,8 +433,8 @@ def _warmup(args: Any, max_steps: int) -> int:
     return int(args.get_warmup_steps(max_steps)) if max_steps > 0 and hasattr(args, "get_warmup_steps") else 0
 
 
-def _why_no_rollback(trainer: Any, args: Any) -> str | None:
+def _why_no_rollback(trainer: Any) -> str | None:
     """Why this trainer's run cannot be rolled back (None: it can). Sharded, the callback's own
-    loaders do it (DCP shards, DeepSpeed's engine)."""
-    return (None if _sharded(trainer) else rollback_unsupported(trainer)) or (
-        None if _saves_checkpoints(args) else NO_SAVES)
+    loaders do it (DCP shards, DeepSpeed's engine). Whether checkpoints are saved at all is
+    ``TrainerParts.no_saves`` (the agent's own healthy saves may stand in for them)."""
+    return None if _sharded(trainer) else rollback_unsupported(trainer)

@@ -279,10 +279,13 @@ class TrainerParts:
     load: Callable[[str], None] | None = None
     no_rollback: str | None = None
     saves_checkpoints: bool = False
+    no_saves: str | None = None
 
-    def rollback_blocked(self) -> str | None:
-        """Why a rollback cannot happen in this run (None: it can, given a healthy checkpoint)."""
-        return self.no_rollback or (NO_LOADER if self.load is None else None)
+    def rollback_blocked(self, own_saves: bool = False) -> str | None:
+        """Why a rollback cannot happen in this run (None: it can, given a healthy checkpoint).
+        ``own_saves``: the agent saves checkpoints of its own (the policy's ``rewind.healthy_saves``),
+        so the trainer saving none (``no_saves``) does not stop it."""
+        return self.no_rollback or (None if own_saves else self.no_saves) or (NO_LOADER if self.load is None else None)
 
 
 class ControlSession:
@@ -566,7 +569,7 @@ class ControlSession:
         """Rank 0, before step 1: a guardrail's rollback that could only halt this run is said, then
         the trainer's own checks (``parts.before_start``)."""
         rollbacks = [g.name for g in (self.policy_doc.guardrails if self.policy_doc else []) if g.action == "rollback"]
-        reason = self.parts.rollback_blocked() if rollbacks else None
+        reason = self.parts.rollback_blocked(self.own_saves()) if rollbacks else None
         if reason:
             log.warning("actuator: guardrail(s) %s may order a rollback, which would halt the run instead: %s",
                         ", ".join(rollbacks), reason)
@@ -1216,6 +1219,11 @@ class ControlSession:
             with os.fdopen(fd, "w") as fh:
                 fh.write(self.run_token)
 
+    def own_saves(self) -> bool:
+        """Whether the policy asks the agent for checkpoints of its own at healthy readings
+        (``rewind.healthy_saves``: agents/checkpoints.py), a place to rewind to beside the trainer's."""
+        return getattr(getattr(self.policy_doc, "rewind", None), "healthy_saves", None) is not None
+
     def rewind(self, step: int, why: Iterable[str] = ()) -> bool:
         """Roll back to the last checkpoint saved at or before the last step at which every
         guardrail held (rank 0 knows that step and picks; every rank loads it: ``parts.load``);
@@ -1223,7 +1231,7 @@ class ControlSession:
         service's reasons (the guardrail, its reading and threshold), for the log."""
         because = "; ".join(why) or "a guardrail breach"
         self._phase("rewind", step)
-        blocked = self.parts.rollback_blocked()
+        blocked = self.parts.rollback_blocked(self.own_saves())
         healthy = [(s, p) for s, p in self.checkpoints if self.last_ok_step is not None and s <= self.last_ok_step
                    and os.path.isdir(p)]
         target = from_rank0(None if blocked or not healthy else healthy[-1])

@@ -152,6 +152,8 @@ def run_page(run: RunRow, controllers: list[str], frame: Frame = OPEN_FRAME) -> 
         f'<span id="stream-state">{"ended" if final else "connecting"}</span></p>'
         # Filled from the run's state: the probes its latest probe report says the budget skips.
         '<p id="starved" class="warn" role="status" hidden></p>'
+        # Filled from the run's state: the policy's keep-best checkpoint, which step and why.
+        '<p id="kept" role="status" hidden></p>'
         f'<section id="actions"{" hidden" if final else ""}><h2>Operator actions</h2>'
         '<p class="hint">Sent with the token above (the admin token) to the control endpoints (audited like any '
         'API call).</p>'
@@ -175,7 +177,8 @@ def run_page(run: RunRow, controllers: list[str], frame: Frame = OPEN_FRAME) -> 
         '<tbody></tbody></table></section>'
         '<section><h2>Probes and knobs</h2><p class="hint">raw and filtered probe values against the setpoint '
         '(dashed), the setpoint in force on a controller\'s ramp (purple) and guardrail threshold (dotted); '
-        'knobs in effect; red lines mark decisions.</p>'
+        'knobs in effect; red lines mark decisions; a purple line marks a rewind (a rollback guardrail fired) and the '
+        'shaded band the stretch it undid, back to the last step at which every guardrail held.</p>'
         '<div id="charts"></div></section>'
         '<section><h2>Decisions</h2><table id="decisions"><thead><tr><th>#</th><th>step</th><th>knob</th>'
         '<th>change</th><th>reason</th><th>explain</th></tr></thead><tbody></tbody></table></section>'

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from actuator.models import DecisionRow, PolicyRow, RunRow
-from actuator.schemas import DecisionPublic, KnobSpec, PolicyPublic, RunPublic, RunState
+from actuator.schemas import DecisionPublic, KeptCheckpoint, KnobSpec, PolicyPublic, RunPublic, RunState
 
 __all__ = ["run_public", "run_state", "decision_public", "policy_public"]
 
@@ -15,7 +16,7 @@ def _knobs(run: RunRow) -> dict[str, KnobSpec]:
             for k, v in run.knobs.items()}
 
 
-def run_public(run: RunRow, in_effect: Mapping[str, float] | None = None) -> RunPublic:
+def run_public(run: RunRow, in_effect: Mapping[str, float] | None = None, policy: Any = None) -> RunPublic:
     """``in_effect``: the run's knob values in effect (``Store.knobs_in_effect``); None only where
     nothing can have been acknowledged yet (a registration), which leaves the stored observed ones."""
     return RunPublic(
@@ -23,11 +24,17 @@ def run_public(run: RunRow, in_effect: Mapping[str, float] | None = None) -> Run
         policy_version=run.policy_version, knobs=_knobs(run), last_step=run.last_step,
         last_seq=run.last_seq, created_at=run.created_at, updated_at=run.updated_at,
         knobs_in_effect=dict(run.knobs_in_effect if in_effect is None else in_effect),
+        kept=KeptCheckpoint.from_metrics(run.latest_metrics or {}, _keep_best(policy)),
     )
 
 
-def run_state(run: RunRow, in_effect: Mapping[str, float]) -> RunState:
-    base = run_public(run, in_effect).model_dump()
+def _keep_best(policy: Any) -> Any:
+    """The run's policy's ``rewind.keep_best`` (None without one, or without the policy at hand)."""
+    return getattr(getattr(policy, "rewind", None), "keep_best", None)
+
+
+def run_state(run: RunRow, in_effect: Mapping[str, float], policy: Any = None) -> RunState:
+    base = run_public(run, in_effect, policy).model_dump()
     return RunState(
         **base,
         latest_probes=run.latest_probes,

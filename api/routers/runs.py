@@ -188,7 +188,15 @@ def list_runs(
     rows = services.store.list_runs(state=state, name=name, limit=limit, offset=offset)
     hungry = starved(services, rows)
     effect = services.store.knobs_in_effect(rows)
-    return [run_public(r, effect[r.id]).model_copy(update={"starved": hungry[r.id]}) for r in rows]
+    return [run_public(r, effect[r.id], _policy(services, r)).model_copy(update={"starved": hungry[r.id]})
+            for r in rows]
+
+
+def _policy(services: Services, run: RunRow) -> PolicyDocument | None:
+    """The run's policy document when the run reports a kept checkpoint (keep-best), else None."""
+    if "keep_best.step" not in (run.latest_metrics or {}):
+        return None
+    return services.store.policy_engine(run.policy_id).policy
 
 
 @router.get("/{run_id}", response_model=RunState, responses=error_responses(401, 403, 404, 422, 503),
@@ -200,7 +208,7 @@ def get_run(run_id: RunId, _: RunReaderDep, services: ServicesDep) -> RunState:
     hungry = starved(services, [run])[run.id]
     fired = services.store.breach_counts(run.id)
     guardrails = {name: {**g, "fired": fired.get(name, 0)} for name, g in run.guardrails.items()}
-    return run_state(run, services.store.knobs_in_effect([run])[run.id]).model_copy(
+    return run_state(run, services.store.knobs_in_effect([run])[run.id], _policy(services, run)).model_copy(
         update={"starved": hungry, "starved_readings": services.store.probe_readings(run.id, hungry),
                 "guardrails": guardrails})
 

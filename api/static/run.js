@@ -21,6 +21,7 @@
   const bounds = {};     // knob -> [min, max]
   const eventSteps = new Set();  // steps of the audit events: the x range covers them
   const decided = new Map();  // decision number -> {step, knob}: the chart marks (the report's latest 1,000 and on)
+  const rewinds = new Map();  // event id -> {step, to}: a rollback at step, back to the last healthy step "to"
   const listed = new Set();   // decision numbers in the table
   let explained = 0;     // decisions fetched in full (for the explain column) up to this number
   let lastEvent = 0;     // audit events listed up to this id
@@ -50,7 +51,35 @@
         ctx.stroke();
       }
       ctx.restore();
+      rewindMarks(u);
     };
+  }
+
+  // Rewinds on every chart: a purple line at the breach that ordered the rollback, and a band back
+  // to the last step at which every guardrail held (the stretch undone). The chart's box lists what
+  // it drew (data-rewinds: step, to, canvas x), for readers and tests.
+  function rewindMarks(u) {
+    const ctx = u.ctx, drawn = [];
+    const left = u.bbox.left, right = u.bbox.left + u.bbox.width;
+    ctx.save();
+    for (const r of rewinds.values()) {
+      const x = Math.round(u.valToPos(r.step, "x", true));
+      if (x < left || x > right) continue;
+      if (Number.isFinite(r.to)) {
+        const x0 = Math.max(left, Math.round(u.valToPos(r.to, "x", true)));
+        ctx.fillStyle = "rgba(124,58,237,0.12)";
+        ctx.fillRect(x0, u.bbox.top, x - x0, u.bbox.height);
+      }
+      ctx.strokeStyle = "rgb(124,58,237)";
+      ctx.lineWidth = 3;
+      ctx.beginPath();
+      ctx.moveTo(x, u.bbox.top);
+      ctx.lineTo(x, u.bbox.top + u.bbox.height);
+      ctx.stroke();
+      drawn.push({ step: r.step, to: Number.isFinite(r.to) ? r.to : null, x });
+    }
+    ctx.restore();
+    if (u.root.parentNode) u.root.parentNode.dataset.rewinds = JSON.stringify(drawn);
   }
 
   function aligned(maps) {
@@ -233,6 +262,10 @@
       for (const e of r.data) {
         lastEvent = Math.max(lastEvent, e.id);
         if (Number.isFinite(e.step)) eventSteps.add(e.step);
+        if (e.kind === "guardrail_breach" && (e.payload || {}).action === "rollback") {
+          rewinds.set(e.id, { step: e.step, to: e.payload.healthy_step });
+          if (Number.isFinite(e.payload.healthy_step)) eventSteps.add(e.payload.healthy_step);
+        }
         body.prepend(A.el("tr", { class: e.kind.startsWith("guardrail") ? "guardrail" : "", data: { kind: e.kind } },
           A.el("td", { class: "num" }, e.id), A.el("td", { class: "num" }, e.step ?? "–"),
           A.el("td", {}, e.kind), A.el("td", {}, eventText(e))));
@@ -292,6 +325,31 @@
     }).join("; ");
   }
 
+  // The policy's rewind section as the agent reported it: which step's checkpoint keep-best keeps
+  // and why, the rewinds, and what the saves cost (like probe time).
+  function showKept(k, m) {
+    const note = $("kept"), parts = [];
+    m = m || {};
+    const has = (v) => v !== null && v !== undefined;
+    if (k) {
+      const best = k.mode === "min" ? "lowest" : k.mode === "max" ? "highest" : "best";
+      parts.push(`keep-best: step ${k.step} kept: ${k.probe || "the keep-best probe"} ${A.fmt(k.value)} there is ` +
+        `the ${best} reading; ` + (k.loaded ? "loaded into the model at the end of training"
+          : "kept on disk (the model is the last step's, or training goes on)"));
+      note.dataset.step = String(k.step);
+    }
+    if (has(m["rewind.count"])) {
+      parts.push(`${m["rewind.count"]} rewind${m["rewind.count"] === 1 ? "" : "s"} (the last at step ` +
+        `${m["rewind.at_step"]}, back to the checkpoint of step ${m["rewind.to_step"]})`);
+    }
+    if (has(m["checkpoint.saves"])) {
+      parts.push(`${m["checkpoint.saves"]} rewind/keep-best saves` +
+        (has(m["checkpoint.save_seconds_total"]) ? `, ${A.fmt(m["checkpoint.save_seconds_total"])} s in all` : ""));
+    }
+    note.hidden = !parts.length;
+    note.textContent = parts.join("; ");
+  }
+
   async function loadState() {
     const r = await A.api("GET", base);
     if (!r.ok) return;
@@ -303,6 +361,7 @@
     if (ended) $("stream-state").textContent = "ended";
     $("actions").hidden = ended;
     showStarved(s.starved || [], s.starved_readings, s.controllers);
+    showKept(s.kept, s.latest_metrics);
     $("run-step").textContent = A.fmt(s.last_step);
     $("run-decisions").textContent = s.decisions;
     // Operator decisions (overrides) come with their own event kinds, not as "decision" events.

@@ -1,0 +1,100 @@
+"""Issue 56, the service side: the policy's ``rewind`` section is validated with errors naming the
+field (422 over REST, nothing stored), and the engine climbs the escalation ladder: each firing of a
+rollback guardrail within the window takes the next rung (damp, rewind, halt), each rung an event
+with its reason and the last step at which every guardrail held."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from pydantic import ValidationError
+
+from actuator.engine import Engine, RunContext
+from actuator.policy import PolicyDocument
+from actuator.schemas import ObservationCreate
+
+GUARD = {"name": "g", "probe": "custom.x", "bound": "upper", "threshold": 1.0, "action": "rollback",
+         "knob": "learning_rate", "factor": 0.5}
+LADDER = {"window": 10, "rungs": [{"action": "adjust"}, {"action": "rollback", "times": 2}, {"action": "halt"}]}
+
+
+def _doc(rewind, guardrails=(GUARD,)):
+    return {"name": "rw", "guardrails": list(guardrails), "rewind": rewind}
+
+
+@pytest.mark.parametrize("rewind,loc,words", [
+    ({"ladder": {"window": 10, "rungs": [{"action": "rollback"}]}}, "rewind.ladder.rungs", "last rung must be 'halt'"),
+    ({"ladder": {"window": 0, "rungs": [{"action": "halt"}]}}, "rewind.ladder.window", "greater than or equal to 1"),
+    ({"data": "replay"}, "rewind.data", "'replay' is not supported"),
+    ({"keep_best": {"probe": "nonsense", "mode": "max"}}, "rewind.keep_best.probe", "unknown probe"),
+    ({"keep_best": {"probe": "custom.x", "mode": "up"}}, "rewind.keep_best.mode", "'max' or 'min'"),
+    ({"healthy_saves": {"keep": 0}}, "rewind.healthy_saves.keep", "greater than or equal to 1"),
+    ({"healthy_saves": {"keep": 2, "evry": 3}}, "rewind.healthy_saves.evry", "Extra inputs"),
+])
+def test_bad_rewind_sections_name_their_field(rewind, loc, words):
+    with pytest.raises(ValidationError) as info:
+        PolicyDocument.model_validate(_doc(rewind))
+    text = str(info.value)
+    assert loc in text and words in text, text
+
+
+def test_an_adjust_rung_needs_the_guardrails_knob():
+    bare = {**GUARD, "knob": None}
+    with pytest.raises(ValidationError, match=r"rewind.ladder.rungs: an 'adjust' rung damps .*\['g'\]"):
+        PolicyDocument.model_validate(_doc({"ladder": LADDER}, [bare]))
+
+
+def test_a_bad_rewind_section_is_a_422_and_stores_nothing(sqlite_service):
+    url = sqlite_service.url
+    r = httpx.post(f"{url}/v1/policies", json=_doc({"ladder": {"window": 5, "rungs": [{"action": "adjust"}]}}))
+    assert r.status_code == 422, r.text
+    assert "rewind.ladder.rungs" in r.text and "last rung must be 'halt'" in r.text
+    assert httpx.get(f"{url}/v1/policies/rw").status_code == 404
+    ok = httpx.post(f"{url}/v1/policies", json=_doc({"ladder": LADDER, "healthy_saves": {"keep": 3}}))
+    assert ok.status_code == 201, ok.text
+    stored = httpx.get(f"{url}/v1/policies/rw").json()
+    assert stored["document"]["rewind"]["ladder"] == {**LADDER, "rungs": [
+        {"action": "adjust", "times": 1}, {"action": "rollback", "times": 2}, {"action": "halt", "times": 1}]}
+
+
+def _run(readings, ladder=LADDER):
+    engine = Engine(PolicyDocument.model_validate(_doc({"ladder": ladder})))
+    ctx = RunContext.from_json({"learning_rate": {"value": 1e-3, "min": 1e-6, "max": 1e-2, "scale": "log"}})
+    out = []
+    for seq, (step, x) in enumerate(readings):
+        result = engine.observe(ctx, ObservationCreate(seq=seq, step=step, probes={"custom.x": x}))
+        out.append((step, result))
+    return ctx, out
+
+
+def test_the_ladder_damps_then_rewinds_twice_then_halts():
+    ctx, out = _run([(1, 0.5), (2, 2.0), (3, 0.5), (4, 2.0), (5, 0.5), (6, 2.0), (7, 0.5), (8, 2.0)])
+    fired = [(step, e) for step, r in out for e in r.events if e.kind == "guardrail_breach"]
+    assert [(s, e.action, e.rung, e.healthy_step) for s, e in fired] == [
+        (2, "adjust", 1, None), (4, "rollback", 2, 3), (6, "rollback", 2, 5), (8, "halt", 3, None)]
+    assert "rung 2 of 3 of the rewind ladder: firing 2 within 10 steps; back to the newest checkpoint at or " \
+           "before step 3, where every guardrail last held" in fired[1][1].reason
+    actions = {s: [a.type for a in r.actions] for s, r in out}
+    assert actions[2] == [] and actions[4] == ["rollback"] and actions[6] == ["rollback"] and actions[8] == ["halt"]
+    damped = [d.new_value for _, r in out for d in r.decisions]
+    assert damped == pytest.approx([5e-4, 2.5e-4, 1.25e-4])  # each damp and rewind halves the knob
+    assert ctx.state == "halted"
+
+
+def test_firings_older_than_the_window_are_forgotten():
+    # firings at 2, 14, 26: 12 steps apart, each outside the 10-step window of the next: rung 1 every time
+    ctx, out = _run([(1, 0.5), (2, 2.0), (3, 0.5), (14, 2.0), (15, 0.5), (26, 2.0)])
+    rungs = [e.rung for _, r in out for e in r.events if e.kind == "guardrail_breach"]
+    assert rungs == [1, 1, 1] and ctx.state == "running"
+    assert ctx.guardrails["g"].rewinds == [26]  # what the run keeps: the firings still inside the window
+
+
+def test_without_a_ladder_every_firing_rolls_back_as_before():
+    engine = Engine(PolicyDocument.model_validate({"name": "rw", "guardrails": [GUARD]}))
+    ctx = RunContext.from_json({"learning_rate": {"value": 1e-3, "min": 1e-6, "max": 1e-2, "scale": "log"}})
+    actions = []
+    for seq, (step, x) in enumerate([(1, 0.5), (2, 2.0), (3, 0.5), (4, 2.0), (5, 0.5), (6, 2.0)]):
+        r = engine.observe(ctx, ObservationCreate(seq=seq, step=step, probes={"custom.x": x}))
+        actions += [a.type for a in r.actions]
+        assert all(e.rung is None for e in r.events if e.kind == "guardrail_breach")
+    assert actions == ["rollback"] * 3 and ctx.state == "running"
