@@ -54,7 +54,7 @@ SCENARIO = "rl-entropy"
 OPEN = "no bonus"
 TRL = "TRL adaptive entropy"
 PRESET = "actuator preset:rl-entropy"
-COEFS = (0.01, 0.03, 0.1)
+COEFS = (0.03, 0.1, 0.3)
 FIXED = tuple(f"fixed coef {c:g}" for c in COEFS)
 HELD_OUT_GOLD = ("honey", "lion", "green", "Rome", "21", "42", "2|two", "cold")  # HELD_OUT[:8], in order
 

@@ -45,7 +45,7 @@ def test_the_arms_set_the_entropy_term_each_as_declared() -> None:
     arms = {x.name: x for x in SPEC.arms()}
     assert [x.name for x in SPEC.arms(quick=True)] == [OPEN, PRESET]
     assert trainer_config(arms[OPEN], a) == {"entropy_coef": 0.0}
-    assert trainer_config(arms[FIXED[0]], a) == {"entropy_coef": 0.01}
+    assert trainer_config(arms[FIXED[0]], a) == {"entropy_coef": 0.03}
     assert trainer_config(arms[PRESET], a) == {"entropy_coef": 1e-4}  # TRL computes the term only from non-zero
     trl = trainer_config(arms[TRL], a)
     assert trl == {"use_adaptive_entropy": True, "entropy_target": 1.2, "entropy_coef": 0.0, "entropy_coef_delta": 0.005}
