@@ -31,7 +31,12 @@ Arms (one invocation per seed, same data, learning rate, probe and starting β):
   first measurement at or above the target (derived from that arm's trace: the same seed gives
   the same run up to there);
 - **Actuator**: a reverse-acting PID on log β through the real controller service
-  (``ActuatorCallback`` + ``KLBetaKnob`` + the ``policy_kl`` probe), gains from the rule below.
+  (``ActuatorCallback`` + ``KLBetaKnob`` + the ``policy_kl`` probe), gains from the rule below;
+- **Actuator on the free signal** (``--arms free``, ``preset:rl-kl-fast``): the same law on the KL
+  GRPO logs at every optimizer step (``train.kl``, TRL's k3 estimate on the step's own completions:
+  no probe run), EMA-filtered, acting every step. ``policy_kl`` is still measured every
+  ``--probe-every`` steps, as in the fixed arms, to judge it on the same figure as the others; the
+  probe's seconds are what this arm's control no longer needs (``probe_seconds``).
 
 Gain rule (no per-seed tuning). At the optimum, for small β changes, KL ≈ Var_π(r)/(2β²), so
 d log KL / d log β ≈ −2 (static gain g = −2 in log-log). Measured in relative error
@@ -81,6 +86,7 @@ from actuator.agents.general import PROBE_TEXTS as GENERAL_TEXT  # noqa: E402
 SCENARIO = "rl-kl"
 PREDICT = "actuator PID (predict 2)"
 FIXED_BETAS = ("fixed β 0.1", "fixed β 0.5", "fixed β 1", "fixed β 2")
+FREE = "actuator PID on train.kl"
 
 def _named(part: Any, r: dict[str, Any]) -> dict[str, Any]:
     """An older file's run, a PID arm named with the variant its file's policy records."""
@@ -92,11 +98,11 @@ def _named(part: Any, r: dict[str, Any]) -> dict[str, Any]:
 SPEC = Declared(
     name=SCENARIO, task="GRPO of SmolLM2-135M-Instruct, 24 steps; the β PID holds KL(policy || start) at "
                         "its target",
-    arm_list=[Arm(PREDICT, "actuator", {"horizon": 2}), Arm("actuator PID", "actuator"),
+    arm_list=[Arm(PREDICT, "actuator", {"horizon": 2}), Arm("actuator PID", "actuator"), Arm(FREE, "free"),
               *(Arm(n, "fixed", {"beta": float(n.split()[-1])}) for n in FIXED_BETAS),
               Arm("Ziegler adaptive KL", "ziegler"), Arm("TorchRL KLAdaptiveLR", "kl-adaptive-lr")],
     quick=(PREDICT, "fixed β 0.1"),
-    metrics=[Metric("overshoot_pct", "min", "%", target=15.0, judge=(PREDICT,), label="overshoot at most 15%"),
+    metrics=[Metric("overshoot_pct", "min", "%", target=15.0, judge=(PREDICT, FREE), label="overshoot at most 15%"),
              Metric("abs_error", "min", "KL", target=1.0, relative_to="pick:fixed β", judge=(PREDICT,),
                     label="|final KL - target| at most the fixed β pick's"),
              Metric("final_kl", "min", "KL"), Metric("reward", "max", "reward")],
@@ -222,7 +228,8 @@ class Setup:
 
 
 def make_trainer(setup: Setup, kind: str, name: str, beta: float, reward: TaskReward, a: argparse.Namespace,
-                 seed: int) -> Any:
+                 seed: int, **extra: Any) -> Any:
+    """The arm's TRL trainer (``extra``: further config fields, e.g. rl-entropy's ``entropy_coef``)."""
     from datasets import Dataset
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
     from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
@@ -234,7 +241,7 @@ def make_trainer(setup: Setup, kind: str, name: str, beta: float, reward: TaskRe
         lr_scheduler_type="constant", per_device_train_batch_size=a.prompts * a.samples, num_generations=a.samples,
         max_completion_length=a.max_new_tokens, temperature=1.0, beta=beta, use_cpu=True, bf16=False,
         report_to=[], logging_steps=1, save_strategy="no", disable_tqdm=True, seed=seed, dataloader_num_workers=0,
-        weight_decay=0.0, gradient_checkpointing=False, model_init_kwargs={"dtype": torch.float32},
+        weight_decay=0.0, gradient_checkpointing=False, model_init_kwargs={"dtype": torch.float32}, **extra,
     )
     train = Dataset.from_dict(task_rows(seed, a.n_sums))
     trainer = trainer_cls(model=str(setup.path), reward_funcs=reward, args=config, train_dataset=train,
@@ -263,6 +270,37 @@ def pid_policy(a: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def shipped_preset(name: str, setpoint: float, *, kp: float | None = None, ki: float | None = None,
+                   horizon: float | None = None, alpha: float | None = None,
+                   scale_guardrails: bool = True) -> dict[str, Any]:
+    """A shipped preset's document (``actuator/presets/NAME.yaml``) as a benchmark arm runs it: its
+    one controller's setpoint at ``setpoint``, the gains, horizon and EMA alpha given in place of the
+    preset's (seed-0 tuning), the guardrails' thresholds scaled from the preset's setpoint to this
+    one (``scale_guardrails``; else as shipped)."""
+    import yaml
+
+    from actuator.policy import _PRESETS
+
+    doc = yaml.safe_load((_PRESETS / f"{name}.yaml").read_text())
+    c = doc["controllers"][0]
+    scale = setpoint / c["setpoint"] if scale_guardrails else 1.0
+    c["setpoint"] = setpoint
+    c.update({k: v for k, v in (("kp", kp), ("ki", ki), ("horizon", horizon)) if v is not None})
+    if alpha is not None:
+        c["filter"] = {"kind": "ema", "alpha": alpha}
+    doc["name"] = f"bench-{name}"
+    doc["guardrails"] = [{**g, "threshold": g["threshold"] * scale} for g in doc.get("guardrails", [])]
+    return doc
+
+
+def free_policy(a: argparse.Namespace) -> dict[str, Any]:
+    """The free-signal arm's policy: ``preset:rl-kl-fast`` as shipped (PID on log β on ``train.kl``,
+    relative gains, EMA, horizon), its setpoint at ``--free-setpoint`` (default ``--target``) and
+    any ``--free-*`` gain given on the command line in place of the preset's."""
+    return shipped_preset("rl-kl-fast", a.free_setpoint if a.free_setpoint is not None else a.target,
+                          kp=a.free_kp, ki=a.free_ki, horizon=a.free_horizon, alpha=a.free_alpha)
+
+
 def variant(controller: dict[str, Any] | None) -> str:
     """The PID arm's issue-40 variant from its controller (``harness.variant_label``)."""
     return variant_label([controller] if controller else [])
@@ -282,14 +320,23 @@ def run_arm(setup: Setup, kind: str, arm: dict[str, Any], a: argparse.Namespace,
     trace: list[dict[str, float]] = []
     cb = None
     suite = None
+    bounds = {"kl_beta": {"min": a.beta * a.beta_bounds[0], "max": a.beta * a.beta_bounds[1], "max_step": a.max_step}}
     if arm["kind"] == "actuator":
         cb = ActuatorCallback(
             pid_policy(a), connection=url, probes=[probe], reporting={"budget_share": 1.0}, run=f"bench-{SCENARIO}-{kind}-{seed}",
-            setters=[knob], knobs={"kl_beta": {"min": a.beta * a.beta_bounds[0], "max": a.beta * a.beta_bounds[1],
-                                        "max_step": a.max_step}})
+            setters=[knob], knobs=bounds)
         cb.attach(trainer)
     else:
         suite = ProbeSuite([probe], budget_share=1.0)
+    free = ActuatorCallback(free_policy(a), connection=url, reporting={"budget_share": 1.0}, setters=[knob],
+                            knobs=bounds, run=f"bench-{SCENARIO}-free-{kind}-{seed}").attach(trainer) \
+        if arm["kind"] == "free" else None
+    logged: list[dict[str, float | None]] = []
+
+    def on_log(step: int, logs: dict[str, Any]) -> None:  # the trainer's own kl / entropy, every step
+        if "kl" in logs or "entropy" in logs:
+            logged.append({"step": step, "train_kl": logs.get("kl"), "entropy": logs.get("entropy"),
+                           "beta": knob.read()})
     baselines = KLBaselines(arm["kind"], a, samples_per_step=a.prompts * a.samples)
 
     def on_value(step: int, value: float, kw: dict[str, Any]) -> None:
@@ -303,7 +350,7 @@ def run_arm(setup: Setup, kind: str, arm: dict[str, Any], a: argparse.Namespace,
 
     with arm_progress(f"{kind} {arm['name']}", a.steps, 26) as advance:
         trainer.add_callback(kl_trace("policy_kl", knob, a.beta, trace, cb=cb, suite=suite, on_value=on_value,
-                                      advance=advance))
+                                      advance=advance, on_log=on_log))
         t0 = time.time()
         trainer.train()
         seconds = time.time() - t0
@@ -313,7 +360,8 @@ def run_arm(setup: Setup, kind: str, arm: dict[str, Any], a: argparse.Namespace,
          "trace": trace, "rewards": reward.log, "final_beta": knob.read(), "final_perplexity": ppl,
          "reward": statistics.fmean(t["reward"] for t in tail), "accuracy": statistics.fmean(t["accuracy"] for t in tail),
          "length": statistics.fmean(t["length"] for t in tail), "seconds": seconds,
-         "decisions": len(cb.session.applied) if cb is not None else None}
+         "decisions": len(ctl.session.applied) if (ctl := cb or free) is not None else None, "train_log": logged,
+         "probe_seconds": getattr(cb.session.suite if cb is not None else suite, "probe_seconds", None)}
     r.update(quality(trace, a))
     del trainer
     return r
@@ -607,8 +655,10 @@ def parser() -> argparse.ArgumentParser:
     """The scenario's flags (``parser().parse_args([])``: the defaults)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     scenario_args(ap, SCENARIO, steps=24, quick="12 steps, the Actuator arm and one fixed beta",
-                  arms=["actuator", "ziegler", "kl-adaptive-lr", "fixed"], arms_default=["actuator", "ziegler", "fixed"],
-                  arms_help="actuator = the PID on beta; ziegler = Ziegler's adaptive KL; kl-adaptive-lr = TorchRL's "
+                  arms=["actuator", "free", "ziegler", "kl-adaptive-lr", "fixed"],
+                  arms_default=["actuator", "ziegler", "fixed"],
+                  arms_help="actuator = the PID on beta; free = preset:rl-kl-fast, the PID on the trainer's logged kl "
+                            "(train.kl) every step; ziegler = Ziegler's adaptive KL; kl-adaptive-lr = TorchRL's "
                             "KLAdaptiveLR rule on the learning rate; fixed = the --betas sweep",
                   tag_help="a variant run: results go to rl-kl-x-TAG-<trainer>-seed<N>.json, which --aggregate "
                            "leaves out", aggregate="combine the per-seed result files")
@@ -644,6 +694,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-step", type=float, default=1.0, help="rate limit, log-beta units per decision")
     ap.add_argument("--predict", type=float, default=0.0,
                     help="actuator arm: prediction horizon in probe intervals (the PID acts on y + H·Δy; 0: none)")
+    ap.add_argument("--free-setpoint", type=float, default=None,
+                    help="free arm: the train.kl setpoint (default --target)")
+    ap.add_argument("--free-kp", type=float, default=None, help="free arm: kp in place of preset:rl-kl-fast's")
+    ap.add_argument("--free-ki", type=float, default=None, help="free arm: ki per step in place of the preset's")
+    ap.add_argument("--free-horizon", type=float, default=None, help="free arm: horizon in steps in place of the preset's")
+    ap.add_argument("--free-alpha", type=float, default=None, help="free arm: EMA alpha in place of the preset's")
     ap.add_argument("--ramp", type=int, default=0,
                     help="actuator arm: setpoint ramp in probe intervals (0: none)")
     ap.add_argument("--early-stop-beta", type=beta_or_word("start", "none"), default="start",
@@ -717,7 +773,7 @@ def arms_of(arm_kind: str, sa: argparse.Namespace) -> list[dict[str, Any]]:
     if arm_kind == "fixed":
         return [{"name": f"fixed β {b:g}", "kind": "fixed", "beta": b} for b in sa.betas]
     names = {"ziegler": "Ziegler adaptive KL", "actuator": "actuator PID" + variant(pid_policy(sa)["controllers"][0]),
-             "kl-adaptive-lr": "TorchRL KLAdaptiveLR"}
+             "kl-adaptive-lr": "TorchRL KLAdaptiveLR", "free": FREE}
     return [{"name": names[arm_kind], "kind": arm_kind}]
 
 

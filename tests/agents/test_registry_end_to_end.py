@@ -59,19 +59,19 @@ def test_a_toy_knob_and_probe_drive_a_run_on_a_service_in_another_process(tmp_pa
     trainer.add_callback(SlowSteps())
     trainer.train()
 
-    assert cb.run_id is not None, "the service accepted the run"
+    assert cb.session.run_id is not None, "the service accepted the run"
     # the probe was built for the policy by its registration, and its readings reached the service
-    assert [p.name for p in cb.suite.probes] == ["weight_norm"]
-    norms = [h["probes"]["weight_norm"] for h in cb.history if "weight_norm" in h["probes"]]
+    assert [p.name for p in cb.session.suite.probes] == ["weight_norm"]
+    norms = [h["probes"]["weight_norm"] for h in cb.session.history if "weight_norm" in h["probes"]]
     assert len(norms) >= 5 and all(n > 1.0 for n in norms)
-    state = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}").json()
+    state = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.session.run_id}").json()
     assert state["latest_probes"]["weight_norm"] == pytest.approx(norms[-1])
     # the service decided on the knob, the agent applied each decision to the optimizer
-    decisions = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.run_id}/decisions").json()["items"]
+    decisions = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.session.run_id}/decisions").json()["items"]
     assert len(decisions) >= 2 and {d["knob"] for d in decisions} == {"weight_decay"}
     ordered = [d["new_value"] for d in decisions]  # norm above its setpoint, reverse acting: decay rises
     assert all(0.1 < a < b <= 0.5 for a, b in zip(ordered, ordered[1:])), ordered
-    applied = [e["applied"] for e in cb.applied]
+    applied = [e["applied"] for e in cb.session.applied]
     assert applied == pytest.approx([d["new_value"] for d in decisions][:len(applied)]) and len(applied) >= 2
     assert trainer.optimizer.param_groups[0]["weight_decay"] == pytest.approx(applied[-1])
     assert trainer.optimizer.param_groups[1]["weight_decay"] == 0.0  # the no-decay group untouched
@@ -79,7 +79,7 @@ def test_a_toy_knob_and_probe_drive_a_run_on_a_service_in_another_process(tmp_pa
     # database (no engine cached, nothing registered in its process) still reads and runs it
     sqlite_service.stop()
     sqlite_service.start()
-    page = httpx.get(f"{sqlite_service.url}/ui/runs/{cb.run_id}")  # the run's engine, built again
+    page = httpx.get(f"{sqlite_service.url}/ui/runs/{cb.session.run_id}")  # the run's engine, built again
     assert page.status_code == 200 and "hold-norm" in page.text
 
 
