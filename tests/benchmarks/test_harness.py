@@ -113,13 +113,15 @@ def test_every_scenario_takes_the_common_flags(module, capsys):
 # Scenario modules of benchmarks/control may import the harness, the shared data and task
 # modules and the simulated plants; forgetting_gold is forgetting's own analysis of its setup.
 SHARED = {"harness", "contract", "data", "word_task", "plants", "__init__"}
-COMPANIONS = {("forgetting_gold", "forgetting")}
+COMPANIONS = {("forgetting_gold", "forgetting"), ("rl_entropy", "rl_kl")}  # rl-entropy runs rl-kl's GRPO task
 # Known, each waiting on a file this change does not own (see the issue-35 report):
 KNOWN = {
     ("tests/controllers/test_controllers_pid.py", "benchmarks"): "simulated plants (benchmarks/control/plants.py)",
     ("tests/controllers/test_controllers_plants.py", "benchmarks"): "simulated plants",
     ("tests/agents/test_anchor.py", "benchmarks"): "the task's WORDS, against which the word anchors are checked",
     ("tests/agents/test_precision.py", "benchmarks"): "harness.machine() records the precision it chose",
+    ("tests/agents/test_first_contact_trl_scripts.py", "benchmarks"):
+        "the README's TRL lines, read by the stock-scripts overhead benchmark's reader (one reading of them)",
 }
 
 

@@ -91,7 +91,11 @@ def test_ingests_answer_with_decisions_while_redis_is_killed(postgres: Any, own_
             return missed > 0 and missed + sum(e["event"] != "gap" for e in seen) == posted
 
         wait_until(accounted, 60, "a gap for the events not published while Redis was down", interval=0.2)
-        assert seen[0]["event"] == "gap" and seen[0]["json"]["reason"] == "unpublished", seen[:2]
+        # The gap is per worker: one that served none of the outage's ingests (under load one worker
+        # can take every connection) has nothing to mark and may publish first, so the stream's first
+        # event need not be the gap; the accounting above (every event since the kill either read or
+        # counted in a gap) is the invariant.
+        assert any(e["event"] == "gap" and e["json"]["reason"] == "unpublished" for e in seen), seen[:3]
     finally:
         svc.stop()
         server.stop()
