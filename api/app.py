@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import re
 import time
@@ -348,6 +349,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                                       cpu=WorkerPool.from_settings(settings))
         log.info("actuator service ready (store=%s, live=%s)", store.engine.dialect.name,
                  "redis" if settings.redis_url else "memory")
+        # What start-up built lives as long as the service: out of the collector's sight, a full
+        # collection walks only what requests allocate (it took ~110 ms on a 2-core machine with
+        # everything imported, a stall of one ingest answer in every few hundred; 1-2 ms frozen).
+        gc.collect()
+        gc.freeze()
         yield
         app.state.services.cpu.close()
         if notifier is not None:

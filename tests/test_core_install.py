@@ -92,9 +92,9 @@ SCRIPT = textwrap.dedent(
             self.calls += 1
             return {{"custom.rising": float(self.calls)}}
 
-    class Slow(TrainerCallback):
+    class Lockstep(TrainerCallback):  # each answer taken at the boundary after its reading (tiny steps take ms)
         def on_step_end(self, args, state, control, **kw):
-            import time; time.sleep(0.1)
+            cb.session.sender.flush(20.0)
 
     policy = {{"name": "core-install", "controllers": [{{"name": "down", "probe": "custom.rising",
               "knob": "learning_rate", "setpoint": 0.0, "kp": 1.0}}]}}
@@ -105,7 +105,7 @@ SCRIPT = textwrap.dedent(
     cb = ActuatorCallback(policy, connection={url!r},
                           knobs={{"learning_rate": {{"min": 1e-6, "max": 1e-2, "max_step": 0.5}}}},
                           probes=[Rising()], reporting={{"budget_share": 1.0}})
-    trainer = Trainer(model=tiny_llama(), args=args, train_dataset=data, callbacks=[cb])
+    trainer = Trainer(model=tiny_llama(), args=args, train_dataset=data, callbacks=[cb, Lockstep()])
     trainer.train()
     loaded = sorted(m for m in sys.modules if m.split(".")[0] in {server!r})
     print(json.dumps({{"server_installed": server, "server_loaded": loaded, "run_id": cb.session.run_id,

@@ -14,7 +14,7 @@ from actuator.agents.probes import Probe
 from actuator.agents.testing import HELD_OUT, NARROW_TASK, lm_dataset
 from actuator.agents.testing import char_tokenizer as make_char_tokenizer
 
-__all__ = ["HELD_OUT", "NARROW_TASK", "Canary", "NetworkCalls", "SlowSteps", "lm_dataset", "make_char_tokenizer", "make_trainer",
+__all__ = ["HELD_OUT", "NARROW_TASK", "Canary", "Lockstep", "NetworkCalls", "SlowSteps", "lm_dataset", "make_char_tokenizer", "make_trainer",
            "record_lr_used"]
 
 
@@ -26,6 +26,28 @@ class SlowSteps(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kw):
         time.sleep(self.seconds)
+
+
+class Lockstep(TrainerCallback):
+    """Add after the agent's callback: at train start and every step end, wait (up to ``timeout``
+    s) until what the agent sent is answered, so each answer is taken at the next step boundary.
+    Tiny steps take milliseconds; a test that asserts which decisions were applied at which step
+    must not depend on the service answering faster than a step (a loaded machine, a collection
+    pause). Ranks without a sender (not rank 0) do not wait: they meet rank 0 at the next collective."""
+
+    def __init__(self, cb: Any, timeout: float = 20.0) -> None:
+        self.cb, self.timeout = cb, timeout
+
+    def _wait(self) -> None:
+        sender = self.cb.session.sender
+        if sender is not None:
+            sender.flush(self.timeout)
+
+    def on_train_begin(self, args, state, control, **kw):
+        self._wait()
+
+    def on_step_end(self, args, state, control, **kw):
+        self._wait()
 
 
 class NetworkCalls(TrainerCallback):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 
 import torch
-from transformers import TrainerCallback, get_linear_schedule_with_warmup
+from transformers import get_linear_schedule_with_warmup
 
 from actuator.agents.callback import ActuatorCallback
 from actuator.agents.knobs import LearningRateKnob
@@ -25,7 +25,7 @@ from actuator.agents.session import ControlSession, Reporting, TrainerParts
 from actuator.client import ActuatorClient
 from actuator.store import Store
 
-from agent_helpers import NARROW_TASK, lm_dataset, make_trainer
+from agent_helpers import NARROW_TASK, Lockstep, lm_dataset, make_trainer
 
 STEPS, SAVE_EVERY, LR, WARMUP = 12, 3, 5e-3, 2
 POLICY = {
@@ -52,25 +52,12 @@ class Counter(Probe):
         return {"custom.count": float(n), "custom.bad": 1.0 if n == 4 else 0.0}
 
 
-class FlushAtBoundaries(TrainerCallback):
-    """After the agent's hooks (added last): what was sent is answered before the next boundary."""
-
-    def __init__(self, cb: ActuatorCallback) -> None:
-        self.cb = cb
-
-    def on_train_begin(self, args, state, control, **kw):
-        self.cb.session.sender.flush(20.0)
-
-    def on_step_end(self, args, state, control, **kw):
-        self.cb.session.sender.flush(20.0)
-
-
 def _by_trainer(tmp_path, tok, url: str) -> ControlSession:
     cb = ActuatorCallback(POLICY, knobs=KNOBS, probes=[Counter()], connection=url, run="by-trainer",
                           reporting=Reporting(budget_share=1.0))
     trainer = make_trainer(tmp_path / "trainer", tok, steps=STEPS, lr=LR, warmup_steps=WARMUP, save_strategy="steps",
                            save_steps=SAVE_EVERY, callbacks=[cb])
-    trainer.add_callback(FlushAtBoundaries(cb))
+    trainer.add_callback(Lockstep(cb))
     trainer.train()
     return cb.session
 

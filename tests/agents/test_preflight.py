@@ -15,7 +15,7 @@ from actuator.agents.preflight import late_first_decisions
 from actuator.agents.probes import KLDrift
 from actuator.policy import PolicyDocument
 
-from agent_helpers import HELD_OUT, make_trainer
+from agent_helpers import HELD_OUT, Lockstep, make_trainer
 
 POLICY = {
     "name": "preflight-drift-lr",
@@ -32,11 +32,13 @@ def _late(caplog) -> list[str]:
 
 
 def _train_10_steps(tmp_path, tokenizer, service, policy, *, probe_every, caplog) -> ActuatorCallback:
-    """A 10-step tiny Trainer under ``policy`` with a KL-drift probe, warnings captured."""
+    """A 10-step tiny Trainer under ``policy`` with a KL-drift probe, warnings captured; each answer
+    is taken at the step boundary after its reading (Lockstep), as a run of real steps would."""
     trainer = make_trainer(tmp_path, tokenizer, steps=10)
     cb = ActuatorCallback(policy, connection=service.url, knobs=KNOBS,
                           probes=[KLDrift(HELD_OUT, tokenizer, every=probe_every, max_length=32)],
                           reporting=Reporting(budget_share=1.0)).attach(trainer)
+    trainer.add_callback(Lockstep(cb))
     with caplog.at_level(logging.WARNING, logger="actuator.agents"):
         trainer.train()
     return cb

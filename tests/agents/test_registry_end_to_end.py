@@ -16,7 +16,7 @@ from actuator.agents.callback import ActuatorCallback, Reporting
 from actuator.catalogue import KNOBS, PROBES
 from actuator.schemas import CatalogueKnob, CatalogueProbe, CatalogueSpec
 
-from agent_helpers import SlowSteps, make_trainer
+from agent_helpers import Lockstep, make_trainer
 from catalogue_agreement import DOCS, PROBES_DOCS, disagreements, probe_class_disagreements
 
 POLICY = {
@@ -56,7 +56,7 @@ def test_a_toy_knob_and_probe_drive_a_run_on_a_service_in_another_process(tmp_pa
                                                                           toys):
     trainer = make_trainer(tmp_path, char_tokenizer, steps=12, weight_decay=0.1)
     cb = ActuatorCallback(POLICY, connection=sqlite_service.url, reporting=Reporting(budget_share=1.0)).attach(trainer)
-    trainer.add_callback(SlowSteps())
+    trainer.add_callback(Lockstep(cb))  # each answer taken at the boundary after its reading
     trainer.train()
 
     assert cb.session.run_id is not None, "the service accepted the run"

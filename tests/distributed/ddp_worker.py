@@ -27,7 +27,7 @@ import torch.distributed as dist  # noqa: E402
 from actuator.agents.callback import ActuatorCallback, Reporting  # noqa: E402
 from actuator.agents.probes import KLDrift  # noqa: E402
 
-from agent_helpers import HELD_OUT, NARROW_TASK, SlowSteps, lm_dataset, make_char_tokenizer  # noqa: E402
+from agent_helpers import HELD_OUT, NARROW_TASK, Lockstep, lm_dataset, make_char_tokenizer  # noqa: E402
 from ranks import (applied_report, ddp_trainer, drift_lr_policy, leave_group,  # noqa: E402 - beside this file
                    schedule_shape, worker_parser)
 
@@ -45,7 +45,7 @@ def main() -> None:
         knobs={"learning_rate": {"min": 1e-5, "max": 1e-2, "max_step": 0.5}},
         probes=[KLDrift(HELD_OUT, tok, every=2, max_length=32)], reporting=Reporting(budget_share=1.0),
     ).attach(trainer)
-    trainer.add_callback(SlowSteps(0.05))
+    trainer.add_callback(Lockstep(cb))  # rank 0 takes each answer at the boundary after its reading
     trainer.train()
 
     checksum = float(sum(p.detach().double().sum() for p in trainer.model.parameters()))
