@@ -216,6 +216,8 @@ class Engine:
             if breached and st.breaches >= g.consecutive and not st.active:
                 st.active = True
                 self._fire(ctx, g, obs.step, value, threshold, result)
+            if g.reference == "best" and (value < st.baseline if g.bound == "upper" else value > st.baseline):
+                st.baseline = value  # the best so far: the next reading's threshold is relative to it
         if any(g.action == "rollback" for g in self.policy.guardrails):
             self._note_held(ctx, obs.step)
 
@@ -231,7 +233,11 @@ class Engine:
             climbed += (f"; back to the newest checkpoint at or before step {healthy}, where every guardrail last held"
                         if healthy is not None else "; no step yet at which every guardrail held")
         at = f" at step {step}" if action in ("halt", "rollback") else ""  # what the agent's log and the event say
-        reason = (f"guardrail {g.name}: {g.probe} {_fmt(value)} {side} threshold {_fmt(threshold)}{at} "
+        ref = ""
+        if g.reference == "best":  # the number the threshold came from, said (the first reading is stored)
+            best = ctx.guardrails[g.name].baseline
+            ref = f" ({g.threshold} of the best reading so far, {_fmt(best)})" if best is not None else ""
+        reason = (f"guardrail {g.name}: {g.probe} {_fmt(value)} {side} threshold {_fmt(threshold)}{ref}{at} "
                   f"({action}{climbed})")
         result.events.append(GuardrailBreach(step=step, guardrail=g.name, action=action, value=value,
                                              threshold=threshold, reason=reason, rung=rung, healthy_step=healthy))

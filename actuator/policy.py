@@ -790,8 +790,13 @@ class GuardrailSpec(_Model):
         description="lower: the probe must stay >= threshold (e.g. gold_logprob); upper: <= threshold (drift)."
     )
     threshold: FiniteFloat | str = Field(
-        description="Absolute value, or relative to the run's first value: '-5%' / '+20%'."
+        description="Absolute value, or relative to the run's first value: '-5%' / '+20%' (to its best "
+        "reading so far with reference: best)."
     )
+    reference: Literal["first", "best"] = Field(
+        "first", description="What a relative threshold is relative to: the run's first reading, or its best "
+        "reading so far (the lowest for an upper bound, the highest for a lower bound): '+50%' with 'best' fires "
+        "when a probe that training improves falls back 50% from its best, the fall a rewind undoes.")
     action: Literal["alert", "adjust", "halt", "rollback"] = "alert"
     knob: str | None = Field(None, description="Knob scaled by 'adjust' / damped after 'rollback'.")
     factor: FiniteFloat = Field(0.5, gt=0, description="Multiplier applied to the knob by adjust/rollback.")
@@ -816,6 +821,9 @@ class GuardrailSpec(_Model):
     def _needs_knob(self) -> GuardrailSpec:
         if self.action == "adjust" and self.knob is None:
             raise ValueError("action 'adjust' needs 'knob'")
+        if self.reference == "best" and not isinstance(self.threshold, str):
+            raise ValueError("reference 'best' is for a relative threshold ('+50%'); an absolute threshold is "
+                             "the same at every reading")
         if not isinstance(self.threshold, str):
             _check_in_range(self.probe, float(self.threshold), "threshold")
         return self

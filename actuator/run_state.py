@@ -262,7 +262,7 @@ class ControllerState:
 @dataclass
 class GuardrailState:
     """A guardrail's memory for one run: ``baseline`` is the probe's first value (the reference
-    of a relative threshold), ``breaches`` the consecutive breaches, ``active`` whether it has
+    of a relative threshold), its best so far under ``reference: best``; ``breaches`` the consecutive breaches, ``active`` whether it has
     fired and not cleared; ``probe``, ``threshold`` and ``value`` what it last compared."""
 
     baseline: float | None = None

@@ -98,3 +98,32 @@ def test_without_a_ladder_every_firing_rolls_back_as_before():
         actions += [a.type for a in r.actions]
         assert all(e.rung is None for e in r.events if e.kind == "guardrail_breach")
     assert actions == ["rollback"] * 3 and ctx.state == "running"
+
+
+def _falls_back(reference):
+    """A probe training improves (lower is better: 5 -> 3 -> 2), then a fall back to 3.5 and back to
+    1.8; the guardrail is '+50%' relative to the first reading or to the best so far."""
+    guard = {**GUARD, "threshold": "+50%", "reference": reference}
+    engine = Engine(PolicyDocument.model_validate({"name": "rw", "guardrails": [guard]}))
+    ctx = RunContext.from_json({"learning_rate": {"value": 1e-3, "min": 1e-6, "max": 1e-2, "scale": "log"}})
+    fired = []
+    for seq, (step, x) in enumerate([(0, 5.0), (2, 3.0), (4, 2.0), (6, 3.5), (8, 1.8)]):
+        r = engine.observe(ctx, ObservationCreate(seq=seq, step=step, probes={"custom.x": x}))
+        fired += [e for e in r.events if e.kind == "guardrail_breach"]
+    return ctx, fired
+
+
+def test_a_threshold_relative_to_the_best_reading_catches_a_fall_the_first_reading_hides():
+    ctx, fired = _falls_back("best")
+    assert [(e.step, e.value, e.threshold) for e in fired] == [(6, 3.5, pytest.approx(3.0))]  # +50% of 2.0
+    assert "custom.x 3.5 above threshold 3 (+50% of the best reading so far, 2) at step 6" in fired[0].reason
+    assert ctx.guardrails["g"].baseline == 1.8  # the best so far, after the recovery
+    ctx_first, fired_first = _falls_back("first")
+    assert fired_first == [] and ctx_first.guardrails["g"].baseline == 5.0  # +50% of 5.0 is 7.5: never
+
+
+def test_reference_best_needs_a_relative_threshold():
+    with pytest.raises(ValidationError, match="reference 'best' is for a relative threshold"):
+        PolicyDocument.model_validate({"name": "rw", "guardrails": [{**GUARD, "reference": "best"}]})
+    with pytest.raises(ValidationError, match="guardrails.0.reference"):
+        PolicyDocument.model_validate({"name": "rw", "guardrails": [{**GUARD, "threshold": "+5%", "reference": "top"}]})
