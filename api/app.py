@@ -329,7 +329,10 @@ class _EnvelopeTooLarge:
         await self.app(scope, receive, envelope)
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, *, own_process: bool = True) -> FastAPI:
+    """The service. ``own_process``: the service is the process (``actuator serve``, uvicorn's
+    factory), so its start-up objects are frozen out of the garbage collector's walk; False when
+    it is embedded in a training process (api/embedded.py), whose objects are not its to freeze."""
     settings = settings or Settings()
     load_plugins(settings.plugins)
 
@@ -352,8 +355,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # What start-up built lives as long as the service: out of the collector's sight, a full
         # collection walks only what requests allocate (it took ~110 ms on a 2-core machine with
         # everything imported, a stall of one ingest answer in every few hundred; 1-2 ms frozen).
-        gc.collect()
-        gc.freeze()
+        if own_process:
+            gc.collect()
+            gc.freeze()
         yield
         app.state.services.cpu.close()
         if notifier is not None:

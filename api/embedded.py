@@ -29,7 +29,7 @@ def serve_in_thread(settings: Settings | None = None, *, port: int | None = None
     import uvicorn
 
     port = port or _free_port()
-    app = create_app(settings or Settings())
+    app = create_app(settings or Settings(), own_process=False)  # the training process's objects stay collectable
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     threading.Thread(target=server.run, daemon=True, name="actuator-service").start()
     url = f"http://127.0.0.1:{port}"

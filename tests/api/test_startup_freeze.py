@@ -24,3 +24,14 @@ def test_start_up_freezes_what_it_built_and_the_service_still_answers(tmp_path):
             assert client.get("/healthz").status_code == 200
     finally:
         gc.unfreeze()
+
+
+def test_an_embedded_service_freezes_nothing_of_the_training_process(tmp_path):
+    from actuator.api.embedded import serve_in_thread
+
+    gc.unfreeze()
+    url = serve_in_thread(Settings(database_url=f"sqlite:///{tmp_path / 'e.db'}"))
+    import httpx
+
+    assert httpx.get(f"{url}/healthz").status_code == 200
+    assert gc.get_freeze_count() == 0
