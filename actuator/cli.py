@@ -29,7 +29,7 @@ bench_app = typer.Typer(help="Benchmarks: scripts in the source repository's ben
 app.add_typer(bench_app, name="bench")
 
 # The scripts of benchmarks/control/ that declare a SCENARIO (tests/actuator/test_cli.py checks the two agree).
-SCENARIOS = ("plants", "sft-drift", "forgetting", "dpo-kl", "rl-kl", "rl-entropy", "draft-distill", "compress-rank")
+SCENARIOS = ("plants", "sft-drift", "forgetting", "dpo-kl", "rl-kl", "rl-entropy", "rewind", "draft-distill", "compress-rank")
 # Markup off: what is printed (YAML errors, reasons, run names) is shown as it is; rich markup would
 # read "[a, b: c]" in a YAML error as a tag and drop it. Styles go through Text instead.
 console = Console(markup=False)

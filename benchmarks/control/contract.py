@@ -46,8 +46,9 @@ class Metric:
     """One figure an arm is measured by. ``direction``: "min" when lower is better. ``target``: the
     bound a seed's value must meet (None: reported only), scaled by the value of ``relative_to`` on
     the same seeds when set (an arm's name, or ``pick:NAME`` for the arm :class:`Pick` NAME chose on
-    seed 0); ``judge``: the arms whose verdict is quoted (empty: every arm but the reference).
-    ``read`` takes the value from a stored record (default: ``record[name]``)."""
+    seed 0) — its own value of this metric, or of ``ref_metric`` (rewind: the final model against the
+    open loop's *best* reading); ``judge``: the arms whose verdict is quoted (empty: every arm but the
+    reference). ``read`` takes the value from a stored record (default: ``record[name]``)."""
 
     name: str
     direction: Direction
@@ -57,6 +58,7 @@ class Metric:
     judge: tuple[str, ...] = ()
     read: Callable[[Mapping[str, Any]], float | None] | None = None
     label: str = ""
+    ref_metric: str | None = None  # the reference arm's metric the target scales (default: this one)
 
     def value(self, record: Mapping[str, Any]) -> float | None:
         v = self.read(record) if self.read is not None else record.get(self.name)
@@ -305,7 +307,8 @@ def _judge(f: Figure, m: Metric, mine: Mapping[int, float], refs: Mapping[int, f
            seeds: Sequence[int]) -> None:
     """``f``'s verdict on ``m``'s target over ``seeds``, and where seeds 5-9 disagree with 1-4."""
     held, n, on_mean = _holds_share(m, mine, refs, seeds)
-    f.target, f.relative_to, f.seeds_met, f.seeds_judged, f.seeds_needed = m.target, m.relative_to, held, n, _need(n)
+    ref = m.relative_to if m.relative_to is None or m.ref_metric is None else f"{m.relative_to}'s {m.ref_metric}"
+    f.target, f.relative_to, f.seeds_met, f.seeds_judged, f.seeds_needed = m.target, ref, held, n, _need(n)
     f.met_on_mean, f.met, f.provisional = on_mean, _verdict(held, n, on_mean), n < OF
     f.disagreement = _disagreement(m, mine, refs)
 
@@ -377,7 +380,7 @@ def _refs(m: Metric, runs: Sequence[ArmResult], picks: Mapping[str, PickResult])
     ref = m.relative_to
     if ref.startswith("pick:"):
         ref = picks[ref[5:]].picked_on_seed0 or ""
-    return {r.seed: r.metrics.get(m.name) for r in runs if r.arm == ref}
+    return {r.seed: r.metrics.get(m.ref_metric or m.name) for r in runs if r.arm == ref}
 
 
 def validate(scenario: Scenario, runs: Sequence[ArmResult], files: Sequence[str] = (),

@@ -235,6 +235,8 @@ def main(argv: list[str] | None = None) -> contract.Validation:
 
     a, rest = parser().parse_known_args(argv)
     a.out = Path(a.out) if a.out else Path(tempfile.gettempdir()) / "actuator-bench" / SCENARIO
+    if {"-h", "--help"} & set(rest):  # the scenario's own flags, then the contract's (which exits)
+        print(parser().format_help())
     if "--quick" in rest:
         a.steps = min(a.steps, 8)
     if "--aggregate" not in rest:

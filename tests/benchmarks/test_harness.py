@@ -96,7 +96,8 @@ def test_per_seed_files_keep_their_names_and_read_back_in_order(tmp_path):
 
 
 # -- the common flags -----------------------------------------------------------------------------
-@pytest.mark.parametrize("module", ["sft_drift", "forgetting", "dpo_kl", "rl_kl", "draft_distill", "compress_rank"])
+@pytest.mark.parametrize("module", ["sft_drift", "forgetting", "dpo_kl", "rl_kl", "rl_entropy", "rewind", "draft_distill",
+                                    "compress_rank"])
 def test_every_scenario_takes_the_common_flags(module, capsys):
     import importlib
 

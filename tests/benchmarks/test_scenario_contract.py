@@ -178,3 +178,23 @@ def test_a_relative_target_is_judged_only_on_the_seeds_its_reference_ran(tmp_pat
     f = validate(s, runs).get("preset", "vs_pick")
     assert (f.seeds_judged, f.seeds_met, f.seeds_needed, f.provisional) == (8, 7, 8, True)
     assert contract.verdict_text(f) == "missed (7 of 8, provisional)"
+
+
+def test_a_target_can_scale_by_another_metric_of_the_reference_arm(tmp_path: Path) -> None:
+    # rewind's claim: an arm's final reading at most the open loop's *best* reading (not its final one)
+    final = {"open": [9.0] * 10, "rewind": [2.0, 2.5, 2.5, 2.5, 2.5, 2.5, 2.5, 2.5, 2.5, 3.5]}
+    best = {"open": [3.0] * 10, "rewind": [2.0] * 10}
+
+    def runner(seed: int, arm: Arm) -> ArmResult:
+        return ArmResult(arm.name, arm.kind, seed, {"final": final[arm.name][seed], "best": best[arm.name][seed]})
+
+    s = Declared(name="rw", task="t", arm_list=[Arm("open", "open"), Arm("rewind", "rewind")],
+                 metrics=[Metric("final", "min", target=1.0, relative_to="open", ref_metric="best", judge=("rewind",)),
+                          Metric("final_vs_final", "min", target=1.0, relative_to="open", judge=("rewind",),
+                                 read=lambda r: r["final"]),
+                          Metric("best", "min")], runner=runner)
+    v = validate(s, contract.run(s, range(10), tmp_path))
+    by_best, by_final = v.get("rewind", "final"), v.get("rewind", "final_vs_final")
+    assert (by_best.seeds_met, by_best.met) == (8, True)  # 2.5 <= 3 on seeds 1-8, 3.5 > 3 on seed 9
+    assert by_best.relative_to == "open's best"  # what the table says the target is against
+    assert (by_final.seeds_met, by_final.met) == (9, True)  # against the open loop's final 9.0 every seed holds

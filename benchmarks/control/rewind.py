@@ -1,0 +1,345 @@
+"""rewind: undo a bad stretch of SFT on the real SmolLM2-135M-Instruct (issue 56).
+
+The task is sft-drift's (benchmarks/control/word_task.py): spell a word backwards, letters separated
+by dashes, 4 examples a step, constant lr. A fault hits the run mid-way (``--fault``):
+
+- ``data``: a mislabeled shard. The batches of steps ``--fault-at`` .. ``--fault-at + --fault-len - 1``
+  spell the word forwards ("apple" -> "a-p-p-l-e"), a labelling bug in one shard of the data (the
+  data order is fixed per seed, so every arm meets the shard at the same steps);
+- ``lr``: a learning-rate excursion, the optimizer's lr ×``--lr-spike`` over the same steps (a warm
+  restart gone wrong), back to the schedule after.
+
+The capability probe is the held-out perplexity of the task (32 examples never trained on, the
+``perplexity`` probe every ``--probe-every`` steps): training lowers it, the fault raises it. The
+task score is greedy exact match over the 35-word vocabulary (``task_accuracy``).
+
+Arms (one process per seed runs them one after another, same data, seed and fault):
+- ``open loop``: the run as the user launched it;
+- ``early stopping``: HF's ``EarlyStoppingCallback`` (patience ``--patience`` evaluations) with
+  ``load_best_model_at_end`` on ``eval_loss`` over the same 32 held-out examples (the probe's text,
+  the log of its perplexity), evaluated and saved (model only) every ``--probe-every`` steps;
+- ``loss-spike halt``: LLM Foundry's ``KillLossSpike`` idea: stop when the training loss is over
+  ``--spike-mult`` × the mean of the ``--spike-window`` losses before it for ``--spike-patience``
+  steps in a row; the model is the last step's;
+- ``actuator rewind``: a guardrail on the probe, ``threshold: +--guard%`` with ``reference: best``
+  (the run's best reading so far), ``action: rollback`` damping the lr by ``--damp``; the agent saves
+  at healthy readings (``rewind.healthy_saves``, every ``--save-every`` steps, 2 kept) and climbs a
+  ladder: rewind up to ``--rewinds`` times, then halt;
+- ``actuator rewind + keep-best``: the same, and ``rewind.keep_best`` loads the checkpoint of the best
+  reading at the end.
+
+Measures per arm and seed: ``final_ppl`` (the probe on the model the arm ends with, measured the same
+way for every arm after training), ``best_ppl`` (the best reading during the run: the open loop's is
+its best checkpoint had it saved at every reading), ``task_accuracy``, ``general_ppl`` (general
+English text), ``steps`` (optimizer steps taken), ``steps_lost`` (steps undone by rewinds),
+``rewinds``, ``seconds`` (wall time, saves and evaluations included), ``fault_damage`` (the open loop
+only: its reading after the fault over its best before it).
+
+Target (issue 56): each Actuator arm's ``final_ppl`` at most the open loop's ``best_ppl``, at a
+``task_accuracy`` no lower than the early-stopping arm's, on 8 of 9 judged seeds and the mean.
+
+    python -m benchmarks.control.rewind --seeds 0 [--fault data|lr] [--arms ...] [--tag -x]
+    python -m benchmarks.control.rewind --quick                      # 12 steps: open loop, rewind
+    python -m benchmarks.control.rewind --aggregate --tag -x
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.control import contract
+from benchmarks.control.contract import Arm, ArmResult, Declared, Metric
+from benchmarks.control.data import WORDS, collator
+from benchmarks.control.harness import add_flags, console, start
+
+SCENARIO = "rewind"
+OPEN, EARLY, SPIKE = "open loop", "early stopping", "loss-spike halt"
+REWIND, KEEP = "actuator rewind", "actuator rewind + keep-best"
+
+SPEC = Declared(
+    name=SCENARIO,
+    task="SFT of SmolLM2-135M-Instruct on spelling words backwards with a fault mid-run (a mislabeled shard or "
+         "an lr excursion); a guardrail on held-out perplexity rewinds to the last healthy checkpoint",
+    arm_list=[Arm(OPEN, "open"), Arm(EARLY, "early-stop"), Arm(SPIKE, "loss-spike"), Arm(REWIND, "rewind"),
+              Arm(KEEP, "rewind", {"keep_best": True})],
+    quick=(OPEN, REWIND),
+    metrics=[Metric("final_ppl", "min", "perplexity", target=1.0, relative_to=OPEN, ref_metric="best_ppl",
+                    judge=(REWIND, KEEP), label="the final model at most the open loop's best checkpoint"),
+             Metric("task_accuracy", "max", "share of 35 words", target=1.0, relative_to=EARLY, judge=(REWIND, KEEP),
+                    label="task score no lower than early stopping's"),
+             Metric("best_ppl", "min", "perplexity"), Metric("general_ppl", "min", "perplexity"),
+             Metric("steps", "max", "steps"), Metric("steps_lost", "min", "steps"), Metric("rewinds", "min"),
+             Metric("seconds", "min", "s"), Metric("fault_damage", "max", "× best before")],
+    plots=("perplexity", "lr"))
+
+
+# -- the data: a fixed order per seed, the fault's shard in place ---------------------------------
+def examples(tok: Any, n: int, seed: int, forwards: set[int] = frozenset()) -> list[str]:  # type: ignore[assignment]
+    """``n`` chat examples of the task, in training order; those at the positions in ``forwards``
+    are mislabeled (the word spelled forwards)."""
+    from actuator.agents.general import chat
+
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        w = rng.choice(WORDS)
+        out.append(chat(tok, f"Reverse the word: {w}", "-".join(w if i in forwards else reversed(w))))
+    return out
+
+
+def dataset(tok: Any, texts: Sequence[str]) -> Any:
+    from datasets import Dataset
+
+    enc = tok(list(texts), truncation=True, max_length=64)
+    return Dataset.from_dict({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
+
+
+def fault_steps(a: argparse.Namespace) -> range:
+    return range(a.fault_at, a.fault_at + a.fault_len)
+
+
+def training_texts(tok: Any, a: argparse.Namespace, seed: int) -> list[str]:
+    """One batch per optimizer step in order; under ``--fault data`` the fault's steps are mislabeled."""
+    n = a.steps * a.batch
+    bad = {i for s in fault_steps(a) for i in range((s - 1) * a.batch, s * a.batch)} if a.fault == "data" else set()
+    return examples(tok, n, seed, bad)
+
+
+# -- one arm -------------------------------------------------------------------------------------
+def rewind_policy(a: argparse.Namespace, keep_best: bool) -> dict[str, Any]:
+    rewind: dict[str, Any] = {
+        "healthy_saves": {"keep": 2, "every": a.save_every},
+        "ladder": {"window": a.steps, "rungs": [{"action": "rollback", "times": a.rewinds}, {"action": "halt"}]}}
+    if keep_best:
+        rewind["keep_best"] = {"probe": "perplexity", "mode": "min", "at_end": "load"}
+    return {"name": f"bench-rewind{'-best' if keep_best else ''}",
+            "probes": [{"name": "perplexity", "every": a.probe_every}],
+            "guardrails": [{"name": "task-ppl", "probe": "perplexity", "bound": "upper", "threshold": f"+{a.guard:g}%",
+                            "reference": "best", "action": "rollback", "knob": "learning_rate", "factor": a.damp}],
+            "rewind": rewind}
+
+
+class Run:
+    """The scenario's shared parts for a process: the model, the held-out probe text, the service."""
+
+    def __init__(self, a: argparse.Namespace) -> None:
+        from actuator.agents.general import PROBE_TEXTS
+        from actuator.agents.models import load_smollm2
+
+        self.a = a
+        self.url = start(a)
+        with console.status("loading SmolLM2-135M-Instruct (offline)…"):
+            self.model, self.tok = load_smollm2(pad_with_endoftext=True)
+        self.base = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        self.general = list(PROBE_TEXTS)
+
+    def probe(self, every: int | None) -> Any:
+        from actuator.agents.probes import Perplexity
+
+        return Perplexity(self.heldout, self.tok, every=every, batch_size=8)
+
+    def trainer(self, arm: Arm, seed: int, **extra: Any) -> Any:
+        import torch
+        from torch.utils.data import SequentialSampler
+        from transformers import Trainer, TrainingArguments
+        from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+        class InOrder(Trainer):  # the data order is the seed's, the same for every arm: the shard at its steps
+            def _get_train_sampler(self, train_dataset: Any = None) -> Any:
+                return SequentialSampler(train_dataset if train_dataset is not None else self.train_dataset)
+
+        a = self.a
+        torch.manual_seed(seed)
+        args = TrainingArguments(
+            output_dir=str(a.out / f"{arm.kind}-{seed}"), max_steps=a.steps, per_device_train_batch_size=a.batch,
+            learning_rate=a.lr, lr_scheduler_type="constant", logging_steps=1, report_to=[], use_cpu=True, seed=seed,
+            disable_tqdm=True, dataloader_num_workers=0, weight_decay=0.0, per_device_eval_batch_size=8,
+            **({"save_strategy": "no"} | extra))
+        train = dataset(self.tok, training_texts(self.tok, a, seed))
+        trainer = InOrder(model=self.model, args=args, train_dataset=train, data_collator=collator(self.tok, train),
+                          eval_dataset=dataset(self.tok, self.heldout) if "eval_strategy" in extra else None)
+        trainer.remove_callback(PrinterCallback)
+        trainer.remove_callback(ProgressCallback)
+        return trainer
+
+    def __call__(self, seed: int, arm: Arm) -> ArmResult:
+        from transformers import EarlyStoppingCallback, TrainerCallback
+
+        from actuator.agents.callback import ActuatorCallback
+        from actuator.agents.probes import ProbeSuite
+
+        a = self.a
+        self.model.load_state_dict(self.base)
+        self.heldout = examples(self.tok, 32, seed + 1000)
+        extra: dict[str, Any] = {}
+        if arm.kind == "early-stop":
+            extra = {"eval_strategy": "steps", "eval_steps": a.probe_every, "save_strategy": "steps",
+                     "save_steps": a.probe_every, "save_only_model": True, "save_total_limit": 2,
+                     "load_best_model_at_end": True, "metric_for_best_model": "eval_loss", "greater_is_better": False}
+        trainer = self.trainer(arm, seed, **extra)
+        cb, suite = None, None
+        if arm.kind == "rewind":
+            cb = ActuatorCallback(rewind_policy(a, bool(arm.params.get("keep_best"))), connection=self.url,
+                                  probes=[self.probe(a.probe_every)], reporting={"budget_share": 1.0},
+                                  knobs={"learning_rate": {"min": a.lr / 1000, "max": a.lr, "max_step": 0.9}},
+                                  run=f"bench-{SCENARIO}-{arm.kind}-{seed}").attach(trainer)
+        else:
+            suite = ProbeSuite([self.probe(None)], budget_share=1.0)
+            suite.setup(self.model)
+        if arm.kind == "early-stop":
+            trainer.add_callback(EarlyStoppingCallback(early_stopping_patience=a.patience))
+        trace: list[dict[str, Any]] = []
+        losses: list[float] = []
+        spiking = [0]
+        fault = set(fault_steps(a)) if a.fault == "lr" else set()
+
+        class Trace(TrainerCallback):
+            def on_step_begin(self, args, state, control, optimizer=None, **kw):  # noqa: ANN001
+                if state.global_step + 1 in fault:  # this step's update at ×spike; the schedule resets it after
+                    for g in trainer.optimizer.param_groups:
+                        g["lr"] *= a.lr_spike
+
+            def on_step_end(self, args, state, control, model=None, **kw):  # noqa: ANN001
+                step, value = state.global_step, None
+                if cb is not None:
+                    h = cb.session.history
+                    if h and h[-1]["step"] == step and "perplexity" in h[-1]["probes"]:
+                        value = h[-1]["probes"]["perplexity"]
+                elif step % a.probe_every == 0:
+                    rep = suite.run(model, step, force=True)
+                    value = rep.values["perplexity"] if rep is not None else None
+                if value is not None:
+                    trace.append({"step": step, "perplexity": value, "lr": trainer.optimizer.param_groups[0]["lr"]})
+                    if not console.is_terminal:
+                        console.print(f"  {arm.name} seed {seed} step {step}: perplexity {value:.4g} "
+                                      f"lr {trace[-1]['lr']:.3g}")
+
+            def on_log(self, args, state, control, logs=None, **kw):  # noqa: ANN001
+                if arm.kind != "loss-spike" or not logs or "loss" not in logs:
+                    return
+                loss = float(logs["loss"])
+                window = losses[-a.spike_window:]
+                spike = len(window) == a.spike_window and loss > a.spike_mult * statistics.fmean(window)
+                spiking[0] = spiking[0] + 1 if spike else 0
+                losses.append(loss)
+                if spiking[0] >= a.spike_patience:
+                    console.print(f"  {arm.name} seed {seed}: loss {loss:.3f} over {a.spike_mult:g}× the mean of "
+                                  f"the {a.spike_window} before for {spiking[0]} steps: stopped at step "
+                                  f"{state.global_step}")
+                    control.should_training_stop = True
+
+        trainer.add_callback(Trace())
+        if suite is not None:  # the starting model's reading, as the agent's baseline is
+            trace.append({"step": 0, "perplexity": suite.run(self.model, 0, force=True).values["perplexity"],
+                          "lr": a.lr})
+        t0 = time.time()
+        state = trainer.train()
+        seconds = time.time() - t0
+        return ArmResult(arm.name, arm.kind, seed, self.measure(trainer, trace, cb, seconds, state), trace,
+                         self.record(cb))
+
+    def measure(self, trainer: Any, trace: list[dict[str, Any]], cb: Any, seconds: float, out: Any) -> dict[str, Any]:
+        from actuator.agents.probes import Perplexity
+
+        a = self.a  # the task's held-out text and general English, each read once from the final model
+        readings = [p.measure(self.model) for p in (self.probe(None), Perplexity(self.general, self.tok, every=None))]
+        rewinds = cb.session.rollbacks if cb is not None else []
+        ppl = [t["perplexity"] for t in trace]
+        before = [t["perplexity"] for t in trace if t["step"] < a.fault_at]
+        after = [t["perplexity"] for t in trace if a.fault_at <= t["step"] <= a.fault_at + a.fault_len + a.probe_every]
+        return {"final_ppl": readings[0]["perplexity"], "general_ppl": readings[1]["perplexity"],
+                "best_ppl": min(ppl) if ppl else math.nan, "task_accuracy": self.accuracy(),
+                "steps": int(trainer.state.global_step), "steps_lost": sum(r["at_step"] - r["to_step"] for r in rewinds),
+                "rewinds": len(rewinds), "seconds": seconds,
+                "fault_damage": max(after) / min(before) if before and after else None}
+
+    def accuracy(self) -> float:
+        import re
+
+        import torch
+
+        from actuator.agents.general import chat
+
+        model, tok = self.model, self.tok
+        was = model.training
+        model.eval()
+        tok.padding_side = "left"
+        enc = tok([chat(tok, f"Reverse the word: {w}") for w in WORDS], return_tensors="pt", padding=True,
+                  add_special_tokens=False)
+        with torch.no_grad():
+            out = model.generate(**enc, max_new_tokens=24, do_sample=False,
+                                 pad_token_id=tok.pad_token_id or tok.eos_token_id)
+        answers = tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+        tok.padding_side = "right"
+        model.train(was)
+        return sum(re.match(re.escape("-".join(reversed(w))) + r"(?![-A-Za-z])", x.strip()) is not None
+                   for x, w in zip(answers, WORDS, strict=True)) / len(WORDS)
+
+    def record(self, cb: Any) -> dict[str, Any]:
+        a = self.a
+        return {"fault": a.fault, "fault_steps": list(fault_steps(a)), "lr": a.lr, "steps_max": a.steps,
+                "policy": cb.session.policy_doc.model_dump(mode="json") if cb is not None else None,
+                "rollbacks": [{k: r[k] for k in ("at_step", "to_step")} for r in cb.session.rollbacks] if cb else [],
+                "kept": cb.kept if cb is not None else None, "run_id": cb.session.run_id if cb is not None else None}
+
+
+# -- the command line ----------------------------------------------------------------------------
+FLAGS: dict[str, tuple[Any, str]] = {
+    "--lr": (3e-5, "learning rate (constant)"),
+    "--batch": (4, "examples per step"),
+    "--fault-at": (16, "the fault's first step"),
+    "--fault-len": (6, "steps the fault lasts"),
+    "--lr-spike": (10.0, "--fault lr: the lr multiplier over the fault's steps"),
+    "--probe-every": (2, "held-out perplexity every N steps (and early stopping's evaluations and saves)"),
+    "--save-every": (4, "actuator arms: a healthy save at most every N steps"),
+    "--guard": (30.0, "actuator arms: the guardrail fires at this % above the best reading so far"),
+    "--damp": (0.5, "actuator arms: the lr's factor at each rewind"),
+    "--rewinds": (3, "actuator arms: rewinds allowed in the run before the ladder halts"),
+    "--patience": (3, "early stopping: evaluations without improvement"),
+    "--spike-mult": (2.0, "loss-spike halt: a loss over this multiple of the recent mean is a spike"),
+    "--spike-window": (5, "loss-spike halt: the losses the mean is over"),
+    "--spike-patience": (2, "loss-spike halt: spikes in a row that stop the run"),
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 add_help=False)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--fault", choices=("data", "lr"), default="data")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: by machine load)")
+    ap.add_argument("--out", default=None, help="scratch: trainer dirs, checkpoints, the service's SQLite")
+    add_flags(ap, FLAGS)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> contract.Validation:
+    import tempfile
+
+    a, rest = parser().parse_known_args(argv)
+    a.out = Path(a.out) if a.out else Path(tempfile.gettempdir()) / "actuator-bench" / SCENARIO
+    if {"-h", "--help"} & set(rest):  # the scenario's own flags, then the contract's (which exits)
+        print(parser().format_help())
+    if "--quick" in rest:
+        a.steps, a.fault_at, a.fault_len = min(a.steps, 12), 6, 3
+    if "--aggregate" not in rest:
+        runner: Run | None = None
+
+        def run_arm(seed: int, arm: Arm) -> ArmResult:
+            nonlocal runner
+            runner = runner or Run(a)
+            return runner(seed, arm)
+
+        SPEC.runner = run_arm
+    return contract.main(SPEC, rest)
+
+
+if __name__ == "__main__":
+    main()
