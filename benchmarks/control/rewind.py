@@ -4,8 +4,10 @@ The task is sft-drift's (benchmarks/control/word_task.py): spell a word backward
 by dashes, 4 examples a step, constant lr. A fault hits the run mid-way (``--fault``):
 
 - ``data``: a mislabeled shard. The batches of steps ``--fault-at`` .. ``--fault-at + --fault-len - 1``
-  spell the word forwards ("apple" -> "a-p-p-l-e"), a labelling bug in one shard of the data (the
-  data order is fixed per seed, so every arm meets the shard at the same steps);
+  answer with 12 words of unrelated English prose (standard-library docstrings), as when a pipeline
+  joins the wrong column for one shard (the data order is fixed per seed, so every arm meets the
+  shard at the same steps; a shard that spelled the words forwards did not raise the held-out
+  perplexity at all on a first try: it teaches the answers' dashed format as well as the task does);
 - ``lr``: a learning-rate excursion, the optimizer's lr ×``--lr-spike`` over the same steps (a warm
   restart gone wrong), back to the schedule after.
 
@@ -56,10 +58,12 @@ from typing import Any
 
 from benchmarks.control import contract
 from benchmarks.control.contract import Arm, ArmResult, Declared, Metric
-from benchmarks.control.data import WORDS, collator
+from actuator.agents.probes import Probe
+from benchmarks.control.data import WORDS, collator, stdlib_text
 from benchmarks.control.harness import add_flags, console, start
 
 SCENARIO = "rewind"
+PROBE = "custom.answer_ppl"
 OPEN, EARLY, SPIKE = "open loop", "early stopping", "loss-spike halt"
 REWIND, KEEP = "actuator rewind", "actuator rewind + keep-best"
 
@@ -81,35 +85,75 @@ SPEC = Declared(
 
 
 # -- the data: a fixed order per seed, the fault's shard in place ---------------------------------
-def examples(tok: Any, n: int, seed: int, forwards: set[int] = frozenset()) -> list[str]:  # type: ignore[assignment]
-    """``n`` chat examples of the task, in training order; those at the positions in ``forwards``
-    are mislabeled (the word spelled forwards)."""
-    from actuator.agents.general import chat
-
+def examples(n: int, seed: int, bad: frozenset[int] | set[int] = frozenset()) -> list[tuple[str, str]]:
+    """``n`` (request, answer) pairs of the task, in training order; those at the positions in
+    ``bad`` are mislabeled: their answer is a stretch of unrelated English prose (standard-library
+    docstrings), as when a pipeline joins the wrong column for one shard."""
     rng = random.Random(seed)
+    prose = " ".join(stdlib_text()).split() if bad else []
     out = []
     for i in range(n):
         w = rng.choice(WORDS)
-        out.append(chat(tok, f"Reverse the word: {w}", "-".join(w if i in forwards else reversed(w))))
+        if i in bad:
+            at = rng.randrange(len(prose) - 12)
+            out.append((f"Reverse the word: {w}", " ".join(prose[at:at + 12])))
+        else:
+            out.append((f"Reverse the word: {w}", "-".join(reversed(w))))
     return out
 
 
-def dataset(tok: Any, texts: Sequence[str]) -> Any:
+def dataset(tok: Any, pairs: Sequence[tuple[str, str]]) -> Any:
+    """Chat examples with completion-only labels (the answer and its end count; TRL's SFT default
+    for prompt-completion data): the request's template tokens would otherwise be most of the loss."""
     from datasets import Dataset
 
-    enc = tok(list(texts), truncation=True, max_length=64)
-    return Dataset.from_dict({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
+    from actuator.agents.general import answer_labels, chat
+
+    enc = tok([chat(tok, q, x) for q, x in pairs], truncation=True, max_length=64)
+    return Dataset.from_dict({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
+                              "labels": answer_labels(tok, [q for q, _ in pairs], enc["input_ids"])})
 
 
 def fault_steps(a: argparse.Namespace) -> range:
     return range(a.fault_at, a.fault_at + a.fault_len)
 
 
-def training_texts(tok: Any, a: argparse.Namespace, seed: int) -> list[str]:
+def training_pairs(a: argparse.Namespace, seed: int) -> list[tuple[str, str]]:
     """One batch per optimizer step in order; under ``--fault data`` the fault's steps are mislabeled."""
-    n = a.steps * a.batch
     bad = {i for s in fault_steps(a) for i in range((s - 1) * a.batch, s * a.batch)} if a.fault == "data" else set()
-    return examples(tok, n, seed, bad)
+    return examples(a.steps * a.batch, seed, bad)
+
+
+class AnswerPerplexity(Probe):
+    """``exp`` of the mean NLL of the held-out answers' tokens given their requests (key
+    ``custom.answer_ppl``): the task's held-out perplexity on what the model answers, the template
+    not counted. The capability probe of this scenario; early stopping's ``eval_loss`` is its log."""
+
+    name = "answer_ppl"
+
+    def __init__(self, tok: Any, pairs: Sequence[tuple[str, str]], every: int | None) -> None:
+        self._init_schedule(every, False)
+        self.data = dataset(tok, pairs)
+        self.pad = tok.pad_token_id
+
+    def _measure(self, model: Any, *, max_examples: int | None = None) -> dict[str, float]:
+        import torch
+
+        total, count = 0.0, 0
+        rows = [self.data[i] for i in self._selection(len(self.data), max_examples)]
+        for first in range(0, len(rows), 8):
+            batch = rows[first:first + 8]
+            width = max(len(r["input_ids"]) for r in batch)
+            ids = torch.tensor([r["input_ids"] + [self.pad] * (width - len(r["input_ids"])) for r in batch])
+            mask = torch.tensor([r["attention_mask"] + [0] * (width - len(r["input_ids"])) for r in batch])
+            labels = torch.tensor([r["labels"] + [-100] * (width - len(r["labels"])) for r in batch])
+            logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
+            target = labels[:, 1:]
+            nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
+                                                    ignore_index=-100, reduction="sum")
+            total += float(nll)
+            count += int((target != -100).sum())
+        return {"custom.answer_ppl": math.exp(total / count)}
 
 
 # -- one arm -------------------------------------------------------------------------------------
@@ -118,10 +162,9 @@ def rewind_policy(a: argparse.Namespace, keep_best: bool) -> dict[str, Any]:
         "healthy_saves": {"keep": 2, "every": a.save_every},
         "ladder": {"window": a.steps, "rungs": [{"action": "rollback", "times": a.rewinds}, {"action": "halt"}]}}
     if keep_best:
-        rewind["keep_best"] = {"probe": "perplexity", "mode": "min", "at_end": "load"}
+        rewind["keep_best"] = {"probe": PROBE, "mode": "min", "at_end": "load"}
     return {"name": f"bench-rewind{'-best' if keep_best else ''}",
-            "probes": [{"name": "perplexity", "every": a.probe_every}],
-            "guardrails": [{"name": "task-ppl", "probe": "perplexity", "bound": "upper", "threshold": f"+{a.guard:g}%",
+            "guardrails": [{"name": "task-ppl", "probe": PROBE, "bound": "upper", "threshold": f"+{a.guard:g}%",
                             "reference": "best", "action": "rollback", "knob": "learning_rate", "factor": a.damp}],
             "rewind": rewind}
 
@@ -140,10 +183,8 @@ class Run:
         self.base = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         self.general = list(PROBE_TEXTS)
 
-    def probe(self, every: int | None) -> Any:
-        from actuator.agents.probes import Perplexity
-
-        return Perplexity(self.heldout, self.tok, every=every, batch_size=8)
+    def probe(self, every: int | None) -> AnswerPerplexity:
+        return AnswerPerplexity(self.tok, self.heldout, every)
 
     def trainer(self, arm: Arm, seed: int, **extra: Any) -> Any:
         import torch
@@ -162,7 +203,7 @@ class Run:
             learning_rate=a.lr, lr_scheduler_type="constant", logging_steps=1, report_to=[], use_cpu=True, seed=seed,
             disable_tqdm=True, dataloader_num_workers=0, weight_decay=0.0, per_device_eval_batch_size=8,
             **({"save_strategy": "no"} | extra))
-        train = dataset(self.tok, training_texts(self.tok, a, seed))
+        train = dataset(self.tok, training_pairs(a, seed))
         trainer = InOrder(model=self.model, args=args, train_dataset=train, data_collator=collator(self.tok, train),
                           eval_dataset=dataset(self.tok, self.heldout) if "eval_strategy" in extra else None)
         trainer.remove_callback(PrinterCallback)
@@ -177,7 +218,7 @@ class Run:
 
         a = self.a
         self.model.load_state_dict(self.base)
-        self.heldout = examples(self.tok, 32, seed + 1000)
+        self.heldout = examples(32, seed + 1000)
         extra: dict[str, Any] = {}
         if arm.kind == "early-stop":
             extra = {"eval_strategy": "steps", "eval_steps": a.probe_every, "save_strategy": "steps",
@@ -210,11 +251,11 @@ class Run:
                 step, value = state.global_step, None
                 if cb is not None:
                     h = cb.session.history
-                    if h and h[-1]["step"] == step and "perplexity" in h[-1]["probes"]:
-                        value = h[-1]["probes"]["perplexity"]
+                    if h and h[-1]["step"] == step and PROBE in h[-1]["probes"]:
+                        value = h[-1]["probes"][PROBE]
                 elif step % a.probe_every == 0:
                     rep = suite.run(model, step, force=True)
-                    value = rep.values["perplexity"] if rep is not None else None
+                    value = rep.values[PROBE] if rep is not None else None
                 if value is not None:
                     trace.append({"step": step, "perplexity": value, "lr": trainer.optimizer.param_groups[0]["lr"]})
                     if not console.is_terminal:
@@ -237,7 +278,7 @@ class Run:
 
         trainer.add_callback(Trace())
         if suite is not None:  # the starting model's reading, as the agent's baseline is
-            trace.append({"step": 0, "perplexity": suite.run(self.model, 0, force=True).values["perplexity"],
+            trace.append({"step": 0, "perplexity": suite.run(self.model, 0, force=True).values[PROBE],
                           "lr": a.lr})
         t0 = time.time()
         state = trainer.train()
@@ -254,7 +295,7 @@ class Run:
         ppl = [t["perplexity"] for t in trace]
         before = [t["perplexity"] for t in trace if t["step"] < a.fault_at]
         after = [t["perplexity"] for t in trace if a.fault_at <= t["step"] <= a.fault_at + a.fault_len + a.probe_every]
-        return {"final_ppl": readings[0]["perplexity"], "general_ppl": readings[1]["perplexity"],
+        return {"final_ppl": readings[0][PROBE], "general_ppl": readings[1]["perplexity"],
                 "best_ppl": min(ppl) if ppl else math.nan, "task_accuracy": self.accuracy(),
                 "steps": int(trainer.state.global_step), "steps_lost": sum(r["at_step"] - r["to_step"] for r in rewinds),
                 "rewinds": len(rewinds), "seconds": seconds,
