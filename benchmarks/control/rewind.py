@@ -16,6 +16,7 @@ The capability probe is the held-out perplexity of the task (32 examples never t
 task score is greedy exact match over the 35-word vocabulary (``task_accuracy``).
 
 Arms (one process per seed runs them one after another, same data, seed and fault):
+- ``open loop, no fault``: the reference, the same run without the fault (what the fault costs);
 - ``open loop``: the run as the user launched it;
 - ``early stopping``: HF's ``EarlyStoppingCallback`` (patience ``--patience`` evaluations) with
   ``load_best_model_at_end`` on ``eval_loss`` over the same 32 held-out examples (the probe's text,
@@ -34,14 +35,14 @@ Measures per arm and seed: ``final_ppl`` (the probe on the model the arm ends wi
 way for every arm after training), ``best_ppl`` (the best reading during the run: the open loop's is
 its best checkpoint had it saved at every reading), ``task_accuracy``, ``general_ppl`` (general
 English text), ``steps`` (optimizer steps taken), ``steps_lost`` (steps undone by rewinds),
-``rewinds``, ``seconds`` (wall time, saves and evaluations included), ``fault_damage`` (the open loop
-only: its reading after the fault over its best before it).
+``rewinds``, ``seconds`` (wall time, saves and evaluations included). The fault's damage is the open
+loop against ``open loop, no fault`` (the same run on clean data at the scheduled lr).
 
 Target (issue 56): each Actuator arm's ``final_ppl`` at most the open loop's ``best_ppl``, at a
 ``task_accuracy`` no lower than the early-stopping arm's, on 8 of 9 judged seeds and the mean.
 
     python -m benchmarks.control.rewind --seeds 0 [--fault data|lr] [--arms ...] [--tag -x]
-    python -m benchmarks.control.rewind --quick                      # 12 steps: open loop, rewind
+    python -m benchmarks.control.rewind --quick                      # 12 steps: no fault, open loop, rewind
     python -m benchmarks.control.rewind --aggregate --tag -x
 """
 
@@ -64,23 +65,23 @@ from benchmarks.control.harness import add_flags, console, start
 
 SCENARIO = "rewind"
 PROBE = "custom.answer_ppl"
-OPEN, EARLY, SPIKE = "open loop", "early stopping", "loss-spike halt"
+OPEN, CLEAN, EARLY, SPIKE = "open loop", "open loop, no fault", "early stopping", "loss-spike halt"
 REWIND, KEEP = "actuator rewind", "actuator rewind + keep-best"
 
 SPEC = Declared(
     name=SCENARIO,
     task="SFT of SmolLM2-135M-Instruct on spelling words backwards with a fault mid-run (a mislabeled shard or "
          "an lr excursion); a guardrail on held-out perplexity rewinds to the last healthy checkpoint",
-    arm_list=[Arm(OPEN, "open"), Arm(EARLY, "early-stop"), Arm(SPIKE, "loss-spike"), Arm(REWIND, "rewind"),
+    arm_list=[Arm(CLEAN, "clean"), Arm(OPEN, "open"), Arm(EARLY, "early-stop"), Arm(SPIKE, "loss-spike"), Arm(REWIND, "rewind"),
               Arm(KEEP, "rewind", {"keep_best": True})],
-    quick=(OPEN, REWIND),
+    quick=(CLEAN, OPEN, REWIND),
     metrics=[Metric("final_ppl", "min", "perplexity", target=1.0, relative_to=OPEN, ref_metric="best_ppl",
                     judge=(REWIND, KEEP), label="the final model at most the open loop's best checkpoint"),
              Metric("task_accuracy", "max", "share of 35 words", target=1.0, relative_to=EARLY, judge=(REWIND, KEEP),
                     label="task score no lower than early stopping's"),
              Metric("best_ppl", "min", "perplexity"), Metric("general_ppl", "min", "perplexity"),
              Metric("steps", "max", "steps"), Metric("steps_lost", "min", "steps"), Metric("rewinds", "min"),
-             Metric("seconds", "min", "s"), Metric("fault_damage", "max", "× best before")],
+             Metric("seconds", "min", "s")],
     plots=("perplexity", "lr"))
 
 
@@ -118,9 +119,11 @@ def fault_steps(a: argparse.Namespace) -> range:
     return range(a.fault_at, a.fault_at + a.fault_len)
 
 
-def training_pairs(a: argparse.Namespace, seed: int) -> list[tuple[str, str]]:
-    """One batch per optimizer step in order; under ``--fault data`` the fault's steps are mislabeled."""
-    bad = {i for s in fault_steps(a) for i in range((s - 1) * a.batch, s * a.batch)} if a.fault == "data" else set()
+def training_pairs(a: argparse.Namespace, seed: int, faulty: bool = True) -> list[tuple[str, str]]:
+    """One batch per optimizer step in order; under ``--fault data`` (and ``faulty``) the fault's
+    steps are mislabeled."""
+    data = faulty and a.fault == "data"
+    bad = {i for s in fault_steps(a) for i in range((s - 1) * a.batch, s * a.batch)} if data else set()
     return examples(a.steps * a.batch, seed, bad)
 
 
@@ -203,7 +206,7 @@ class Run:
             learning_rate=a.lr, lr_scheduler_type="constant", logging_steps=1, report_to=[], use_cpu=True, seed=seed,
             disable_tqdm=True, dataloader_num_workers=0, weight_decay=0.0, per_device_eval_batch_size=8,
             **({"save_strategy": "no"} | extra))
-        train = dataset(self.tok, training_pairs(a, seed))
+        train = dataset(self.tok, training_pairs(a, seed, faulty=arm.kind != "clean"))
         trainer = InOrder(model=self.model, args=args, train_dataset=train, data_collator=collator(self.tok, train),
                           eval_dataset=dataset(self.tok, self.heldout) if "eval_strategy" in extra else None)
         trainer.remove_callback(PrinterCallback)
@@ -239,7 +242,7 @@ class Run:
         trace: list[dict[str, Any]] = []
         losses: list[float] = []
         spiking = [0]
-        fault = set(fault_steps(a)) if a.fault == "lr" else set()
+        fault = set(fault_steps(a)) if a.fault == "lr" and arm.kind != "clean" else set()
 
         class Trace(TrainerCallback):
             def on_step_begin(self, args, state, control, optimizer=None, **kw):  # noqa: ANN001
@@ -281,25 +284,26 @@ class Run:
             trace.append({"step": 0, "perplexity": suite.run(self.model, 0, force=True).values[PROBE],
                           "lr": a.lr})
         t0 = time.time()
-        state = trainer.train()
+        trainer.train()
         seconds = time.time() - t0
-        return ArmResult(arm.name, arm.kind, seed, self.measure(trainer, trace, cb, seconds, state), trace,
+        if cb is not None:  # the agent's baseline reading at step 0, before the first step
+            first = next((h for h in cb.session.history if h["step"] == 0 and PROBE in h["probes"]), None)
+            if first is not None:
+                trace.insert(0, {"step": 0, "perplexity": first["probes"][PROBE], "lr": a.lr})
+        return ArmResult(arm.name, arm.kind, seed, self.measure(trainer, trace, cb, seconds), trace,
                          self.record(cb))
 
-    def measure(self, trainer: Any, trace: list[dict[str, Any]], cb: Any, seconds: float, out: Any) -> dict[str, Any]:
+    def measure(self, trainer: Any, trace: list[dict[str, Any]], cb: Any, seconds: float) -> dict[str, Any]:
         from actuator.agents.probes import Perplexity
 
-        a = self.a  # the task's held-out text and general English, each read once from the final model
+        # the task's held-out answers and general English, each read once from the final model
         readings = [p.measure(self.model) for p in (self.probe(None), Perplexity(self.general, self.tok, every=None))]
         rewinds = cb.session.rollbacks if cb is not None else []
         ppl = [t["perplexity"] for t in trace]
-        before = [t["perplexity"] for t in trace if t["step"] < a.fault_at]
-        after = [t["perplexity"] for t in trace if a.fault_at <= t["step"] <= a.fault_at + a.fault_len + a.probe_every]
         return {"final_ppl": readings[0][PROBE], "general_ppl": readings[1]["perplexity"],
                 "best_ppl": min(ppl) if ppl else math.nan, "task_accuracy": self.accuracy(),
                 "steps": int(trainer.state.global_step), "steps_lost": sum(r["at_step"] - r["to_step"] for r in rewinds),
-                "rewinds": len(rewinds), "seconds": seconds,
-                "fault_damage": max(after) / min(before) if before and after else None}
+                "rewinds": len(rewinds), "seconds": seconds}
 
     def accuracy(self) -> float:
         import re
