@@ -530,3 +530,29 @@ def main(scenario: Scenario, argv: Sequence[str] | None = None, results: Path | 
     v = validate(scenario, runs, [f.name for f in files])
     save(scenario, v, runs, a.results, f"{scenario.name}-aggregate{a.tag}")
     return v
+
+
+def scenario_main(spec: Declared, own: Any, make_runner: Callable[[Any], Callable[[int, Arm], ArmResult]],
+                  argv: Sequence[str] | None = None, quick: Callable[[Any], None] | None = None) -> Validation:
+    """A declared scenario's command line: its own flags (``own``, an ``argparse`` parser without
+    help; ``--out`` defaults to a scratch folder per scenario), ``quick`` shortening the run under
+    ``--quick``, then the contract's flags (:func:`main`). The runner (``make_runner(args)``: the
+    model, the service) is built at the first arm, so ``--aggregate`` and ``--help`` load nothing."""
+    import tempfile
+
+    a, rest = own.parse_known_args(argv)
+    a.out = Path(a.out) if a.out else Path(tempfile.gettempdir()) / "actuator-bench" / spec.name
+    if {"-h", "--help"} & set(rest):  # the scenario's own flags, then the contract's (which exits)
+        print(own.format_help())
+    if "--quick" in rest and quick is not None:
+        quick(a)
+    if "--aggregate" not in rest:
+        runner: Callable[[int, Arm], ArmResult] | None = None
+
+        def run_arm(seed: int, arm: Arm) -> ArmResult:
+            nonlocal runner
+            runner = runner or make_runner(a)
+            return runner(seed, arm)
+
+        spec.runner = run_arm
+    return main(spec, rest)

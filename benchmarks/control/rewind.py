@@ -54,7 +54,6 @@ import random
 import statistics
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from benchmarks.control import contract
@@ -365,25 +364,12 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _quick(a: argparse.Namespace) -> None:
+    a.steps, a.fault_at, a.fault_len = min(a.steps, 12), 6, 3
+
+
 def main(argv: list[str] | None = None) -> contract.Validation:
-    import tempfile
-
-    a, rest = parser().parse_known_args(argv)
-    a.out = Path(a.out) if a.out else Path(tempfile.gettempdir()) / "actuator-bench" / SCENARIO
-    if {"-h", "--help"} & set(rest):  # the scenario's own flags, then the contract's (which exits)
-        print(parser().format_help())
-    if "--quick" in rest:
-        a.steps, a.fault_at, a.fault_len = min(a.steps, 12), 6, 3
-    if "--aggregate" not in rest:
-        runner: Run | None = None
-
-        def run_arm(seed: int, arm: Arm) -> ArmResult:
-            nonlocal runner
-            runner = runner or Run(a)
-            return runner(seed, arm)
-
-        SPEC.runner = run_arm
-    return contract.main(SPEC, rest)
+    return contract.scenario_main(SPEC, parser(), Run, argv, quick=_quick)
 
 
 if __name__ == "__main__":

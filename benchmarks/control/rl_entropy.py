@@ -229,26 +229,12 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _quick(a: argparse.Namespace) -> None:
+    a.steps = min(a.steps, 8)
+
+
 def main(argv: list[str] | None = None) -> contract.Validation:
-    import tempfile
-    from pathlib import Path
-
-    a, rest = parser().parse_known_args(argv)
-    a.out = Path(a.out) if a.out else Path(tempfile.gettempdir()) / "actuator-bench" / SCENARIO
-    if {"-h", "--help"} & set(rest):  # the scenario's own flags, then the contract's (which exits)
-        print(parser().format_help())
-    if "--quick" in rest:
-        a.steps = min(a.steps, 8)
-    if "--aggregate" not in rest:
-        runner: Run | None = None
-
-        def run_arm(seed: int, arm: Arm) -> ArmResult:
-            nonlocal runner
-            runner = runner or Run(a)
-            return runner(seed, arm)
-
-        SPEC.runner = run_arm
-    return contract.main(SPEC, rest)
+    return contract.scenario_main(SPEC, parser(), Run, argv, quick=_quick)
 
 
 if __name__ == "__main__":
