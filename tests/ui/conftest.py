@@ -22,7 +22,7 @@ def char_tokenizer():
 
 
 @pytest.fixture(scope="session")
-def browser() -> Iterator[object]:
+def _chromium() -> Iterator[object]:
     """Headless Chromium from Debian under its chromedriver. Missing is a failure, not a skip:
     ``make system-deps`` installs both (apt-get install chromium chromium-driver)."""
     from selenium import webdriver
@@ -44,3 +44,15 @@ def browser() -> Iterator[object]:
     driver.set_page_load_timeout(30)
     yield driver
     driver.quit()
+
+
+@pytest.fixture
+def browser(_chromium) -> Iterator[object]:
+    """The session's Chromium, on a blank page with its console log drained before and after each
+    test: a page a test leaves open (a run's live stream, which reconnects) cannot log into the next
+    test's console once its service has stopped."""
+    _chromium.get("about:blank")
+    _chromium.get_log("browser")
+    yield _chromium
+    _chromium.get("about:blank")
+    _chromium.get_log("browser")
