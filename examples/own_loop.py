@@ -109,6 +109,8 @@ def main() -> None:
     ap.add_argument("--setpoint", type=float, default=None, help="KL drift to hold; default 0.1 (tiny), 0.05")
     ap.add_argument("--probe-every", type=int, default=None, help="default: 10 (tiny), 3 (--smollm2)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--budget-share", type=float, default=0.5,
+                    help="the share of wall time probes may take (past it, due probes are skipped)")
     args = ap.parse_args()
     tiny = not args.smollm2
     steps = args.steps or (200 if tiny else 20)
@@ -132,7 +134,8 @@ def main() -> None:
     # knob scales its base lr, so decisions move the whole remaining schedule.
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: max(0.0, (steps - s) / steps))
     knob = LearningRateKnob(optimizer, scheduler)
-    suite = ProbeSuite([KLDrift(prompts, tok, every=every, max_length=48, batch_size=3)], budget_share=0.5)
+    suite = ProbeSuite([KLDrift(prompts, tok, every=every, max_length=48, batch_size=3)],
+                       budget_share=args.budget_share)
 
     policy = {
         "name": "own-loop-drift-lr",

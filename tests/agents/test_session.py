@@ -25,7 +25,8 @@ def _decisions(url: str, run_id: str) -> list[dict]:
 def test_the_own_loop_example_acknowledges_its_decisions_within_the_knobs_limits(sqlite_service):
     url = sqlite_service.url
     out = subprocess.run([sys.executable, str(ROOT / "examples" / "own_loop.py"), "--url", url, "--steps", "14",
-                          "--probe-every", "2"], capture_output=True, text=True, timeout=900, cwd=ROOT)
+                          "--probe-every", "2", "--budget-share", "1.0"],  # every due reading runs, however fast the steps
+                         capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert out.returncode == 0, out.stdout + out.stderr
     [run] = httpx.get(f"{url}/v1/runs").json()
     assert run["state"] == "finished"
