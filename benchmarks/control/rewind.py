@@ -305,26 +305,9 @@ class Run:
                 "rewinds": len(rewinds), "seconds": seconds}
 
     def accuracy(self) -> float:
-        import re
+        from benchmarks.control.word_task import task_accuracy
 
-        import torch
-
-        from actuator.agents.general import chat
-
-        model, tok = self.model, self.tok
-        was = model.training
-        model.eval()
-        tok.padding_side = "left"
-        enc = tok([chat(tok, f"Reverse the word: {w}") for w in WORDS], return_tensors="pt", padding=True,
-                  add_special_tokens=False)
-        with torch.no_grad():
-            out = model.generate(**enc, max_new_tokens=24, do_sample=False,
-                                 pad_token_id=tok.pad_token_id or tok.eos_token_id)
-        answers = tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-        tok.padding_side = "right"
-        model.train(was)
-        return sum(re.match(re.escape("-".join(reversed(w))) + r"(?![-A-Za-z])", x.strip()) is not None
-                   for x, w in zip(answers, WORDS, strict=True)) / len(WORDS)
+        return task_accuracy(self.model, self.tok)  # sft-drift's measure, the same 35 words
 
     def record(self, cb: Any) -> dict[str, Any]:
         a = self.a

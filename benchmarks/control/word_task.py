@@ -16,7 +16,7 @@ from actuator.agents.general import chat
 from benchmarks.control.data import WORDS, collator, task_dataset
 from benchmarks.control.harness import console
 
-__all__ = ["Setup", "make_trainer", "GENERAL_PROMPTS", "GENERAL_TEXT"]
+__all__ = ["Setup", "make_trainer", "task_accuracy", "GENERAL_PROMPTS", "GENERAL_TEXT"]
 
 
 class Setup:
@@ -40,22 +40,8 @@ class Setup:
     def reset(self) -> None:
         self.model.load_state_dict(self.base)
 
-    @torch.no_grad()
     def task_accuracy(self) -> float:
-        """Greedy exact match of the reversed spelling, over every word of the vocabulary."""
-        was_training = self.model.training
-        self.model.eval()
-        self.tok.padding_side = "left"
-        prompts = [chat(self.tok, f"Reverse the word: {w}") for w in WORDS]
-        enc = self.tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-        out = self.model.generate(**enc, max_new_tokens=24, do_sample=False, pad_token_id=self.tok.pad_token_id
-                                  or self.tok.eos_token_id)
-        answers = self.tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-        self.tok.padding_side = "right"
-        self.model.train(was_training)
-        # Right when the answer starts with the reversed spelling and the spelling stops there.
-        return sum(re.match(re.escape("-".join(reversed(w))) + r"(?![-A-Za-z])", a.strip()) is not None
-                   for a, w in zip(answers, WORDS)) / len(WORDS)
+        return task_accuracy(self.model, self.tok)
 
     def final_metrics(self, trainer: Any) -> dict[str, float]:
         from actuator.agents.probes import ProbeSuite
@@ -83,3 +69,21 @@ def make_trainer(setup: Setup, name: str, lr: float, steps: int, seed: int, out:
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
     return trainer
+
+
+@torch.no_grad()
+def task_accuracy(model: Any, tok: Any) -> float:
+    """Greedy exact match of the reversed spelling, over every word of the vocabulary."""
+    was_training = model.training
+    model.eval()
+    tok.padding_side = "left"
+    prompts = [chat(tok, f"Reverse the word: {w}") for w in WORDS]
+    enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    out = model.generate(**enc, max_new_tokens=24, do_sample=False, pad_token_id=tok.pad_token_id
+                         or tok.eos_token_id)
+    answers = tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    tok.padding_side = "right"
+    model.train(was_training)
+    # Right when the answer starts with the reversed spelling and the spelling stops there.
+    return sum(re.match(re.escape("-".join(reversed(w))) + r"(?![-A-Za-z])", a.strip()) is not None
+               for a, w in zip(answers, WORDS)) / len(WORDS)
