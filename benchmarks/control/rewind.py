@@ -11,16 +11,19 @@ by dashes, 4 examples a step, constant lr. A fault hits the run mid-way (``--fau
 - ``lr``: a learning-rate excursion, the optimizer's lr ×``--lr-spike`` over the same steps (a warm
   restart gone wrong), back to the schedule after.
 
-The capability probe is the held-out perplexity of the task (32 examples never trained on, the
-``perplexity`` probe every ``--probe-every`` steps): training lowers it, the fault raises it. The
-task score is greedy exact match over the 35-word vocabulary (``task_accuracy``).
+The capability probe (``--probe``, read every ``--probe-every`` steps) is what the fault damages:
+- ``answer``: the task's held-out answer perplexity (32 examples never trained on,
+  ``custom.answer_ppl``): training lowers it, a mislabeled shard raises it (the default for ``--fault data``);
+- ``general``: perplexity on general English text (the ``perplexity`` probe on 8 held-out sentences):
+  an lr excursion damages it while the task's own probe hardly moves (the default for ``--fault lr``).
+The task score is greedy exact match over the 35-word vocabulary (``task_accuracy``).
 
 Arms (one process per seed runs them one after another, same data, seed and fault):
 - ``open loop, no fault``: the reference, the same run without the fault (what the fault costs);
 - ``open loop``: the run as the user launched it;
 - ``early stopping``: HF's ``EarlyStoppingCallback`` (patience ``--patience`` evaluations) with
-  ``load_best_model_at_end`` on ``eval_loss`` over the same 32 held-out examples (the probe's text,
-  the log of its perplexity), evaluated and saved (model only) every ``--probe-every`` steps;
+  ``load_best_model_at_end`` on ``eval_loss`` over the probe's own text (``exp`` of it is
+  the probe's reading), evaluated and saved (model only) every ``--probe-every`` steps;
 - ``loss-spike halt``: LLM Foundry's ``KillLossSpike`` idea: stop when the training loss is over
   ``--spike-mult`` × the mean of the ``--spike-window`` losses before it for ``--spike-patience``
   steps in a row; the model is the last step's;
@@ -31,10 +34,10 @@ Arms (one process per seed runs them one after another, same data, seed and faul
 - ``actuator rewind + keep-best``: the same, and ``rewind.keep_best`` loads the checkpoint of the best
   reading at the end.
 
-Measures per arm and seed: ``final_ppl`` (the probe on the model the arm ends with, measured the same
-way for every arm after training), ``best_ppl`` (the best reading during the run: the open loop's is
-its best checkpoint had it saved at every reading), ``task_accuracy``, ``general_ppl`` (general
-English text), ``steps`` (optimizer steps taken), ``steps_lost`` (steps undone by rewinds),
+Measures per arm and seed: ``final_ppl`` (the capability probe on the model the arm ends with,
+measured the same way for every arm after training), ``best_ppl`` (the best reading during the run:
+the open loop's is its best checkpoint had it saved at every reading), ``task_accuracy``,
+``answer_ppl`` and ``general_ppl`` (both probes on the final model, whichever is guarded), ``steps`` (optimizer steps taken), ``steps_lost`` (steps undone by rewinds),
 ``rewinds``, ``seconds`` (wall time, saves and evaluations included). The fault's damage is the open
 loop against ``open loop, no fault`` (the same run on clean data at the scheduled lr).
 
@@ -64,6 +67,7 @@ from benchmarks.control.harness import add_flags, console, start
 
 SCENARIO = "rewind"
 PROBE = "custom.answer_ppl"
+KEYS = {"answer": PROBE, "general": "perplexity"}  # --probe: the capability probe's key
 OPEN, CLEAN, EARLY, SPIKE = "open loop", "open loop, no fault", "early stopping", "loss-spike halt"
 REWIND, KEEP = "actuator rewind", "actuator rewind + keep-best"
 
@@ -78,7 +82,8 @@ SPEC = Declared(
                     judge=(REWIND, KEEP), label="the final model at most the open loop's best checkpoint"),
              Metric("task_accuracy", "max", "share of 35 words", target=1.0, relative_to=EARLY, judge=(REWIND, KEEP),
                     label="task score no lower than early stopping's"),
-             Metric("best_ppl", "min", "perplexity"), Metric("general_ppl", "min", "perplexity"),
+             Metric("best_ppl", "min", "perplexity"), Metric("answer_ppl", "min", "perplexity"),
+             Metric("general_ppl", "min", "perplexity"),
              Metric("steps", "max", "steps"), Metric("steps_lost", "min", "steps"), Metric("rewinds", "min"),
              Metric("seconds", "min", "s")],
     plots=("perplexity", "lr"))
@@ -159,14 +164,20 @@ class AnswerPerplexity(Probe):
 
 
 # -- one arm -------------------------------------------------------------------------------------
+def probe_key(a: argparse.Namespace) -> str:
+    """The capability probe's key: ``--probe``, or by the fault (``auto``)."""
+    return KEYS[a.probe if a.probe != "auto" else ("answer" if a.fault == "data" else "general")]
+
+
 def rewind_policy(a: argparse.Namespace, keep_best: bool) -> dict[str, Any]:
+    key = probe_key(a)
     rewind: dict[str, Any] = {
         "healthy_saves": {"keep": 2, "every": a.save_every},
         "ladder": {"window": a.steps, "rungs": [{"action": "rollback", "times": a.rewinds}, {"action": "halt"}]}}
     if keep_best:
-        rewind["keep_best"] = {"probe": PROBE, "mode": "min", "at_end": "load"}
+        rewind["keep_best"] = {"probe": key, "mode": "min", "at_end": "load"}
     return {"name": f"bench-rewind{'-best' if keep_best else ''}",
-            "guardrails": [{"name": "task-ppl", "probe": PROBE, "bound": "upper", "threshold": f"+{a.guard:g}%",
+            "guardrails": [{"name": "capability-ppl", "probe": key, "bound": "upper", "threshold": f"+{a.guard:g}%",
                             "reference": "best", "action": "rollback", "knob": "learning_rate", "factor": a.damp}],
             "rewind": rewind}
 
@@ -184,9 +195,25 @@ class Run:
             self.model, self.tok = load_smollm2(pad_with_endoftext=True)
         self.base = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         self.general = list(PROBE_TEXTS)
+        self.key = probe_key(a)
 
-    def probe(self, every: int | None) -> AnswerPerplexity:
-        return AnswerPerplexity(self.tok, self.heldout, every)
+    def probe(self, every: int | None, key: str | None = None) -> Probe:
+        """The capability probe (``--probe``), or the one with ``key``."""
+        from actuator.agents.probes import Perplexity
+
+        if (key or self.key) == PROBE:
+            return AnswerPerplexity(self.tok, self.heldout, every)
+        return Perplexity(self.general, self.tok, every=every, on_evaluate=False)
+
+    def eval_dataset(self) -> Any:
+        """Early stopping's evaluation set: the capability probe's text, so ``exp(eval_loss)`` is its reading."""
+        if self.key == PROBE:
+            return dataset(self.tok, self.heldout)
+        from datasets import Dataset
+
+        enc = self.tok(self.general)
+        return Dataset.from_dict({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
+                                  "labels": enc["input_ids"]})
 
     def trainer(self, arm: Arm, seed: int, **extra: Any) -> Any:
         import torch
@@ -207,7 +234,7 @@ class Run:
             **({"save_strategy": "no"} | extra))
         train = dataset(self.tok, training_pairs(a, seed, faulty=arm.kind != "clean"))
         trainer = InOrder(model=self.model, args=args, train_dataset=train, data_collator=collator(self.tok, train),
-                          eval_dataset=dataset(self.tok, self.heldout) if "eval_strategy" in extra else None)
+                          eval_dataset=self.eval_dataset() if "eval_strategy" in extra else None)
         trainer.remove_callback(PrinterCallback)
         trainer.remove_callback(ProgressCallback)
         return trainer
@@ -218,7 +245,7 @@ class Run:
         from actuator.agents.callback import ActuatorCallback
         from actuator.agents.probes import ProbeSuite
 
-        a = self.a
+        a, key = self.a, self.key
         self.model.load_state_dict(self.base)
         self.heldout = examples(32, seed + 1000)
         extra: dict[str, Any] = {}
@@ -253,11 +280,11 @@ class Run:
                 step, value = state.global_step, None
                 if cb is not None:
                     h = cb.session.history
-                    if h and h[-1]["step"] == step and PROBE in h[-1]["probes"]:
-                        value = h[-1]["probes"][PROBE]
+                    if h and h[-1]["step"] == step and key in h[-1]["probes"]:
+                        value = h[-1]["probes"][key]
                 elif step % a.probe_every == 0:
                     rep = suite.run(model, step, force=True)
-                    value = rep.values[PROBE] if rep is not None else None
+                    value = rep.values[key] if rep is not None else None
                 if value is not None:
                     trace.append({"step": step, "perplexity": value, "lr": trainer.optimizer.param_groups[0]["lr"]})
                     if not console.is_terminal:
@@ -280,26 +307,25 @@ class Run:
 
         trainer.add_callback(Trace())
         if suite is not None:  # the starting model's reading, as the agent's baseline is
-            trace.append({"step": 0, "perplexity": suite.run(self.model, 0, force=True).values[PROBE],
+            trace.append({"step": 0, "perplexity": suite.run(self.model, 0, force=True).values[key],
                           "lr": a.lr})
         t0 = time.time()
         trainer.train()
         seconds = time.time() - t0
         if cb is not None:  # the agent's baseline reading at step 0, before the first step
-            first = next((h for h in cb.session.history if h["step"] == 0 and PROBE in h["probes"]), None)
+            first = next((h for h in cb.session.history if h["step"] == 0 and key in h["probes"]), None)
             if first is not None:
-                trace.insert(0, {"step": 0, "perplexity": first["probes"][PROBE], "lr": a.lr})
+                trace.insert(0, {"step": 0, "perplexity": first["probes"][key], "lr": a.lr})
         return ArmResult(arm.name, arm.kind, seed, self.measure(trainer, trace, cb, seconds), trace,
                          self.record(cb))
 
     def measure(self, trainer: Any, trace: list[dict[str, Any]], cb: Any, seconds: float) -> dict[str, Any]:
-        from actuator.agents.probes import Perplexity
-
         # the task's held-out answers and general English, each read once from the final model
-        readings = [p.measure(self.model) for p in (self.probe(None), Perplexity(self.general, self.tok, every=None))]
+        readings = {k: v for p in (self.probe(None, PROBE), self.probe(None, "perplexity"))
+                    for k, v in p.measure(self.model).items()}
         rewinds = cb.session.rollbacks if cb is not None else []
         ppl = [t["perplexity"] for t in trace]
-        return {"final_ppl": readings[0][PROBE], "general_ppl": readings[1]["perplexity"],
+        return {"final_ppl": readings[self.key], "answer_ppl": readings[PROBE], "general_ppl": readings["perplexity"],
                 "best_ppl": min(ppl) if ppl else math.nan, "task_accuracy": self.accuracy(),
                 "steps": int(trainer.state.global_step), "steps_lost": sum(r["at_step"] - r["to_step"] for r in rewinds),
                 "rewinds": len(rewinds), "seconds": seconds}
@@ -311,7 +337,7 @@ class Run:
 
     def record(self, cb: Any) -> dict[str, Any]:
         a = self.a
-        return {"fault": a.fault, "fault_steps": list(fault_steps(a)), "lr": a.lr, "steps_max": a.steps,
+        return {"fault": a.fault, "probe": self.key, "fault_steps": list(fault_steps(a)), "lr": a.lr, "steps_max": a.steps,
                 "policy": cb.session.policy_doc.model_dump(mode="json") if cb is not None else None,
                 "rollbacks": [{k: r[k] for k in ("at_step", "to_step")} for r in cb.session.rollbacks] if cb else [],
                 "kept": cb.kept if cb is not None else None, "run_id": cb.session.run_id if cb is not None else None}
@@ -341,6 +367,9 @@ def parser() -> argparse.ArgumentParser:
                                  add_help=False)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--fault", choices=("data", "lr"), default="data")
+    ap.add_argument("--probe", choices=("auto", "answer", "general"), default="auto",
+                    help="the capability probe guarded and judged: the task's held-out answers or general English "
+                         "(auto: answers for --fault data, general for --fault lr)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: by machine load)")
     ap.add_argument("--out", default=None, help="scratch: trainer dirs, checkpoints, the service's SQLite")
     add_flags(ap, FLAGS)
