@@ -344,6 +344,9 @@ class _FeedbackController(ControllerSpec):
             errors.append(("legs", f"only a split_range controller has legs (this one is kind {self.kind})"))
         if self.given("cost_weight"):
             errors.append(("cost_weight", f"only a maximize controller has cost_weight (kind {self.kind})"))
+        if "release" not in type(self).model_fields and self.given("release"):
+            errors.append(("release", f"release makes a setpoint controller's knob one-sided (this one is kind "
+                                      f"{self.kind})"))
         if self.identify is not None and self.gains != "auto":
             errors.append(("identify", "identify sizes the warm-up step test of gains auto (this controller's gains "
                                        f"are {self.gains})"))
@@ -413,6 +416,12 @@ class SetpointController(_FeedbackController):
 
     kind: Literal["setpoint"] = Field("setpoint", description="setpoint: hold the probe at setpoint (PID).")
     setpoint_ramp: FiniteFloat = _SETPOINT_RAMP
+    release: FiniteFloat = Field(
+        0.0, ge=0, le=10, description="setpoint only: a one-sided knob (an entropy bonus, which can only push "
+        "its probe one way and feeds on itself past the target). While the filtered reading is past the setpoint "
+        "by more than this fraction of |setpoint| on the side the knob pushes toward (above it for direction "
+        "direct), the knob goes to its minimum at once, the rate limit aside; back inside, it climbs from there at "
+        "the rate limit. 0: off. Needs a finite minimum.")
     setpoint_weight: FiniteFloat = Field(
         0.0, ge=0, le=1, description="setpoint only: how much of the error found at the controller's first "
         "update the proportional term acts on (0: bumpless start, the integral alone closes the initial gap; 1: "
@@ -506,7 +515,7 @@ class MaximizeController(ControllerSpec):
                 errors.append((name, f"a maximize controller does not use {name}: the dither moves every decision"))
         if self.given("setpoint_weight"):
             errors.append(("setpoint_weight", "a maximize controller has no setpoint to weigh"))
-        for name in ("horizon", "setpoint_ramp"):
+        for name in ("horizon", "setpoint_ramp", "release"):
             if self.given(name):
                 errors.append((name, f"a maximize controller has no setpoint: {name} is a feedback controller's"))
         if self.scale == "integer":
@@ -585,7 +594,7 @@ class FollowController(ControllerSpec):
                 errors.append((name, f"only a maximize controller has {name} (this one is kind follow)"))
         if self.given("legs") is not None:
             errors.append(("legs", "only a split_range controller has legs (this one is kind follow)"))
-        for name in ("cost_weight", "deadband", "cooldown", "setpoint_weight", "horizon", "setpoint_ramp"):
+        for name in ("cost_weight", "deadband", "cooldown", "setpoint_weight", "horizon", "setpoint_ramp", "release"):
             if self.given(name):
                 errors.append((name, f"a follow controller does not use {name}"))
         if self.given("direction") == "reverse":
@@ -714,7 +723,7 @@ _OWN_ONLY = {"schedule", "identify", "horizon", "setpoint_ramp", "legs"}
 # ... and left out where unset (None; 0 for those in _OMIT_ZERO), so a document without them keeps
 # its shape in every kind (a split_range controller has no knob of its own: left out too).
 _OMIT_NONE = frozenset({"identify", "knob"})
-_OMIT_ZERO = frozenset({"horizon", "setpoint_ramp"})
+_OMIT_ZERO = frozenset({"horizon", "setpoint_ramp", "release"})
 
 
 def _kind_of(value: Any) -> str:

@@ -102,7 +102,7 @@ LimitReason = Literal["bounds", "rate", "deadband", "cooldown", "integer", "over
 
 _SCALES = ("log", "linear", "integer")
 _DIRECTIONS = ("direct", "reverse")
-_LIMIT_ORDER: tuple[str, ...] = ("bounds", "rate", "deadband", "cooldown", "integer", "overflow")
+_LIMIT_ORDER: tuple[str, ...] = ("release", "bounds", "rate", "deadband", "cooldown", "integer", "overflow")
 # Float noise in dt accumulation (0.1 + 0.2 != 0.3) must not delay a change by one whole decision.
 _COOLDOWN_TOLERANCE = 1e-9
 # setpoint 1.0, measurement 1.1, deadband 0.1 is "on the edge" to a user, but 1.0 - 1.1 is
@@ -148,7 +148,14 @@ class PIDConfig:
     (updates); 0 turns each off. ``model_rate``/``model_drift``/``model_u_ref`` (probe units per
     scale unit per ``dt`` unit, probe units per ``dt`` unit, scale units: an integrating
     ``FittedModel``'s ``rate``, ``drift`` and ``u_ref``) make the projection the model's instead of
-    the slope's.
+    the slope's. ``release`` (a fraction of ``|setpoint|``, 0: off) makes the knob one-sided: while
+    the measurement is past the setpoint by more than that on the side the knob pushes it toward
+    (above it for ``direct``), the output is the knob's floor ``out_min``, at once or, with
+    ``release_step`` (the run's own rate limit on the knob, scale units), as fast as that allows —
+    the controller's ``max_step`` aside —, as TRL's adaptive entropy applies its bonus only at or
+    under the target; the integral is
+    the law's as without it (the anti-windup holds it at the floor), and once back the knob climbs
+    from the floor toward the law's value at the rate limit.
     """
 
     setpoint: float
@@ -169,6 +176,8 @@ class PIDConfig:
     model_rate: float | None = None
     model_drift: float = 0.0
     model_u_ref: float = 0.0
+    release: float = 0.0
+    release_step: float | None = None
 
     def validate(self) -> None:
         """Raise :class:`ParameterError` (a ``ValueError``) naming the first invalid field."""
@@ -209,12 +218,24 @@ class PIDConfig:
             require_finite("model_rate", self.model_rate)
         require_finite("model_drift", self.model_drift)
         require_finite("model_u_ref", self.model_u_ref)
+        require_non_negative("release", self.release)
+        if self.release_step is not None:
+            require_positive("release_step", self.release_step)
+        if self.release > 0 and self.out_min == -math.inf:
+            raise ParameterError("release", "a released knob goes to its floor: the knob needs a finite minimum")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe: infinite bounds travel as ``None``."""
         d = asdict(self)
         d["out_min"], d["out_max"] = json_float(self.out_min), json_float(self.out_max)
         return d
+
+    def released(self, y: float) -> bool:
+        """Whether ``y`` is past the setpoint by more than ``release`` on the side the knob pushes it toward."""
+        if self.release <= 0:
+            return False
+        past = (y - self.setpoint) if self.direction == "direct" else (self.setpoint - y)
+        return past > self.release * abs(self.setpoint)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PIDConfig:
@@ -376,6 +397,10 @@ class PID:
             value_s = self._bounded(cur_s, limits)
         else:
             value_s = self._limited(u, cur_s, limits)
+        if cfg.released(y_law):  # one-sided: past the setpoint the knob pushes away from, it lets go at once
+            limits.add("release")
+            floor = self._limits.lo
+            value_s = floor if cfg.release_step is None else max(floor, cur_s - cfg.release_step)
         value = self._to_knob(value_s, cur_s, cur)
         if cfg.scale == "integer":
             value = self._round(value, cur, limits)
@@ -518,10 +543,11 @@ def pid_inputs(spec: Any, knob: Any, step: int, setpoint_override: Any, baseline
 
 
 def pid_config(spec: Any, setpoint: float, lo: Any, hi: Any, scale: Any, max_step: Any, span: float = 1.0,
-               model: Any = None) -> PIDConfig:
+               model: Any = None, knob_step: float | None = None) -> PIDConfig:
     """The PIDConfig of a controller's document on these inputs: relative gains (span != 1) act on
     the error divided by the span, the same law in probe units; ``model``: an integrating fit's
-    (rate, drift, u_ref), the projection when a horizon is set."""
+    (rate, drift, u_ref), the projection when a horizon is set; ``knob_step``: the run's own rate
+    limit on the knob, which a release (``release``) keeps to."""
     rate, drift, u_ref = model if model is not None and spec.horizon > 0 else (None, 0.0, 0.0)
     return PIDConfig(
         setpoint=setpoint,
@@ -541,6 +567,8 @@ def pid_config(spec: Any, setpoint: float, lo: Any, hi: Any, scale: Any, max_ste
         model_rate=rate,
         model_drift=drift,
         model_u_ref=u_ref,
+        release=getattr(spec, "release", 0.0) or 0.0,
+        release_step=knob_step,
     )
 
 
@@ -593,7 +621,10 @@ class SetpointLaw(LawBase):
     @classmethod
     def build(cls, spec: Any, knobs: Any, inputs: tuple[Any, ...]) -> SetpointLaw:
         setpoint, lo, hi, scale, max_step, span = inputs[:6]
-        return cls(pid_config(spec, setpoint, lo, hi, scale, max_step, span, model=inputs[6:] or None), spec)
+        knob = knobs.get(spec.knob) if spec.knob is not None else None
+        same_scale = knob is not None and getattr(knob, "scale", None) == scale  # the run's limit in the law's units
+        return cls(pid_config(spec, setpoint, lo, hi, scale, max_step, span, model=inputs[6:] or None,
+                              knob_step=getattr(knob, "max_step", None) if same_scale else max_step), spec)
 
     def load(self, memory: Any) -> Any:
         return memory.pid
@@ -638,7 +669,21 @@ class SetpointLaw(LawBase):
             terms = ", " + " ".join(f"Δ{n.upper()} {m:+.3g}" for n, m in moves if abs(m) > 1e-12)
         acted = _acted_on(out, setpoint, filtered, self.config.setpoint_ramp)
         return (f"{self.probe} {fmt(filtered)} {side} setpoint {fmt(setpoint)}{trend(reading)}{acted}",
-                f"{terms}{limits_text(out.limited_by)}")
+                f"{terms}{limits_text(out.limited_by)}{self._released(out, filtered)}")
+
+    def _released(self, out: PIDOutput, filtered: float) -> str:
+        """The release's numbers, when it acted: the reading it compared and the edge it passed."""
+        if "release" not in out.limited_by:
+            return ""
+        cfg = self.config
+        sign = 1.0 if cfg.direction == "direct" else -1.0
+        edge = cfg.setpoint + sign * cfg.release * abs(cfg.setpoint)
+        y = out.projected if out.projected is not None else filtered
+        what = f"projected {fmt(y)}" if out.projected is not None and out.projected != filtered else fmt(y)
+        to = f"to its floor {fmt(cfg.out_min)}" if out.value <= cfg.out_min else \
+            f"toward its floor {fmt(cfg.out_min)} at the run's rate limit on it ({fmt(cfg.release_step or 0.0)})"
+        return (f" (released: {what} is {'over' if sign > 0 else 'under'} {fmt(edge)}, the setpoint "
+                f"{'+' if sign > 0 else '−'}{cfg.release:.0%}: {self.knob} {to})")
 
     @classmethod
     def check(cls, i: int, spec: Any, knobs: Any, build: Any) -> list[dict[str, str]]:

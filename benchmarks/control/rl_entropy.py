@@ -17,7 +17,8 @@ Arms (one process per seed runs them one after another, same data and seed):
   at or below ``entropy_target`` (the same target), down above it, and applies only at or below it;
 - ``actuator preset:rl-entropy``: the preset through the real controller service
   (``ActuatorCallback`` + ``EntropyCoefKnob``), its setpoint at the target, gains from the preset
-  unless ``--kp``/``--ki``/``--horizon``/``--alpha`` are given (seed-0 tuning only).
+  unless ``--kp``/``--ki``/``--horizon``/``--alpha``/``--release``/``--ctl-step`` are given (seed-0
+  tuning only).
 
 Measures per arm and seed (all from the logged entropy, the controlled signal):
 - ``entropy_mae``: mean |entropy − target| over the second half of the steps;
@@ -130,9 +131,13 @@ def diversity(model: Any, tok: Any, k: int, seed: int, max_new_tokens: int) -> d
 # -- one arm -------------------------------------------------------------------------------------
 def preset_policy(a: argparse.Namespace) -> dict[str, Any]:
     """``preset:rl-entropy`` as shipped, its setpoint at ``--target``; ``--kp``/``--ki``/
-    ``--horizon``/``--alpha`` replace the preset's (seed-0 tuning)."""
-    return shipped_preset(SCENARIO, a.target, kp=a.kp, ki=a.ki, horizon=a.horizon, alpha=a.alpha,
-                          scale_guardrails=False)  # the collapse floor is absolute
+    ``--horizon``/``--alpha``/``--release`` and ``--ctl-step`` (the controller's ``max_step``)
+    replace the preset's (seed-0 tuning)."""
+    doc = shipped_preset(SCENARIO, a.target, kp=a.kp, ki=a.ki, horizon=a.horizon, alpha=a.alpha,
+                         scale_guardrails=False)  # the collapse floor is absolute
+    c = doc["controllers"][0]
+    c.update({k: v for k, v in (("release", a.release), ("max_step", a.ctl_step)) if v is not None})
+    return doc
 
 
 def trainer_config(arm: Arm, a: argparse.Namespace) -> dict[str, Any]:
@@ -224,8 +229,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: by machine load)")
     ap.add_argument("--out", default=None, help="scratch: the saved model, trainer dirs, the service's SQLite")
     add_flags(ap, FLAGS)
-    for name in ("kp", "ki", "horizon", "alpha"):
+    for name in ("kp", "ki", "horizon", "alpha", "release"):
         ap.add_argument(f"--{name}", type=float, default=None, help=f"preset arm: {name} in place of the preset's")
+    ap.add_argument("--ctl-step", type=float, default=None,
+                    help="preset arm: the controller's own max_step (default: the knob's, --coef-step); with "
+                         "--release, a larger --coef-step lets the release fall faster than the law moves")
     return ap
 
 

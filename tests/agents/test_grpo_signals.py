@@ -151,3 +151,31 @@ def test_a_metric_the_trainer_never_logs_stops_control_loudly(tmp_path, char_tok
     assert "train.kl is not among the metrics the trainer logs" in payload["reason"]
     assert "not controlled" in payload["reason"]
     assert cb.session.applied == []
+
+
+def test_release_takes_the_entropy_bonus_off_while_entropy_is_over_the_edge(tmp_path, char_tokenizer, tiny_model_dir,
+                                                                            sqlite_service):
+    """A one-sided knob (``release``): the untrained model's entropy is far over the setpoint, so the
+    bonus goes to its floor at once (the controller's max_step aside; the run's own rate limit on the
+    knob allows the fall), and the next step's loss reads 0."""
+    steps = 4
+    trainer, used = make_grpo(tmp_path, char_tokenizer, tiny_model_dir, steps=steps, beta=0.0, entropy_coef=0.05)
+    policy = {"name": "test-release", "controllers": [
+        {"name": "entropy", "probe": "train.entropy", "knob": "entropy_coef", "setpoint": 0.5, "gains": "relative",
+         "kp": 0.3, "ki": 0.02, "max_step": 0.01, "release": 0.1}]}
+    cb = ActuatorCallback(policy, connection=sqlite_service.url, setters=[EntropyCoefKnob(trainer)],
+                          knobs={"entropy_coef": {"min": 0.0, "max": 0.1, "max_step": 0.1}},
+                          reporting=Reporting(budget_share=1.0)).attach(trainer)
+    trainer.add_callback(SlowSteps(0.2))
+    trainer.train()
+
+    decisions = httpx.get(f"{sqlite_service.url}/v1/runs/{cb.session.run_id}/decisions").json()["items"]
+    first = min(decisions, key=lambda d: d["number"])
+    logged = {h["step"]: h["metrics"]["entropy"] for h in cb.session.history if "entropy" in h["metrics"]}
+    assert logged[first["step"] - 1] > 0.55  # over the edge, setpoint +10%
+    assert first["old_value"] == pytest.approx(0.05) and first["new_value"] == 0.0, first  # not 0.04: max_step aside
+    assert "released" in first["reason"] and "entropy_coef to its floor 0" in first["reason"], first["reason"]
+    assert "release" in first["inputs"]["limited_by"]
+    applied = [e for e in cb.session.applied if e["number"] == first["number"]]
+    assert applied and applied[0]["step"] < steps
+    assert used[applied[0]["step"] + 1]["entropy_coef"] == 0.0  # the loss of the next step read the floor

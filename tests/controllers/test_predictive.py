@@ -114,3 +114,43 @@ def test_the_lagrangian_refuses_a_ramp() -> None:
     with pytest.raises(ParameterError) as e:
         PIDLagrangian(replace(lagrangian_config(0.1, kp=1.0), setpoint_ramp=3.0))
     assert e.value.field == "setpoint_ramp"
+
+
+# -- release: a one-sided knob lets go past the setpoint ------------------------------------------
+
+
+def test_release_drops_a_direct_knob_to_its_floor_past_the_edge_and_climbs_back_under_it() -> None:
+    cfg = PIDConfig(setpoint=1.0, kp=0.2, ki=0.1, out_min=0.0, out_max=0.3, max_step=0.01, direction="direct",
+                    release=0.1)
+    outs = _run(PID(cfg), [0.5, 0.5, 1.05, 1.2, 1.2, 0.8], 0.05)
+    assert outs[1].value == pytest.approx(0.06) and "release" not in outs[1].limited_by  # under: the PID, rate-limited
+    assert outs[2].value == pytest.approx(0.05) and "release" not in outs[2].limited_by  # 1.05: inside +10%
+    # 1.2 is past 1.1 (+10%): the floor at once, though max_step is 0.01
+    assert outs[3].value == 0.0 and outs[3].limited_by[0] == "release" and outs[3].changed
+    assert outs[4].value == 0.0 and "release" in outs[4].limited_by
+    # back under the edge: the law again, climbing from the floor at the rate limit (P + I = 0.04 - 0.03)
+    assert outs[5].value == pytest.approx(0.01) and outs[5].limited_by == ("rate",)
+    assert outs[5].p + outs[5].i > outs[5].value
+    # off by default: the same readings never let go
+    plain = _run(PID(replace(cfg, release=0.0)), [0.5, 0.5, 1.05, 1.2, 1.2, 0.8], 0.05)
+    assert all("release" not in o.limited_by for o in plain) and plain[3].value > 0
+
+
+def test_release_of_a_reverse_knob_is_under_the_setpoint_and_needs_a_floor() -> None:
+    cfg = PIDConfig(setpoint=2.0, kp=0.1, out_min=0.0, out_max=1.0, direction="reverse", release=0.25)
+    assert not cfg.released(1.6) and cfg.released(1.4) and not cfg.released(3.0)
+    assert _run(PID(cfg), [2.5, 1.4], 0.5)[1].value == 0.0
+    with pytest.raises(ParameterError) as e:
+        PID(replace(cfg, out_min=-math.inf))
+    assert e.value.field == "release"
+    with pytest.raises(ParameterError) as e:
+        PID(replace(cfg, release=-0.1))
+    assert e.value.field == "release"
+
+
+def test_release_keeps_to_the_runs_own_rate_limit_on_the_knob() -> None:
+    """``release_step`` (the run's max_step on the knob) bounds the fall; the controller's max_step does not."""
+    cfg = PIDConfig(setpoint=1.0, kp=0.2, out_min=0.0, out_max=0.3, max_step=0.01, release=0.1, release_step=0.05)
+    outs = _run(PID(cfg), [1.5, 1.5, 1.5, 1.5], 0.12)
+    assert [round(o.value, 6) for o in outs] == [0.07, 0.02, 0.0, 0.0]
+    assert all(o.limited_by[0] == "release" for o in outs)
