@@ -431,7 +431,9 @@ def table(v: Validation) -> list[str]:
 
 
 def plot(v: Validation, runs: Sequence[ArmResult], keys: Sequence[str], path: Path) -> None:
-    """Each trace key of ``keys`` against the step, every arm and seed (fresh seeds dashed)."""
+    """Each trace key of ``keys`` against the step, every arm and seed (fresh seeds dashed). A run's
+    record may carry ``marks`` (``[{"step", "label"}]``: events such as a rewind, a dotted line in the
+    arm's colour) and ``spans`` (``[{"from", "to", "label"}]``: stretches such as a fault, shaded)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -448,6 +450,10 @@ def plot(v: Validation, runs: Sequence[ArmResult], keys: Sequence[str], path: Pa
                 line = ax.plot(*zip(*pts, strict=True), ls="--" if r.seed in FRESH_SEEDS else "-", lw=1,
                                color=colours.get(r.arm), label=None if r.arm in colours else r.arm)
                 colours.setdefault(r.arm, line[0].get_color())
+                _marks(ax, r, colours[r.arm])
+            values = [float(t[key]) for r in runs for t in r.trace if isinstance(t.get(key), (int, float))]
+            if values and min(values) > 0 and max(values) > 8 * min(values):  # e.g. a perplexity from 28 to 2
+                ax.set_yscale("log")
             ax.set_title(f"{key} (seeds 5-9 dashed)")
             ax.set_xlabel("step")
             ax.legend(fontsize=7)
@@ -455,6 +461,20 @@ def plot(v: Validation, runs: Sequence[ArmResult], keys: Sequence[str], path: Pa
         fig.savefig(path, dpi=90)
     finally:
         plt.close(fig)
+
+
+def _marks(ax: Any, r: ArmResult, colour: Any) -> None:
+    """A run's events (dotted, labelled at the top) and spans (shaded once per stretch) on ``ax``."""
+    record = r.record if isinstance(r.record, dict) else {}
+    shaded = {(p.get_x(), p.get_width()) for p in ax.patches}
+    for span in record.get("spans") or ():
+        lo, hi = float(span["from"]), float(span["to"])
+        if (lo, hi - lo) not in shaded:
+            ax.axvspan(lo, hi, color="grey", alpha=0.12, lw=0, label=span.get("label"))
+    for mark in record.get("marks") or ():
+        ax.axvline(float(mark["step"]), color=colour, ls=":", lw=0.9)
+        ax.annotate(str(mark.get("label", "")), (float(mark["step"]), 1.0), xycoords=("data", "axes fraction"),
+                    fontsize=6, color=colour, rotation=90, va="top", ha="right")
 
 
 def save(scenario: Scenario, v: Validation, runs: Sequence[ArmResult], results: Path, name: str) -> Path:

@@ -71,6 +71,17 @@ KEYS = {"answer": PROBE, "general": "perplexity"}  # --probe: the capability pro
 OPEN, CLEAN, EARLY, SPIKE = "open loop", "open loop, no fault", "early stopping", "loss-spike halt"
 REWIND, KEEP = "actuator rewind", "actuator rewind + keep-best"
 
+def _marked(part: Any, record: dict[str, Any]) -> dict[str, Any]:
+    """A run stored before records carried ``marks`` and ``spans``: both from its rollbacks and its fault's steps."""
+    if "marks" not in record:
+        record["marks"] = [{"step": r["at_step"], "label": f"rewind {r['at_step']}→{r['to_step']}"}
+                           for r in record.get("rollbacks") or ()]
+    if "spans" not in record and record.get("fault_steps") and record.get("kind") != "clean":
+        steps = record["fault_steps"]
+        record["spans"] = [{"from": steps[0] - 1, "to": steps[-1], "label": f"{record.get('fault')} fault"}]
+    return record
+
+
 SPEC = Declared(
     name=SCENARIO,
     task="SFT of SmolLM2-135M-Instruct on spelling words backwards with a fault mid-run (a mislabeled shard or "
@@ -86,7 +97,7 @@ SPEC = Declared(
              Metric("general_ppl", "min", "perplexity"),
              Metric("steps", "max", "steps"), Metric("steps_lost", "min", "steps"), Metric("rewinds", "min"),
              Metric("seconds", "min", "s")],
-    plots=("perplexity", "lr"))
+    plots=("perplexity", "lr"), normalize=_marked)
 
 
 # -- the data: a fixed order per seed, the fault's shard in place ---------------------------------
@@ -269,12 +280,14 @@ class Run:
         losses: list[float] = []
         spiking = [0]
         fault = set(fault_steps(a)) if a.fault == "lr" and arm.kind != "clean" else set()
+        used_lr = [a.lr]  # the lr the step's update used (the schedule resets a spike before on_step_end)
 
         class Trace(TrainerCallback):
             def on_step_begin(self, args, state, control, optimizer=None, **kw):  # noqa: ANN001
                 if state.global_step + 1 in fault:  # this step's update at ×spike; the schedule resets it after
                     for g in trainer.optimizer.param_groups:
                         g["lr"] *= a.lr_spike
+                used_lr[0] = trainer.optimizer.param_groups[0]["lr"]
 
             def on_step_end(self, args, state, control, model=None, **kw):  # noqa: ANN001
                 step, value = state.global_step, None
@@ -286,7 +299,7 @@ class Run:
                     rep = suite.run(model, step, force=True)
                     value = rep.values[key] if rep is not None else None
                 if value is not None:
-                    trace.append({"step": step, "perplexity": value, "lr": trainer.optimizer.param_groups[0]["lr"]})
+                    trace.append({"step": step, "perplexity": value, "lr": used_lr[0]})
                     if not console.is_terminal:
                         console.print(f"  {arm.name} seed {seed} step {step}: perplexity {value:.4g} "
                                       f"lr {trace[-1]['lr']:.3g}")
@@ -317,7 +330,7 @@ class Run:
             if first is not None:
                 trace.insert(0, {"step": 0, "perplexity": first["probes"][key], "lr": a.lr})
         return ArmResult(arm.name, arm.kind, seed, self.measure(trainer, trace, cb, seconds), trace,
-                         self.record(cb))
+                         self.record(cb, arm))
 
     def measure(self, trainer: Any, trace: list[dict[str, Any]], cb: Any, seconds: float) -> dict[str, Any]:
         # the task's held-out answers and general English, each read once from the final model
@@ -335,9 +348,13 @@ class Run:
 
         return task_accuracy(self.model, self.tok)  # sft-drift's measure, the same 35 words
 
-    def record(self, cb: Any) -> dict[str, Any]:
+    def record(self, cb: Any, arm: Arm) -> dict[str, Any]:
         a = self.a
+        rollbacks = cb.session.rollbacks if cb is not None else []
         return {"fault": a.fault, "probe": self.key, "fault_steps": list(fault_steps(a)), "lr": a.lr, "steps_max": a.steps,
+                "spans": [] if arm.kind == "clean" else [{"from": a.fault_at - 1, "to": a.fault_at + a.fault_len - 1,
+                                                          "label": f"{a.fault} fault"}],
+                "marks": [{"step": r["at_step"], "label": f"rewind {r['at_step']}→{r['to_step']}"} for r in rollbacks],
                 "policy": cb.session.policy_doc.model_dump(mode="json") if cb is not None else None,
                 "rollbacks": [{k: r[k] for k in ("at_step", "to_step")} for r in cb.session.rollbacks] if cb else [],
                 "kept": cb.kept if cb is not None else None, "run_id": cb.session.run_id if cb is not None else None}

@@ -25,7 +25,8 @@ from benchmarks.control.contract import FRESH_SEEDS, TUNING_SEEDS, Declared, Val
 from benchmarks.control.harness import RESULTS
 
 MODULES = {"sft-drift": "sft_drift", "forgetting": "forgetting", "dpo-kl": "dpo_kl", "rl-kl": "rl_kl",
-           "draft-distill": "draft_distill", "compress-rank": "compress_rank", "rl-entropy": "rl_entropy"}
+           "draft-distill": "draft_distill", "compress-rank": "compress_rank", "rl-entropy": "rl_entropy",
+           "rewind": "rewind"}
 
 
 def spec(scenario: str) -> Declared:

@@ -198,3 +198,31 @@ def test_a_target_can_scale_by_another_metric_of_the_reference_arm(tmp_path: Pat
     assert (by_best.seeds_met, by_best.met) == (8, True)  # 2.5 <= 3 on seeds 1-8, 3.5 > 3 on seed 9
     assert by_best.relative_to == "open's best"  # what the table says the target is against
     assert (by_final.seeds_met, by_final.met) == (9, True)  # against the open loop's final 9.0 every seed holds
+
+
+def test_a_runs_marks_and_spans_are_drawn_and_older_rewind_records_get_them() -> None:
+    """Rewinds (marks) and the fault (a span) on the trace plot; a rewind run stored before records
+    carried them has both derived from its rollbacks and fault steps by the scenario's normalize."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from benchmarks.control import contract, rewind
+
+    old = {"arm": rewind.REWIND, "kind": "rewind", "seed": 0, "fault": "data", "fault_steps": [16, 17, 18],
+           "rollbacks": [{"at_step": 21, "to_step": 18}], "trace": [{"step": 20, "perplexity": 2.9}]}
+    rec = rewind.SPEC.normalize({}, dict(old))
+    assert rec["marks"] == [{"step": 21, "label": "rewind 21→18"}]
+    assert rec["spans"] == [{"from": 15, "to": 18, "label": "data fault"}]
+    clean = rewind.SPEC.normalize({}, {**old, "kind": "clean", "rollbacks": []})
+    assert clean["marks"] == [] and "spans" not in clean
+    fig, ax = plt.subplots()
+    try:
+        contract._marks(ax, contract.ArmResult(rec["arm"], "rewind", 0, {}, rec["trace"], rec), "red")
+        contract._marks(ax, contract.ArmResult(rec["arm"], "rewind", 1, {}, rec["trace"], rec), "red")
+        assert [tuple(line.get_xdata()) for line in ax.lines] == [(21.0, 21.0)] * 2
+        assert len(ax.patches) == 1  # the same stretch shaded once
+        assert [t.get_text() for t in ax.texts] == ["rewind 21→18"] * 2
+    finally:
+        plt.close(fig)
