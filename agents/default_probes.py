@@ -29,7 +29,7 @@ from .probes import Probe, ProbeSetupError
 from .probes._registry import build
 
 __all__ = ["READINGS", "RAMP_SHARE", "fitted_intervals", "fitted_ramps", "build_probe", "missing_probes", "MissingProbes", "controller_probes",
-           "tokenizer_of"]
+           "compared_probes", "tokenizer_of"]
 
 # Readings a preset's most frequent probe takes in any run (the baseline at step 0 not counted):
 # a controller's first decision needs the reading after the baseline, and a handful more to act on.
@@ -106,6 +106,18 @@ def _read_by(controller: ControllerSpec) -> set[str]:
 def controller_probes(policy: PolicyDocument) -> set[str]:
     """The probes (by name) whose readings a controller of ``policy`` acts on."""
     return {name for c in policy.controllers for name in _read_by(c)}
+
+
+def compared_probes(policy: PolicyDocument) -> set[str]:
+    """The probes (by name) whose readings ``policy`` compares with a number stated on the whole
+    measurement: a guardrail's threshold (absolute, or relative to the first or best whole reading)
+    and a relative setpoint ('+7%' of the first reading). A reading on a subset of the probe's
+    examples is another measure: on SmolLM2 the perplexity of 4 of the 8 held-out sentences read
+    +24% over all 8 for the same weights, past a '+20%' ceiling with nothing trained. These probes
+    run whole or are skipped for budget, never subsampled (``ProbeSuite(whole=...)``)."""
+    keys = [g.probe for g in policy.guardrails]
+    keys += [c.probe for c in policy.controllers if isinstance(getattr(c, "setpoint", None), str)]
+    return {name for key in keys if key for name in [probe_for_key(key)] if name}
 
 
 def missing_probes(policy: PolicyDocument, given: Collection[str], tokenizer: Any, *, reference: Any = None,

@@ -831,9 +831,10 @@ class ControlSession:
             return
         intervals: dict[str, int | None] = {}
         if self.suite is not None:
-            from .default_probes import controller_probes, fitted_intervals
+            from .default_probes import compared_probes, controller_probes, fitted_intervals
 
             self.suite.priority |= controller_probes(doc)  # a controller's readings come first
+            self.suite.whole |= compared_probes(doc)  # compared with a whole reading: whole or skipped
             if self.from_preset and doc.probes:
                 intervals = fitted_intervals(doc, self.max_steps)
         available = {p.name: p for p in (self.suite.probes if self.suite is not None else [])}

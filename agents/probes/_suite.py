@@ -72,6 +72,11 @@ class ProbeSuite:
     measurement). Setup time (reference copy, embedder load, reference answers) is not counted:
     it is paid once, before the clock starts.
 
+    Probes named in ``whole`` (those a guardrail or a relative setpoint compares with a number
+    stated on the whole measurement) are never subsampled: they run on every example or are
+    skipped, since a subset's value is another measure (a perplexity over 4 of 8 sentences read
+    +24% over all 8 on the same weights).
+
     ``lockstep`` (set for training sharded by FSDP2): every rank calls ``run`` at every step, and
     runs exactly the probes rank 0's budget lets run, in rank 0's order and with its example
     counts (see the attribute).
@@ -85,6 +90,7 @@ class ProbeSuite:
         on_error: Literal["warn", "raise"] = "warn",
         clock: Callable[[], float] = time.perf_counter,
         priority: Collection[str] = (),
+        whole: Collection[str] = (),
     ) -> None:
         if not 0.0 < budget_share <= 1.0:
             raise ValueError(f"budget_share must be in (0, 1], got {budget_share}")
@@ -96,6 +102,7 @@ class ProbeSuite:
             raise ValueError(f"probe names must be unique, repeated: {duplicates}")
         self.probes = list(probes)
         self.priority = set(priority)
+        self.whole = set(whole)
         self.budget_share = float(budget_share)
         self.on_error = on_error
         self._clock = clock
@@ -369,13 +376,15 @@ class ProbeSuite:
         if full <= allowed:
             return "run", None, None
         share = f"{100 * self.probe_share:.1f}% of wall time so far, budget {100 * self.budget_share:.0f}%"
-        if n is not None and n > 1 and allowed > 0:
+        if n is not None and n > 1 and allowed > 0 and probe.name not in self.whole:
             k = min(int(math.floor(allowed / cost)), n - 1)
             if k >= max(probe.min_examples, 1):
                 return "run", k, f"{probe.name} subsampled to {k} of {n} examples for budget ({share})"
+        whole = (" (whole or not at all: a guardrail or a relative setpoint compares it with a whole reading)"
+                 if probe.name in self.whole else "")
         return (
             "skip",
             None,
-            f"{probe.name} skipped for budget: needs ~{full:.2f}s, "
+            f"{probe.name} skipped for budget{whole}: needs ~{full:.2f}s, "
             f"{max(allowed, 0.0):.2f}s available ({share})",
         )

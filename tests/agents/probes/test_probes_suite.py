@@ -248,3 +248,29 @@ def test_a_starvation_after_a_subsampled_reading_says_its_cost_is_an_estimate(ca
     [warning] = [r.getMessage() for r in caplog.records if "skipped for budget" in r.getMessage()]
     assert ("one full measurement (10 examples) is estimated at ~10.00 s, extrapolated from its last reading: "
             "4.00 s on 4 examples at step 1") in warning, warning
+
+
+def test_a_probe_a_guardrail_compares_runs_whole_or_is_skipped_never_subsampled():
+    """Same budget, same costs: the probe in ``whole`` gets no subset reading (its values are all
+    whole or absent) where the same probe outside it is subsampled."""
+    def run(whole):
+        clock = FakeClock()
+        cheap = CostlyProbe("cheap", clock, examples=8, seconds_per_example=0.05, every=1)
+        costly = CostlyProbe("costly", clock, examples=16, seconds_per_example=0.5, every=5)
+        suite = ProbeSuite([cheap, costly], budget_share=0.10, clock=clock, whole=whole)
+        suite.setup(_model())
+        notes = []
+        for step in range(1, 401):
+            clock.now += 1.0
+            report = suite.run(_model(), step)
+            if report is not None:
+                notes += report.notes
+        return costly.calls, notes, suite
+
+    calls, _, _ = run(())
+    assert any(n is not None and n < 16 for n in calls)  # the control: subsampled without the rule
+    calls, notes, suite = run({"costly"})
+    assert calls and all(n is None for n in calls), calls  # every reading whole
+    assert len(calls) >= 3 and suite.probe_share <= 0.10 + 1e-9  # still read, within the budget
+    assert any(n.startswith("costly skipped for budget (whole or not at all") for n in notes), notes
+    assert not any(n.startswith("costly subsampled") for n in notes)
