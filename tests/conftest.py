@@ -45,7 +45,7 @@ except ImportError:  # pragma: no cover - the training extra is always installed
 def postgres() -> Iterator[Postgres]:
     pg = start_postgres()
     yield pg
-    pg.stop()
+    pg.remove()
 
 
 @pytest.fixture(scope="session")

@@ -171,7 +171,7 @@ def main() -> None:
             print(table(rows[-1:], list(rows[-1])), flush=True)
     finally:
         svc.stop()
-        pg.stop()
+        pg.remove()
     columns = ["phase", "p50_ms", "p99_ms", "errors", "costly", "largest_answer_kb", "rss_mb", "rss_10s_later_mb"]
     print(table(rows, columns))
     path = write_results(args.name, {"machine": info, "args": vars(args), "phases": rows,

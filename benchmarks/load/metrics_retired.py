@@ -98,7 +98,7 @@ def main() -> None:
     finally:
         svc.stop()
         redis.stop()
-        pg.stop()
+        pg.remove()
     print(table(rows, ["phase", "scrape_median_s", "scrape_max_s", "exposition_kb", "db_files", "db_used_kb"]))
     print(f"({args.retired} runs registered, observed and finished in {made:.0f} s)")
     path = write_results(args.name, {"machine": info, "args": vars(args), "workers": 2,

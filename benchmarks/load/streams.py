@@ -233,7 +233,7 @@ def main() -> None:
             svc.stop()
         r.close()
         rds.stop()
-        pg.stop()
+        pg.remove()
 
     base = [phases["none"]["latency_p99_ms"], phases["none again"]["latency_p99_ms"]]
     with_streams = phases["streams"]["latency_p99_ms"]

@@ -168,7 +168,7 @@ def test_a_restarted_postgres_costs_no_request(monkeypatch):
         finally:
             store.close()
     finally:
-        pg.stop()
+        pg.remove()
 
 
 def test_the_store_range_is_validated_before_the_store():

@@ -74,6 +74,17 @@ def test_the_service_on_the_postgres_and_redis_it_starts():
     assert not os.path.exists(pg.datadir)
 
 
+def test_a_postgres_removed_after_a_stop_leaves_no_data_directory():
+    """The session's and the restart tests' servers end with remove(): a stopped server's data
+    directory (~500 MB) would otherwise stay in /tmp after every test run."""
+    pg = actuator.testing.start_postgres()
+    assert os.path.isdir(pg.datadir)
+    pg.stop()  # as a restart test leaves it
+    pg.remove()
+    assert not os.path.exists(pg.datadir)
+    pg.remove()  # twice is harmless
+
+
 def test_a_service_that_cannot_start_raises_with_its_log(tmp_path):
     with pytest.raises(RuntimeError, match="exited before it answered") as exc:  # not after the 60 s
         with actuator.testing.service(f"sqlite:///{tmp_path / 'missing' / 'dir' / 'a.db'}"):
