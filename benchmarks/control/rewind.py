@@ -54,6 +54,7 @@ from __future__ import annotations
 import argparse
 import math
 import random
+import shutil
 import statistics
 import time
 from collections.abc import Sequence
@@ -329,8 +330,11 @@ class Run:
             first = next((h for h in cb.session.history if h["step"] == 0 and key in h["probes"]), None)
             if first is not None:
                 trace.insert(0, {"step": 0, "perplexity": first["probes"][key], "lr": a.lr})
-        return ArmResult(arm.name, arm.kind, seed, self.measure(trainer, trace, cb, seconds), trace,
-                         self.record(cb, arm))
+        result = ArmResult(arm.name, arm.kind, seed, self.measure(trainer, trace, cb, seconds), trace,
+                           self.record(cb, arm))
+        # the arm's checkpoints (weights and Adam's moments, ~1.6 GB each) are done with: six arms a seed filled /tmp
+        shutil.rmtree(trainer.args.output_dir, ignore_errors=True)
+        return result
 
     def measure(self, trainer: Any, trace: list[dict[str, Any]], cb: Any, seconds: float) -> dict[str, Any]:
         # the task's held-out answers and general English, each read once from the final model
