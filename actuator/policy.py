@@ -420,8 +420,8 @@ class SetpointController(_FeedbackController):
         0.0, ge=0, le=10, description="setpoint only: a one-sided knob (an entropy bonus, which can only push "
         "its probe one way and feeds on itself past the target). While the filtered reading is past the setpoint "
         "by more than this fraction of |setpoint| on the side the knob pushes toward (above it for direction "
-        "direct), the knob goes to its minimum at once, the rate limit aside; back inside, it climbs from there at "
-        "the rate limit. 0: off. Needs a finite minimum.")
+        "direct), the knob goes to its minimum at once, this controller's max_step aside (the run's own rate limit on "
+        "the knob still holds); back inside, it climbs from there at max_step. 0: off. Needs a finite minimum.")
     setpoint_weight: FiniteFloat = Field(
         0.0, ge=0, le=1, description="setpoint only: how much of the error found at the controller's first "
         "update the proportional term acts on (0: bumpless start, the integral alone closes the initial gap; 1: "

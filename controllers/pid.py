@@ -230,12 +230,18 @@ class PIDConfig:
         d["out_min"], d["out_max"] = json_float(self.out_min), json_float(self.out_max)
         return d
 
+    def release_edge(self) -> float:
+        """The reading past which the knob lets go: the setpoint ± ``release × |setpoint|``, on the side
+        the knob pushes toward (above it for ``direct``)."""
+        sign = 1.0 if self.direction == "direct" else -1.0
+        return self.setpoint + sign * self.release * abs(self.setpoint)
+
     def released(self, y: float) -> bool:
-        """Whether ``y`` is past the setpoint by more than ``release`` on the side the knob pushes it toward."""
+        """Whether ``y`` is past :meth:`release_edge` (never with ``release`` 0)."""
         if self.release <= 0:
             return False
-        past = (y - self.setpoint) if self.direction == "direct" else (self.setpoint - y)
-        return past > self.release * abs(self.setpoint)
+        edge = self.release_edge()
+        return y > edge if self.direction == "direct" else y < edge
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PIDConfig:
@@ -676,8 +682,7 @@ class SetpointLaw(LawBase):
         if "release" not in out.limited_by:
             return ""
         cfg = self.config
-        sign = 1.0 if cfg.direction == "direct" else -1.0
-        edge = cfg.setpoint + sign * cfg.release * abs(cfg.setpoint)
+        sign, edge = (1.0 if cfg.direction == "direct" else -1.0), cfg.release_edge()
         y = out.projected if out.projected is not None else filtered
         what = f"projected {fmt(y)}" if out.projected is not None and out.projected != filtered else fmt(y)
         to = f"to its floor {fmt(cfg.out_min)}" if out.value <= cfg.out_min else \

@@ -73,7 +73,8 @@ OPEN, CLEAN, EARLY, SPIKE = "open loop", "open loop, no fault", "early stopping"
 REWIND, KEEP = "actuator rewind", "actuator rewind + keep-best"
 
 def _marked(part: Any, record: dict[str, Any]) -> dict[str, Any]:
-    """A run stored before records carried ``marks`` and ``spans``: both from its rollbacks and its fault's steps."""
+    """A run's ``marks`` (its rewinds) and ``spans`` (its fault's steps) for the plots, from its
+    ``rollbacks`` and ``fault_steps``: for a new record, and on load for one stored before them."""
     if "marks" not in record:
         record["marks"] = [{"step": r["at_step"], "label": f"rewind {r['at_step']}→{r['to_step']}"}
                            for r in record.get("rollbacks") or ()]
@@ -354,14 +355,11 @@ class Run:
 
     def record(self, cb: Any, arm: Arm) -> dict[str, Any]:
         a = self.a
-        rollbacks = cb.session.rollbacks if cb is not None else []
-        return {"fault": a.fault, "probe": self.key, "fault_steps": list(fault_steps(a)), "lr": a.lr, "steps_max": a.steps,
-                "spans": [] if arm.kind == "clean" else [{"from": a.fault_at - 1, "to": a.fault_at + a.fault_len - 1,
-                                                          "label": f"{a.fault} fault"}],
-                "marks": [{"step": r["at_step"], "label": f"rewind {r['at_step']}→{r['to_step']}"} for r in rollbacks],
-                "policy": cb.session.policy_doc.model_dump(mode="json") if cb is not None else None,
-                "rollbacks": [{k: r[k] for k in ("at_step", "to_step")} for r in cb.session.rollbacks] if cb else [],
-                "kept": cb.kept if cb is not None else None, "run_id": cb.session.run_id if cb is not None else None}
+        return _marked(None, {
+            "kind": arm.kind, "fault": a.fault, "probe": self.key, "fault_steps": list(fault_steps(a)), "lr": a.lr,
+            "steps_max": a.steps, "policy": cb.session.policy_doc.model_dump(mode="json") if cb is not None else None,
+            "rollbacks": [{k: r[k] for k in ("at_step", "to_step")} for r in cb.session.rollbacks] if cb else [],
+            "kept": cb.kept if cb is not None else None, "run_id": cb.session.run_id if cb is not None else None})
 
 
 # -- the command line ----------------------------------------------------------------------------
